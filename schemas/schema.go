@@ -1,0 +1,68 @@
+package schemas
+
+import (
+	"errors"
+	"fmt"
+)
+
+// Kind names a record kind. The kind and its version travel with every
+// encoded message: in the Arrow schema metadata of an IPC stream
+// (MetaKind, MetaVersion), in the "kind"/"version" fields of a JSON
+// document, and in the Kafka headers (HeaderKind, HeaderVersion).
+type Kind string
+
+// The record kinds.
+const (
+	KindTaskAttempt     Kind = "task_attempt"
+	KindTrajectory      Kind = "trajectory"
+	KindRewardComponent Kind = "reward_component"
+	KindRewarded        Kind = "rewarded_trajectory"
+	KindScored          Kind = "scored_trajectory"
+	KindPackedBatch     Kind = "packed_batch"
+	KindPolicyRelease   Kind = "policy_release"
+	KindCensusEvent     Kind = "census_event"
+)
+
+// Current versions of each kind. A decoder accepts exactly the versions it
+// knows; anything else is a *VersionError.
+var Versions = map[Kind]int{
+	KindTaskAttempt:     1,
+	KindTrajectory:      1,
+	KindRewardComponent: 1,
+	KindRewarded:        1,
+	KindScored:          1,
+	KindPackedBatch:     1,
+	KindPolicyRelease:   1,
+	KindCensusEvent:     1,
+}
+
+// Keys under which kind and version are stored.
+const (
+	MetaKind      = "trajflow.kind"
+	MetaVersion   = "trajflow.version"
+	HeaderKind    = "trajflow-kind"
+	HeaderVersion = "trajflow-version"
+	HeaderID      = "trajflow-id"
+	HeaderTrace   = "traceparent"
+)
+
+// ErrDecode wraps every failure to decode bytes into records: truncated or
+// garbage input, a missing column, a type mismatch, inconsistent lengths.
+var ErrDecode = errors.New("schemas: cannot decode")
+
+// VersionError reports a message whose kind is not the one expected or
+// whose version this build does not know. It is never wrapped in ErrDecode
+// so a quarantine reason can tell the two apart.
+type VersionError struct {
+	WantKind Kind
+	GotKind  string
+	Got      string // version as found in the message ("" when missing)
+	Known    int
+}
+
+func (e *VersionError) Error() string {
+	if string(e.WantKind) != e.GotKind {
+		return fmt.Sprintf("schemas: message kind %q, want %q", e.GotKind, e.WantKind)
+	}
+	return fmt.Sprintf("schemas: %s version %q unknown (this build reads version %d)", e.WantKind, e.Got, e.Known)
+}
