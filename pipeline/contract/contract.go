@@ -1,0 +1,370 @@
+// Package contract is the learning contract of a run: one YAML document that
+// fixes the experiment's meaning before anything is trained (pipeline
+// document §2: objective, constraints, regression floors, budgets, stop
+// rules), names every frozen artifact by an immutable id (pipeline §3),
+// declares the resolved sampler (pipeline §5), and declares the estimator,
+// loss, optimizer, packing/admission, reward components, topics and dispatch
+// quotas every operator runs with.
+//
+// Life cycle:
+//
+//	c, err := contract.Load("run.yaml") // strict decode: unknown keys are errors
+//	err = c.Resolve()                   // fill documented defaults, then validate
+//	c.Hash()                            // "sha256:<hex>" of the resolved contract
+//	c.SamplerID()                       // "sha256:<hex>" of the resolved sampler
+//
+// Parse and Load only decode. Resolve fills every defaulted field that the
+// document did not write and that still holds its Go zero value (see
+// Default for the values, and the field comments), once, and then validates
+// the whole contract, reporting every problem together (errors.Join of
+// *FieldError, each naming its key path, e.g. "sampler.temperature: must be
+// > 0, got -1"). A key written in the document is never replaced by a
+// default, so "max_lag: 0" means 0 even though the default is 1.
+//
+// Identity fields have no default and must be written: run_id,
+// objective.target_distribution, objective.primary_metric, every budget,
+// stop_rules, every artifact id and at least one reward component. Default
+// returns the complete contract of the built-in demo, identity included.
+//
+// The package is pure: no I/O beyond Load, no global state.
+package contract
+
+import (
+	"github.com/trajflow/trajflow/gpu/objective"
+	"github.com/trajflow/trajflow/operators/advantage"
+	"github.com/trajflow/trajflow/operators/pack"
+	"github.com/trajflow/trajflow/schemas"
+)
+
+// Contract is the learning contract. Field comments give the YAML key, the
+// default filled by Resolve (if any) and the validation rule.
+type Contract struct {
+	// RunID names the run (required): 1..128 characters from
+	// [A-Za-z0-9._-]; it enters record ids and snapshot paths.
+	RunID string `yaml:"run_id"`
+	// Seed is the contract seed every random stream derives from
+	// (schemas.SeedFor). Default 1.
+	Seed int64 `yaml:"seed"`
+
+	Objective Objective `yaml:"objective"`
+	Budgets   Budgets   `yaml:"budgets"`
+	// StopRules end the run (pipeline §2, §17); at least one, each kind at
+	// most once. YAML: a list of strings, see ParseStopRule.
+	StopRules []StopRule `yaml:"stop_rules"`
+	Artifacts Artifacts  `yaml:"artifacts"`
+	Sampler   Sampler    `yaml:"sampler"`
+	// Estimator declares returns and advantages (pipeline §10). Defaults:
+	// name grpo, normalize_std true, std_mode sample, epsilon 1e-6, gamma 1,
+	// lambda 0.95, zero_variance keep, min_group_size = sampler.group_size
+	// (full groups only), bootstrap_truncations empty.
+	Estimator advantage.Options `yaml:"estimator"`
+	Loss      Loss              `yaml:"loss"`
+	// Packing declares sequence packing and the lag-aware admission window
+	// (pipeline §11, DESIGN.md). Defaults: token_budget 1024, batch_tokens
+	// 65536, batch_groups = dispatch.groups_per_update, overflow reject,
+	// max_lag 1, stale_policy drop.
+	Packing pack.Options `yaml:"packing"`
+	// Rewards are the separately kept reward components (pipeline §8); at
+	// least one, names unique.
+	Rewards  []Reward `yaml:"rewards"`
+	Topics   Topics   `yaml:"topics"`
+	Dispatch Dispatch `yaml:"dispatch"`
+
+	// set holds the key paths written by the parsed document; filled marks
+	// a contract whose defaults have been applied (Resolve, Default).
+	set    map[string]bool
+	filled bool
+}
+
+// Objective fixes what success means (pipeline §2).
+type Objective struct {
+	TargetDistribution string `yaml:"target_distribution"` // required: the task mixture trained for
+	PrimaryMetric      string `yaml:"primary_metric"`      // required: the metric promotion decides on
+	// Constraints are hard upper bounds: metric name -> largest allowed
+	// value (e.g. unsafe_action_rate: 0, p95_turns: 30). Values finite.
+	Constraints map[string]float64 `yaml:"constraints"`
+	// RegressionFloors are lower bounds on evaluation metrics: absolute
+	// ("tool_schema_holdout: 0.75") or relative to the initial policy
+	// ("base_knowledge_eval: 0.98_of_initial").
+	RegressionFloors map[string]Floor `yaml:"regression_floors"`
+	// KLLimit is the mean per-token KL(policy || reference) above which an
+	// update counts toward a kl_above_limit_for_N_updates stop rule. It must
+	// be > 0 when that rule is declared, and >= 0 otherwise. No default.
+	KLLimit float64 `yaml:"kl_limit"`
+}
+
+// Floor is a regression floor. YAML: a number (absolute) or the string
+// "<x>_of_initial" (relative to the initial policy's value).
+type Floor struct {
+	Value    float64
+	Relative bool // Value is a fraction of the initial policy's metric
+}
+
+// Threshold is the smallest allowed metric value given the initial policy's
+// value of the metric.
+func (f Floor) Threshold(initial float64) float64 {
+	if f.Relative {
+		return f.Value * initial
+	}
+	return f.Value
+}
+
+// Budgets are the compute and data budgets (pipeline §2); all required and
+// > 0. Integer fields accept integral floats ("2.0e9").
+type Budgets struct {
+	RolloutTokens    int64   `yaml:"rollout_tokens"`    // tokens sampled by rollout
+	OptimizerTokens  int64   `yaml:"optimizer_tokens"`  // tokens consumed by the optimizer
+	EnvironmentHours float64 `yaml:"environment_hours"` // environment wall-clock hours
+	AcceleratorHours float64 `yaml:"accelerator_hours"` // accelerator hours, rollout and training
+}
+
+// Artifacts names every frozen input by an immutable identifier (pipeline
+// §3). Every id is required, has no whitespace, and is not a floating
+// reference ("latest", "HEAD", "...:latest", "...@latest").
+type Artifacts struct {
+	PolicyCheckpoint string `yaml:"policy_checkpoint"` // base/SFT checkpoint (also the KL reference)
+	Tokenizer        string `yaml:"tokenizer"`         // tokenizer and vocabulary
+	ChatTemplate     string `yaml:"chat_template"`
+	ToolSchemas      string `yaml:"tool_schemas"` // tool schemas and structured-output grammar
+	TaskCorpus       string `yaml:"task_corpus"`
+	SplitManifest    string `yaml:"split_manifest"`
+	Environment      string `yaml:"environment"` // environment image and snapshot
+	Validator        string `yaml:"validator"`
+	RewardModel      string `yaml:"reward_model"` // reward-model/judge checkpoint and rubric
+	CodeRevision     string `yaml:"code_revision"`
+	ContainerImage   string `yaml:"container_image"` // dependency/container image
+}
+
+// Sampler is the resolved behavior sampler (pipeline §5). Its hash
+// (SamplerID) is recorded with every trajectory.
+type Sampler struct {
+	Temperature float64 `yaml:"temperature"` // > 0; default 1
+	TopP        float64 `yaml:"top_p"`       // in (0, 1]; default 1 (off)
+	TopK        int     `yaml:"top_k"`       // >= 0; 0 = off (default)
+	MinP        float64 `yaml:"min_p"`       // in [0, 1); 0 = off (default)
+	// MaxTokensPerAction bounds one sampled action; > 0, default 32.
+	MaxTokensPerAction int `yaml:"max_tokens_per_action"`
+	// MaxTokensPerEpisode bounds the episode's whole token stream
+	// (prompts, actions and observations); >= max_tokens_per_action,
+	// default 512.
+	MaxTokensPerEpisode int `yaml:"max_tokens_per_episode"`
+	MaxTurns            int `yaml:"max_turns"` // > 0; default 8
+	// StopTokenIDs end an action when sampled; each >= 0, distinct.
+	// Default empty.
+	StopTokenIDs []int32 `yaml:"stop_token_ids"`
+	// GroupSize is G, trajectories per group; >= 1, >= 2 for grpo and
+	// rloo; default 8.
+	GroupSize     int   `yaml:"group_size"`
+	ToolTimeoutMS int64 `yaml:"tool_timeout_ms"` // > 0; default 5000
+	// ToolRetries is how often an infrastructure failure of a tool call is
+	// retried; >= 0, default 2.
+	ToolRetries int `yaml:"tool_retries"`
+}
+
+// Loss declares the policy objective (pipeline §13) and the optimizer
+// (pipeline §14). Defaults of the objective: clip_low 0.2, clip_high 0.2,
+// normalization token-mean, kl_placement none, kl_estimator k3, kl_coef 0,
+// entropy_coef 0, max_log_ratio 0 (off).
+//
+// Rules: clip_low in [0, 1); clip_high >= 0; kl_coef > 0 when kl_placement
+// is loss and 0 otherwise (with placement reward the coefficient is the
+// weight of the "kl" reward component); entropy_coef >= 0; max_log_ratio
+// >= 0.
+type Loss struct {
+	objective.Options `yaml:",inline"`
+	Optimizer         Optimizer `yaml:"optimizer"`
+}
+
+// Optimizer declares the Adam update (pipeline §14).
+type Optimizer struct {
+	LR          float64 `yaml:"lr"`          // > 0; default 1e-3
+	Beta1       float64 `yaml:"beta1"`       // in [0, 1); default 0.9
+	Beta2       float64 `yaml:"beta2"`       // in [0, 1); default 0.999
+	Eps         float64 `yaml:"eps"`         // > 0; default 1e-8
+	GradClip    float64 `yaml:"grad_clip"`   // global-norm clip; >= 0, 0 = off; default 1
+	Epochs      int     `yaml:"epochs"`      // passes over each batch; >= 1, default 1
+	Minibatches int     `yaml:"minibatches"` // optimizer steps per epoch; >= 1, default 1
+}
+
+// Reward transforms. A component's value is Weight * transform(raw)
+// (schemas.RewardComponent).
+const (
+	TransformIdentity = "identity" // f(x) = x
+	TransformClip     = "clip"     // f(x) = min(max(x, clip_min), clip_max); needs clip_min < clip_max
+	TransformTanh     = "tanh"     // f(x) = tanh(x), squashes into (-1, 1)
+	TransformNegate   = "negate"   // f(x) = -x, for costs (tool_cost, latency_cost, ...)
+)
+
+// RewardKL is the name of the reward component that carries a KL penalty
+// when loss.kl_placement is reward (pipeline §8: in reward or in loss, never
+// both).
+const RewardKL = "kl"
+
+// Reward declares one reward component (pipeline §8).
+type Reward struct {
+	Name    string  `yaml:"name"`    // required, unique
+	Version string  `yaml:"version"` // required: evaluator/validator version
+	Weight  float64 `yaml:"weight"`  // finite; default 1
+	// Transform is one of the Transform* constants; default identity.
+	Transform string `yaml:"transform"`
+	// ClipMin and ClipMax bound TransformClip and must be 0 for every other
+	// transform.
+	ClipMin float64 `yaml:"clip_min"`
+	ClipMax float64 `yaml:"clip_max"`
+	// Scope is schemas.ScopeTrajectory, ScopeTurn or ScopeSpan; default
+	// trajectory.
+	Scope string `yaml:"scope"`
+}
+
+// Topics declares how the data-plane topics are created (DESIGN.md, Wire
+// format).
+type Topics struct {
+	Partitions  int `yaml:"partitions"`  // > 0; default 4
+	Replication int `yaml:"replication"` // > 0; default 1
+	// RetentionMS is the topic retention; > 0, or -1 for unlimited.
+	// Default 604800000 (7 days).
+	RetentionMS int64 `yaml:"retention_ms"`
+	// MaxMessageBytes is the topic's max.message.bytes, large enough for
+	// long trajectories; > 0, default 16777216 (16 MiB).
+	MaxMessageBytes int `yaml:"max_message_bytes"`
+}
+
+// Dispatch declares what the dispatcher launches per update (pipeline §6).
+type Dispatch struct {
+	// TasksPerUpdate distinct tasks are drawn per update; >= 1 and divides
+	// groups_per_update (each task gets the same number of groups).
+	// Default 4.
+	TasksPerUpdate int `yaml:"tasks_per_update"`
+	// GroupsPerUpdate groups of sampler.group_size attempts are launched
+	// per update; >= 1, default 4.
+	GroupsPerUpdate int `yaml:"groups_per_update"`
+	// DomainQuotas caps the share of an update's groups drawn from a
+	// domain: domain -> fraction in (0, 1]. Default empty (no caps).
+	DomainQuotas map[string]float64 `yaml:"domain_quotas"`
+	// EvalEvery runs the hidden evaluation every that many updates; >= 1,
+	// default 5.
+	EvalEvery int `yaml:"eval_every"`
+}
+
+// Default returns the complete, valid contract of the built-in demo (the
+// same values as testdata/contracts/demo.yaml). The knob values it holds are
+// the defaults Resolve fills; its identity fields (run_id, objective,
+// budgets, stop_rules, artifacts, rewards) are the demo's own and are never
+// filled into other contracts.
+func Default() *Contract {
+	c := knobDefaults()
+	c.RunID = "demo"
+	c.Objective = Objective{
+		TargetDistribution: "builtin_tool_tasks_v1",
+		PrimaryMetric:      "verified_success_rate",
+		Constraints: map[string]float64{
+			"unsafe_action_rate": 0,
+			"p95_turns":          8,
+		},
+		RegressionFloors: map[string]Floor{
+			"eval_success_rate": {Value: 0.95, Relative: true},
+		},
+		KLLimit: 0.5,
+	}
+	c.Budgets = Budgets{
+		RolloutTokens:    20_000_000,
+		OptimizerTokens:  20_000_000,
+		EnvironmentHours: 1,
+		AcceleratorHours: 1,
+	}
+	c.StopRules = []StopRule{
+		{Kind: StopSafetyViolation},
+		{Kind: StopNoValidationGain, N: 10},
+		{Kind: StopKLAboveLimit, N: 3},
+		{Kind: StopBudgetExhausted},
+	}
+	c.Artifacts = Artifacts{
+		PolicyCheckpoint: "builtin:policy/tiny@v1",
+		Tokenizer:        "builtin:tokenizer/bytes@v1",
+		ChatTemplate:     "builtin:chat-template@v1",
+		ToolSchemas:      "builtin:tools/calculator@v1",
+		TaskCorpus:       "builtin:tasks/arith@v1",
+		SplitManifest:    "builtin:splits/arith@v1",
+		Environment:      "builtin:env/calculator@v1",
+		Validator:        "builtin:validator/exact-answer@v1",
+		RewardModel:      "none@v1",
+		CodeRevision:     "trajflow@v0",
+		ContainerImage:   "none@v1",
+	}
+	c.Rewards = []Reward{
+		{Name: "success", Version: "exact-answer/1", Weight: 1, Transform: TransformIdentity, Scope: schemas.ScopeTrajectory},
+		{Name: "invalid_action_cost", Version: "parser/1", Weight: 0.1, Transform: TransformNegate, Scope: schemas.ScopeTurn},
+	}
+	c.Estimator.MinGroupSize = c.Sampler.GroupSize
+	c.Packing.BatchGroups = c.Dispatch.GroupsPerUpdate
+	c.filled = true
+	return c
+}
+
+// knobDefaults holds the values Resolve fills. Identity fields stay empty;
+// the two cross-field defaults (estimator.min_group_size,
+// packing.batch_groups) are filled by fillDefaults after the fields they
+// copy.
+func knobDefaults() *Contract {
+	return &Contract{
+		Seed: 1,
+		Sampler: Sampler{
+			Temperature:         1,
+			TopP:                1,
+			MaxTokensPerAction:  32,
+			MaxTokensPerEpisode: 512,
+			MaxTurns:            8,
+			GroupSize:           8,
+			ToolTimeoutMS:       5000,
+			ToolRetries:         2,
+		},
+		Estimator: advantage.Options{
+			Estimator:    advantage.GRPO,
+			NormalizeStd: true,
+			StdMode:      advantage.StdSample,
+			Epsilon:      1e-6,
+			Gamma:        1,
+			Lambda:       0.95,
+			ZeroVariance: advantage.ZeroVarKeep,
+		},
+		Loss: Loss{
+			Options: objective.Options{
+				ClipLow:       0.2,
+				ClipHigh:      0.2,
+				Normalization: objective.TokenMean,
+				KLPlacement:   objective.KLNone,
+				KLEstimator:   objective.K3,
+			},
+			Optimizer: Optimizer{
+				LR:          1e-3,
+				Beta1:       0.9,
+				Beta2:       0.999,
+				Eps:         1e-8,
+				GradClip:    1,
+				Epochs:      1,
+				Minibatches: 1,
+			},
+		},
+		Packing: pack.Options{
+			TokenBudget: 1024,
+			BatchTokens: 65536,
+			Overflow:    pack.OverflowReject,
+			MaxLag:      1,
+			StalePolicy: pack.StaleDrop,
+		},
+		Topics: Topics{
+			Partitions:      4,
+			Replication:     1,
+			RetentionMS:     604_800_000,
+			MaxMessageBytes: 16 << 20,
+		},
+		Dispatch: Dispatch{
+			TasksPerUpdate:  4,
+			GroupsPerUpdate: 4,
+			EvalEvery:       5,
+		},
+	}
+}
+
+// defaultReward holds the per-component defaults Resolve fills.
+var defaultReward = Reward{Weight: 1, Transform: TransformIdentity, Scope: schemas.ScopeTrajectory}

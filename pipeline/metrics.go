@@ -1,0 +1,164 @@
+package pipeline
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+)
+
+// Metrics holds the Prometheus collectors of the operators of one process.
+type Metrics struct {
+	Registry      *prometheus.Registry
+	in            *prometheus.CounterVec
+	inBytes       *prometheus.CounterVec
+	out           *prometheus.CounterVec
+	outBytes      *prometheus.CounterVec
+	quarantined   *prometheus.CounterVec
+	lag           *prometheus.GaugeVec
+	inFlight      *prometheus.GaugeVec
+	commitLatency *prometheus.HistogramVec
+}
+
+// NewMetrics registers the operator collectors on reg (a new registry when
+// nil).
+func NewMetrics(reg *prometheus.Registry) *Metrics {
+	if reg == nil {
+		reg = prometheus.NewRegistry()
+	}
+	lbl := []string{"stage", "instance"}
+	m := &Metrics{
+		Registry: reg,
+		in: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "trajflow_records_in_total", Help: "Records consumed."}, lbl),
+		inBytes: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "trajflow_bytes_in_total", Help: "Record value bytes consumed."}, lbl),
+		out: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "trajflow_records_out_total", Help: "Records produced and acknowledged."}, append(lbl, "topic")),
+		outBytes: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "trajflow_bytes_out_total", Help: "Record bytes produced and acknowledged."}, lbl),
+		quarantined: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "trajflow_records_quarantined_total", Help: "Records sent to quarantine, by reason."}, append(lbl, "reason")),
+		lag: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "trajflow_consumer_lag", Help: "High-water mark minus next offset, per input partition."}, append(lbl, "topic", "partition")),
+		inFlight: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "trajflow_in_flight_records", Help: "Records produced but not yet acknowledged."}, lbl),
+		commitLatency: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "trajflow_commit_seconds", Help: "Offset commit latency.",
+			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 14)}, lbl),
+	}
+	reg.MustRegister(m.in, m.inBytes, m.out, m.outBytes, m.quarantined, m.lag, m.inFlight, m.commitLatency)
+	return m
+}
+
+type stageMetrics struct {
+	in, inBytes, outBytes prometheus.Counter
+	out                   *prometheus.CounterVec
+	quarantined           *prometheus.CounterVec
+	lag                   *prometheus.GaugeVec
+	inFlight              prometheus.Gauge
+	commitLatency         prometheus.Observer
+}
+
+func (m *Metrics) forStage(stage, instance string) *stageMetrics {
+	l := prometheus.Labels{"stage": stage, "instance": instance}
+	return &stageMetrics{
+		in:            m.in.With(l),
+		inBytes:       m.inBytes.With(l),
+		outBytes:      m.outBytes.With(l),
+		out:           m.out.MustCurryWith(l),
+		quarantined:   m.quarantined.MustCurryWith(l),
+		lag:           m.lag.MustCurryWith(l),
+		inFlight:      m.inFlight.With(l),
+		commitLatency: m.commitLatency.With(l),
+	}
+}
+
+func itoa(i int) string { return strconv.Itoa(i) }
+
+// HealthServer serves /healthz, /readyz and /metrics for the operators of
+// one process.
+type HealthServer struct {
+	mu       sync.Mutex
+	ops      []*Operator
+	draining bool
+	metrics  *Metrics
+	srv      *http.Server
+	ln       net.Listener
+}
+
+// NewHealthServer listens on addr ("127.0.0.1:0" picks a port).
+func NewHealthServer(addr string, m *Metrics, ops ...*Operator) (*HealthServer, error) {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("pipeline: health listener %s: %w", addr, err)
+	}
+	h := &HealthServer{ops: ops, metrics: m, ln: ln}
+	mux := http.NewServeMux()
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
+		w.WriteHeader(http.StatusOK)
+		_, _ = w.Write([]byte("ok\n"))
+	})
+	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
+		if ok, why := h.isReady(); !ok {
+			http.Error(w, why, http.StatusServiceUnavailable)
+			return
+		}
+		_, _ = w.Write([]byte("ready\n"))
+	})
+	mux.Handle("/metrics", promhttp.HandlerFor(m.Registry, promhttp.HandlerOpts{}))
+	h.srv = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	return h, nil
+}
+
+// Addr is the address the server listens on.
+func (h *HealthServer) Addr() string { return h.ln.Addr().String() }
+
+// SetDraining makes /readyz fail (during a graceful shutdown).
+func (h *HealthServer) SetDraining() {
+	h.mu.Lock()
+	h.draining = true
+	h.mu.Unlock()
+}
+
+func (h *HealthServer) isReady() (bool, string) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.draining {
+		return false, "draining"
+	}
+	for _, o := range h.ops {
+		select {
+		case <-o.Ready():
+		default:
+			return false, "starting: " + o.stage.Name()
+		}
+	}
+	return true, ""
+}
+
+// Serve serves until ctx is cancelled.
+func (h *HealthServer) Serve(ctx context.Context) error {
+	errc := make(chan error, 1)
+	go func() { errc <- h.srv.Serve(h.ln) }()
+	select {
+	case <-ctx.Done():
+		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = h.srv.Shutdown(sctx)
+		<-errc
+		return nil
+	case err := <-errc:
+		if errors.Is(err, http.ErrServerClosed) {
+			return nil
+		}
+		return fmt.Errorf("pipeline: health server: %w", err)
+	}
+}
