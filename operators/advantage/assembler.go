@@ -1,0 +1,207 @@
+package advantage
+
+import (
+	"cmp"
+	"errors"
+	"fmt"
+	"slices"
+
+	"github.com/trajflow/trajflow/schemas"
+)
+
+// CheckMember reports why r cannot join a group, wrapping ErrInvalid: an
+// empty RecordID or GroupID, a GroupSize < 1 or a Member outside
+// [0, GroupSize). A StatusInfra record wraps ErrInfra. The stage calls it
+// before Assembler.Add to route such records to quarantine or retry; Add
+// itself only counts and ignores them.
+func CheckMember(r *schemas.Rewarded) error {
+	switch {
+	case r.RecordID == "":
+		return fmt.Errorf("%w: record without id (group %q)", ErrInvalid, r.GroupID)
+	case r.GroupID == "":
+		return fmt.Errorf("%w: record %s has no group id", ErrInvalid, r.RecordID)
+	case r.GroupSize < 1:
+		return fmt.Errorf("%w: record %s: group size %d", ErrInvalid, r.RecordID, r.GroupSize)
+	case r.Member < 0 || r.Member >= r.GroupSize:
+		return fmt.Errorf("%w: record %s is member %d of %d", ErrInvalid, r.RecordID, r.Member, r.GroupSize)
+	case r.Status == schemas.StatusInfra:
+		return fmt.Errorf("%w: record %s", ErrInfra, r.RecordID)
+	}
+	return nil
+}
+
+// AssemblerStats counts what an Assembler did with the records it was given.
+// Every record passed to Add lands in exactly one counter.
+type AssemblerStats struct {
+	Added      int64 // joined an open group
+	Duplicates int64 // same RecordID as a record already in its open group (redelivery); ignored
+	Conflicts  int64 // another record already holds its Member slot, or its GroupSize differs from the group's; ignored
+	Late       int64 // its group was already emitted or closed (remembered); ignored
+	Rejected   int64 // CheckMember failed with ErrInvalid; ignored
+	Infra      int64 // StatusInfra: retried upstream, never contributes; ignored
+}
+
+// OpenGroup describes a group still waiting for members.
+type OpenGroup struct {
+	GroupID  string
+	Have     int32  // distinct members present
+	Expected int32  // declared group size
+	FirstSeq uint64 // sequence number (1-based count of Add calls) of its first record
+}
+
+type openGroup struct {
+	expected int32
+	first    uint64
+	members  []schemas.Rewarded
+}
+
+// Assembler collects rewarded trajectories into groups by GroupID (the Kafka
+// key of every record of a group, so one instance sees the whole group). It
+// is in-memory, single-goroutine and deterministic: its answers depend only
+// on the sequence of calls, never on a clock or on map order. Durability is
+// the caller's: it can rebuild an Assembler by replaying the records of its
+// open groups through Add.
+//
+// A group is complete when GroupSize distinct members (by Member index) have
+// arrived. The first record for a Member slot wins; a later record with the
+// same RecordID is a redelivery (counted in Duplicates), one with another
+// RecordID is a conflict (Conflicts). Both are ignored.
+//
+// Groups that were emitted (complete) or closed are remembered, up to the
+// capacity given to NewAssembler, oldest forgotten first; a record of a
+// remembered group is counted Late and ignored, so a redelivered tail of an
+// already-scored group does not reopen it as a partial group.
+type Assembler struct {
+	open     map[string]*openGroup
+	buffered int
+	seq      uint64
+	stats    AssemblerStats
+
+	done     map[string]struct{}
+	doneRing []string // FIFO of remembered group ids; len <= capacity
+	doneHead int
+	capacity int
+}
+
+// NewAssembler returns an empty Assembler that remembers the ids of up to
+// remember emitted or closed groups (0: none; negative counts as 0).
+func NewAssembler(remember int) *Assembler {
+	return &Assembler{
+		open:     make(map[string]*openGroup),
+		done:     make(map[string]struct{}),
+		capacity: max(remember, 0),
+	}
+}
+
+// Add offers one record. When it completes its group, Add returns the
+// group's members sorted by (Member, RecordID) and done = true, and the
+// group is no longer open; otherwise it returns nil, false. Ignored records
+// (see AssemblerStats) return nil, false. The record is stored by value; its
+// slices are shared with the caller.
+func (a *Assembler) Add(r schemas.Rewarded) (group []schemas.Rewarded, done bool) {
+	a.seq++
+	if err := CheckMember(&r); err != nil {
+		if errors.Is(err, ErrInfra) {
+			a.stats.Infra++
+		} else {
+			a.stats.Rejected++
+		}
+		return nil, false
+	}
+	if _, ok := a.done[r.GroupID]; ok {
+		a.stats.Late++
+		return nil, false
+	}
+	g := a.open[r.GroupID]
+	if g == nil {
+		g = &openGroup{expected: r.GroupSize, first: a.seq, members: make([]schemas.Rewarded, 0, r.GroupSize)}
+		a.open[r.GroupID] = g
+	}
+	if r.GroupSize != g.expected {
+		a.stats.Conflicts++
+		return nil, false
+	}
+	for i := range g.members {
+		m := &g.members[i]
+		if m.RecordID == r.RecordID {
+			a.stats.Duplicates++
+			return nil, false
+		}
+		if m.Member == r.Member {
+			a.stats.Conflicts++
+			return nil, false
+		}
+	}
+	g.members = append(g.members, r)
+	a.buffered++
+	a.stats.Added++
+	if int32(len(g.members)) < g.expected {
+		return nil, false
+	}
+	return a.finish(r.GroupID, g), true
+}
+
+// Close ends an open group before it is complete (the partial-group timeout
+// of the stage) and returns its members sorted by (Member, RecordID), for
+// ScoreGroup to score or filter under the declared partial-group policy. It
+// returns nil, false when groupID is not open.
+func (a *Assembler) Close(groupID string) ([]schemas.Rewarded, bool) {
+	g := a.open[groupID]
+	if g == nil {
+		return nil, false
+	}
+	return a.finish(groupID, g), true
+}
+
+func (a *Assembler) finish(id string, g *openGroup) []schemas.Rewarded {
+	delete(a.open, id)
+	a.buffered -= len(g.members)
+	a.remember(id)
+	slices.SortFunc(g.members, func(x, y schemas.Rewarded) int {
+		if c := cmp.Compare(x.Member, y.Member); c != 0 {
+			return c
+		}
+		return cmp.Compare(x.RecordID, y.RecordID)
+	})
+	return g.members
+}
+
+func (a *Assembler) remember(id string) {
+	if a.capacity == 0 {
+		return
+	}
+	if len(a.doneRing) < a.capacity {
+		a.doneRing = append(a.doneRing, id)
+	} else {
+		delete(a.done, a.doneRing[a.doneHead])
+		a.doneRing[a.doneHead] = id
+		a.doneHead = (a.doneHead + 1) % a.capacity
+	}
+	a.done[id] = struct{}{}
+}
+
+// Open lists the open groups ordered by FirstSeq (oldest first), then
+// GroupID. The caller applies its partial-group timeout to this list and
+// calls Close.
+func (a *Assembler) Open() []OpenGroup {
+	out := make([]OpenGroup, 0, len(a.open))
+	for id, g := range a.open {
+		out = append(out, OpenGroup{GroupID: id, Have: int32(len(g.members)), Expected: g.expected, FirstSeq: g.first})
+	}
+	slices.SortFunc(out, func(x, y OpenGroup) int {
+		if c := cmp.Compare(x.FirstSeq, y.FirstSeq); c != 0 {
+			return c
+		}
+		return cmp.Compare(x.GroupID, y.GroupID)
+	})
+	return out
+}
+
+// Pending returns the number of open groups.
+func (a *Assembler) Pending() int { return len(a.open) }
+
+// Buffered returns the number of records held in open groups.
+func (a *Assembler) Buffered() int { return a.buffered }
+
+// Stats returns the counters so far.
+func (a *Assembler) Stats() AssemblerStats { return a.stats }
