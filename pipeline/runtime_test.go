@@ -263,3 +263,26 @@ func TestOperatorHoldsUncommittedUntilReleased(t *testing.T) {
 		t.Fatal("group of key 6 was not rebuilt from redelivered records")
 	}
 }
+
+func TestScanTailReadsLastRecords(t *testing.T) {
+	addr := startCluster(t, "in")
+	var vals [][]byte
+	for i := 0; i < 40; i++ {
+		vals = append(vals, []byte("v"+strconv.Itoa(i)))
+	}
+	produce(t, addr, "in", vals...)
+	cfg := testConfig(addr)
+	cfg.defaults()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	var all, tail int
+	if err := ScanTail(ctx, &cfg, "in", 0, func(Message) error { all++; return nil }); err != nil {
+		t.Fatal(err)
+	}
+	if err := ScanTail(ctx, &cfg, "in", 3, func(Message) error { tail++; return nil }); err != nil {
+		t.Fatal(err)
+	}
+	if all != 40 || tail != 6 {
+		t.Fatalf("scanned all=%d (want 40) tail=%d (want 3 per partition = 6)", all, tail)
+	}
+}

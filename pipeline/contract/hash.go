@@ -1,0 +1,166 @@
+package contract
+
+import (
+	"bytes"
+	"cmp"
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"math"
+	"reflect"
+	"slices"
+	"strconv"
+
+	"gopkg.in/yaml.v3"
+)
+
+// Domain-separation prefixes of the hashes; a change of the canonical
+// encoding changes the version.
+const (
+	contractHashDomain = "trajflow/contract/v1\n"
+	samplerHashDomain  = "trajflow/sampler/v1\n"
+)
+
+// resolved returns c itself when its defaults are filled, else a filled
+// clone (c is not modified).
+func (c *Contract) resolved() *Contract {
+	if c.filled {
+		return c
+	}
+	r := c.Clone()
+	r.fillDefaults()
+	return r
+}
+
+// Canonical returns the canonical encoding of the resolved contract (the
+// defaults filled, c not modified): JSON-shaped text with object keys in
+// declaration order (the YAML key names), map keys sorted, strings quoted as
+// Go string literals (an injective quoting), nil and empty lists and maps
+// alike, floats in shortest round-trip form with -0 written as 0 and
+// non-finite values as the strings "NaN", "+Inf", "-Inf", floors and stop
+// rules in their text form. It is independent of key order, whitespace,
+// comments and whether a default was written out.
+func (c *Contract) Canonical() []byte {
+	var b bytes.Buffer
+	canonical(&b, reflect.ValueOf(c.resolved()).Elem())
+	return b.Bytes()
+}
+
+// Hash returns "sha256:<hex>" of the canonical encoding of the resolved
+// contract (see Canonical). Equal contracts hash equally; any semantic
+// change changes the hash. It is the contract_hash of every record.
+func (c *Contract) Hash() string {
+	return digest(contractHashDomain, c.Canonical())
+}
+
+// SamplerID returns "sha256:<hex>" of the canonical encoding of the resolved
+// sampler section alone (pipeline §5: the resolved sampler recorded with
+// every trajectory).
+func (c *Contract) SamplerID() string {
+	var b bytes.Buffer
+	canonical(&b, reflect.ValueOf(c.resolved().Sampler))
+	return digest(samplerHashDomain, b.Bytes())
+}
+
+func digest(domain string, body []byte) string {
+	h := sha256.New()
+	h.Write([]byte(domain))
+	h.Write(body)
+	return "sha256:" + hex.EncodeToString(h.Sum(nil))
+}
+
+// YAML renders the resolved contract (defaults filled, c not modified) with
+// every key written. Parse(YAML()) yields a contract with the same Hash.
+func (c *Contract) YAML() ([]byte, error) {
+	var b bytes.Buffer
+	enc := yaml.NewEncoder(&b)
+	enc.SetIndent(2)
+	if err := enc.Encode(c.resolved()); err != nil {
+		return nil, fmt.Errorf("contract: encode YAML: %w", err)
+	}
+	if err := enc.Close(); err != nil {
+		return nil, fmt.Errorf("contract: encode YAML: %w", err)
+	}
+	return b.Bytes(), nil
+}
+
+func sortedKeys[V any](m map[string]V) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	slices.SortFunc(keys, cmp.Compare[string])
+	return keys
+}
+
+func canonicalFloat(b *bytes.Buffer, f float64) {
+	switch {
+	case math.IsNaN(f):
+		b.WriteString(`"NaN"`)
+	case math.IsInf(f, 1):
+		b.WriteString(`"+Inf"`)
+	case math.IsInf(f, -1):
+		b.WriteString(`"-Inf"`)
+	case f == 0:
+		b.WriteByte('0')
+	default:
+		b.WriteString(strconv.FormatFloat(f, 'g', -1, 64))
+	}
+}
+
+// canonical writes v's canonical encoding (see Canonical).
+func canonical(b *bytes.Buffer, v reflect.Value) {
+	switch v.Type() {
+	case floorType, stopRuleType:
+		b.WriteString(strconv.Quote(v.Interface().(fmt.Stringer).String()))
+		return
+	}
+	switch v.Kind() {
+	case reflect.Struct:
+		b.WriteByte('{')
+		for i, f := range fieldsOf(v.Type()).list {
+			if i > 0 {
+				b.WriteByte(',')
+			}
+			b.WriteString(strconv.Quote(f.name))
+			b.WriteByte(':')
+			canonical(b, v.FieldByIndex(f.index))
+		}
+		b.WriteByte('}')
+	case reflect.Map:
+		b.WriteByte('{')
+		keys := make([]string, 0, v.Len())
+		for _, k := range v.MapKeys() {
+			keys = append(keys, k.String())
+		}
+		slices.Sort(keys)
+		for i, k := range keys {
+			if i > 0 {
+				b.WriteByte(',')
+			}
+			b.WriteString(strconv.Quote(k))
+			b.WriteByte(':')
+			canonical(b, v.MapIndex(reflect.ValueOf(k).Convert(v.Type().Key())))
+		}
+		b.WriteByte('}')
+	case reflect.Slice:
+		b.WriteByte('[')
+		for i := 0; i < v.Len(); i++ {
+			if i > 0 {
+				b.WriteByte(',')
+			}
+			canonical(b, v.Index(i))
+		}
+		b.WriteByte(']')
+	case reflect.String:
+		b.WriteString(strconv.Quote(v.String()))
+	case reflect.Bool:
+		b.WriteString(strconv.FormatBool(v.Bool()))
+	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64:
+		b.WriteString(strconv.FormatInt(v.Int(), 10))
+	case reflect.Float32, reflect.Float64:
+		canonicalFloat(b, v.Float())
+	default:
+		panic("contract: canonical encoding of unsupported kind " + v.Kind().String())
+	}
+}

@@ -1,0 +1,480 @@
+package contract
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"reflect"
+	"strconv"
+	"strings"
+
+	"github.com/trajflow/trajflow/gpu/objective"
+	"github.com/trajflow/trajflow/operators/advantage"
+	"github.com/trajflow/trajflow/operators/pack"
+	"github.com/trajflow/trajflow/schemas"
+)
+
+// Resolve fills the documented defaults and validates the contract,
+// returning every problem together (errors.Join of *FieldError, each
+// wrapping ErrInvalid and naming its key path).
+//
+// Filling happens once per contract: a field is filled when it holds its Go
+// zero value and its key was not written in the parsed document. A contract
+// that was already resolved, or comes from Default, is only validated, so
+// c := Default(); c.Packing.MaxLag = 0; c.Resolve() keeps 0.
+func (c *Contract) Resolve() error {
+	c.fillDefaults()
+	return c.Validate()
+}
+
+// fillDefaults applies the defaults (see Resolve) once.
+func (c *Contract) fillDefaults() {
+	if c.filled {
+		return
+	}
+	c.filled = true
+	def := knobDefaults()
+	fillZero(reflect.ValueOf(c).Elem(), reflect.ValueOf(def).Elem(), "", c.set)
+	for i := range c.Rewards {
+		fillZero(reflect.ValueOf(&c.Rewards[i]).Elem(), reflect.ValueOf(defaultReward),
+			"rewards["+strconv.Itoa(i)+"]", c.set)
+	}
+	// Cross-field defaults, after the fields they copy.
+	if c.Estimator.MinGroupSize == 0 && !c.set["estimator.min_group_size"] {
+		c.Estimator.MinGroupSize = c.Sampler.GroupSize
+	}
+	if c.Packing.BatchGroups == 0 && !c.set["packing.batch_groups"] {
+		c.Packing.BatchGroups = c.Dispatch.GroupsPerUpdate
+	}
+}
+
+// fillZero copies each leaf of def into dst where dst holds the zero value,
+// the key path was not written, and the default is not zero. Structs are
+// walked (inline embeddings at their parent's path); every other kind is a
+// leaf.
+func fillZero(dst, def reflect.Value, path string, set map[string]bool) {
+	for _, f := range fieldsOf(dst.Type()).list {
+		p := join(path, f.name)
+		dv, fv := def.FieldByIndex(f.index), dst.FieldByIndex(f.index)
+		if fv.Kind() == reflect.Struct && fv.Type() != floorType && fv.Type() != stopRuleType {
+			fillZero(fv, dv, p, set)
+			continue
+		}
+		if fv.IsZero() && !set[p] && !dv.IsZero() {
+			fv.Set(deepCopy(dv))
+		}
+	}
+}
+
+// deepCopy copies slices and maps so a filled contract never shares storage
+// with another.
+func deepCopy(v reflect.Value) reflect.Value {
+	switch v.Kind() {
+	case reflect.Slice:
+		if v.IsNil() {
+			return v
+		}
+		s := reflect.MakeSlice(v.Type(), v.Len(), v.Len())
+		for i := 0; i < v.Len(); i++ {
+			s.Index(i).Set(deepCopy(v.Index(i)))
+		}
+		return s
+	case reflect.Map:
+		if v.IsNil() {
+			return v
+		}
+		m := reflect.MakeMapWithSize(v.Type(), v.Len())
+		it := v.MapRange()
+		for it.Next() {
+			m.SetMapIndex(it.Key(), deepCopy(it.Value()))
+		}
+		return m
+	case reflect.Struct:
+		s := reflect.New(v.Type()).Elem()
+		s.Set(v) // unexported fields included
+		for i := 0; i < v.NumField(); i++ {
+			if s.Field(i).CanSet() {
+				s.Field(i).Set(deepCopy(v.Field(i)))
+			}
+		}
+		return s
+	}
+	return v
+}
+
+// Clone returns a deep copy of c, including whether it was resolved.
+func (c *Contract) Clone() *Contract {
+	out := deepCopy(reflect.ValueOf(c).Elem()).Interface().(Contract)
+	if c.set != nil {
+		out.set = make(map[string]bool, len(c.set))
+		for k, v := range c.set {
+			out.set[k] = v
+		}
+	}
+	return &out
+}
+
+// validator collects field errors.
+type validator struct{ errs []error }
+
+func (v *validator) add(path, format string, args ...any) {
+	v.errs = append(v.errs, &FieldError{Path: path, Msg: fmt.Sprintf(format, args...)})
+}
+
+func finite(x float64) bool { return !math.IsNaN(x) && !math.IsInf(x, 0) }
+
+func g(x float64) string { return strconv.FormatFloat(x, 'g', -1, 64) }
+
+func (v *validator) positive(path string, x float64) {
+	switch {
+	case !(x > 0):
+		v.add(path, "must be > 0, got %s", g(x))
+	case !finite(x):
+		v.add(path, "must be finite, got %s", g(x))
+	}
+}
+
+func (v *validator) nonNegative(path string, x float64) {
+	switch {
+	case !(x >= 0):
+		v.add(path, "must be >= 0, got %s", g(x))
+	case !finite(x):
+		v.add(path, "must be finite, got %s", g(x))
+	}
+}
+
+func (v *validator) within(path string, x, lo, hi float64, hiOpen bool) {
+	ok := x >= lo && x <= hi
+	if hiOpen {
+		ok = x >= lo && x < hi
+	}
+	if !ok {
+		bracket := "]"
+		if hiOpen {
+			bracket = ")"
+		}
+		v.add(path, "must be in [%s, %s%s, got %s", g(lo), g(hi), bracket, g(x))
+	}
+}
+
+func (v *validator) minInt(path string, x, lo int64) {
+	if x < lo {
+		v.add(path, "must be >= %d, got %d", lo, x)
+	}
+}
+
+func (v *validator) oneOf(path, x string, allowed ...string) {
+	for _, a := range allowed {
+		if x == a {
+			return
+		}
+	}
+	v.add(path, "must be one of %s, got %q", strings.Join(allowed, ", "), x)
+}
+
+func (v *validator) required(path, x string) {
+	if strings.TrimSpace(x) == "" {
+		v.add(path, "required")
+	}
+}
+
+func validRunID(s string) bool {
+	if len(s) == 0 || len(s) > 128 {
+		return false
+	}
+	for _, r := range s {
+		if !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '.' || r == '_' || r == '-') {
+			return false
+		}
+	}
+	return true
+}
+
+// Validate checks every rule of the contract without filling defaults and
+// returns all problems together (errors.Join of *FieldError), or nil.
+// Resolve is Validate after the defaults.
+func (c *Contract) Validate() error {
+	var v validator
+	if !validRunID(c.RunID) {
+		v.add("run_id", "must be 1..128 characters from [A-Za-z0-9._-], got %q", c.RunID)
+	}
+	c.validateObjective(&v)
+	c.validateBudgets(&v)
+	c.validateStopRules(&v)
+	c.validateArtifacts(&v)
+	c.validateSampler(&v)
+	c.validateEstimator(&v)
+	c.validateLoss(&v)
+	c.validatePacking(&v)
+	c.validateRewards(&v)
+	c.validateTopics(&v)
+	c.validateDispatch(&v)
+	return errors.Join(v.errs...)
+}
+
+func (c *Contract) validateObjective(v *validator) {
+	o := c.Objective
+	v.required("objective.target_distribution", o.TargetDistribution)
+	v.required("objective.primary_metric", o.PrimaryMetric)
+	for _, k := range sortedKeys(o.Constraints) {
+		p := "objective.constraints." + k
+		if strings.TrimSpace(k) == "" {
+			v.add(p, "metric name must not be empty")
+		}
+		if !finite(o.Constraints[k]) {
+			v.add(p, "must be finite, got %s", g(o.Constraints[k]))
+		}
+	}
+	for _, k := range sortedKeys(o.RegressionFloors) {
+		p := "objective.regression_floors." + k
+		f := o.RegressionFloors[k]
+		if strings.TrimSpace(k) == "" {
+			v.add(p, "metric name must not be empty")
+		}
+		switch {
+		case !finite(f.Value):
+			v.add(p, "must be finite, got %s", f)
+		case f.Relative && !(f.Value > 0):
+			v.add(p, "relative floor must be > 0, got %s", f)
+		}
+	}
+	v.nonNegative("objective.kl_limit", o.KLLimit)
+}
+
+func (c *Contract) validateBudgets(v *validator) {
+	b := c.Budgets
+	v.minInt("budgets.rollout_tokens", b.RolloutTokens, 1)
+	v.minInt("budgets.optimizer_tokens", b.OptimizerTokens, 1)
+	v.positive("budgets.environment_hours", b.EnvironmentHours)
+	v.positive("budgets.accelerator_hours", b.AcceleratorHours)
+}
+
+func (c *Contract) validateStopRules(v *validator) {
+	if len(c.StopRules) == 0 {
+		v.add("stop_rules", "at least one stop rule is required")
+	}
+	seen := map[string]int{}
+	for i, r := range c.StopRules {
+		p := "stop_rules[" + strconv.Itoa(i) + "]"
+		switch r.Kind {
+		case StopSafetyViolation, StopBudgetExhausted:
+			if r.N != 0 {
+				v.add(p, "%s takes no count, got %d", r.Kind, r.N)
+			}
+		case StopNoValidationGain, StopKLAboveLimit:
+			if r.N < 1 || r.N > maxStopN {
+				v.add(p, "%s count must be in [1, %d], got %d", r.Kind, maxStopN, r.N)
+			}
+		default:
+			v.add(p, "unknown stop rule kind %q", r.Kind)
+			continue
+		}
+		if j, dup := seen[r.Kind]; dup {
+			v.add(p, "%s already declared at stop_rules[%d]", r.Kind, j)
+		}
+		seen[r.Kind] = i
+		if r.Kind == StopKLAboveLimit && !(c.Objective.KLLimit > 0) {
+			v.add("objective.kl_limit", "must be > 0 when %s is a stop rule, got %s", r, g(c.Objective.KLLimit))
+		}
+	}
+}
+
+// floating lists artifact references that move over time.
+func floatingRef(id string) bool {
+	l := strings.ToLower(id)
+	return l == "latest" || l == "head" || strings.HasSuffix(l, ":latest") || strings.HasSuffix(l, "@latest")
+}
+
+func (c *Contract) validateArtifacts(v *validator) {
+	a := reflect.ValueOf(c.Artifacts)
+	for _, f := range fieldsOf(a.Type()).list {
+		p := "artifacts." + f.name
+		id := a.FieldByIndex(f.index).String()
+		switch {
+		case id == "":
+			v.add(p, "required: an immutable artifact id")
+		case strings.ContainsFunc(id, func(r rune) bool { return r <= ' ' || r == 0x7f }):
+			v.add(p, "must not contain whitespace or control characters, got %q", id)
+		case floatingRef(id):
+			v.add(p, "must be immutable, got the floating reference %q", id)
+		}
+	}
+}
+
+func (c *Contract) validateSampler(v *validator) {
+	s := c.Sampler
+	v.positive("sampler.temperature", s.Temperature)
+	if !(s.TopP > 0 && s.TopP <= 1) {
+		v.add("sampler.top_p", "must be in (0, 1], got %s", g(s.TopP))
+	}
+	v.minInt("sampler.top_k", int64(s.TopK), 0)
+	v.within("sampler.min_p", s.MinP, 0, 1, true)
+	v.minInt("sampler.max_tokens_per_action", int64(s.MaxTokensPerAction), 1)
+	v.minInt("sampler.max_tokens_per_episode", int64(s.MaxTokensPerEpisode), 1)
+	if s.MaxTokensPerAction > 0 && s.MaxTokensPerEpisode > 0 && s.MaxTokensPerEpisode < s.MaxTokensPerAction {
+		v.add("sampler.max_tokens_per_episode", "must be >= sampler.max_tokens_per_action (%d), got %d",
+			s.MaxTokensPerAction, s.MaxTokensPerEpisode)
+	}
+	v.minInt("sampler.max_turns", int64(s.MaxTurns), 1)
+	seen := map[int32]int{}
+	for i, id := range s.StopTokenIDs {
+		p := "sampler.stop_token_ids[" + strconv.Itoa(i) + "]"
+		if id < 0 {
+			v.add(p, "must be >= 0, got %d", id)
+		}
+		if j, dup := seen[id]; dup {
+			v.add(p, "token %d already listed at index %d", id, j)
+		}
+		seen[id] = i
+	}
+	v.minInt("sampler.group_size", int64(s.GroupSize), 1)
+	v.minInt("sampler.tool_timeout_ms", s.ToolTimeoutMS, 1)
+	v.minInt("sampler.tool_retries", int64(s.ToolRetries), 0)
+}
+
+func (c *Contract) validateEstimator(v *validator) {
+	e := c.Estimator
+	v.oneOf("estimator.name", e.Estimator, advantage.GRPO, advantage.RLOO, advantage.GAE)
+	v.oneOf("estimator.std_mode", e.StdMode, advantage.StdSample, advantage.StdPopulation)
+	v.nonNegative("estimator.epsilon", e.Epsilon)
+	v.within("estimator.gamma", e.Gamma, 0, 1, false)
+	v.within("estimator.lambda", e.Lambda, 0, 1, false)
+	v.oneOf("estimator.zero_variance", e.ZeroVariance, advantage.ZeroVarKeep, advantage.ZeroVarDrop)
+	v.minInt("estimator.min_group_size", int64(e.MinGroupSize), 1)
+	if e.MinGroupSize > c.Sampler.GroupSize {
+		v.add("estimator.min_group_size", "must be <= sampler.group_size (%d), got %d", c.Sampler.GroupSize, e.MinGroupSize)
+	}
+	switch e.Estimator {
+	case advantage.GRPO, advantage.RLOO:
+		// A group-relative baseline needs another member (pipeline §10).
+		if c.Sampler.GroupSize < 2 {
+			v.add("sampler.group_size", "must be >= 2 for estimator %s, got %d", e.Estimator, c.Sampler.GroupSize)
+		}
+	}
+	if e.Estimator == advantage.RLOO && e.MinGroupSize == 1 {
+		v.add("estimator.min_group_size", "must be >= 2 for estimator rloo (leave-one-out needs another member), got 1")
+	}
+	seen := map[string]int{}
+	for i, r := range e.BootstrapReasons {
+		p := "estimator.bootstrap_truncations[" + strconv.Itoa(i) + "]"
+		if strings.TrimSpace(r) == "" {
+			v.add(p, "must not be empty")
+		}
+		if j, dup := seen[r]; dup {
+			v.add(p, "%q already listed at index %d", r, j)
+		}
+		seen[r] = i
+	}
+}
+
+func (c *Contract) validateLoss(v *validator) {
+	l := c.Loss
+	v.within("loss.clip_low", l.ClipLow, 0, 1, true)
+	v.nonNegative("loss.clip_high", l.ClipHigh)
+	v.oneOf("loss.normalization", l.Normalization, objective.TokenMean, objective.SeqMeanTokenSum, objective.SeqMeanTokenMean)
+	v.oneOf("loss.kl_placement", l.KLPlacement, objective.KLNone, objective.KLLoss, objective.KLReward)
+	v.oneOf("loss.kl_estimator", l.KLEstimator, objective.K1, objective.K2, objective.K3)
+	if l.KLPlacement == objective.KLLoss {
+		v.positive("loss.kl_coef", l.KLCoef)
+	} else if l.KLCoef != 0 {
+		v.add("loss.kl_coef", "must be 0 unless loss.kl_placement is loss (got placement %q, coefficient %s)", l.KLPlacement, g(l.KLCoef))
+	}
+	v.nonNegative("loss.entropy_coef", l.EntropyCoef)
+	v.nonNegative("loss.max_log_ratio", l.MaxLogRatio)
+	o := l.Optimizer
+	v.positive("loss.optimizer.lr", o.LR)
+	v.within("loss.optimizer.beta1", o.Beta1, 0, 1, true)
+	v.within("loss.optimizer.beta2", o.Beta2, 0, 1, true)
+	v.positive("loss.optimizer.eps", o.Eps)
+	v.nonNegative("loss.optimizer.grad_clip", o.GradClip)
+	v.minInt("loss.optimizer.epochs", int64(o.Epochs), 1)
+	v.minInt("loss.optimizer.minibatches", int64(o.Minibatches), 1)
+}
+
+func (c *Contract) validatePacking(v *validator) {
+	p := c.Packing
+	v.minInt("packing.token_budget", int64(p.TokenBudget), 1)
+	if p.BatchTokens < p.TokenBudget || p.BatchTokens < 1 {
+		v.add("packing.batch_tokens", "must be >= packing.token_budget (%d) and > 0, got %d", p.TokenBudget, p.BatchTokens)
+	}
+	v.minInt("packing.batch_groups", int64(p.BatchGroups), 0)
+	v.oneOf("packing.overflow", p.Overflow, pack.OverflowReject, pack.OverflowTruncate)
+	v.minInt("packing.max_lag", p.MaxLag, 0)
+	v.oneOf("packing.stale_policy", p.StalePolicy, pack.StaleDrop, pack.StaleMaskTurns)
+}
+
+func (c *Contract) validateRewards(v *validator) {
+	if len(c.Rewards) == 0 {
+		v.add("rewards", "at least one reward component is required")
+	}
+	seen := map[string]int{}
+	hasKL := false
+	for i, r := range c.Rewards {
+		p := "rewards[" + strconv.Itoa(i) + "]"
+		v.required(p+".name", r.Name)
+		if j, dup := seen[r.Name]; dup && r.Name != "" {
+			v.add(p+".name", "%q already declared at rewards[%d]", r.Name, j)
+		}
+		seen[r.Name] = i
+		v.required(p+".version", r.Version)
+		if !finite(r.Weight) {
+			v.add(p+".weight", "must be finite, got %s", g(r.Weight))
+		}
+		v.oneOf(p+".transform", r.Transform, TransformIdentity, TransformClip, TransformTanh, TransformNegate)
+		if r.Transform == TransformClip {
+			if !finite(r.ClipMin) || !finite(r.ClipMax) || !(r.ClipMin < r.ClipMax) {
+				v.add(p+".clip_max", "transform clip needs finite clip_min < clip_max, got [%s, %s]", g(r.ClipMin), g(r.ClipMax))
+			}
+		} else {
+			if r.ClipMin != 0 {
+				v.add(p+".clip_min", "only used by transform clip (transform is %q)", r.Transform)
+			}
+			if r.ClipMax != 0 {
+				v.add(p+".clip_max", "only used by transform clip (transform is %q)", r.Transform)
+			}
+		}
+		v.oneOf(p+".scope", r.Scope, schemas.ScopeTrajectory, schemas.ScopeTurn, schemas.ScopeSpan)
+		if r.Name == RewardKL {
+			hasKL = true
+			switch c.Loss.KLPlacement {
+			case objective.KLLoss:
+				// Pipeline §8: KL in reward or in loss, never both.
+				v.add(p+".name", "a %q reward component with loss.kl_placement loss applies KL twice (in reward or in loss, never both)", RewardKL)
+			case objective.KLNone:
+				v.add(p+".name", "a %q reward component needs loss.kl_placement reward, got none", RewardKL)
+			}
+		}
+	}
+	if c.Loss.KLPlacement == objective.KLReward && !hasKL {
+		v.add("loss.kl_placement", "reward placement needs a reward component named %q (its weight is the KL coefficient)", RewardKL)
+	}
+}
+
+func (c *Contract) validateTopics(v *validator) {
+	t := c.Topics
+	v.minInt("topics.partitions", int64(t.Partitions), 1)
+	v.minInt("topics.replication", int64(t.Replication), 1)
+	if t.RetentionMS != -1 && t.RetentionMS < 1 {
+		v.add("topics.retention_ms", "must be > 0 or -1 (unlimited), got %d", t.RetentionMS)
+	}
+	v.minInt("topics.max_message_bytes", int64(t.MaxMessageBytes), 1)
+}
+
+func (c *Contract) validateDispatch(v *validator) {
+	d := c.Dispatch
+	v.minInt("dispatch.tasks_per_update", int64(d.TasksPerUpdate), 1)
+	v.minInt("dispatch.groups_per_update", int64(d.GroupsPerUpdate), 1)
+	if d.TasksPerUpdate >= 1 && d.GroupsPerUpdate >= 1 && d.GroupsPerUpdate%d.TasksPerUpdate != 0 {
+		v.add("dispatch.groups_per_update", "must be a multiple of dispatch.tasks_per_update (%d), got %d", d.TasksPerUpdate, d.GroupsPerUpdate)
+	}
+	for _, k := range sortedKeys(d.DomainQuotas) {
+		p := "dispatch.domain_quotas." + k
+		if strings.TrimSpace(k) == "" {
+			v.add(p, "domain name must not be empty")
+		}
+		if q := d.DomainQuotas[k]; !(q > 0 && q <= 1) {
+			v.add(p, "must be in (0, 1], got %s", g(q))
+		}
+	}
+	v.minInt("dispatch.eval_every", int64(d.EvalEvery), 1)
+}
