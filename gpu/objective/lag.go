@@ -1,0 +1,122 @@
+package objective
+
+import (
+	"fmt"
+	"math"
+	"sort"
+)
+
+// LagStat summarizes the masked tokens sampled Lag policy versions before
+// the trainer's version (pipeline §13: "log ... the ratio distribution by
+// policy lag"). The ratio is r = exp(cur - old), unclamped.
+type LagStat struct {
+	Lag       int64   `json:"lag"`        // trainerVersion - behavior version, >= 0
+	Tokens    int64   `json:"tokens"`     // masked tokens at this lag
+	RatioMean float64 `json:"ratio_mean"` // mean of r
+	RatioMin  float64 `json:"ratio_min"`
+	RatioMax  float64 `json:"ratio_max"`
+	// ApproxKL = 0.5 · mean (cur - old)^2 (the k2 estimator, as
+	// Stats.ApproxKLOld).
+	ApproxKL float64 `json:"approx_kl"`
+	// K3 = mean (r - 1 - log r), an unbiased, non-negative estimate of
+	// KL(behavior || current) on tokens sampled from the behavior policy.
+	K3 float64 `json:"k3"`
+}
+
+// LagStats groups the masked tokens of one row (or of Concat'ed rows) by
+// policy lag = trainerVersion - versions[i] and returns one LagStat per lag
+// present, in increasing lag order. curLogprobs is Result.CurLogprobs,
+// old the behavior log-probs, versions schemas.PackedRow.PolicyVersions
+// (aligned to targets). Accumulation is float64 in position order.
+//
+// Errors: length mismatch (ErrShape); a mask value other than 0/1, a masked
+// token with a negative version or a version newer than trainerVersion, or
+// a non-finite masked log-prob (ErrInput).
+func LagStats(curLogprobs, old []float32, versions []int32, mask []uint8, trainerVersion int64) ([]LagStat, error) {
+	T := len(mask)
+	if len(curLogprobs) != T || len(old) != T || len(versions) != T {
+		return nil, fmt.Errorf("objective: lag stats: %d cur, %d old, %d versions for %d mask entries: %w",
+			len(curLogprobs), len(old), len(versions), T, ErrShape)
+	}
+	type acc struct {
+		n                 int64
+		rSum, kSum, k3Sum float64
+		rMin, rMax        float64
+	}
+	byLag := map[int64]*acc{}
+	for i, m := range mask {
+		switch m {
+		case 0:
+			continue
+		case 1:
+		default:
+			return nil, fmt.Errorf("objective: lag stats: action mask %d at position %d: %w", m, i, ErrInput)
+		}
+		v := int64(versions[i])
+		if v < 0 || v > trainerVersion {
+			return nil, fmt.Errorf("objective: lag stats: version %d at position %d, trainer version %d: %w",
+				v, i, trainerVersion, ErrInput)
+		}
+		lr := float64(curLogprobs[i]) - float64(old[i])
+		if !finite(lr) {
+			return nil, fmt.Errorf("objective: lag stats: log ratio %v at position %d: %w", lr, i, ErrInput)
+		}
+		a := byLag[trainerVersion-v]
+		if a == nil {
+			a = &acc{rMin: math.Inf(1), rMax: math.Inf(-1)}
+			byLag[trainerVersion-v] = a
+		}
+		r := math.Exp(lr)
+		a.n++
+		a.rSum += r
+		a.kSum += 0.5 * lr * lr
+		a.k3Sum += r - 1 - lr
+		a.rMin = math.Min(a.rMin, r)
+		a.rMax = math.Max(a.rMax, r)
+	}
+	out := make([]LagStat, 0, len(byLag))
+	for lag, a := range byLag {
+		n := float64(a.n)
+		out = append(out, LagStat{
+			Lag: lag, Tokens: a.n,
+			RatioMean: a.rSum / n, RatioMin: a.rMin, RatioMax: a.rMax,
+			ApproxKL: a.kSum / n, K3: a.k3Sum / n,
+		})
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Lag < out[j].Lag })
+	return out, nil
+}
+
+// MergeLagStats combines the LagStats of disjoint token sets: entries of
+// equal Lag are merged (means re-weighted by Tokens, min/max combined); the
+// result is in increasing lag order.
+func MergeLagStats(parts ...[]LagStat) []LagStat {
+	byLag := map[int64]LagStat{}
+	for _, p := range parts {
+		for _, s := range p {
+			if s.Tokens == 0 {
+				continue
+			}
+			t, ok := byLag[s.Lag]
+			if !ok {
+				byLag[s.Lag] = s
+				continue
+			}
+			nt, ns := float64(t.Tokens), float64(s.Tokens)
+			n := nt + ns
+			t.RatioMean = (t.RatioMean*nt + s.RatioMean*ns) / n
+			t.ApproxKL = (t.ApproxKL*nt + s.ApproxKL*ns) / n
+			t.K3 = (t.K3*nt + s.K3*ns) / n
+			t.RatioMin = math.Min(t.RatioMin, s.RatioMin)
+			t.RatioMax = math.Max(t.RatioMax, s.RatioMax)
+			t.Tokens += s.Tokens
+			byLag[s.Lag] = t
+		}
+	}
+	out := make([]LagStat, 0, len(byLag))
+	for _, s := range byLag {
+		out = append(out, s)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Lag < out[j].Lag })
+	return out
+}

@@ -1,0 +1,52 @@
+package objective
+
+import (
+	"fmt"
+	"math"
+)
+
+// Validate checks that the options declare a usable loss:
+//   - 0 <= ClipLow < 1 and ClipHigh >= 0 (the trust region [1-ClipLow,
+//     1+ClipHigh] contains 1 and has a positive lower bound);
+//   - Normalization is one of TokenMean, SeqMeanTokenSum, SeqMeanTokenMean
+//     (there is no default: the normalization changes the objective,
+//     pipeline §13);
+//   - KLPlacement is "", KLNone, KLLoss or KLReward ("" means KLNone);
+//   - KLEstimator is "", K1, K2 or K3, and is set when KLPlacement is KLLoss;
+//   - KLCoef, EntropyCoef and MaxLogRatio are finite and >= 0.
+//
+// Every error wraps ErrOptions.
+func (o Options) Validate() error {
+	finite := func(x float64) bool { return !math.IsNaN(x) && !math.IsInf(x, 0) }
+	switch {
+	case !finite(o.ClipLow) || o.ClipLow < 0 || o.ClipLow >= 1:
+		return fmt.Errorf("objective: clip_low %v not in [0, 1): %w", o.ClipLow, ErrOptions)
+	case !finite(o.ClipHigh) || o.ClipHigh < 0:
+		return fmt.Errorf("objective: clip_high %v not finite and >= 0: %w", o.ClipHigh, ErrOptions)
+	case !finite(o.KLCoef) || o.KLCoef < 0:
+		return fmt.Errorf("objective: kl_coef %v not finite and >= 0: %w", o.KLCoef, ErrOptions)
+	case !finite(o.EntropyCoef) || o.EntropyCoef < 0:
+		return fmt.Errorf("objective: entropy_coef %v not finite and >= 0: %w", o.EntropyCoef, ErrOptions)
+	case !finite(o.MaxLogRatio) || o.MaxLogRatio < 0:
+		return fmt.Errorf("objective: max_log_ratio %v not finite and >= 0: %w", o.MaxLogRatio, ErrOptions)
+	}
+	switch o.Normalization {
+	case TokenMean, SeqMeanTokenSum, SeqMeanTokenMean:
+	default:
+		return fmt.Errorf("objective: normalization %q: %w", o.Normalization, ErrOptions)
+	}
+	switch o.KLPlacement {
+	case "", KLNone, KLLoss, KLReward:
+	default:
+		return fmt.Errorf("objective: kl_placement %q: %w", o.KLPlacement, ErrOptions)
+	}
+	switch o.KLEstimator {
+	case "", K1, K2, K3:
+	default:
+		return fmt.Errorf("objective: kl_estimator %q: %w", o.KLEstimator, ErrOptions)
+	}
+	if o.KLPlacement == KLLoss && o.KLEstimator == "" {
+		return fmt.Errorf("objective: kl_placement %q needs kl_estimator: %w", KLLoss, ErrOptions)
+	}
+	return nil
+}
