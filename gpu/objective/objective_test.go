@@ -766,3 +766,40 @@ func TestLagStats(t *testing.T) {
 		})
 	}
 }
+
+// TestMaskedVocabulary: -Inf logits (vocabulary entries masked out) at a
+// trained position give probability 0, a finite loss and exactly zero
+// gradient on those entries, with the entropy bonus on.
+func TestMaskedVocabulary(t *testing.T) {
+	ninf := float32(math.Inf(-1))
+	in := Inputs{
+		T: 2, V: 4,
+		Logits:      []float32{0.3, ninf, -0.2, ninf, 0, 0, 0, 0},
+		Targets:     []int32{2, NoTarget},
+		Mask:        []uint8{1, 0},
+		OldLogprobs: []float32{-0.5, 0},
+		Advantages:  []float32{1, 0},
+		SegmentIDs:  []int32{0, 0},
+	}
+	opts := baseOpts(TokenMean)
+	opts.EntropyCoef = 0.1
+	res, err := Compute(in, opts, mustDen(t, in))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !finite(res.Loss) || !finite(res.Entropy) {
+		t.Fatalf("loss %v entropy %v", res.Loss, res.Entropy)
+	}
+	// Two live entries: entropy of softmax(0.3, -0.2).
+	p := 1 / (1 + math.Exp(-0.5))
+	if h := -p*math.Log(p) - (1-p)*math.Log(1-p); !near(res.Entropy, h, 1e-7, 0) {
+		t.Fatalf("entropy %v, want %v", res.Entropy, h)
+	}
+	d := res.DLogits[:4]
+	if d[1] != 0 || d[3] != 0 || d[0] == 0 || d[2] == 0 {
+		t.Fatalf("gradient %v: want 0 exactly on -Inf entries, non-zero elsewhere", d)
+	}
+	if s := float64(d[0]) + float64(d[2]); !near(s, 0, 1e-7, 0) {
+		t.Fatalf("gradient sums to %v, want 0 (softmax shift invariance)", s)
+	}
+}
