@@ -205,3 +205,13 @@ func (a *Assembler) Buffered() int { return a.buffered }
 
 // Stats returns the counters so far.
 func (a *Assembler) Stats() AssemblerStats { return a.stats }
+
+// Remember marks groupID as already emitted, as if it had completed: later
+// records of it are counted Late and ignored. A stage calls it while
+// rebuilding from its output topic after losing its local state.
+func (a *Assembler) Remember(groupID string) {
+	if _, ok := a.done[groupID]; ok {
+		return
+	}
+	a.remember(groupID)
+}

@@ -1,0 +1,227 @@
+package advantage
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/trajflow/trajflow/connectors/state"
+	"github.com/trajflow/trajflow/operators/stagekit"
+	"github.com/trajflow/trajflow/pipeline"
+	"github.com/trajflow/trajflow/schemas"
+)
+
+// StageConfig configures the advantage operator.
+type StageConfig struct {
+	Options Options
+	Topics  pipeline.Topics
+	// PartialTimeout closes a group that is still incomplete this long after
+	// its first member arrived (the declared partial-group policy then
+	// decides: MinGroupSize). 0 disables the timeout.
+	PartialTimeout time.Duration
+	// Remember is how many emitted group ids are kept to recognize a
+	// redelivered tail of an already-scored group (default 100000).
+	Remember int
+	// RebuildScan is how many records per partition of the scored topic are
+	// read back to rebuild that memory when the local state is lost
+	// (default 10000).
+	RebuildScan int64
+	Now         func() time.Time
+}
+
+// Stage is the advantage operator: it assembles rewarded trajectories into
+// groups by group id (the Kafka key), holds every member's input record
+// until its group is complete, then scores the group with ScoreGroup and
+// produces one scored message per group (pipeline §10).
+//
+// State: open groups live in memory and are rebuilt from redelivery (held
+// records are never committed). The ids of emitted groups are kept in
+// Badger under StateDir and rebuilt from the scored topic when lost, so a
+// redelivered member of an emitted group never reopens it.
+type Stage struct {
+	cfg   StageConfig
+	asm   *Assembler
+	store *state.Store
+	// msgGroups counts, per held input message, the groups it still feeds.
+	msgGroups map[pipeline.Ref]int
+	groupMsgs map[string][]pipeline.Ref
+	opened    map[string]time.Time
+}
+
+// NewStage validates cfg and returns the stage.
+func NewStage(cfg StageConfig) (*Stage, error) {
+	if err := cfg.Options.Validate(); err != nil {
+		return nil, err
+	}
+	if cfg.Remember <= 0 {
+		cfg.Remember = 100000
+	}
+	if cfg.RebuildScan <= 0 {
+		cfg.RebuildScan = 10000
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	return &Stage{
+		cfg:       cfg,
+		asm:       NewAssembler(cfg.Remember),
+		msgGroups: map[pipeline.Ref]int{},
+		groupMsgs: map[string][]pipeline.Ref{},
+		opened:    map[string]time.Time{},
+	}, nil
+}
+
+// Name implements pipeline.Stage.
+func (*Stage) Name() string { return "advantage" }
+
+// Topics implements pipeline.Stage.
+func (s *Stage) Topics() []string { return []string{s.cfg.Topics.Rewarded} }
+
+var emittedPrefix = []byte("advantage/emitted/")
+
+const initKey = "advantage/initialized"
+
+// Start opens the state store and loads (or rebuilds) the emitted groups.
+func (s *Stage) Start(ctx context.Context, env *pipeline.Env) error {
+	st, err := state.Open(env.Config.StateDir, state.Options{Logger: env.Logger})
+	if err != nil {
+		return err
+	}
+	s.store = st
+	initialized, err := st.Has([]byte(initKey))
+	if err != nil {
+		return err
+	}
+	if initialized {
+		return st.Scan(ctx, emittedPrefix, func(k, _ []byte) error {
+			s.asm.Remember(string(k[len(emittedPrefix):]))
+			return nil
+		})
+	}
+	// Local state lost (or first start): read back what this stage already
+	// emitted.
+	n := 0
+	err = pipeline.ScanTail(ctx, env.Config, s.cfg.Topics.Scored, s.cfg.RebuildScan, func(m pipeline.Message) error {
+		if len(m.Key) > 0 {
+			s.asm.Remember(string(m.Key))
+			n++
+			return st.Set(append(append([]byte{}, emittedPrefix...), m.Key...), nil, 0)
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("advantage: rebuild emitted groups: %w", err)
+	}
+	env.Logger.Info("advantage state rebuilt from scored topic", "groups", n)
+	return st.Set([]byte(initKey), nil, 0)
+}
+
+// Close releases the state store.
+func (s *Stage) Close() error {
+	if s.store == nil {
+		return nil
+	}
+	return s.store.Close()
+}
+
+// Process implements pipeline.Stage.
+func (s *Stage) Process(ctx context.Context, m pipeline.Message) (pipeline.Result, error) {
+	rows, err := stagekit.Decode(schemas.RewardedTrajectories, m)
+	if err != nil {
+		return pipeline.Result{}, err
+	}
+	for i := range rows {
+		if err := CheckMember(&rows[i]); err != nil {
+			return pipeline.Result{}, pipeline.Refuse("bad_group_member", "row %d: %v", i, err)
+		}
+	}
+	var res pipeline.Result
+	res.Hold = true
+	held := false
+	for _, r := range rows {
+		before := s.asm.Stats()
+		group, done := s.asm.Add(r)
+		after := s.asm.Stats()
+		if after.Added > before.Added {
+			if !held {
+				held = true
+			}
+			s.msgGroups[m.Ref]++
+			if len(s.groupMsgs[r.GroupID]) == 0 || s.groupMsgs[r.GroupID][len(s.groupMsgs[r.GroupID])-1] != m.Ref {
+				s.groupMsgs[r.GroupID] = append(s.groupMsgs[r.GroupID], m.Ref)
+			} else {
+				s.msgGroups[m.Ref]-- // one hold per (message, group)
+			}
+			if _, ok := s.opened[r.GroupID]; !ok {
+				s.opened[r.GroupID] = s.cfg.Now()
+			}
+		}
+		if done {
+			if err := s.emit(&res, r.GroupID, group); err != nil {
+				return pipeline.Result{}, err
+			}
+		}
+	}
+	if !held {
+		// Every row was a duplicate or belongs to an emitted group: nothing
+		// to hold.
+		res.Hold = false
+	}
+	return res, nil
+}
+
+// emit scores a finished group and appends its output and releases to res.
+func (s *Stage) emit(res *pipeline.Result, groupID string, group []schemas.Rewarded) error {
+	scored, err := ScoreGroup(s.cfg.Options, group)
+	if err != nil {
+		if errors.Is(err, ErrOptions) {
+			return err
+		}
+		// A group that cannot be scored is quarantined as a whole: its
+		// members' records go to quarantine through a scored message
+		// marked filtered would hide the defect, so it stops here.
+		return fmt.Errorf("advantage: score group %s: %w", groupID, err)
+	}
+	out, err := stagekit.Encode(schemas.ScoredTrajectories, s.cfg.Topics.Scored, groupID, schemas.DerivedID("advantage", groupID), scored)
+	if err != nil {
+		return err
+	}
+	res.Outputs = append(res.Outputs, out)
+	for _, ref := range s.groupMsgs[groupID] {
+		s.msgGroups[ref]--
+		if s.msgGroups[ref] <= 0 {
+			delete(s.msgGroups, ref)
+			res.Release = append(res.Release, ref)
+		}
+	}
+	delete(s.groupMsgs, groupID)
+	delete(s.opened, groupID)
+	if s.store != nil {
+		if err := s.store.Set(append(append([]byte{}, emittedPrefix...), groupID...), nil, 0); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Tick closes groups older than the partial-group timeout.
+func (s *Stage) Tick(_ context.Context, now time.Time) (pipeline.Result, error) {
+	var res pipeline.Result
+	if s.cfg.PartialTimeout <= 0 {
+		return res, nil
+	}
+	for _, g := range s.asm.Open() {
+		if now.Sub(s.opened[g.GroupID]) < s.cfg.PartialTimeout {
+			continue
+		}
+		members, ok := s.asm.Close(g.GroupID)
+		if !ok {
+			continue
+		}
+		if err := s.emit(&res, g.GroupID, members); err != nil {
+			return pipeline.Result{}, err
+		}
+	}
+	return res, nil
+}
