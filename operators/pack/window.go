@@ -1,0 +1,261 @@
+package pack
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+
+	"github.com/trajflow/trajflow/schemas"
+)
+
+// ErrWindowFull is returned by Add when the window has reached its close
+// condition: the caller must Close it first. The record is not consumed.
+var ErrWindowFull = errors.New("pack: window ready, close it before adding")
+
+// Outcome of Window.Add.
+type Outcome uint8
+
+// Outcomes.
+const (
+	Admitted  Outcome = iota + 1 // the segment joins the open batch
+	Filtered                     // not packed; Result.Filter says why
+	Duplicate                    // the record id was already decided; nothing changed
+)
+
+// String returns "admitted", "filtered" or "duplicate".
+func (o Outcome) String() string {
+	switch o {
+	case Admitted:
+		return "admitted"
+	case Filtered:
+		return "filtered"
+	case Duplicate:
+		return "duplicate"
+	}
+	return fmt.Sprintf("Outcome(%d)", uint8(o))
+}
+
+// Result reports what Add did with one record.
+type Result struct {
+	Outcome   Outcome
+	Filter    Filter // the reason, when Outcome is Filtered
+	Tokens    int    // segment length, when Admitted
+	Trained   int    // trained target tokens, when Admitted
+	Truncated bool   // the segment was cut by OverflowTruncate
+	Ready     bool   // the window has reached its close condition
+}
+
+// Admission locates one admitted record in a closed batch (for the census
+// and lineage).
+type Admission struct {
+	RecordID      string
+	GroupID       string
+	Row           int   // index in PackedBatch.Rows
+	Segment       int   // segment id within the row
+	Tokens        int   // segment length
+	Trained       int   // trained target tokens
+	PolicyVersion int64 // oldest behavior version among the trained tokens
+	Truncated     bool
+}
+
+// Decision is a record filtered when the window closed.
+type Decision struct {
+	RecordID string
+	GroupID  string
+	Filter   Filter
+}
+
+// Closed reports a closed window.
+type Closed struct {
+	// Admitted lists the records in the batch, sorted by RecordID.
+	Admitted []Admission
+	// Filtered lists records admitted by Add that the lag rule filters
+	// under the closing trainer version (asynchronous mode: the trainer
+	// moved on while the window was open), sorted by RecordID.
+	Filtered []Decision
+	Stats    Stats
+}
+
+// Window is the pack stage's admission window (DESIGN.md "Lag-aware
+// admission", "Determinism"). It is in-memory and does no I/O: the runtime
+// feeds it scored records, closes it when Ready, and publishes the batch.
+//
+// Every record id is decided once in the window's lifetime: admitted,
+// filtered, or rejected with an error; any later delivery of the same id is
+// a Duplicate and is never admitted twice (at-least-once delivery with
+// deduplication). The window remembers decided ids across closes; a runtime
+// that restarts restores that memory with MarkSeen and re-adds the records
+// of the open batch (Pending) from its input topic.
+//
+// The open batch holds only compact segments (tokens, spans and log-probs),
+// not the scored records. A Window is not safe for concurrent use.
+type Window struct {
+	opts           Options
+	trainerVersion int64
+	seen           map[string]struct{}
+	pending        []Segment
+	groups         map[string]struct{}
+	tokens         int
+}
+
+// NewWindow returns an empty window that judges lag against
+// trainerVersion.
+func NewWindow(opts Options, trainerVersion int64) (*Window, error) {
+	if err := opts.Validate(); err != nil {
+		return nil, err
+	}
+	return &Window{
+		opts:           opts,
+		trainerVersion: trainerVersion,
+		seen:           make(map[string]struct{}),
+		groups:         make(map[string]struct{}),
+	}, nil
+}
+
+// SetTrainerVersion sets the trainer version that later Adds are judged
+// against (the runtime calls it when a policy release arrives).
+func (w *Window) SetTrainerVersion(v int64) { w.trainerVersion = v }
+
+// TrainerVersion is the version Add judges lag against.
+func (w *Window) TrainerVersion() int64 { return w.trainerVersion }
+
+// Add reconstructs s (Reconstruct with the window's trainer version) and
+// admits it to the open batch unless it is filtered or a duplicate.
+// Errors wrap ErrMalformed or ErrEvalSplit (route the record to
+// quarantine; its id counts as decided) or are ErrWindowFull (nothing
+// changed). A record without a RecordID is an ErrMalformed error.
+func (w *Window) Add(s schemas.Scored) (Result, error) {
+	id := s.RecordID
+	if id == "" {
+		return Result{}, fmt.Errorf("%w: record without id (group %s)", ErrMalformed, s.GroupID)
+	}
+	if _, ok := w.seen[id]; ok {
+		return Result{Outcome: Duplicate, Ready: w.Ready()}, nil
+	}
+	if w.Ready() {
+		return Result{Ready: true}, fmt.Errorf("%w: record %s", ErrWindowFull, id)
+	}
+	seg, f, err := Reconstruct(&s, w.trainerVersion, w.opts)
+	if err != nil {
+		if !errors.Is(err, ErrOptions) {
+			w.seen[id] = struct{}{}
+		}
+		return Result{Ready: w.Ready()}, fmt.Errorf("pack window: %w", err)
+	}
+	w.seen[id] = struct{}{}
+	if f != FilterNone {
+		return Result{Outcome: Filtered, Filter: f, Ready: w.Ready()}, nil
+	}
+	w.pending = append(w.pending, seg)
+	w.tokens += seg.Len()
+	w.groups[seg.GroupID] = struct{}{}
+	return Result{
+		Outcome:   Admitted,
+		Tokens:    seg.Len(),
+		Trained:   int(seg.Trained),
+		Truncated: seg.Truncated,
+		Ready:     w.Ready(),
+	}, nil
+}
+
+// Ready reports whether the open batch has reached its close condition:
+// admitted tokens >= BatchTokens (when set), or distinct admitted groups >=
+// BatchGroups (when set). A group counts from its first admitted member;
+// members admitted after a close go to the next batch.
+func (w *Window) Ready() bool {
+	if w.opts.BatchTokens > 0 && w.tokens >= w.opts.BatchTokens {
+		return true
+	}
+	return w.opts.BatchGroups > 0 && len(w.groups) >= w.opts.BatchGroups
+}
+
+// Tokens is the number of tokens admitted to the open batch.
+func (w *Window) Tokens() int { return w.tokens }
+
+// Groups is the number of distinct groups admitted to the open batch.
+func (w *Window) Groups() int { return len(w.groups) }
+
+// Pending returns the record ids of the open batch, sorted.
+func (w *Window) Pending() []string {
+	ids := make([]string, len(w.pending))
+	for i := range w.pending {
+		ids[i] = w.pending[i].TrajectoryID
+	}
+	slices.Sort(ids)
+	return ids
+}
+
+// Seen reports whether id was already decided.
+func (w *Window) Seen(id string) bool {
+	_, ok := w.seen[id]
+	return ok
+}
+
+// MarkSeen records ids as decided (restoring deduplication memory after a
+// restart); later Adds of them are Duplicates.
+func (w *Window) MarkSeen(ids ...string) {
+	for _, id := range ids {
+		w.seen[id] = struct{}{}
+	}
+}
+
+// Close packs the open batch and starts a new one. The admitted segments are
+// ordered by record id, the lag rule is applied again against
+// trainerVersion (segments that became stale are reported in
+// Closed.Filtered), and the rest are packed with Pack into rows of
+// TokenBudget. The batch gets BatchID = schemas.BatchID(runID,
+// batchIndex) and records trainerVersion; later Adds are judged against
+// trainerVersion. The batch is a pure function of the admitted set, the
+// options and the arguments: arrival order never changes it. Closing an
+// empty window returns a batch without rows.
+func (w *Window) Close(batchIndex int64, runID, contractHash string, trainerVersion int64) (schemas.PackedBatch, Closed) {
+	segs := w.pending
+	slices.SortFunc(segs, func(a, b Segment) int { return strings.Compare(a.TrajectoryID, b.TrajectoryID) })
+	var closed Closed
+	kept := segs[:0]
+	drop := w.opts.StalePolicy == StaleDrop
+	for i := range segs {
+		if f := admit(&segs[i], trainerVersion, w.opts.MaxLag, drop); f != FilterNone {
+			closed.Filtered = append(closed.Filtered, Decision{RecordID: segs[i].TrajectoryID, GroupID: segs[i].GroupID, Filter: f})
+			continue
+		}
+		kept = append(kept, segs[i])
+	}
+	rows, st := Pack(kept, w.opts.TokenBudget)
+	closed.Stats = st
+	closed.Admitted = make([]Admission, len(kept))
+	index := make(map[string]int, len(kept))
+	for i := range kept {
+		index[kept[i].TrajectoryID] = i
+	}
+	for r := range rows {
+		for k, id := range rows[r].SegTrajectoryIDs {
+			seg := &kept[index[id]]
+			closed.Admitted[index[id]] = Admission{
+				RecordID:      id,
+				GroupID:       seg.GroupID,
+				Row:           r,
+				Segment:       k,
+				Tokens:        seg.Len(),
+				Trained:       int(seg.Trained),
+				PolicyVersion: rows[r].SegPolicyVersions[k],
+				Truncated:     seg.Truncated,
+			}
+		}
+	}
+	batch := schemas.PackedBatch{
+		BatchID:        schemas.BatchID(runID, batchIndex),
+		BatchIndex:     batchIndex,
+		RunID:          runID,
+		ContractHash:   contractHash,
+		TrainerVersion: trainerVersion,
+		TokenBudget:    int32(w.opts.TokenBudget),
+		Rows:           rows,
+	}
+	w.pending = nil
+	w.tokens = 0
+	clear(w.groups)
+	w.trainerVersion = trainerVersion
+	return batch, closed
+}
