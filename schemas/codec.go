@@ -1,0 +1,276 @@
+package schemas
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"strconv"
+
+	"github.com/apache/arrow-go/v18/arrow"
+	"github.com/apache/arrow-go/v18/arrow/array"
+	"github.com/apache/arrow-go/v18/arrow/ipc"
+	"github.com/apache/arrow-go/v18/arrow/memory"
+)
+
+// Codec encodes and decodes rows of one record kind as Arrow data. The wire
+// form (DESIGN.md, "Wire format") is one self-describing Arrow IPC stream
+// per message: the schema, carrying MetaKind and MetaVersion in its
+// metadata, one record batch holding all rows, and the end-of-stream
+// marker. The record forms serve the Parquet snapshot writer and reader.
+//
+// Decoders check structure only: a stream that is not exactly one schema
+// and one record batch, a missing column, a column of the wrong type, an
+// offset out of range, or a null where none is allowed is an error wrapping
+// ErrDecode; a kind or version other than the codec's is a *VersionError
+// (never wrapped in ErrDecode). Semantic rules (token and log-prob lengths,
+// NaN, negative ids) are left to the validate stage, so a decoder returns
+// anything structurally valid. No input makes a decoder panic.
+//
+// List columns: a non-nullable list that is empty decodes as a nil slice;
+// a nullable list (ref_logprobs) decodes null as nil and an empty list as
+// an empty non-nil slice. Decoded rows never alias the input bytes, and
+// the list slices of one column share one backing array (each sub-slice
+// has its capacity capped at its length, so appending copies).
+//
+// A Codec is safe for concurrent use.
+type Codec[T any] struct {
+	kind   Kind
+	schema *arrow.Schema
+	cols   []column[T]
+}
+
+func newCodec[T any](kind Kind, cols []column[T]) *Codec[T] {
+	md := arrow.NewMetadata(
+		[]string{MetaKind, MetaVersion},
+		[]string{string(kind), strconv.Itoa(Versions[kind])},
+	)
+	return &Codec[T]{kind: kind, schema: arrow.NewSchema(fieldsOf(cols), &md), cols: cols}
+}
+
+// Kind is the record kind of the codec.
+func (c *Codec[T]) Kind() Kind { return c.kind }
+
+// Version is the schema version the codec writes and the only one it reads.
+func (c *Codec[T]) Version() int { return Versions[c.kind] }
+
+// Schema is the Arrow schema of the kind, with MetaKind and MetaVersion in
+// its metadata.
+func (c *Codec[T]) Schema() *arrow.Schema { return c.schema }
+
+// ToRecord builds one record batch holding rows. The caller releases it.
+// Large list values may share memory with rows: rows must not be modified
+// while the record is alive.
+func (c *Codec[T]) ToRecord(mem memory.Allocator, rows []T) (arrow.RecordBatch, error) {
+	cols := make([]arrow.Array, len(c.cols))
+	for i, col := range c.cols {
+		d := col.build(mem, len(rows), func(k int) *T { return &rows[k] })
+		cols[i] = array.MakeFromData(d)
+		d.Release()
+	}
+	rec := array.NewRecordBatch(c.schema, cols, int64(len(rows)))
+	for _, a := range cols {
+		a.Release()
+	}
+	return rec, nil
+}
+
+// Encode returns rows as one Arrow IPC stream (schema, one record batch,
+// end-of-stream marker). An empty slice encodes a batch of zero rows.
+func (c *Codec[T]) Encode(mem memory.Allocator, rows []T) ([]byte, error) {
+	rec, err := c.ToRecord(mem, rows)
+	if err != nil {
+		return nil, err
+	}
+	defer rec.Release()
+	return writeStream(mem, c.kind, rec)
+}
+
+// FromRecord reads the rows of rec. The schema metadata of rec must name
+// the codec's kind and version (*VersionError otherwise); columns are found
+// by name, extra columns are ignored.
+func (c *Codec[T]) FromRecord(rec arrow.RecordBatch) ([]T, error) {
+	if err := checkKind(c.kind, rec.Schema()); err != nil {
+		return nil, err
+	}
+	return c.readRecord(rec)
+}
+
+// Decode reads the rows of one IPC stream written by Encode.
+func (c *Codec[T]) Decode(mem memory.Allocator, b []byte) ([]T, error) {
+	var rows []T
+	err := readStream(mem, c.kind, b, func(rec arrow.RecordBatch) error {
+		var err error
+		rows, err = c.readRecord(rec)
+		return err
+	})
+	return rows, err
+}
+
+func (c *Codec[T]) readRecord(rec arrow.RecordBatch) ([]T, error) {
+	n := rec.NumRows()
+	if n < 0 || n > 1<<40 {
+		return nil, fmt.Errorf("%w: %s: %d rows", ErrDecode, c.kind, n)
+	}
+	datas := make([]arrow.ArrayData, len(c.cols))
+	for i, col := range c.cols {
+		f := col.field()
+		idx := rec.Schema().FieldIndices(f.Name)
+		if len(idx) != 1 {
+			return nil, fmt.Errorf("%w: %s: column %q found %d times", ErrDecode, c.kind, f.Name, len(idx))
+		}
+		d := rec.Column(idx[0]).Data()
+		if d.Len() != int(n) {
+			return nil, fmt.Errorf("%w: %s: column %q has %d values for %d rows", ErrDecode, c.kind, f.Name, d.Len(), n)
+		}
+		if err := checkData(d, f.Type, f.Nullable, f.Name); err != nil {
+			return nil, fmt.Errorf("%w: %s: %w", ErrDecode, c.kind, err)
+		}
+		datas[i] = d
+	}
+	rows := make([]T, n)
+	for i, col := range c.cols {
+		col.read(datas[i], 0, int(n), func(k int) *T { return &rows[k] })
+	}
+	return rows, nil
+}
+
+// checkKind returns a *VersionError unless the schema metadata names kind
+// at its current version.
+func checkKind(kind Kind, s *arrow.Schema) error {
+	md := s.Metadata()
+	gotKind, gotVersion := "", ""
+	if i := md.FindKey(MetaKind); i >= 0 {
+		gotKind = md.Values()[i]
+	}
+	if i := md.FindKey(MetaVersion); i >= 0 {
+		gotVersion = md.Values()[i]
+	}
+	return checkVersion(kind, gotKind, gotVersion)
+}
+
+func checkVersion(kind Kind, gotKind, gotVersion string) error {
+	known := Versions[kind]
+	if gotKind != string(kind) || gotVersion != strconv.Itoa(known) {
+		return &VersionError{WantKind: kind, GotKind: gotKind, Got: gotVersion, Known: known}
+	}
+	return nil
+}
+
+// writeStream writes rec as one IPC stream.
+func writeStream(mem memory.Allocator, kind Kind, rec arrow.RecordBatch) ([]byte, error) {
+	var out bytes.Buffer
+	out.Grow(streamSizeHint(rec))
+	w := ipc.NewWriter(&out, ipc.WithSchema(rec.Schema()), ipc.WithAllocator(mem))
+	if err := w.Write(rec); err != nil {
+		w.Close()
+		return nil, fmt.Errorf("schemas: encode %s: %w", kind, err)
+	}
+	if err := w.Close(); err != nil {
+		return nil, fmt.Errorf("schemas: encode %s: %w", kind, err)
+	}
+	return out.Bytes(), nil
+}
+
+// streamSizeHint estimates the encoded size of rec so the output buffer is
+// allocated once.
+func streamSizeHint(rec arrow.RecordBatch) int {
+	size := 4096 + 256*int(rec.NumCols())
+	var add func(d arrow.ArrayData)
+	add = func(d arrow.ArrayData) {
+		for _, b := range d.Buffers() {
+			if b != nil {
+				size += (b.Len() + 63) &^ 63
+			}
+		}
+		size += 64
+		for _, c := range d.Children() {
+			add(c)
+		}
+	}
+	for _, col := range rec.Columns() {
+		add(col.Data())
+	}
+	return size
+}
+
+// readStream checks the framing of b, the kind and version in its schema,
+// and hands its single record batch to use. The record is released when
+// use returns.
+func readStream(mem memory.Allocator, kind Kind, b []byte, use func(arrow.RecordBatch) error) error {
+	schemaMsg, batchMsg, err := splitStream(b)
+	if err != nil {
+		return fmt.Errorf("%w: %s: %w", ErrDecode, kind, err)
+	}
+	msgs := newMessageList(schemaMsg, batchMsg)
+	defer msgs.release()
+	r, err := newIPCReader(msgs, mem)
+	if err != nil {
+		return fmt.Errorf("%w: %s: schema: %v", ErrDecode, kind, err)
+	}
+	defer r.Release()
+	if err := checkKind(kind, r.Schema()); err != nil {
+		return err
+	}
+	rec, err := nextRecord(r)
+	if err != nil {
+		return fmt.Errorf("%w: %s: record batch: %v", ErrDecode, kind, err)
+	}
+	return use(rec)
+}
+
+// newIPCReader and nextRecord call into the Arrow reader. It converts its
+// own panics on malformed metadata into errors; the recover here is a last
+// resort for any it misses and never replaces the checks above.
+func newIPCReader(msgs *messageList, mem memory.Allocator) (r *ipc.Reader, err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			r, err = nil, fmt.Errorf("arrow reader: %v", p)
+		}
+	}()
+	return ipc.NewReaderFromMessageReader(msgs, ipc.WithAllocator(mem))
+}
+
+func nextRecord(r *ipc.Reader) (rec arrow.RecordBatch, err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			rec, err = nil, fmt.Errorf("arrow reader: %v", p)
+		}
+	}()
+	if !r.Next() {
+		if err := r.Err(); err != nil {
+			return nil, err
+		}
+		return nil, errors.New("no record batch")
+	}
+	return r.RecordBatch(), nil
+}
+
+// PeekKind reads only the schema message at the start of an IPC stream and
+// returns the kind and version named in its metadata. The version is 0
+// when missing or not a number.
+func PeekKind(b []byte) (Kind, int, error) {
+	m, _, eos, err := readFrame(b, 0)
+	if err != nil {
+		return "", 0, fmt.Errorf("%w: %w", ErrDecode, err)
+	}
+	if eos || m.typ != msgSchema {
+		return "", 0, fmt.Errorf("%w: stream does not start with a schema message", ErrDecode)
+	}
+	msgs := newMessageList(m)
+	defer msgs.release()
+	r, err := newIPCReader(msgs, memory.DefaultAllocator)
+	if err != nil {
+		return "", 0, fmt.Errorf("%w: schema: %v", ErrDecode, err)
+	}
+	defer r.Release()
+	md := r.Schema().Metadata()
+	var kind Kind
+	version := 0
+	if i := md.FindKey(MetaKind); i >= 0 {
+		kind = Kind(md.Values()[i])
+	}
+	if i := md.FindKey(MetaVersion); i >= 0 {
+		version, _ = strconv.Atoi(md.Values()[i])
+	}
+	return kind, version, nil
+}

@@ -1,0 +1,421 @@
+package schemas
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"reflect"
+	"testing"
+
+	"github.com/apache/arrow-go/v18/arrow"
+	"github.com/apache/arrow-go/v18/arrow/memory"
+)
+
+// nanBits is a NaN with a payload; a codec must keep it bit for bit.
+var nanBits = math.Float32frombits(0x7fc01234)
+
+func sampleTaskAttempts() []TaskAttempt {
+	return []TaskAttempt{
+		{AttemptID: AttemptID("run", "task-1", GroupID("run", "task-1", 0), 0, 0), RunID: "run", TaskID: "task-1",
+			TaskVersion: "v3", Domain: "math", Split: SplitTrain, EnvVersion: "env-2", GroupID: GroupID("run", "task-1", 0),
+			GroupSize: 8, Member: 0, Attempt: 0, Seed: -42, PolicyVersion: 7, ContractHash: "c0ffee", DispatchedAt: 1700000000000000},
+		{AttemptID: "ünïcødé — 日本語 🚀", RunID: "", TaskID: "t\x00nul", Member: -1, Attempt: math.MaxInt32, Seed: math.MinInt64},
+	}
+}
+
+func sampleTurns() []Turn {
+	return []Turn{
+		{Index: 0, PromptIDs: []int32{1, 2, 3, math.MaxInt32}, ActionIDs: []int32{10, 11}, ActionLogprobs: []float32{-0.5, -1.25},
+			PolicyVersion: 3, Decision: DecisionOK, ObservationIDs: []int32{20, 21, 22}, Value: 0.5, GenLatencyUS: 1200, EnvLatencyUS: 30},
+		// Semantically invalid but structurally valid: the decoder must not judge it.
+		{Index: 1, PromptIDs: nil, ActionIDs: []int32{-7}, ActionLogprobs: []float32{nanBits, float32(math.Inf(-1)), 0},
+			PolicyVersion: 4, Decision: DecisionDenied, DecisionReason: "écrire /etc/passwd", ObservationIDs: nil, Value: nanBits},
+	}
+}
+
+func sampleTrajectories() []Trajectory {
+	return []Trajectory{
+		{RecordID: "a1", RunID: "run", TaskID: "task-1", TaskVersion: "v3", Domain: "code", Split: SplitEval, EnvVersion: "e",
+			GroupID: "g", GroupSize: 4, Member: 2, Attempt: 1, Seed: 99, ContractHash: "h", SamplerID: "s", ParserVersion: "p1",
+			TokenizerHash: "tok", Status: StatusCompleted, End: EndTruncated, EndReason: "max_turns", BootstrapValue: nanBits,
+			Artifacts: `{"files":["a.go"],"note":"ß"}`, StartedAt: 1, FinishedAt: 2, Turns: sampleTurns()},
+		{RecordID: "a2", Status: StatusInfra, Turns: nil},
+		{RecordID: "a3", Turns: sampleTurns()[:1]},
+	}
+}
+
+func sampleRewardComponents() []RewardComponent {
+	return []RewardComponent{
+		{TrajectoryID: "a1", Name: "pass@tests", Version: "2", Raw: 1, Weight: 0.5, Transform: "identity", Value: 0.5,
+			Scope: ScopeTrajectory, Turn: -1, EvaluatorVersion: "ev1", Evidence: "3/3 ✓", Uncertainty: math.Float64frombits(0x7ff8000000000abc)},
+		{TrajectoryID: "a1", Name: "format", Scope: ScopeSpan, Turn: 1, SpanStart: 0, SpanEnd: 5, Error: "judge timeout", Raw: math.Inf(1)},
+	}
+}
+
+func sampleRewarded() []Rewarded {
+	ts := sampleTrajectories()
+	return []Rewarded{
+		{Trajectory: ts[0], Rewards: sampleRewardComponents(), RewardTotal: 0.5},
+		{Trajectory: ts[1], Rewards: nil, RewardTotal: math.NaN()},
+		{Trajectory: ts[2], Rewards: sampleRewardComponents()[1:]},
+	}
+}
+
+func sampleScored() []Scored {
+	rs := sampleRewarded()
+	return []Scored{
+		{Rewarded: rs[0], TurnRewards: []float32{0, 1}, TurnReturns: []float32{1, 1}, TurnAdvantages: []float32{0.7, nanBits},
+			TurnValueTargets: []float32{0.9, 1}, Group: GroupStats{Size: 3, Expected: 4, Mean: 0.25, Std: 0.5, Min: 0, Max: 1,
+				Incomplete: true}, Estimator: "grpo", EstimatorVersion: "1"},
+		{Rewarded: rs[1], Group: GroupStats{ZeroVar: true, Filtered: "zero_variance", Std: math.NaN()}, Estimator: "rloo"},
+		{Rewarded: rs[2], TurnRewards: []float32{-1}},
+	}
+}
+
+// samplePackedRow returns a row of n tokens whose values depend on seed.
+func samplePackedRow(n int, seed int32, ref []float32) PackedRow {
+	r := PackedRow{
+		InputIDs: make([]int32, n), PositionIDs: make([]int32, n), SegmentIDs: make([]int32, n),
+		ActionMask: make([]uint8, n), OldLogprobs: make([]float32, n), RefLogprobs: ref,
+		Advantages: make([]float32, n), ValueTargets: make([]float32, n), TurnIDs: make([]int32, n), PolicyVersions: make([]int32, n),
+		SegTrajectoryIDs: []string{fmt.Sprint("traj-", seed), "trajé-2"}, SegGroupIDs: []string{"g1", ""},
+		SegPolicyVersions: []int64{int64(seed), math.MaxInt64}, SegLengths: []int32{int32(n / 2), int32(n - n/2)},
+		SegWeights: []float32{1, nanBits}, SegTruncated: []bool{false, true},
+	}
+	for i := range n {
+		v := int32(i) * (seed + 1)
+		r.InputIDs[i], r.PositionIDs[i], r.SegmentIDs[i] = v, int32(i%(n/2+1)), int32(i*2/n)
+		r.ActionMask[i] = uint8(i % 2)
+		r.OldLogprobs[i], r.Advantages[i], r.ValueTargets[i] = -float32(i)/7, float32(seed)-float32(i), float32(i)
+		r.TurnIDs[i], r.PolicyVersions[i] = int32(i%3)-1, v%5-1
+	}
+	return r
+}
+
+func samplePackedBatch() PackedBatch {
+	return PackedBatch{
+		BatchID: BatchID("run", 3), BatchIndex: 3, RunID: "run", ContractHash: "h", TrainerVersion: 12, TokenBudget: 64,
+		Rows: []PackedRow{
+			samplePackedRow(16, 1, []float32{}),
+			samplePackedRow(9, 2, nil),
+			samplePackedRow(5, 3, []float32{-1, nanBits, 0, 2, 3}),
+		},
+	}
+}
+
+// same reports whether a and b are equal with floats compared bit for bit
+// and nil slices distinct from empty ones.
+func same(a, b reflect.Value) bool {
+	switch a.Kind() {
+	case reflect.Struct:
+		for i := range a.NumField() {
+			if !same(a.Field(i), b.Field(i)) {
+				return false
+			}
+		}
+		return true
+	case reflect.Slice:
+		if a.IsNil() != b.IsNil() || a.Len() != b.Len() {
+			return false
+		}
+		for i := range a.Len() {
+			if !same(a.Index(i), b.Index(i)) {
+				return false
+			}
+		}
+		return true
+	case reflect.Float32:
+		return math.Float32bits(float32(a.Float())) == math.Float32bits(float32(b.Float()))
+	case reflect.Float64:
+		return math.Float64bits(a.Float()) == math.Float64bits(b.Float())
+	default:
+		return a.Interface() == b.Interface()
+	}
+}
+
+func assertSame[T any](t *testing.T, what string, got, want T) {
+	t.Helper()
+	if !same(reflect.ValueOf(got), reflect.ValueOf(want)) {
+		t.Fatalf("%s: round trip differs\n got %+v\nwant %+v", what, got, want)
+	}
+}
+
+func newMem(t testing.TB) *memory.CheckedAllocator {
+	mem := memory.NewCheckedAllocator(memory.NewGoAllocator())
+	t.Cleanup(func() { mem.AssertSize(t, 0) })
+	return mem
+}
+
+// roundTrip checks Encode/Decode and ToRecord/FromRecord of rows, and
+// that the decoded rows do not alias the encoded bytes.
+func roundTrip[T any](t *testing.T, c *Codec[T], rows []T) {
+	t.Helper()
+	mem := newMem(t)
+	b, err := c.Encode(mem, rows)
+	if err != nil {
+		t.Fatalf("encode: %v", err)
+	}
+	got, err := c.Decode(mem, b)
+	if err != nil {
+		t.Fatalf("decode: %v", err)
+	}
+	if len(rows) == 0 {
+		if len(got) != 0 {
+			t.Fatalf("decoded %d rows from an empty batch", len(got))
+		}
+	} else {
+		assertSame(t, "Decode", got, rows)
+	}
+	clear(b) // decoded rows must not alias the stream
+	if len(rows) > 0 {
+		assertSame(t, "Decode after clearing the input", got, rows)
+	}
+
+	rec, err := c.ToRecord(mem, rows)
+	if err != nil {
+		t.Fatalf("to record: %v", err)
+	}
+	defer rec.Release()
+	if rec.NumRows() != int64(len(rows)) || !rec.Schema().Equal(c.Schema()) {
+		t.Fatalf("record has %d rows, schema %v", rec.NumRows(), rec.Schema())
+	}
+	got, err = c.FromRecord(rec)
+	if err != nil {
+		t.Fatalf("from record: %v", err)
+	}
+	if len(rows) > 0 {
+		assertSame(t, "FromRecord", got, rows)
+	}
+}
+
+func TestRoundTrip(t *testing.T) {
+	tests := []struct {
+		name string
+		run  func(t *testing.T)
+	}{
+		{"task_attempt", func(t *testing.T) { roundTrip(t, TaskAttempts, sampleTaskAttempts()) }},
+		{"task_attempt/empty", func(t *testing.T) { roundTrip(t, TaskAttempts, []TaskAttempt{}) }},
+		{"task_attempt/nil", func(t *testing.T) { roundTrip(t, TaskAttempts, nil) }},
+		{"trajectory", func(t *testing.T) { roundTrip(t, Trajectories, sampleTrajectories()) }},
+		{"trajectory/one", func(t *testing.T) { roundTrip(t, Trajectories, sampleTrajectories()[:1]) }},
+		{"trajectory/no-turns", func(t *testing.T) { roundTrip(t, Trajectories, sampleTrajectories()[1:2]) }},
+		{"reward_component", func(t *testing.T) { roundTrip(t, RewardComponents, sampleRewardComponents()) }},
+		{"rewarded", func(t *testing.T) { roundTrip(t, RewardedTrajectories, sampleRewarded()) }},
+		{"scored", func(t *testing.T) { roundTrip(t, ScoredTrajectories, sampleScored()) }},
+		{"scored/empty", func(t *testing.T) { roundTrip(t, ScoredTrajectories, []Scored{}) }},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, tt.run)
+	}
+}
+
+// An empty non-nullable list is stored like a nil one and decodes as nil.
+func TestEmptyListDecodesNil(t *testing.T) {
+	mem := newMem(t)
+	in := []Trajectory{{RecordID: "x", Turns: []Turn{{PromptIDs: []int32{}, ActionIDs: []int32{1}}}}}
+	b, err := Trajectories.Encode(mem, in)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := Trajectories.Decode(mem, b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if turn := got[0].Turns[0]; turn.PromptIDs != nil || len(turn.ActionIDs) != 1 {
+		t.Fatalf("got prompt %#v action %#v", turn.PromptIDs, turn.ActionIDs)
+	}
+}
+
+func TestPackedBatchRoundTrip(t *testing.T) {
+	tests := []struct {
+		name  string
+		batch func() PackedBatch
+	}{
+		{"three-rows", samplePackedBatch},
+		{"one-row", func() PackedBatch { b := samplePackedBatch(); b.Rows = b.Rows[2:]; return b }},
+		{"empty-lists", func() PackedBatch {
+			b := samplePackedBatch()
+			b.Rows = []PackedRow{{RefLogprobs: []float32{}}, {}}
+			return b
+		}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			mem := newMem(t)
+			in := tt.batch()
+			b, err := PackedBatches.Encode(mem, in)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got, err := PackedBatches.Decode(mem, b)
+			if err != nil {
+				t.Fatal(err)
+			}
+			assertSame(t, "Decode", got, in)
+			clear(b)
+			assertSame(t, "Decode after clearing the input", got, in)
+
+			rec, err := PackedBatches.ToRecord(mem, in)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer rec.Release()
+			got, err = PackedBatches.FromRecord(rec)
+			if err != nil {
+				t.Fatal(err)
+			}
+			assertSame(t, "FromRecord", got, in)
+		})
+	}
+}
+
+func TestPackedBatchErrors(t *testing.T) {
+	mem := newMem(t)
+	if _, err := PackedBatches.Encode(mem, PackedBatch{BatchID: "b"}); err == nil {
+		t.Fatal("encoding a batch without rows succeeded")
+	}
+	// A stream of zero rows is structurally valid Arrow but carries no batch.
+	b, err := PackedBatches.codec.Encode(mem, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := PackedBatches.Decode(mem, b); !errors.Is(err, ErrDecode) {
+		t.Fatalf("zero rows: got %v, want ErrDecode", err)
+	}
+	// Batch-level columns must be constant.
+	batch := samplePackedBatch()
+	es, err := PackedBatches.entries(batch)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mutate := range []func(h *batchHeader){
+		func(h *batchHeader) { h.BatchID = "other" },
+		func(h *batchHeader) { h.BatchIndex++ },
+		func(h *batchHeader) { h.RunID = "other" },
+		func(h *batchHeader) { h.ContractHash = "other" },
+		func(h *batchHeader) { h.TrainerVersion++ },
+		func(h *batchHeader) { h.TokenBudget++ },
+	} {
+		bad := append([]packedEntry(nil), es...)
+		mutate(&bad[2].hdr)
+		b, err := PackedBatches.codec.Encode(mem, bad)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := PackedBatches.Decode(mem, b); !errors.Is(err, ErrDecode) {
+			t.Fatalf("inconsistent header %+v: got %v, want ErrDecode", bad[2].hdr, err)
+		}
+	}
+}
+
+// withMeta returns a copy of c whose schema carries the given metadata.
+func withMeta[T any](c *Codec[T], keys, vals []string) *Codec[T] {
+	md := arrow.NewMetadata(keys, vals)
+	return &Codec[T]{kind: c.kind, schema: arrow.NewSchema(c.schema.Fields(), &md), cols: c.cols}
+}
+
+func TestKindAndVersionErrors(t *testing.T) {
+	mem := newMem(t)
+	traj, err := Trajectories.Encode(mem, sampleTrajectories())
+	if err != nil {
+		t.Fatal(err)
+	}
+	encodeAs := func(keys, vals []string) []byte {
+		b, err := withMeta(TaskAttempts, keys, vals).Encode(mem, sampleTaskAttempts())
+		if err != nil {
+			t.Fatal(err)
+		}
+		return b
+	}
+	tests := []struct {
+		name        string
+		data        []byte
+		decode      func([]byte) error
+		gotKind     string
+		gotVersion  string
+		wantMessage string
+	}{
+		{"trajectory read as task attempt", traj, decodeWith(mem, TaskAttempts), "trajectory", "1",
+			`schemas: message kind "trajectory", want "task_attempt"`},
+		{"trajectory read as scored", traj, decodeWith(mem, ScoredTrajectories), "trajectory", "1",
+			`schemas: message kind "trajectory", want "scored_trajectory"`},
+		{"trajectory read as packed batch", traj, func(b []byte) error { _, err := PackedBatches.Decode(mem, b); return err },
+			"trajectory", "1", `schemas: message kind "trajectory", want "packed_batch"`},
+		{"version 2", encodeAs([]string{MetaKind, MetaVersion}, []string{"task_attempt", "2"}), decodeWith(mem, TaskAttempts),
+			"task_attempt", "2", `schemas: task_attempt version "2" unknown (this build reads version 1)`},
+		{"version not a number", encodeAs([]string{MetaKind, MetaVersion}, []string{"task_attempt", "one"}), decodeWith(mem, TaskAttempts),
+			"task_attempt", "one", `schemas: task_attempt version "one" unknown (this build reads version 1)`},
+		{"no version", encodeAs([]string{MetaKind}, []string{"task_attempt"}), decodeWith(mem, TaskAttempts),
+			"task_attempt", "", `schemas: task_attempt version "" unknown (this build reads version 1)`},
+		{"no metadata", encodeAs(nil, nil), decodeWith(mem, TaskAttempts), "", "",
+			`schemas: message kind "", want "task_attempt"`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			err := tt.decode(tt.data)
+			var ve *VersionError
+			if !errors.As(err, &ve) {
+				t.Fatalf("got %v, want *VersionError", err)
+			}
+			if errors.Is(err, ErrDecode) {
+				t.Fatalf("version error %v wraps ErrDecode", err)
+			}
+			if ve.GotKind != tt.gotKind || ve.Got != tt.gotVersion || ve.Known != 1 || err.Error() != tt.wantMessage {
+				t.Fatalf("got %#v (%q)", ve, err)
+			}
+		})
+	}
+}
+
+func decodeWith[T any](mem memory.Allocator, c *Codec[T]) func([]byte) error {
+	return func(b []byte) error { _, err := c.Decode(mem, b); return err }
+}
+
+func TestFromRecordChecksKind(t *testing.T) {
+	mem := newMem(t)
+	rec, err := TaskAttempts.ToRecord(mem, sampleTaskAttempts())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rec.Release()
+	var ve *VersionError
+	if _, err := Trajectories.FromRecord(rec); !errors.As(err, &ve) {
+		t.Fatalf("got %v, want *VersionError", err)
+	}
+}
+
+func TestPeekKind(t *testing.T) {
+	mem := newMem(t)
+	encs := map[Kind]func() ([]byte, error){
+		KindTaskAttempt:     func() ([]byte, error) { return TaskAttempts.Encode(mem, sampleTaskAttempts()) },
+		KindTrajectory:      func() ([]byte, error) { return Trajectories.Encode(mem, sampleTrajectories()) },
+		KindRewardComponent: func() ([]byte, error) { return RewardComponents.Encode(mem, sampleRewardComponents()) },
+		KindRewarded:        func() ([]byte, error) { return RewardedTrajectories.Encode(mem, sampleRewarded()) },
+		KindScored:          func() ([]byte, error) { return ScoredTrajectories.Encode(mem, sampleScored()) },
+		KindPackedBatch:     func() ([]byte, error) { return PackedBatches.Encode(mem, samplePackedBatch()) },
+	}
+	for kind, enc := range encs {
+		b, err := enc()
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, v, err := PeekKind(b)
+		if err != nil || got != kind || v != 1 {
+			t.Fatalf("PeekKind = %q %d %v, want %q 1", got, v, err, kind)
+		}
+		// Only the schema message is read: the rest may be cut off.
+		sch, _, err := splitStream(b)
+		if err != nil {
+			t.Fatal(err)
+		}
+		head := b[:8+len(sch.meta)]
+		if got, _, err := PeekKind(head); err != nil || got != kind {
+			t.Fatalf("PeekKind of the schema message alone = %q %v", got, err)
+		}
+	}
+	for _, bad := range [][]byte{nil, []byte("garbage!"), {0xff, 0xff, 0xff, 0xff, 0, 0, 0, 0}} {
+		if _, _, err := PeekKind(bad); !errors.Is(err, ErrDecode) {
+			t.Fatalf("PeekKind(%q) = %v, want ErrDecode", bad, err)
+		}
+	}
+}

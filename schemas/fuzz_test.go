@@ -1,0 +1,156 @@
+package schemas
+
+import (
+	"errors"
+	"reflect"
+	"testing"
+
+	"github.com/apache/arrow-go/v18/arrow/memory"
+)
+
+// Fuzz targets: every decoder returns an error or rows, never panics, and
+// leaks nothing; whatever decodes re-encodes and decodes to the same rows.
+
+// addSeeds adds the valid encoding and a few corruptions of it.
+func addSeeds(f *testing.F, valid ...[]byte) {
+	for _, b := range valid {
+		f.Add(b)
+		f.Add(b[:len(b)/2])
+		flipped := append([]byte(nil), b...)
+		for i := 8; i < len(flipped); i += 97 {
+			flipped[i] ^= 0x5a
+		}
+		f.Add(flipped)
+	}
+	f.Add([]byte{})
+	f.Add([]byte{0xff, 0xff, 0xff, 0xff, 0, 0, 0, 0})
+}
+
+func fuzzCodec[T any](f *testing.F, c *Codec[T], samples []T) {
+	b, err := c.Encode(memory.NewGoAllocator(), samples)
+	if err != nil {
+		f.Fatal(err)
+	}
+	empty, err := c.Encode(memory.NewGoAllocator(), nil)
+	if err != nil {
+		f.Fatal(err)
+	}
+	addSeeds(f, b, empty)
+	f.Fuzz(func(t *testing.T, data []byte) {
+		mem := memory.NewCheckedAllocator(memory.NewGoAllocator())
+		defer mem.AssertSize(t, 0)
+		rows, err := c.Decode(mem, data)
+		if err != nil {
+			checkDecodeError(t, err)
+			return
+		}
+		again, err := c.Encode(mem, rows)
+		if err != nil {
+			t.Fatalf("re-encode: %v", err)
+		}
+		rows2, err := c.Decode(mem, again)
+		if err != nil {
+			t.Fatalf("decode of re-encoding: %v", err)
+		}
+		if len(rows) > 0 && !same(reflect.ValueOf(rows), reflect.ValueOf(rows2)) {
+			t.Fatalf("re-encoding changed the rows")
+		}
+	})
+}
+
+func checkDecodeError(t *testing.T, err error) {
+	var ve *VersionError
+	if !errors.Is(err, ErrDecode) && !errors.As(err, &ve) {
+		t.Fatalf("error %v is neither ErrDecode nor *VersionError", err)
+	}
+}
+
+func FuzzDecodeTaskAttempts(f *testing.F) { fuzzCodec(f, TaskAttempts, sampleTaskAttempts()) }
+func FuzzDecodeTrajectories(f *testing.F) { fuzzCodec(f, Trajectories, sampleTrajectories()) }
+func FuzzDecodeRewardComponents(f *testing.F) {
+	fuzzCodec(f, RewardComponents, sampleRewardComponents())
+}
+func FuzzDecodeRewarded(f *testing.F) { fuzzCodec(f, RewardedTrajectories, sampleRewarded()) }
+func FuzzDecodeScored(f *testing.F)   { fuzzCodec(f, ScoredTrajectories, sampleScored()) }
+
+func FuzzDecodePackedBatch(f *testing.F) {
+	b, err := PackedBatches.Encode(memory.NewGoAllocator(), samplePackedBatch())
+	if err != nil {
+		f.Fatal(err)
+	}
+	addSeeds(f, b)
+	f.Fuzz(func(t *testing.T, data []byte) {
+		mem := memory.NewCheckedAllocator(memory.NewGoAllocator())
+		defer mem.AssertSize(t, 0)
+		batch, err := PackedBatches.Decode(mem, data)
+		if err != nil {
+			checkDecodeError(t, err)
+			return
+		}
+		again, err := PackedBatches.Encode(mem, batch)
+		if err != nil {
+			t.Fatalf("re-encode: %v", err)
+		}
+		batch2, err := PackedBatches.Decode(mem, again)
+		if err != nil || !same(reflect.ValueOf(batch), reflect.ValueOf(batch2)) {
+			t.Fatalf("re-encoding changed the batch (%v)", err)
+		}
+	})
+}
+
+func FuzzPeekKind(f *testing.F) {
+	b, err := Trajectories.Encode(memory.NewGoAllocator(), sampleTrajectories())
+	if err != nil {
+		f.Fatal(err)
+	}
+	addSeeds(f, b)
+	f.Fuzz(func(t *testing.T, data []byte) {
+		if _, _, err := PeekKind(data); err != nil && !errors.Is(err, ErrDecode) {
+			t.Fatalf("error %v does not wrap ErrDecode", err)
+		}
+	})
+}
+
+func FuzzDecodeRelease(f *testing.F) {
+	b, err := EncodeRelease(sampleRelease())
+	if err != nil {
+		f.Fatal(err)
+	}
+	addSeeds(f, b)
+	f.Fuzz(func(t *testing.T, data []byte) {
+		r, err := DecodeRelease(data)
+		if err != nil {
+			checkDecodeError(t, err)
+			return
+		}
+		again, err := EncodeRelease(r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r2, err := DecodeRelease(again); err != nil || r2 != r {
+			t.Fatalf("re-encoding changed the release: %+v %v", r2, err)
+		}
+	})
+}
+
+func FuzzDecodeCensus(f *testing.F) {
+	b, err := EncodeCensus(sampleCensus())
+	if err != nil {
+		f.Fatal(err)
+	}
+	addSeeds(f, b)
+	f.Fuzz(func(t *testing.T, data []byte) {
+		e, err := DecodeCensus(data)
+		if err != nil {
+			checkDecodeError(t, err)
+			return
+		}
+		again, err := EncodeCensus(e)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if e2, err := DecodeCensus(again); err != nil || e2 != e {
+			t.Fatalf("re-encoding changed the event: %+v %v", e2, err)
+		}
+	})
+}

@@ -1,0 +1,336 @@
+package schemas
+
+import (
+	"encoding/binary"
+	"fmt"
+	"io"
+	"unsafe"
+
+	"github.com/apache/arrow-go/v18/arrow/ipc"
+	"github.com/apache/arrow-go/v18/arrow/memory"
+)
+
+// This file checks the framing of an Arrow IPC stream before the Arrow
+// reader sees it. The Arrow reader trusts counts and lengths in the message
+// metadata: a garbage message can make it allocate by a claimed length, or
+// follow flatbuffer offsets that wrap around into a cycle. The checks here
+// bound every length by the bytes actually present, accept only the
+// messages our encoder writes (one schema, one uncompressed record batch,
+// the end-of-stream marker) and hand the reader messages that point into
+// the input without copying it.
+
+const (
+	ipcContinuation = 0xFFFFFFFF
+	msgSchema       = 1 // flatbuf.MessageHeaderSchema
+	msgRecordBatch  = 3 // flatbuf.MessageHeaderRecordBatch
+	maxSchemaDepth  = 32
+)
+
+// ipcMessage is one framed message: flatbuffer metadata and body.
+type ipcMessage struct {
+	typ  byte
+	meta []byte
+	body []byte
+}
+
+// readFrame reads the message starting at b[pos:]. It returns eos=true for
+// the end-of-stream marker.
+func readFrame(b []byte, pos int) (m ipcMessage, next int, eos bool, err error) {
+	if len(b)-pos < 8 {
+		return m, 0, false, fmt.Errorf("stream truncated at byte %d (message header)", pos)
+	}
+	if binary.LittleEndian.Uint32(b[pos:]) != ipcContinuation {
+		return m, 0, false, fmt.Errorf("no IPC continuation marker at byte %d", pos)
+	}
+	metaLen := int64(int32(binary.LittleEndian.Uint32(b[pos+4:])))
+	pos += 8
+	if metaLen == 0 {
+		return m, pos, true, nil
+	}
+	if metaLen < 8 || metaLen > int64(len(b)-pos) {
+		return m, 0, false, fmt.Errorf("message metadata of %d bytes at byte %d, %d left", metaLen, pos, len(b)-pos)
+	}
+	m.meta = b[pos : pos+int(metaLen)]
+	pos += int(metaLen)
+	root, err := fbRoot(m.meta)
+	if err != nil {
+		return m, 0, false, fmt.Errorf("message metadata: %w", err)
+	}
+	m.typ = root.u8(1)
+	bodyLen := root.i64(3)
+	if bodyLen < 0 || bodyLen > int64(len(b)-pos) {
+		return m, 0, false, fmt.Errorf("message body of %d bytes at byte %d, %d left", bodyLen, pos, len(b)-pos)
+	}
+	m.body = b[pos : pos+int(bodyLen)]
+	pos += int(bodyLen)
+	header, ok, err := root.table(2)
+	if err == nil && !ok {
+		err = fmt.Errorf("no header")
+	}
+	if err == nil {
+		switch m.typ {
+		case msgSchema:
+			err = checkSchemaFB(header)
+		case msgRecordBatch:
+			err = checkRecordBatchFB(header)
+		default:
+			err = fmt.Errorf("message type %d not supported (want schema or record batch)", m.typ)
+		}
+	}
+	if err != nil {
+		return m, 0, false, fmt.Errorf("message at byte %d: %w", pos-int(bodyLen)-int(metaLen)-8, err)
+	}
+	return m, pos, false, nil
+}
+
+// splitStream checks that b is exactly: schema message, one record batch,
+// end-of-stream marker.
+func splitStream(b []byte) (schema, batch ipcMessage, err error) {
+	schema, pos, eos, err := readFrame(b, 0)
+	if err != nil {
+		return schema, batch, err
+	}
+	if eos || schema.typ != msgSchema {
+		return schema, batch, fmt.Errorf("stream does not start with a schema message")
+	}
+	batch, pos, eos, err = readFrame(b, pos)
+	if err != nil {
+		return schema, batch, err
+	}
+	if eos {
+		return schema, batch, fmt.Errorf("stream has no record batch")
+	}
+	if batch.typ != msgRecordBatch {
+		return schema, batch, fmt.Errorf("second message is not a record batch")
+	}
+	_, pos, eos, err = readFrame(b, pos)
+	if err != nil {
+		return schema, batch, err
+	}
+	if !eos {
+		return schema, batch, fmt.Errorf("stream has more than one record batch")
+	}
+	if pos != len(b) {
+		return schema, batch, fmt.Errorf("%d bytes after the end-of-stream marker", len(b)-pos)
+	}
+	return schema, batch, nil
+}
+
+func checkSchemaFB(t fbTable) error {
+	if err := checkTables(t, 1, func(f fbTable) error { return checkFieldFB(f, 0) }); err != nil {
+		return fmt.Errorf("schema fields: %w", err)
+	}
+	return checkTables(t, 2, checkKeyValueFB)
+}
+
+func checkFieldFB(t fbTable, depth int) error {
+	if depth > maxSchemaDepth {
+		return fmt.Errorf("schema nested deeper than %d", maxSchemaDepth)
+	}
+	if _, err := t.vector(0, 1); err != nil {
+		return fmt.Errorf("field name: %w", err)
+	}
+	if _, ok, err := t.table(4); err != nil || ok {
+		return fmt.Errorf("dictionary-encoded fields are not supported")
+	}
+	if _, _, err := t.table(3); err != nil {
+		return fmt.Errorf("field type: %w", err)
+	}
+	if err := checkTables(t, 5, func(c fbTable) error { return checkFieldFB(c, depth+1) }); err != nil {
+		return err
+	}
+	return checkTables(t, 6, checkKeyValueFB)
+}
+
+func checkKeyValueFB(t fbTable) error {
+	if _, err := t.vector(0, 1); err != nil {
+		return fmt.Errorf("metadata key: %w", err)
+	}
+	if _, err := t.vector(1, 1); err != nil {
+		return fmt.Errorf("metadata value: %w", err)
+	}
+	return nil
+}
+
+func checkRecordBatchFB(t fbTable) error {
+	if _, err := t.vector(1, 16); err != nil { // FieldNode structs
+		return fmt.Errorf("field nodes: %w", err)
+	}
+	if _, err := t.vector(2, 16); err != nil { // Buffer structs
+		return fmt.Errorf("buffers: %w", err)
+	}
+	if _, ok, err := t.table(3); err != nil || ok {
+		return fmt.Errorf("compressed record batches are not supported")
+	}
+	if _, err := t.vector(4, 8); err != nil {
+		return fmt.Errorf("variadic buffer counts: %w", err)
+	}
+	return nil
+}
+
+// checkTables checks each table of the vector of tables in field i.
+func checkTables(t fbTable, i int, check func(fbTable) error) error {
+	v, err := t.vector(i, 4)
+	if err != nil {
+		return err
+	}
+	for k := range v.n {
+		e, err := fbIndirect(t.b, v.start+4*k)
+		if err != nil {
+			return err
+		}
+		if err := check(e); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// ---- a bounds-checked flatbuffer table reader ----
+
+type fbTable struct {
+	b      []byte
+	pos    int
+	vt     int
+	vtSize int
+}
+
+type fbVector struct{ start, n int }
+
+func le32(b []byte, p int) (uint32, bool) {
+	if p < 0 || p+4 > len(b) {
+		return 0, false
+	}
+	return binary.LittleEndian.Uint32(b[p:]), true
+}
+
+func fbRoot(b []byte) (fbTable, error) { return fbIndirect(b, 0) }
+
+// fbIndirect follows the unsigned offset stored at p to a table. Offsets
+// are added without wrap-around, so tables always lie after their parent.
+func fbIndirect(b []byte, p int) (fbTable, error) {
+	off, ok := le32(b, p)
+	if !ok {
+		return fbTable{}, fmt.Errorf("offset at %d out of range", p)
+	}
+	return fbTableAt(b, int64(p)+int64(off))
+}
+
+func fbTableAt(b []byte, pos int64) (fbTable, error) {
+	if pos < 0 || pos+4 > int64(len(b)) {
+		return fbTable{}, fmt.Errorf("table at %d out of range", pos)
+	}
+	soff, _ := le32(b, int(pos))
+	vt := pos - int64(int32(soff))
+	if vt < 0 || vt+4 > int64(len(b)) {
+		return fbTable{}, fmt.Errorf("vtable at %d out of range", vt)
+	}
+	vtSize := int64(binary.LittleEndian.Uint16(b[vt:]))
+	tblSize := int64(binary.LittleEndian.Uint16(b[vt+2:]))
+	if vtSize < 4 || vt+vtSize > int64(len(b)) || pos+tblSize > int64(len(b)) {
+		return fbTable{}, fmt.Errorf("table at %d larger than the buffer", pos)
+	}
+	return fbTable{b: b, pos: int(pos), vt: int(vt), vtSize: int(vtSize)}, nil
+}
+
+// fieldPos is the position of field i, or -1 when absent.
+func (t fbTable) fieldPos(i int, size int) int {
+	o := 4 + 2*i
+	if o+2 > t.vtSize {
+		return -1
+	}
+	rel := int(binary.LittleEndian.Uint16(t.b[t.vt+o:]))
+	if rel == 0 || t.pos+rel+size > len(t.b) {
+		return -1
+	}
+	return t.pos + rel
+}
+
+func (t fbTable) u8(i int) byte {
+	if p := t.fieldPos(i, 1); p >= 0 {
+		return t.b[p]
+	}
+	return 0
+}
+
+func (t fbTable) i64(i int) int64 {
+	if p := t.fieldPos(i, 8); p >= 0 {
+		return int64(binary.LittleEndian.Uint64(t.b[p:]))
+	}
+	return 0
+}
+
+// table returns the table in field i; ok is false when the field is absent.
+func (t fbTable) table(i int) (fbTable, bool, error) {
+	p := t.fieldPos(i, 4)
+	if p < 0 {
+		return fbTable{}, false, nil
+	}
+	sub, err := fbIndirect(t.b, p)
+	return sub, err == nil, err
+}
+
+// vector returns the vector in field i (empty when absent) after checking
+// that its n elements of elemSize bytes lie inside the buffer.
+func (t fbTable) vector(i int, elemSize int) (fbVector, error) {
+	p := t.fieldPos(i, 4)
+	if p < 0 {
+		return fbVector{}, nil
+	}
+	off, _ := le32(t.b, p)
+	at := int64(p) + int64(off)
+	n, ok := le32(t.b, int(min(at, int64(len(t.b)))))
+	if !ok {
+		return fbVector{}, fmt.Errorf("vector at %d out of range", at)
+	}
+	if int64(n)*int64(elemSize) > int64(len(t.b))-at-4 {
+		return fbVector{}, fmt.Errorf("vector of %d elements at %d exceeds the buffer", n, at)
+	}
+	return fbVector{start: int(at) + 4, n: int(n)}, nil
+}
+
+// ---- handing checked messages to the Arrow reader ----
+
+// messageList is an ipc.MessageReader over messages already in memory.
+type messageList struct {
+	msgs []*ipc.Message
+	next int
+}
+
+func (l *messageList) Message() (*ipc.Message, error) {
+	if l.next >= len(l.msgs) {
+		return nil, io.EOF
+	}
+	l.next++
+	return l.msgs[l.next-1], nil
+}
+
+func (l *messageList) Retain()  {}
+func (l *messageList) Release() {}
+
+func (l *messageList) release() {
+	for _, m := range l.msgs {
+		m.Release()
+	}
+}
+
+// newMessageList wraps framed messages without copying their bytes, except
+// a body that is not 8-byte aligned, which is copied so Arrow may view its
+// buffers as typed slices.
+func newMessageList(ms ...ipcMessage) *messageList {
+	l := &messageList{}
+	for _, m := range ms {
+		body := m.body
+		if len(body) > 0 && uintptr(unsafe.Pointer(unsafe.SliceData(body)))%8 != 0 {
+			aligned := make([]uint64, (len(body)+7)/8)
+			body = unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(aligned))), len(body))
+			copy(body, m.body)
+		}
+		meta := m.meta
+		if uintptr(unsafe.Pointer(unsafe.SliceData(meta)))%8 != 0 {
+			meta = append([]byte(nil), meta...)
+		}
+		l.msgs = append(l.msgs, ipc.NewMessage(memory.NewBufferBytes(meta), memory.NewBufferBytes(body)))
+	}
+	return l
+}

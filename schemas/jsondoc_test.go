@@ -1,0 +1,86 @@
+package schemas
+
+import (
+	"errors"
+	"math"
+	"strings"
+	"testing"
+)
+
+func sampleRelease() PolicyRelease {
+	return PolicyRelease{PolicyVersion: 7, TrainingStep: 700, CheckpointHash: "sha256:ab", CheckpointURI: "file:///ckpt/7",
+		ModelConfigHash: "m", TokenizerHash: "t", ChatTemplateHash: "c", SamplerContract: `{"temperature":1}`,
+		ContractHash: "h", CreatedAt: "2026-11-30T07:00:00Z", Ready: true}
+}
+
+func sampleCensus() CensusEvent {
+	return CensusEvent{EventID: DerivedID("census/admitted", "a1"), RunID: "run", AttemptID: "a1", TaskID: "t", GroupID: "g",
+		Kind: CensusAdmitted, Stage: "pack", Reason: "ünïcødé ✓", Infra: true, BatchID: "b", Update: 3, PolicyVersion: 2,
+		Tokens: 1024, Reward: -0.25, LatencyUS: 17, At: 1700000000000000}
+}
+
+func TestJSONRoundTrip(t *testing.T) {
+	rel, err := EncodeRelease(sampleRelease())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.HasPrefix(string(rel), `{"kind":"policy_release","version":1,"data":{`) {
+		t.Fatalf("document %s", rel)
+	}
+	gotRel, err := DecodeRelease(rel)
+	if err != nil || gotRel != sampleRelease() {
+		t.Fatalf("release round trip: %+v %v", gotRel, err)
+	}
+	for _, ev := range []CensusEvent{sampleCensus(), {EventID: "e", Kind: CensusDispatched, Stage: "dispatch"}} {
+		b, err := EncodeCensus(ev)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := DecodeCensus(b)
+		if err != nil || got != ev {
+			t.Fatalf("census round trip: %+v %v", got, err)
+		}
+	}
+	if _, err := EncodeCensus(CensusEvent{Reward: math.NaN()}); err == nil {
+		t.Fatal("NaN reward encoded as JSON")
+	}
+}
+
+func TestJSONErrors(t *testing.T) {
+	tests := []struct {
+		name    string
+		doc     string
+		decode  func([]byte) error
+		version bool // want *VersionError, else ErrDecode
+	}{
+		{"release as census", `{"kind":"policy_release","version":1,"data":{}}`, decodeCensus, true},
+		{"census as release", `{"kind":"census_event","version":1,"data":{}}`, decodeRelease, true},
+		{"version 2", `{"kind":"policy_release","version":2,"data":{}}`, decodeRelease, true},
+		{"version as string", `{"kind":"census_event","version":"1","data":{}}`, decodeCensus, true},
+		{"no version", `{"kind":"census_event","data":{}}`, decodeCensus, true},
+		{"no kind", `{"version":1,"data":{}}`, decodeRelease, true},
+		{"empty", ``, decodeRelease, false},
+		{"garbage", `not json`, decodeRelease, false},
+		{"truncated", `{"kind":"policy_release","version":1,"data":{"ready":tr`, decodeRelease, false},
+		{"unknown top-level field", `{"kind":"policy_release","version":1,"data":{},"extra":1}`, decodeRelease, false},
+		{"unknown data field", `{"kind":"policy_release","version":1,"data":{"policy_version":1,"weights":"x"}}`, decodeRelease, false},
+		{"wrong field type", `{"kind":"census_event","version":1,"data":{"tokens":"many"}}`, decodeCensus, false},
+		{"no data", `{"kind":"census_event","version":1}`, decodeCensus, false},
+		{"null data", `{"kind":"census_event","version":1,"data":null}`, decodeCensus, false},
+		{"trailing document", `{"kind":"census_event","version":1,"data":{}} {}`, decodeCensus, false},
+		{"array", `[]`, decodeCensus, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			err := tt.decode([]byte(tt.doc))
+			var ve *VersionError
+			isVersion := errors.As(err, &ve)
+			if isVersion != tt.version || (!tt.version && !errors.Is(err, ErrDecode)) || (tt.version && errors.Is(err, ErrDecode)) {
+				t.Fatalf("got %v (version error %v), want version error %v", err, isVersion, tt.version)
+			}
+		})
+	}
+}
+
+func decodeRelease(b []byte) error { _, err := DecodeRelease(b); return err }
+func decodeCensus(b []byte) error  { _, err := DecodeCensus(b); return err }
