@@ -4,9 +4,11 @@
 package stagekit
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 
 	"github.com/trajflow/trajflow/pipeline"
 	"github.com/trajflow/trajflow/schemas"
@@ -89,4 +91,55 @@ func TraceParent(id string) string {
 		trace = id
 	}
 	return "00-" + trace + "-" + span + "-01"
+}
+
+// Incident is a safety or integrity incident (pipeline §8, §9: "trigger an
+// incident path"), produced as JSON on the incidents topic.
+type Incident struct {
+	IncidentID string `json:"incident_id"`
+	RunID      string `json:"run_id"`
+	AttemptID  string `json:"attempt_id"`
+	TaskID     string `json:"task_id"`
+	Stage      string `json:"stage"`
+	Reason     string `json:"reason"`
+	Detail     string `json:"detail"`
+	Source     string `json:"source"` // topic/partition@offset of the offending record
+	At         int64  `json:"at_us"`
+}
+
+// IncidentOutput builds the incidents-topic record of inc.
+func IncidentOutput(topic string, inc Incident) (pipeline.Output, error) {
+	if inc.IncidentID == "" {
+		inc.IncidentID = schemas.DerivedID("incident/"+inc.Stage+"/"+inc.Reason, inc.AttemptID)
+	}
+	b, err := json.Marshal(inc)
+	if err != nil {
+		return pipeline.Output{}, fmt.Errorf("encode incident: %w", err)
+	}
+	return pipeline.Output{Topic: topic, Key: []byte(inc.AttemptID), Value: b,
+		Headers: []pipeline.Header{{Key: schemas.HeaderID, Value: []byte(inc.IncidentID)}}}, nil
+}
+
+// RowRefusal quarantines one row of a multi-row message: the quarantine
+// record holds that row alone, re-encoded, so the other rows of the message
+// go on; the original message stays in its topic.
+func RowRefusal[T any](c *schemas.Codec[T], quarantineTopic, stage string, m pipeline.Message, row int, rec T, id, reason, detail string) (pipeline.Output, error) {
+	b, err := c.Encode(nil, []T{rec})
+	if err != nil {
+		return pipeline.Output{}, fmt.Errorf("re-encode refused row %d: %w", row, err)
+	}
+	single := m
+	single.Value = b
+	single.Headers = append(Headers(c.Kind(), id), pipeline.Header{Key: "trajflow-source-row", Value: []byte(strconv.Itoa(row))})
+	return pipeline.QuarantineRecord(quarantineTopic, stage, single, reason, detail), nil
+}
+
+// MessageID derives the id of a message holding the rows with ids, as
+// produced by stage: a pure function of its content's ids, whatever offset
+// the input came from.
+func MessageID(stage string, ids ...string) string {
+	if len(ids) == 1 {
+		return schemas.DerivedID(stage, ids[0])
+	}
+	return schemas.DerivedID(stage, strings.Join(ids, ","))
 }

@@ -1,0 +1,131 @@
+package reward
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/trajflow/trajflow/operators/stagekit"
+	"github.com/trajflow/trajflow/operators/validate"
+	"github.com/trajflow/trajflow/pipeline"
+	"github.com/trajflow/trajflow/schemas"
+)
+
+// StageConfig configures the reward operator.
+type StageConfig struct {
+	Components []Component
+	Registry   *Registry
+	Topics     pipeline.Topics
+	Check      validate.RewardOptions
+	// Retries is how many times a trajectory whose evaluators failed is
+	// scored again before it is quarantined as infrastructure-invalid
+	// (pipeline §8: "distinguish validator failure from agent failure").
+	Retries int
+	Backoff time.Duration
+	Now     func() time.Time
+}
+
+// Stage is the reward operator (pipeline §8): every valid trajectory is
+// scored by each declared component's evaluator, components kept separate.
+// A trajectory whose evaluators keep failing goes to quarantine with reason
+// reward_unavailable — an infrastructure failure, never a task failure.
+type Stage struct{ cfg StageConfig }
+
+// NewStage validates cfg and returns the stage.
+func NewStage(cfg StageConfig) (*Stage, error) {
+	if cfg.Registry == nil {
+		return nil, errors.New("reward: stage without registry")
+	}
+	if err := ValidateComponents(cfg.Components); err != nil {
+		return nil, err
+	}
+	for _, c := range cfg.Components {
+		e, ok := cfg.Registry.Lookup(c.Name)
+		if !ok {
+			return nil, fmt.Errorf("%w: component %q", ErrUnknownEvaluator, c.Name)
+		}
+		if e.Version() != c.Version {
+			return nil, fmt.Errorf("%w: component %q declared %q, evaluator %q", ErrVersionMismatch, c.Name, c.Version, e.Version())
+		}
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	if cfg.Backoff <= 0 {
+		cfg.Backoff = 50 * time.Millisecond
+	}
+	return &Stage{cfg: cfg}, nil
+}
+
+// Name implements pipeline.Stage.
+func (*Stage) Name() string { return "reward" }
+
+// Topics implements pipeline.Stage.
+func (s *Stage) Topics() []string { return []string{s.cfg.Topics.Valid} }
+
+// Process implements pipeline.Stage.
+func (s *Stage) Process(ctx context.Context, m pipeline.Message) (pipeline.Result, error) {
+	rows, err := stagekit.Decode(schemas.Trajectories, m)
+	if err != nil {
+		return pipeline.Result{}, err
+	}
+	var res pipeline.Result
+	out := make([]schemas.Rewarded, 0, len(rows))
+	var ids []string
+	for i := range rows {
+		t := &rows[i]
+		r, v, err := s.score(ctx, t)
+		if err != nil {
+			return pipeline.Result{}, err
+		}
+		if v.OK() {
+			out = append(out, r)
+			ids = append(ids, t.RecordID)
+			continue
+		}
+		q, err := stagekit.RowRefusal(schemas.Trajectories, s.cfg.Topics.Quarantine, s.Name(), m, i, *t, t.RecordID, v.Reason, v.Detail)
+		if err != nil {
+			return pipeline.Result{}, err
+		}
+		ev, err := stagekit.Census(s.cfg.Topics.Census, schemas.CensusEvent{
+			RunID: t.RunID, AttemptID: t.RecordID, TaskID: t.TaskID, GroupID: t.GroupID,
+			Kind: schemas.CensusQuarantined, Stage: s.Name(), Reason: v.Reason, Infra: v.Infra(),
+			At: s.cfg.Now().UnixMicro(),
+		})
+		if err != nil {
+			return pipeline.Result{}, err
+		}
+		res.Outputs = append(res.Outputs, q, ev)
+	}
+	if len(out) > 0 {
+		o, err := stagekit.Encode(schemas.RewardedTrajectories, s.cfg.Topics.Rewarded, string(m.Key), stagekit.MessageID(s.Name(), ids...), out)
+		if err != nil {
+			return pipeline.Result{}, err
+		}
+		res.Outputs = append(res.Outputs, o)
+	}
+	return res, nil
+}
+
+// score runs the evaluators, retrying evaluator failures.
+func (s *Stage) score(ctx context.Context, t *schemas.Trajectory) (schemas.Rewarded, validate.Verdict, error) {
+	var r schemas.Rewarded
+	var v validate.Verdict
+	for attempt := 0; ; attempt++ {
+		var err error
+		r, err = Score(ctx, t, s.cfg.Components, s.cfg.Registry)
+		if err != nil {
+			return r, v, fmt.Errorf("reward: %s: %w", t.RecordID, err)
+		}
+		v = validate.CheckRewarded(&r, s.cfg.Check)
+		if v.OK() || v.Reason != validate.ReasonRewardUnavailable || attempt >= s.cfg.Retries {
+			return r, v, nil
+		}
+		select {
+		case <-ctx.Done():
+			return r, v, fmt.Errorf("reward: %s: %w", t.RecordID, ctx.Err())
+		case <-time.After(s.cfg.Backoff << attempt):
+		}
+	}
+}
