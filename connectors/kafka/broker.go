@@ -25,6 +25,14 @@ const DefaultMaxMessageBytes = 64 << 20
 // its retention policy when RetentionPolicy.CheckInterval is zero.
 const DefaultRetentionCheckInterval = 30 * time.Second
 
+// MinGroupSessionTimeout is the smallest consumer-group session timeout the
+// embedded broker accepts (kfake's default, equal to Kafka's default
+// group.min.session.timeout.ms). A kafka.ReaderConfig.SessionTimeout below
+// it makes every JoinGroup fail with INVALID_SESSION_TIMEOUT, which kafka-go
+// only logs through ReaderConfig.ErrorLogger while FetchMessage blocks until
+// its context ends. The largest accepted is 5 minutes.
+const MinGroupSessionTimeout = 6 * time.Second
+
 // ErrBrokerClosed is returned by Broker methods called after Close.
 var ErrBrokerClosed = errors.New("kafka: embedded broker closed")
 

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -220,5 +221,56 @@ func TestRetentionPolicyDefaults(t *testing.T) {
 		if tc.p.retentionMs() != tc.ms || tc.p.retentionBytes() != tc.bytes || tc.p.segmentBytes() != tc.seg || tc.p.interval() != tc.interval {
 			t.Errorf("%+v: got ms=%d bytes=%d seg=%d interval=%s", tc.p, tc.p.retentionMs(), tc.p.retentionBytes(), tc.p.segmentBytes(), tc.p.interval())
 		}
+	}
+}
+
+// TestGroupGapsAfterRetention: retention deletes records a group has not
+// consumed. kafka-go's reader silently jumps to the log start (pinned here,
+// since the runtime relies on knowing it), and GroupGaps reports the loss.
+func TestGroupGapsAfterRetention(t *testing.T) {
+	b := startTestBroker(t, BrokerConfig{Retention: RetentionPolicy{Age: time.Minute, CheckInterval: time.Hour}})
+	cc := ClientConfig{Brokers: []string{b.Addr()}}
+	createTopics(t, b.Addr(), TopicSpec{Name: "tasks", Partitions: 2})
+	ctx := testCtx(t, 15*time.Second)
+	w := newWriter(t, cc, "tasks", 0)
+	w.Balancer = kafkago.BalancerFunc(func(m kafkago.Message, _ ...int) int { return int(m.Key[0] - '0') })
+	old := time.Now().Add(-time.Hour)
+	for i := range 5 {
+		if err := w.WriteMessages(ctx, kafkago.Message{Key: []byte("0"), Value: fmt.Appendf(nil, "old%d", i), Time: old}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := w.WriteMessages(ctx, kafkago.Message{Key: []byte("0"), Value: []byte("new")}); err != nil {
+		t.Fatal(err)
+	}
+	r := groupReader(t, cc, "dispatch", "tasks")
+	m, err := r.FetchMessage(ctx)
+	if err != nil || m.Offset != 0 {
+		t.Fatalf("first fetch: %v offset %d", err, m.Offset)
+	}
+	if err := r.CommitMessages(ctx, m); err != nil {
+		t.Fatal(err)
+	}
+	_ = r.Close()
+	if gaps, err := GroupGaps(ctx, cc, nil, "dispatch", "tasks"); err != nil || len(gaps) != 0 {
+		t.Fatalf("before retention: gaps %v, %v", gaps, err)
+	}
+	if err := b.ApplyRetention(); err != nil {
+		t.Fatal(err)
+	}
+	gaps, err := GroupGaps(ctx, cc, nil, "dispatch", "tasks")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := []OffsetGap{{Partition: 0, Committed: 1, LogStart: 5}}; !slices.Equal(gaps, want) || gaps[0].Lost() != 4 {
+		t.Fatalf("gaps %v, want %v", gaps, want)
+	}
+	r2 := groupReader(t, cc, "dispatch", "tasks")
+	m, err = r2.FetchMessage(ctx)
+	if err != nil || m.Offset != 5 || string(m.Value) != "new" {
+		t.Fatalf("kafka-go after the gap: offset %d %q %v (expected a silent jump to 5)", m.Offset, m.Value, err)
+	}
+	if _, err := GroupGaps(ctx, cc, nil, "dispatch", "no-such-topic"); err == nil {
+		t.Fatal("unknown topic accepted")
 	}
 }
