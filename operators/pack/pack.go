@@ -265,4 +265,3 @@ func fill32(s []int32, v int32) {
 		s[i] = v
 	}
 }
-
