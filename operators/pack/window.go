@@ -89,7 +89,9 @@ type Closed struct {
 // of the open batch (Pending) from its input topic.
 //
 // The open batch holds only compact segments (tokens, spans and log-probs),
-// not the scored records. A Window is not safe for concurrent use.
+// not the scored records. Closing on a policy-version boundary is the
+// runtime's call: Close when a release arrives. A Window is not safe for
+// concurrent use.
 type Window struct {
 	opts           Options
 	trainerVersion int64
@@ -197,6 +199,18 @@ func (w *Window) Seen(id string) bool {
 func (w *Window) MarkSeen(ids ...string) {
 	for _, id := range ids {
 		w.seen[id] = struct{}{}
+	}
+}
+
+// Forget drops ids from the deduplication memory, which otherwise grows by
+// one entry per decided record. Call it only for ids that can no longer be
+// redelivered (for example beyond the runtime's redelivery horizon); an id
+// of the open batch stays decided until Close.
+func (w *Window) Forget(ids ...string) {
+	for _, id := range ids {
+		if !slices.ContainsFunc(w.pending, func(s Segment) bool { return s.TrajectoryID == id }) {
+			delete(w.seen, id)
+		}
 	}
 }
 

@@ -63,6 +63,18 @@ func TestWindowDedup(t *testing.T) {
 	if _, err := w.Add(small("", "g", 5, 2)); !errors.Is(err, ErrMalformed) {
 		t.Fatalf("record without id: %v", err)
 	}
+	// Forgotten ids can be admitted again; an id of the open batch cannot.
+	w.Forget("a")
+	if w.Seen("a") {
+		t.Fatal("Forget kept the id")
+	}
+	if res, _ := w.Add(small("p", "g", 5, 2)); res.Outcome != Admitted {
+		t.Fatalf("add p: %+v", res)
+	}
+	w.Forget("p")
+	if res, _ := w.Add(small("p", "g", 5, 2)); res.Outcome != Duplicate {
+		t.Fatalf("forgot an id of the open batch: %+v", res)
+	}
 	// Restored memory.
 	w2, _ := NewWindow(o, 5)
 	w2.MarkSeen("a")
