@@ -60,7 +60,9 @@ type Contract struct {
 	Estimator advantage.Options `yaml:"estimator"`
 	Loss      Loss              `yaml:"loss"`
 	// Packing declares sequence packing and the lag-aware admission window
-	// (pipeline §11, DESIGN.md). Defaults: token_budget 1024, batch_tokens
+	// (pipeline §11, DESIGN.md). Rules: token_budget in [1, 2^31-1];
+	// batch_tokens >= token_budget; batch_groups >= 0 (0 = off); overflow
+	// and stale_policy known; max_lag >= 0. Defaults: token_budget 1024, batch_tokens
 	// 65536, batch_groups = dispatch.groups_per_update, overflow reject,
 	// max_lag 1, stale_policy drop.
 	Packing pack.Options `yaml:"packing"`

@@ -384,6 +384,7 @@ func TestValidationErrors(t *testing.T) {
 		{"epochs zero", []any{"loss.optimizer.epochs", 0}, "loss.optimizer.epochs: must be >= 1"},
 		{"minibatches zero", []any{"loss.optimizer.minibatches", 0}, "loss.optimizer.minibatches: must be >= 1"},
 		{"token budget zero", []any{"packing.token_budget", 0}, "packing.token_budget: must be >= 1"},
+		{"token budget above int32", []any{"packing.token_budget", 1 << 31, "packing.batch_tokens", 1 << 32}, "packing.token_budget: must be <= 2147483647"},
 		{"batch below budget", []any{"packing.batch_tokens", 512}, "packing.batch_tokens: must be >= packing.token_budget (1024)"},
 		{"batch groups negative", []any{"packing.batch_groups", -1}, "packing.batch_groups: must be >= 0"},
 		{"overflow unknown", []any{"packing.overflow", "drop"}, "packing.overflow: must be one of reject, truncate"},
@@ -456,7 +457,17 @@ func TestValidationAccepts(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			mustResolve(t, mutate(t, "demo.yaml", tt.edits...))
+			c := mustResolve(t, mutate(t, "demo.yaml", tt.edits...))
+			// A resolved contract satisfies every operator's own checks.
+			if err := c.Estimator.Validate(); err != nil {
+				t.Errorf("advantage options: %v", err)
+			}
+			if err := c.Packing.Validate(); err != nil {
+				t.Errorf("pack options: %v", err)
+			}
+			if err := c.Loss.Options.Validate(); err != nil {
+				t.Errorf("objective options: %v", err)
+			}
 		})
 	}
 }

@@ -394,6 +394,9 @@ func (c *Contract) validateLoss(v *validator) {
 func (c *Contract) validatePacking(v *validator) {
 	p := c.Packing
 	v.minInt("packing.token_budget", int64(p.TokenBudget), 1)
+	if p.TokenBudget > math.MaxInt32 {
+		v.add("packing.token_budget", "must be <= %d (packed rows are int32-indexed), got %d", math.MaxInt32, p.TokenBudget)
+	}
 	if p.BatchTokens < p.TokenBudget || p.BatchTokens < 1 {
 		v.add("packing.batch_tokens", "must be >= packing.token_budget (%d) and > 0, got %d", p.TokenBudget, p.BatchTokens)
 	}
