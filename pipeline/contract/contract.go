@@ -56,7 +56,11 @@ type Contract struct {
 	// Estimator declares returns and advantages (pipeline §10). Defaults:
 	// name grpo, normalize_std true, std_mode sample, epsilon 1e-6, gamma 1,
 	// lambda 0.95, zero_variance keep, min_group_size = sampler.group_size
-	// (full groups only), bootstrap_truncations empty.
+	// (full groups only), bootstrap_truncations empty. Rules: name grpo,
+	// rloo or gae; std_mode sample or population; epsilon >= 0; gamma and
+	// lambda in [0, 1]; zero_variance keep or drop; 1 <= min_group_size <=
+	// sampler.group_size, and >= 2 for rloo; bootstrap_truncations distinct
+	// and non-empty.
 	Estimator advantage.Options `yaml:"estimator"`
 	Loss      Loss              `yaml:"loss"`
 	// Packing declares sequence packing and the lag-aware admission window
