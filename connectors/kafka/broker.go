@@ -36,6 +36,13 @@ const MinGroupSessionTimeout = 6 * time.Second
 // ErrBrokerClosed is returned by Broker methods called after Close.
 var ErrBrokerClosed = errors.New("kafka: embedded broker closed")
 
+// ErrDataDirInUse is wrapped by StartBroker's error when another broker
+// (in this or another process) holds the DataDir.
+var ErrDataDirInUse = errors.New("kafka: embedded broker data dir in use")
+
+// dataDirLockName is the lock file StartBroker holds inside a DataDir.
+const dataDirLockName = "trajflow-broker.lock"
+
 // RetentionPolicy bounds what the embedded broker keeps per partition.
 // Kafka semantics apply: a partition's oldest record batches are deleted
 // (its log start offset advances) once they are older than Age, or while
@@ -117,7 +124,8 @@ type BrokerConfig struct {
 	// DataDir persists all state (topics, record batches, committed
 	// offsets, group state) across restarts via kfake.DataDir. Empty
 	// keeps everything in memory (lost on Close). Only one broker may
-	// use a directory at a time.
+	// use a directory at a time: StartBroker holds an advisory lock
+	// (flock on unix) on a file in it and fails with ErrDataDirInUse.
 	DataDir string
 	// SyncWrites fsyncs every record batch (kfake.SyncWrites); without
 	// it data is synced on segment roll and on Close, like Kafka's
@@ -147,6 +155,7 @@ type Broker struct {
 	addr      string
 	retention RetentionPolicy
 	log       *slog.Logger
+	unlock    func()
 
 	stop      chan struct{}
 	wg        sync.WaitGroup
@@ -241,13 +250,21 @@ func StartBroker(ctx context.Context, cfg BrokerConfig) (*Broker, error) {
 		}
 	}
 
+	unlock := func() {}
+	if cfg.DataDir != "" {
+		if unlock, err = lockDataDir(cfg.DataDir); err != nil {
+			return nil, fmt.Errorf("embedded broker data dir %q: %w", cfg.DataDir, err)
+		}
+	}
 	c, err := kfake.NewCluster(opts...)
 	if err != nil {
+		unlock()
 		return nil, fmt.Errorf("starting embedded broker on %s (data dir %q): %w", addr, cfg.DataDir, err)
 	}
 	addrs := c.ListenAddrs()
 	if len(addrs) != 1 {
 		c.Close()
+		unlock()
 		return nil, fmt.Errorf("embedded broker: expected one listener, got %v", addrs)
 	}
 	b := &Broker{
@@ -255,6 +272,7 @@ func StartBroker(ctx context.Context, cfg BrokerConfig) (*Broker, error) {
 		addr:      addrs[0],
 		retention: ret,
 		log:       log,
+		unlock:    unlock,
 		stop:      make(chan struct{}),
 	}
 	b.wg.Add(1)
@@ -311,6 +329,7 @@ func (b *Broker) Close() error {
 		// kfake.Cluster.Close has no error; persistence failures are
 		// logged at error level through the configured logger.
 		b.cluster.Close()
+		b.unlock()
 		b.log.Info("embedded kafka broker stopped", "addr", b.addr)
 	})
 	return nil

@@ -274,3 +274,20 @@ func TestGroupGapsAfterRetention(t *testing.T) {
 		t.Fatal("unknown topic accepted")
 	}
 }
+
+func TestDataDirExclusive(t *testing.T) {
+	dir := t.TempDir()
+	b := startTestBroker(t, BrokerConfig{DataDir: dir})
+	b2, err := StartBroker(testCtx(t, 5*time.Second), BrokerConfig{DataDir: dir})
+	if err == nil {
+		_ = b2.Close()
+		t.Fatal("second broker started on a data dir in use")
+	}
+	if !errors.Is(err, ErrDataDirInUse) {
+		t.Fatalf("want ErrDataDirInUse, got %v", err)
+	}
+	if err := b.Close(); err != nil {
+		t.Fatal(err)
+	}
+	startTestBroker(t, BrokerConfig{DataDir: dir}) // released by Close
+}
