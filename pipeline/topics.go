@@ -21,12 +21,12 @@ type Topics struct {
 	Windows      string // pack window decisions (lineage for replay)
 }
 
-var runRe = regexp.MustCompile(`^[a-zA-Z0-9][a-zA-Z0-9_-]{0,100}$`)
+var runRe = regexp.MustCompile(`^[a-zA-Z0-9][a-zA-Z0-9._-]{0,127}$`)
 
 // TopicsFor returns the topic names of run ("<run>.<topic>").
 func TopicsFor(run string) (Topics, error) {
 	if !runRe.MatchString(run) {
-		return Topics{}, fmt.Errorf("pipeline: run id %q: want letters, digits, '_' or '-' (at most 101)", run)
+		return Topics{}, fmt.Errorf("pipeline: run id %q: want letters, digits, '.', '_' or '-' (at most 128)", run)
 	}
 	p := run + "."
 	return Topics{

@@ -1,0 +1,63 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+
+	"github.com/trajflow/trajflow/pipeline/contract"
+	"github.com/trajflow/trajflow/schemas"
+)
+
+func init() {
+	register("schemas", "print every record schema (Arrow and JSON)", cmdSchemas)
+	register("contract", "contract validate FILE: print the resolved learning contract and its hash", cmdContract)
+}
+
+func cmdSchemas(_ context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := newFlags("schemas", stderr)
+	if _, err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	return schemas.Describe(stdout)
+}
+
+func cmdContract(_ context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := newFlags("contract validate", stderr)
+	pos, err := parseFlags(fs, args)
+	if err != nil {
+		return err
+	}
+	if len(pos) != 2 || pos[0] != "validate" {
+		return fmt.Errorf("%w: trajflow contract validate FILE", errUsage)
+	}
+	c, err := loadContract(pos[1])
+	if err != nil {
+		return err
+	}
+	y, err := c.YAML()
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "# resolved learning contract\n# hash: %s\n# sampler: %s\n", c.Hash(), c.SamplerID())
+	_, err = stdout.Write(y)
+	return err
+}
+
+// loadContract loads and resolves a contract; "" gives the built-in demo
+// contract.
+func loadContract(path string) (*contract.Contract, error) {
+	var c *contract.Contract
+	if path == "" {
+		c = contract.Default()
+	} else {
+		var err error
+		if c, err = contract.Load(path); err != nil {
+			return nil, err
+		}
+	}
+	if err := c.Resolve(); err != nil {
+		return nil, fmt.Errorf("contract %s: %w", path, err)
+	}
+	return c, nil
+}
