@@ -167,13 +167,16 @@ func (s *Segment) Roles() []Role {
 // be reused afterwards.
 //
 // The order of decisions is: a trajectory already filtered upstream
-// (Group.Filtered) returns that reason; then malformed columns are an error
-// wrapping ErrMalformed (len(ActionIDs) != len(ActionLogprobs) in a turn,
-// len(TurnAdvantages) != len(Turns), TurnValueTargets neither empty nor one
-// per turn, a policy version outside int32); an eval-split trajectory is an
-// error wrapping ErrEvalSplit; then the overflow rule (FilterOverlong, or a
-// truncated prefix of TokenBudget tokens); then the lag rule on the kept
-// turns. A turn's lag is trainerVersion - PolicyVersion; a turn is stale
+// (Group.Filtered) returns that reason; invalid options are an error
+// wrapping ErrOptions; an eval-split trajectory is an error wrapping
+// ErrEvalSplit; malformed columns are an error wrapping ErrMalformed
+// (len(ActionIDs) != len(ActionLogprobs) in a turn, len(TurnAdvantages) !=
+// len(Turns), TurnValueTargets neither empty nor one per turn, a policy
+// version outside int32); a stream without action tokens is
+// FilterNoTargets; then the overflow rule (FilterOverlong, or a truncated
+// prefix of TokenBudget tokens); then the lag rule on the kept turns.
+// Values are not checked for finiteness (validation upstream does,
+// pipeline §9). A turn's lag is trainerVersion - PolicyVersion; a turn is stale
 // when its lag exceeds MaxLag. Under StaleDrop a stale turn with target
 // tokens filters the trajectory (FilterStale); under StaleMaskTurns stale
 // turns become context, and if no target remains the trajectory is
