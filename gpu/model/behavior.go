@@ -36,7 +36,11 @@ type Grammar interface {
 // log-probs equal the behavior log-probs bit for bit (ratio exactly 1,
 // pipeline §21 "Ratio is not one before first update"). Top-k/top-p sets
 // are recomputed from the current logits and treated as constant masks by
-// the gradient; the demo contract uses Temperature 1 and neither.
+// the gradient. A consequence: once the parameters move, a stored token can
+// fall outside the current kept set, where its log-prob is -Inf and the
+// objective rejects the batch; contracts with top-k/top-p must therefore
+// train on-policy (one optimizer step per batch, max_lag 0). The demo
+// contract uses Temperature 1 and neither, and may train off-policy.
 type Behavior struct {
 	Temperature float64 `json:"temperature"` // > 0
 	TopK        int     `json:"top_k"`       // keep the K most likely tokens; 0 = off
