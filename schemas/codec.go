@@ -32,11 +32,19 @@ import (
 // the list slices of one column share one backing array (each sub-slice
 // has its capacity capped at its length, so appending copies).
 //
+// Every method taking an allocator accepts nil for memory.DefaultAllocator.
 // A Codec is safe for concurrent use.
 type Codec[T any] struct {
 	kind   Kind
 	schema *arrow.Schema
 	cols   []column[T]
+}
+
+func orDefault(mem memory.Allocator) memory.Allocator {
+	if mem == nil {
+		return memory.DefaultAllocator
+	}
+	return mem
 }
 
 func newCodec[T any](kind Kind, cols []column[T]) *Codec[T] {
@@ -61,6 +69,7 @@ func (c *Codec[T]) Schema() *arrow.Schema { return c.schema }
 // Large list values may share memory with rows: rows must not be modified
 // while the record is alive.
 func (c *Codec[T]) ToRecord(mem memory.Allocator, rows []T) (arrow.RecordBatch, error) {
+	mem = orDefault(mem)
 	cols := make([]arrow.Array, len(c.cols))
 	for i, col := range c.cols {
 		d := col.build(mem, len(rows), func(k int) *T { return &rows[k] })
@@ -77,6 +86,7 @@ func (c *Codec[T]) ToRecord(mem memory.Allocator, rows []T) (arrow.RecordBatch, 
 // Encode returns rows as one Arrow IPC stream (schema, one record batch,
 // end-of-stream marker). An empty slice encodes a batch of zero rows.
 func (c *Codec[T]) Encode(mem memory.Allocator, rows []T) ([]byte, error) {
+	mem = orDefault(mem)
 	rec, err := c.ToRecord(mem, rows)
 	if err != nil {
 		return nil, err
@@ -97,6 +107,7 @@ func (c *Codec[T]) FromRecord(rec arrow.RecordBatch) ([]T, error) {
 
 // Decode reads the rows of one IPC stream written by Encode.
 func (c *Codec[T]) Decode(mem memory.Allocator, b []byte) ([]T, error) {
+	mem = orDefault(mem)
 	var rows []T
 	err := readStream(mem, c.kind, b, func(rec arrow.RecordBatch) error {
 		var err error

@@ -419,3 +419,22 @@ func TestPeekKind(t *testing.T) {
 		}
 	}
 }
+
+func TestNilAllocator(t *testing.T) {
+	b, err := Trajectories.Encode(nil, sampleTrajectories())
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := Trajectories.Decode(nil, b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	assertSame(t, "nil allocator", got, sampleTrajectories())
+	pb, err := PackedBatches.Encode(nil, samplePackedBatch())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := PackedBatches.Decode(nil, pb); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -46,12 +46,19 @@ func bytesOf[V fixed](s []V) []byte {
 	return unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(s))), len(s)*sizeOf[V]())
 }
 
-// newBuf allocates a zeroed buffer of size bytes from mem. Buffers from
-// memory allocators are 64-byte aligned, so they may be viewed as any
-// fixed-width type.
+// newBuf allocates a buffer of size bytes from mem; the caller writes
+// every byte. Buffers from memory allocators are 64-byte aligned, so they
+// may be viewed as any fixed-width type.
 func newBuf(mem memory.Allocator, size int) *memory.Buffer {
 	b := memory.NewResizableBuffer(mem)
 	b.Resize(size)
+	return b
+}
+
+// newBitmap allocates a zeroed bitmap of n bits (not every allocator
+// zeroes memory).
+func newBitmap(mem memory.Allocator, n int) *memory.Buffer {
+	b := newBuf(mem, int(bitutil.BytesForBits(int64(n))))
 	clear(b.Bytes())
 	return b
 }
@@ -162,7 +169,7 @@ func (c boolCol[T]) field() arrow.Field {
 }
 
 func (c boolCol[T]) build(mem memory.Allocator, n int, at func(int) *T) arrow.ArrayData {
-	buf := newBuf(mem, int(bitutil.BytesForBits(int64(n))))
+	buf := newBitmap(mem, n)
 	bits := buf.Bytes()
 	for i := range n {
 		if *c.get(at(i)) {
@@ -197,6 +204,7 @@ func (c strCol[T]) build(mem memory.Allocator, n int, at func(int) *T) arrow.Arr
 	}
 	offBuf := newBuf(mem, (n+1)*4)
 	offs := viewAs[int32](offBuf.Bytes())
+	offs[0] = 0
 	dataBuf := newBuf(mem, total)
 	data := dataBuf.Bytes()
 	pos := 0
@@ -244,9 +252,10 @@ func (c fixedListCol[T, V]) field() arrow.Field {
 func listOffsets(mem memory.Allocator, n int, nullable bool, size func(int) (int, bool)) (offBuf, validBuf *memory.Buffer, total, nulls int) {
 	offBuf = newBuf(mem, (n+1)*4)
 	offs := viewAs[int32](offBuf.Bytes())
+	offs[0] = 0
 	var valid []byte
 	if nullable {
-		validBuf = newBuf(mem, int(bitutil.BytesForBits(int64(n))))
+		validBuf = newBitmap(mem, n)
 		valid = validBuf.Bytes()
 	}
 	for i := range n {

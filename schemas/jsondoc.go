@@ -70,7 +70,9 @@ func decodeDoc[T any](kind Kind, b []byte) (T, error) {
 func EncodeRelease(r PolicyRelease) ([]byte, error) { return encodeDoc(KindPolicyRelease, &r) }
 
 // DecodeRelease reads a document written by EncodeRelease.
-func DecodeRelease(b []byte) (PolicyRelease, error) { return decodeDoc[PolicyRelease](KindPolicyRelease, b) }
+func DecodeRelease(b []byte) (PolicyRelease, error) {
+	return decodeDoc[PolicyRelease](KindPolicyRelease, b)
+}
 
 // EncodeCensus returns the JSON document of a census event. A NaN or
 // infinite Reward cannot be written as JSON and is an error.

@@ -1,0 +1,24 @@
+// Package schemas defines every record kind of trajflow: its Go row type
+// (types.go), its Arrow schema and codec (one file per kind), and the JSON
+// documents of the control plane.
+//
+// Data-plane kinds travel as one Arrow IPC stream per message (schema with
+// MetaKind/MetaVersion metadata, one record batch, end-of-stream marker):
+//
+//	TaskAttempts          *Codec[TaskAttempt]      task.go
+//	Trajectories          *Codec[Trajectory]       trajectory.go
+//	RewardComponents      *Codec[RewardComponent]  reward.go
+//	RewardedTrajectories  *Codec[Rewarded]         rewarded.go
+//	ScoredTrajectories    *Codec[Scored]           scored.go
+//	PackedBatches         *PackedBatchCodec        packed.go
+//
+// Control-plane kinds are JSON documents {"kind","version","data"}:
+// EncodeRelease/DecodeRelease (PolicyRelease) and EncodeCensus/DecodeCensus
+// (CensusEvent), in jsondoc.go.
+//
+// Column names are the json tags of the row types, in snake case. Every
+// decoder returns an error wrapping ErrDecode for input it cannot read and
+// a *VersionError for a message of another kind or an unknown version;
+// PeekKind reads the kind of a stream from its schema message alone.
+// Describe prints all schemas.
+package schemas
