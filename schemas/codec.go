@@ -4,7 +4,9 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"reflect"
 	"strconv"
+	"unsafe"
 
 	"github.com/apache/arrow-go/v18/arrow"
 	"github.com/apache/arrow-go/v18/arrow/array"
@@ -37,7 +39,7 @@ import (
 type Codec[T any] struct {
 	kind   Kind
 	schema *arrow.Schema
-	cols   []column[T]
+	cols   []col
 }
 
 func orDefault(mem memory.Allocator) memory.Allocator {
@@ -47,7 +49,9 @@ func orDefault(mem memory.Allocator) memory.Allocator {
 	return mem
 }
 
-func newCodec[T any](kind Kind, cols []column[T]) *Codec[T] {
+// newCodec derives the columns of T (see columns.go).
+func newCodec[T any](kind Kind) *Codec[T] {
+	cols := colsOf(reflect.TypeFor[T]())
 	md := arrow.NewMetadata(
 		[]string{MetaKind, MetaVersion},
 		[]string{string(kind), strconv.Itoa(Versions[kind])},
@@ -71,8 +75,8 @@ func (c *Codec[T]) Schema() *arrow.Schema { return c.schema }
 func (c *Codec[T]) ToRecord(mem memory.Allocator, rows []T) (arrow.RecordBatch, error) {
 	mem = orDefault(mem)
 	cols := make([]arrow.Array, len(c.cols))
-	for i, col := range c.cols {
-		d := col.build(mem, len(rows), func(k int) *T { return &rows[k] })
+	for i := range c.cols {
+		d := c.cols[i].build(mem, len(rows), func(k int) unsafe.Pointer { return unsafe.Pointer(&rows[k]) })
 		cols[i] = array.MakeFromData(d)
 		d.Release()
 	}
@@ -123,8 +127,8 @@ func (c *Codec[T]) readRecord(rec arrow.RecordBatch) ([]T, error) {
 		return nil, fmt.Errorf("%w: %s: %d rows", ErrDecode, c.kind, n)
 	}
 	datas := make([]arrow.ArrayData, len(c.cols))
-	for i, col := range c.cols {
-		f := col.field()
+	for i := range c.cols {
+		f := c.cols[i].field()
 		idx := rec.Schema().FieldIndices(f.Name)
 		if len(idx) != 1 {
 			return nil, fmt.Errorf("%w: %s: column %q found %d times", ErrDecode, c.kind, f.Name, len(idx))
@@ -139,8 +143,8 @@ func (c *Codec[T]) readRecord(rec arrow.RecordBatch) ([]T, error) {
 		datas[i] = d
 	}
 	rows := make([]T, n)
-	for i, col := range c.cols {
-		col.read(datas[i], 0, int(n), func(k int) *T { return &rows[k] })
+	for i := range c.cols {
+		c.cols[i].read(datas[i], 0, int(n), func(k int) unsafe.Pointer { return unsafe.Pointer(&rows[k]) })
 	}
 	return rows, nil
 }

@@ -297,13 +297,13 @@ func TestPackedBatchErrors(t *testing.T) {
 		func(h *batchHeader) { h.TokenBudget++ },
 	} {
 		bad := append([]packedEntry(nil), es...)
-		mutate(&bad[2].hdr)
+		mutate(&bad[2].batchHeader)
 		b, err := PackedBatches.codec.Encode(mem, bad)
 		if err != nil {
 			t.Fatal(err)
 		}
 		if _, err := PackedBatches.Decode(mem, b); !errors.Is(err, ErrDecode) {
-			t.Fatalf("inconsistent header %+v: got %v, want ErrDecode", bad[2].hdr, err)
+			t.Fatalf("inconsistent header %+v: got %v, want ErrDecode", bad[2].batchHeader, err)
 		}
 	}
 }

@@ -3,6 +3,8 @@ package schemas
 import (
 	"encoding/binary"
 	"fmt"
+	"reflect"
+	"strings"
 	"unsafe"
 
 	"github.com/apache/arrow-go/v18/arrow"
@@ -11,44 +13,142 @@ import (
 	"github.com/apache/arrow-go/v18/arrow/memory"
 )
 
-// This file holds the column building blocks every record kind is made of.
-// A column knows its Arrow field, how to build an array from rows reached
-// through an accessor, and how to read a validated array back into rows.
-// Accessors (func(*T) *V) serve both directions, and lifting an accessor
-// (liftCols) reuses the columns of an embedded type, so the trajectory
-// columns are written once and shared by the rewarded and scored kinds.
+// This file derives the Arrow columns of a row type from its Go struct
+// definition, once per kind at package initialization, and moves values
+// between rows and Arrow buffers. The derivation is the only place that
+// maps Go to Arrow, so every kind shares it:
+//
+//   - a field's column name is its json tag; an embedded struct
+//     contributes its columns in place (Rewarded = Trajectory's columns,
+//     then its own), as encoding/json does;
+//   - int32, int64, float32, float64, uint8 map to the Arrow primitive of
+//     the same width, bool to boolean, string to utf8;
+//   - a nested struct maps to struct<...> of its own columns;
+//   - []E maps to list<E> with non-nullable elements. Lists are not
+//     nullable except those named in nullableLists, where a nil slice is
+//     stored as null.
+//
+// Rows are reached through unsafe pointers at the field offsets reflect
+// reports, so building and reading a column costs no reflection per value.
 
-// column is one Arrow column over rows of type T.
-type column[T any] interface {
-	field() arrow.Field
-	// build returns the data of n values; at(i) is the i-th row.
-	build(mem memory.Allocator, n int, at func(int) *T) arrow.ArrayData
-	// read stores logical elements [start, start+n) of d into at(0..n-1).
-	// d has passed checkData against field().
-	read(d arrow.ArrayData, start, n int, at func(int) *T)
+// nullableLists are the list columns where nil ("not computed") and empty
+// differ: ref_logprobs is nil when no reference model ran.
+var nullableLists = map[string]bool{"ref_logprobs": true}
+
+type colKind uint8
+
+const (
+	kindFixed     colKind = iota // fixed-width scalar
+	kindBool                     // bool
+	kindString                   // string
+	kindFixedList                // []V of a fixed-width V
+	kindList                     // []E of any other E (string, bool, struct)
+	kindStruct                   // nested struct
+)
+
+// col is one Arrow column (or list element, or struct child) of a Go type.
+type col struct {
+	name     string
+	kind     colKind
+	dt       arrow.DataType
+	nullable bool
+	off      uintptr      // offset of the Go field in its struct
+	width    int          // byte width of a fixed value or list element
+	elemSize uintptr      // kindList: size of a Go element
+	elemType reflect.Type // kindList: Go element type
+	elem     *col         // kindList: the element column (off 0)
+	fields   []col        // kindStruct: the struct's columns
 }
 
-// fixed are the fixed-width Go types stored as Arrow primitives.
-type fixed interface {
-	~int32 | ~int64 | ~float32 | ~float64 | ~uint8
-}
+// at returns a pointer to the i-th row (or element) a column works on.
+type at func(i int) unsafe.Pointer
 
-func sizeOf[V fixed]() int {
-	var v V
-	return int(unsafe.Sizeof(v))
-}
+func (c *col) field() arrow.Field { return arrow.Field{Name: c.name, Type: c.dt, Nullable: c.nullable} }
 
-// bytesOf views a Go slice as its bytes (no copy).
-func bytesOf[V fixed](s []V) []byte {
-	if len(s) == 0 {
-		return nil
+func fieldsOf(cols []col) []arrow.Field {
+	fs := make([]arrow.Field, len(cols))
+	for i := range cols {
+		fs[i] = cols[i].field()
 	}
-	return unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(s))), len(s)*sizeOf[V]())
+	return fs
 }
+
+// colsOf derives the columns of struct type t.
+func colsOf(t reflect.Type) []col {
+	var cols []col
+	for i := range t.NumField() {
+		f := t.Field(i)
+		if f.Anonymous && f.Type.Kind() == reflect.Struct {
+			for _, c := range colsOf(f.Type) {
+				c.off += f.Offset
+				cols = append(cols, c)
+			}
+			continue
+		}
+		name, _, _ := strings.Cut(f.Tag.Get("json"), ",")
+		if name == "" || name == "-" {
+			panic(fmt.Sprintf("schemas: field %s.%s has no json name", t, f.Name))
+		}
+		c := colOf(name, f.Type)
+		c.off = f.Offset
+		cols = append(cols, c)
+	}
+	return cols
+}
+
+func fixedType(t reflect.Type) (arrow.DataType, bool) {
+	switch t.Kind() {
+	case reflect.Int32:
+		return arrow.PrimitiveTypes.Int32, true
+	case reflect.Int64:
+		return arrow.PrimitiveTypes.Int64, true
+	case reflect.Float32:
+		return arrow.PrimitiveTypes.Float32, true
+	case reflect.Float64:
+		return arrow.PrimitiveTypes.Float64, true
+	case reflect.Uint8:
+		return arrow.PrimitiveTypes.Uint8, true
+	}
+	return nil, false
+}
+
+func colOf(name string, t reflect.Type) col {
+	if dt, ok := fixedType(t); ok {
+		return col{name: name, kind: kindFixed, dt: dt, width: int(t.Size())}
+	}
+	switch t.Kind() {
+	case reflect.Bool:
+		return col{name: name, kind: kindBool, dt: arrow.FixedWidthTypes.Boolean}
+	case reflect.String:
+		return col{name: name, kind: kindString, dt: arrow.BinaryTypes.String}
+	case reflect.Struct:
+		fields := colsOf(t)
+		return col{name: name, kind: kindStruct, dt: arrow.StructOf(fieldsOf(fields)...), fields: fields}
+	case reflect.Slice:
+		if dt, ok := fixedType(t.Elem()); ok {
+			return col{name: name, kind: kindFixedList, dt: arrow.ListOfNonNullable(dt),
+				nullable: nullableLists[name], width: int(t.Elem().Size())}
+		}
+		e := colOf("item", t.Elem())
+		return col{name: name, kind: kindList, dt: arrow.ListOfField(e.field()),
+			elem: &e, elemType: t.Elem(), elemSize: t.Elem().Size()}
+	}
+	panic(fmt.Sprintf("schemas: no Arrow column for %s of Go type %s", name, t))
+}
+
+// sliceHeader is the runtime layout of a Go slice.
+type sliceHeader struct {
+	data     unsafe.Pointer
+	len, cap int
+}
+
+// emptyArray backs decoded empty, non-nil slices.
+var emptyArray [0]uint64
+
+func rawBytes(p unsafe.Pointer, n int) []byte { return unsafe.Slice((*byte)(p), n) }
 
 // newBuf allocates a buffer of size bytes from mem; the caller writes
-// every byte. Buffers from memory allocators are 64-byte aligned, so they
-// may be viewed as any fixed-width type.
+// every byte. Buffers from memory allocators are 64-byte aligned.
 func newBuf(mem memory.Allocator, size int) *memory.Buffer {
 	b := memory.NewResizableBuffer(mem)
 	b.Resize(size)
@@ -63,35 +163,126 @@ func newBitmap(mem memory.Allocator, n int) *memory.Buffer {
 	return b
 }
 
-// viewAs views an aligned buffer allocated by newBuf as []V.
-func viewAs[V fixed](b []byte) []V {
-	if len(b) == 0 {
-		return nil
-	}
-	return unsafe.Slice((*V)(unsafe.Pointer(unsafe.SliceData(b))), len(b)/sizeOf[V]())
-}
-
-// releaseAll drops the caller's references after they were handed to a
-// parent ArrayData (which retains its children and buffers).
-func releaseBufs(bufs ...*memory.Buffer) {
+// newData builds ArrayData and drops the caller's references to bufs and
+// children, which the data now holds.
+func newData(dt arrow.DataType, n int, bufs []*memory.Buffer, children []arrow.ArrayData, nulls int) arrow.ArrayData {
+	d := array.NewData(dt, n, bufs, children, nulls, 0)
 	for _, b := range bufs {
 		if b != nil {
 			b.Release()
 		}
 	}
-}
-
-func newData(dt arrow.DataType, n int, bufs []*memory.Buffer, children []arrow.ArrayData, nulls int) arrow.ArrayData {
-	d := array.NewData(dt, n, bufs, children, nulls, 0)
-	releaseBufs(bufs...)
 	for _, c := range children {
 		c.Release()
 	}
 	return d
 }
 
-// Raw accessors of validated data. Values are read with encoding/binary or
-// copied as bytes so input of any alignment is safe.
+// offsetsBuf builds list or string offsets from the length of each row.
+func offsetsBuf(mem memory.Allocator, n int, size func(i int) int) (*memory.Buffer, int) {
+	buf := newBuf(mem, (n+1)*4)
+	offs := unsafe.Slice((*int32)(unsafe.Pointer(unsafe.SliceData(buf.Bytes()))), n+1)
+	offs[0] = 0
+	total := 0
+	for i := range n {
+		total += size(i)
+		offs[i+1] = int32(total)
+	}
+	return buf, total
+}
+
+// build returns the Arrow data of column c over n rows.
+func (c *col) build(mem memory.Allocator, n int, row at) arrow.ArrayData {
+	ptr := func(i int) unsafe.Pointer { return unsafe.Add(row(i), c.off) }
+	switch c.kind {
+	case kindFixed:
+		buf := newBuf(mem, n*c.width)
+		dst := buf.Bytes()
+		for i := range n {
+			copy(dst[i*c.width:], rawBytes(ptr(i), c.width))
+		}
+		return newData(c.dt, n, []*memory.Buffer{nil, buf}, nil, 0)
+	case kindBool:
+		buf := newBitmap(mem, n)
+		for i := range n {
+			if *(*bool)(ptr(i)) {
+				bitutil.SetBit(buf.Bytes(), i)
+			}
+		}
+		return newData(c.dt, n, []*memory.Buffer{nil, buf}, nil, 0)
+	case kindString:
+		offs, total := offsetsBuf(mem, n, func(i int) int { return len(*(*string)(ptr(i))) })
+		data := newBuf(mem, total)
+		pos := 0
+		for i := range n {
+			pos += copy(data.Bytes()[pos:], *(*string)(ptr(i)))
+		}
+		return newData(c.dt, n, []*memory.Buffer{nil, offs, data}, nil, 0)
+	case kindFixedList:
+		return c.buildFixedList(mem, n, ptr)
+	case kindList:
+		offs, total := offsetsBuf(mem, n, func(i int) int { return (*sliceHeader)(ptr(i)).len })
+		elems := make([]unsafe.Pointer, 0, total)
+		for i := range n {
+			s := (*sliceHeader)(ptr(i))
+			for k := range s.len {
+				elems = append(elems, unsafe.Add(s.data, uintptr(k)*c.elemSize))
+			}
+		}
+		child := c.elem.build(mem, total, func(k int) unsafe.Pointer { return elems[k] })
+		return newData(c.dt, n, []*memory.Buffer{nil, offs}, []arrow.ArrayData{child}, 0)
+	case kindStruct:
+		children := make([]arrow.ArrayData, len(c.fields))
+		for j := range c.fields {
+			children[j] = c.fields[j].build(mem, n, ptr)
+		}
+		return newData(c.dt, n, []*memory.Buffer{nil}, children, 0)
+	}
+	panic("schemas: unknown column kind")
+}
+
+// buildFixedList copies every row's values once into one contiguous
+// buffer; when a single row holds all values, the buffer shares that row's
+// memory instead.
+func (c *col) buildFixedList(mem memory.Allocator, n int, ptr at) arrow.ArrayData {
+	offs, total := offsetsBuf(mem, n, func(i int) int { return (*sliceHeader)(ptr(i)).len })
+	var valid *memory.Buffer
+	nulls, nonEmpty, last := 0, 0, -1
+	for i := range n {
+		s := (*sliceHeader)(ptr(i))
+		if s.len > 0 {
+			nonEmpty, last = nonEmpty+1, i
+		}
+		if c.nullable && s.data == nil {
+			if valid == nil {
+				valid = newBitmap(mem, n)
+				bitutil.SetBitsTo(valid.Bytes(), 0, int64(n), true)
+			}
+			bitutil.ClearBit(valid.Bytes(), i)
+			nulls++
+		}
+	}
+	var values *memory.Buffer
+	if nonEmpty == 1 {
+		s := (*sliceHeader)(ptr(last))
+		values = memory.NewBufferBytes(rawBytes(s.data, s.len*c.width))
+	} else {
+		values = newBuf(mem, total*c.width)
+		pos := 0
+		for i := range n {
+			s := (*sliceHeader)(ptr(i))
+			if s.len > 0 {
+				pos += copy(values.Bytes()[pos:], rawBytes(s.data, s.len*c.width))
+			}
+		}
+	}
+	elem := c.dt.(*arrow.ListType).Elem()
+	child := newData(elem, total, []*memory.Buffer{nil, values}, nil, 0)
+	return newData(c.dt, n, []*memory.Buffer{valid, offs}, []arrow.ArrayData{child}, nulls)
+}
+
+// Readers of validated data. Values are copied as bytes, so input of any
+// alignment is safe.
 
 // bufBytes is the content of buffer i of d (nil when absent).
 func bufBytes(d arrow.ArrayData, i int) []byte {
@@ -103,370 +294,82 @@ func bufBytes(d arrow.ArrayData, i int) []byte {
 }
 
 func offsetAt(d arrow.ArrayData, i int) int {
-	b := bufBytes(d, 1)
-	return int(int32(binary.LittleEndian.Uint32(b[(d.Offset()+i)*4:])))
+	return int(int32(binary.LittleEndian.Uint32(bufBytes(d, 1)[(d.Offset()+i)*4:])))
 }
 
 func isNull(d arrow.ArrayData, i int) bool {
-	if d.NullN() == 0 {
-		return false
-	}
-	return !bitutil.BitIsSet(bufBytes(d, 0), d.Offset()+i)
+	return d.NullN() != 0 && !bitutil.BitIsSet(bufBytes(d, 0), d.Offset()+i)
 }
 
-// ---- scalar columns ----
-
-type fixedCol[T any, V fixed] struct {
-	name string
-	dt   arrow.DataType
-	get  func(*T) *V
-}
-
-func (c fixedCol[T, V]) field() arrow.Field { return arrow.Field{Name: c.name, Type: c.dt} }
-
-func (c fixedCol[T, V]) build(mem memory.Allocator, n int, at func(int) *T) arrow.ArrayData {
-	buf := newBuf(mem, n*sizeOf[V]())
-	vals := viewAs[V](buf.Bytes())
-	for i := range n {
-		vals[i] = *c.get(at(i))
-	}
-	return newData(c.dt, n, []*memory.Buffer{nil, buf}, nil, 0)
-}
-
-func (c fixedCol[T, V]) read(d arrow.ArrayData, start, n int, at func(int) *T) {
-	w := sizeOf[V]()
-	src := bufBytes(d, 1)[(d.Offset()+start)*w:]
-	var v V
-	vb := unsafe.Slice((*byte)(unsafe.Pointer(&v)), w)
-	for i := range n {
-		copy(vb, src[i*w:])
-		*c.get(at(i)) = v
-	}
-}
-
-func i32[T any](name string, get func(*T) *int32) column[T] {
-	return fixedCol[T, int32]{name, arrow.PrimitiveTypes.Int32, get}
-}
-func i64[T any](name string, get func(*T) *int64) column[T] {
-	return fixedCol[T, int64]{name, arrow.PrimitiveTypes.Int64, get}
-}
-func f32[T any](name string, get func(*T) *float32) column[T] {
-	return fixedCol[T, float32]{name, arrow.PrimitiveTypes.Float32, get}
-}
-func f64[T any](name string, get func(*T) *float64) column[T] {
-	return fixedCol[T, float64]{name, arrow.PrimitiveTypes.Float64, get}
-}
-
-type boolCol[T any] struct {
-	name string
-	get  func(*T) *bool
-}
-
-func boolean[T any](name string, get func(*T) *bool) column[T] { return boolCol[T]{name, get} }
-
-func (c boolCol[T]) field() arrow.Field {
-	return arrow.Field{Name: c.name, Type: arrow.FixedWidthTypes.Boolean}
-}
-
-func (c boolCol[T]) build(mem memory.Allocator, n int, at func(int) *T) arrow.ArrayData {
-	buf := newBitmap(mem, n)
-	bits := buf.Bytes()
-	for i := range n {
-		if *c.get(at(i)) {
-			bitutil.SetBit(bits, i)
-		}
-	}
-	return newData(arrow.FixedWidthTypes.Boolean, n, []*memory.Buffer{nil, buf}, nil, 0)
-}
-
-func (c boolCol[T]) read(d arrow.ArrayData, start, n int, at func(int) *T) {
-	bits := bufBytes(d, 1)
-	for i := range n {
-		*c.get(at(i)) = bitutil.BitIsSet(bits, d.Offset()+start+i)
-	}
-}
-
-type strCol[T any] struct {
-	name string
-	get  func(*T) *string
-}
-
-func str[T any](name string, get func(*T) *string) column[T] { return strCol[T]{name, get} }
-
-func (c strCol[T]) field() arrow.Field {
-	return arrow.Field{Name: c.name, Type: arrow.BinaryTypes.String}
-}
-
-func (c strCol[T]) build(mem memory.Allocator, n int, at func(int) *T) arrow.ArrayData {
-	total := 0
-	for i := range n {
-		total += len(*c.get(at(i)))
-	}
-	offBuf := newBuf(mem, (n+1)*4)
-	offs := viewAs[int32](offBuf.Bytes())
-	offs[0] = 0
-	dataBuf := newBuf(mem, total)
-	data := dataBuf.Bytes()
-	pos := 0
-	for i := range n {
-		pos += copy(data[pos:], *c.get(at(i)))
-		offs[i+1] = int32(pos)
-	}
-	return newData(arrow.BinaryTypes.String, n, []*memory.Buffer{nil, offBuf, dataBuf}, nil, 0)
-}
-
-func (c strCol[T]) read(d arrow.ArrayData, start, n int, at func(int) *T) {
+// read stores logical elements [start, start+n) of d, which passed
+// checkData against c, into rows 0..n-1.
+func (c *col) read(d arrow.ArrayData, start, n int, row at) {
 	if n == 0 {
 		return
 	}
-	data := bufBytes(d, 2)
-	lo := offsetAt(d, start)
-	for i := range n {
-		hi := offsetAt(d, start+i+1)
-		*c.get(at(i)) = string(data[lo:hi])
-		lo = hi
-	}
-}
-
-// ---- lists ----
-
-// fixedListCol is list<V> for fixed-width V. Building copies every row's
-// slice once into one contiguous values buffer (or shares the slice's
-// memory when a single row holds all values); reading copies the values
-// once into one Go slice and sub-slices it per row.
-type fixedListCol[T any, V fixed] struct {
-	name     string
-	elem     arrow.DataType
-	nullable bool // a nil slice is stored as null and read back as nil
-	get      func(*T) *[]V
-}
-
-func (c fixedListCol[T, V]) dt() arrow.DataType { return arrow.ListOfNonNullable(c.elem) }
-
-func (c fixedListCol[T, V]) field() arrow.Field {
-	return arrow.Field{Name: c.name, Type: c.dt(), Nullable: c.nullable}
-}
-
-// listOffsets builds the offsets (and, for nullable lists, the validity
-// bitmap) of a list column whose i-th row has length size(i).
-func listOffsets(mem memory.Allocator, n int, nullable bool, size func(int) (int, bool)) (offBuf, validBuf *memory.Buffer, total, nulls int) {
-	offBuf = newBuf(mem, (n+1)*4)
-	offs := viewAs[int32](offBuf.Bytes())
-	offs[0] = 0
-	var valid []byte
-	if nullable {
-		validBuf = newBitmap(mem, n)
-		valid = validBuf.Bytes()
-	}
-	for i := range n {
-		l, isNil := size(i)
-		if nullable {
-			if isNil {
-				nulls++
-			} else {
-				bitutil.SetBit(valid, i)
+	ptr := func(i int) unsafe.Pointer { return unsafe.Add(row(i), c.off) }
+	switch c.kind {
+	case kindFixed:
+		src := bufBytes(d, 1)[(d.Offset()+start)*c.width:]
+		for i := range n {
+			copy(rawBytes(ptr(i), c.width), src[i*c.width:])
+		}
+	case kindBool:
+		for i := range n {
+			*(*bool)(ptr(i)) = bitutil.BitIsSet(bufBytes(d, 1), d.Offset()+start+i)
+		}
+	case kindString:
+		data := bufBytes(d, 2)
+		for i := range n {
+			*(*string)(ptr(i)) = string(data[offsetAt(d, start+i):offsetAt(d, start+i+1)])
+		}
+	case kindFixedList:
+		c.readFixedList(d, start, n, ptr)
+	case kindList:
+		first, end := offsetAt(d, start), offsetAt(d, start+n)
+		if end == first {
+			return // every row keeps its nil slice
+		}
+		all := reflect.MakeSlice(reflect.SliceOf(c.elemType), end-first, end-first)
+		base := all.UnsafePointer()
+		c.elem.read(d.Children()[0], first, end-first, func(k int) unsafe.Pointer {
+			return unsafe.Add(base, uintptr(k)*c.elemSize)
+		})
+		for i := range n {
+			lo, hi := offsetAt(d, start+i), offsetAt(d, start+i+1)
+			if hi > lo {
+				*(*sliceHeader)(ptr(i)) = sliceHeader{unsafe.Add(base, uintptr(lo-first)*c.elemSize), hi - lo, hi - lo}
 			}
 		}
-		total += l
-		offs[i+1] = int32(total)
-	}
-	if nulls == 0 && validBuf != nil {
-		validBuf.Release()
-		validBuf = nil
-	}
-	return offBuf, validBuf, total, nulls
-}
-
-func (c fixedListCol[T, V]) build(mem memory.Allocator, n int, at func(int) *T) arrow.ArrayData {
-	nonEmpty, last := 0, -1
-	offBuf, validBuf, total, nulls := listOffsets(mem, n, c.nullable, func(i int) (int, bool) {
-		s := *c.get(at(i))
-		if len(s) > 0 {
-			nonEmpty++
-			last = i
-		}
-		return len(s), s == nil
-	})
-	var valBuf *memory.Buffer
-	if nonEmpty == 1 {
-		// One row holds every value: share its memory instead of copying.
-		valBuf = memory.NewBufferBytes(bytesOf(*c.get(at(last))))
-	} else {
-		valBuf = newBuf(mem, total*sizeOf[V]())
-		dst := valBuf.Bytes()
-		pos := 0
-		for i := range n {
-			pos += copy(dst[pos:], bytesOf(*c.get(at(i))))
+	case kindStruct:
+		for j := range c.fields {
+			c.fields[j].read(d.Children()[j], d.Offset()+start, n, ptr)
 		}
 	}
-	child := newData(c.elem, total, []*memory.Buffer{nil, valBuf}, nil, 0)
-	return newData(c.dt(), n, []*memory.Buffer{validBuf, offBuf}, []arrow.ArrayData{child}, nulls)
 }
 
-func (c fixedListCol[T, V]) read(d arrow.ArrayData, start, n int, at func(int) *T) {
-	if n == 0 {
-		return
-	}
+// readFixedList copies the column's values once into one Go allocation
+// and points each row's slice into it, capacity capped at its length.
+func (c *col) readFixedList(d arrow.ArrayData, start, n int, ptr at) {
 	child := d.Children()[0]
 	first, end := offsetAt(d, start), offsetAt(d, start+n)
-	w := sizeOf[V]()
-	all := make([]V, end-first)
-	src := bufBytes(child, 1)
-	copy(bytesOf(all), src[(child.Offset()+first)*w:(child.Offset()+end)*w])
-	lo := first
+	size := (end - first) * c.width
+	// Allocated as uint64 so the values are aligned for any element type.
+	backing := make([]uint64, (size+7)/8)
+	all := rawBytes(unsafe.Pointer(unsafe.SliceData(backing)), size)
+	childOff := child.Offset() + first
+	copy(all, bufBytes(child, 1)[childOff*c.width:childOff*c.width+size])
 	for i := range n {
-		hi := offsetAt(d, start+i+1)
-		dst := c.get(at(i))
+		lo, hi := offsetAt(d, start+i), offsetAt(d, start+i+1)
 		switch {
-		case isNull(d, start+i):
-			*dst = nil
-		case hi == lo && !c.nullable:
-			*dst = nil
+		case isNull(d, start+i), hi == lo && !c.nullable:
+			// nil: the zero value of the freshly made row
+		case hi == lo:
+			*(*sliceHeader)(ptr(i)) = sliceHeader{unsafe.Pointer(&emptyArray), 0, 0}
 		default:
-			*dst = all[lo-first : hi-first : hi-first]
+			*(*sliceHeader)(ptr(i)) = sliceHeader{unsafe.Pointer(&all[(lo-first)*c.width]), hi - lo, hi - lo}
 		}
-		lo = hi
 	}
-}
-
-func listI32[T any](name string, get func(*T) *[]int32) column[T] {
-	return fixedListCol[T, int32]{name, arrow.PrimitiveTypes.Int32, false, get}
-}
-func listI64[T any](name string, get func(*T) *[]int64) column[T] {
-	return fixedListCol[T, int64]{name, arrow.PrimitiveTypes.Int64, false, get}
-}
-func listF32[T any](name string, get func(*T) *[]float32) column[T] {
-	return fixedListCol[T, float32]{name, arrow.PrimitiveTypes.Float32, false, get}
-}
-func listU8[T any](name string, get func(*T) *[]uint8) column[T] {
-	return fixedListCol[T, uint8]{name, arrow.PrimitiveTypes.Uint8, false, get}
-}
-
-// nullableListF32 stores a nil slice as null, so "absent" and "empty"
-// stay distinct.
-func nullableListF32[T any](name string, get func(*T) *[]float32) column[T] {
-	return fixedListCol[T, float32]{name, arrow.PrimitiveTypes.Float32, true, get}
-}
-
-// listCol is list<E> for any element column; the elements of all rows are
-// gathered into one slice and built (or read) by the element column.
-type listCol[T, E any] struct {
-	name string
-	elem column[E]
-	get  func(*T) *[]E
-}
-
-func listOf[T, E any](name string, elem column[E], get func(*T) *[]E) column[T] {
-	return listCol[T, E]{name, elem, get}
-}
-
-func (c listCol[T, E]) dt() arrow.DataType { return arrow.ListOfField(c.elem.field()) }
-
-func (c listCol[T, E]) field() arrow.Field { return arrow.Field{Name: c.name, Type: c.dt()} }
-
-func (c listCol[T, E]) build(mem memory.Allocator, n int, at func(int) *T) arrow.ArrayData {
-	offBuf, _, total, _ := listOffsets(mem, n, false, func(i int) (int, bool) {
-		return len(*c.get(at(i))), false
-	})
-	flat := make([]E, 0, total)
-	for i := range n {
-		flat = append(flat, *c.get(at(i))...)
-	}
-	child := c.elem.build(mem, total, func(k int) *E { return &flat[k] })
-	return newData(c.dt(), n, []*memory.Buffer{nil, offBuf}, []arrow.ArrayData{child}, 0)
-}
-
-func (c listCol[T, E]) read(d arrow.ArrayData, start, n int, at func(int) *T) {
-	if n == 0 {
-		return
-	}
-	first, end := offsetAt(d, start), offsetAt(d, start+n)
-	all := make([]E, end-first)
-	c.elem.read(d.Children()[0], first, end-first, func(k int) *E { return &all[k] })
-	lo := first
-	for i := range n {
-		hi := offsetAt(d, start+i+1)
-		if hi == lo {
-			*c.get(at(i)) = nil
-		} else {
-			*c.get(at(i)) = all[lo-first : hi-first : hi-first]
-		}
-		lo = hi
-	}
-}
-
-// ---- structs and embedding ----
-
-// structCol is struct<fields of E> for a value of type E inside T.
-type structCol[T, E any] struct {
-	name   string
-	fields []column[E]
-	get    func(*T) *E
-}
-
-func structOf[T, E any](name string, fields []column[E], get func(*T) *E) column[T] {
-	return structCol[T, E]{name, fields, get}
-}
-
-func self[E any](e *E) *E { return e }
-
-func (c structCol[T, E]) dt() arrow.DataType { return arrow.StructOf(fieldsOf(c.fields)...) }
-
-func (c structCol[T, E]) field() arrow.Field { return arrow.Field{Name: c.name, Type: c.dt()} }
-
-func (c structCol[T, E]) build(mem memory.Allocator, n int, at func(int) *T) arrow.ArrayData {
-	children := make([]arrow.ArrayData, len(c.fields))
-	for j, f := range c.fields {
-		children[j] = f.build(mem, n, func(i int) *E { return c.get(at(i)) })
-	}
-	return newData(c.dt(), n, []*memory.Buffer{nil}, children, 0)
-}
-
-func (c structCol[T, E]) read(d arrow.ArrayData, start, n int, at func(int) *T) {
-	for j, f := range c.fields {
-		f.read(d.Children()[j], d.Offset()+start, n, func(i int) *E { return c.get(at(i)) })
-	}
-}
-
-// lifted reaches the columns of an embedded E through get.
-type lifted[T, E any] struct {
-	inner column[E]
-	get   func(*T) *E
-}
-
-func (c lifted[T, E]) field() arrow.Field { return c.inner.field() }
-
-func (c lifted[T, E]) build(mem memory.Allocator, n int, at func(int) *T) arrow.ArrayData {
-	return c.inner.build(mem, n, func(i int) *E { return c.get(at(i)) })
-}
-
-func (c lifted[T, E]) read(d arrow.ArrayData, start, n int, at func(int) *T) {
-	c.inner.read(d, start, n, func(i int) *E { return c.get(at(i)) })
-}
-
-// liftCols returns cols as columns of T, reaching E through get.
-func liftCols[T, E any](get func(*T) *E, cols []column[E]) []column[T] {
-	out := make([]column[T], len(cols))
-	for i, c := range cols {
-		out[i] = lifted[T, E]{c, get}
-	}
-	return out
-}
-
-func fieldsOf[T any](cols []column[T]) []arrow.Field {
-	fs := make([]arrow.Field, len(cols))
-	for i, c := range cols {
-		fs[i] = c.field()
-	}
-	return fs
-}
-
-func concatCols[T any](parts ...[]column[T]) []column[T] {
-	var out []column[T]
-	for _, p := range parts {
-		out = append(out, p...)
-	}
-	return out
 }
 
 // ---- structural validation ----

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"testing"
 
+	"unsafe"
+
 	"github.com/apache/arrow-go/v18/arrow"
 	"github.com/apache/arrow-go/v18/arrow/array"
 	"github.com/apache/arrow-go/v18/arrow/ipc"
@@ -275,4 +277,9 @@ func TestCorruptedBytes(t *testing.T) {
 			t.Logf("%d bytes, %d corruptions still decoded", len(b), decoded)
 		})
 	}
+}
+
+// bytesOf views a slice of fixed-width values as bytes.
+func bytesOf[V int32 | int64](s []V) []byte {
+	return unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(s))), len(s)*int(unsafe.Sizeof(s[0])))
 }

@@ -19,7 +19,7 @@ import (
 // row's RefLogprobs is nil). Encoding copies each column's values once
 // into one Arrow buffer; decoding copies each column once into one Go
 // slice shared by the rows of the batch.
-var PackedBatches = &PackedBatchCodec{codec: newCodec(KindPackedBatch, packedCols)}
+var PackedBatches = &PackedBatchCodec{codec: newCodec[packedEntry](KindPackedBatch)}
 
 // PackedBatchCodec encodes a whole PackedBatch. It is safe for concurrent
 // use.
@@ -27,58 +27,26 @@ type PackedBatchCodec struct {
 	codec *Codec[packedEntry]
 }
 
-// batchHeader holds the batch-level fields of a PackedBatch.
+// batchHeader holds the batch-level fields of a PackedBatch, as columns.
 type batchHeader struct {
-	BatchID        string
-	BatchIndex     int64
-	RunID          string
-	ContractHash   string
-	TrainerVersion int64
-	TokenBudget    int32
+	BatchID        string `json:"batch_id"`
+	BatchIndex     int64  `json:"batch_index"`
+	RunID          string `json:"run_id"`
+	ContractHash   string `json:"contract_hash"`
+	TrainerVersion int64  `json:"trainer_version"`
+	TokenBudget    int32  `json:"token_budget"`
 }
 
-// packedEntry is one Arrow row: the batch-level fields and one PackedRow.
+// packedEntry is one Arrow row: the batch-level columns, then the columns
+// of one PackedRow.
 type packedEntry struct {
-	hdr batchHeader
-	row PackedRow
+	batchHeader
+	PackedRow
 }
 
 func headerOf(b *PackedBatch) batchHeader {
 	return batchHeader{b.BatchID, b.BatchIndex, b.RunID, b.ContractHash, b.TrainerVersion, b.TokenBudget}
 }
-
-var batchHeaderCols = []column[batchHeader]{
-	str("batch_id", func(h *batchHeader) *string { return &h.BatchID }),
-	i64("batch_index", func(h *batchHeader) *int64 { return &h.BatchIndex }),
-	str("run_id", func(h *batchHeader) *string { return &h.RunID }),
-	str("contract_hash", func(h *batchHeader) *string { return &h.ContractHash }),
-	i64("trainer_version", func(h *batchHeader) *int64 { return &h.TrainerVersion }),
-	i32("token_budget", func(h *batchHeader) *int32 { return &h.TokenBudget }),
-}
-
-var packedRowCols = []column[PackedRow]{
-	listI32("input_ids", func(r *PackedRow) *[]int32 { return &r.InputIDs }),
-	listI32("position_ids", func(r *PackedRow) *[]int32 { return &r.PositionIDs }),
-	listI32("segment_ids", func(r *PackedRow) *[]int32 { return &r.SegmentIDs }),
-	listU8("action_mask", func(r *PackedRow) *[]uint8 { return &r.ActionMask }),
-	listF32("old_logprobs", func(r *PackedRow) *[]float32 { return &r.OldLogprobs }),
-	nullableListF32("ref_logprobs", func(r *PackedRow) *[]float32 { return &r.RefLogprobs }),
-	listF32("advantages", func(r *PackedRow) *[]float32 { return &r.Advantages }),
-	listF32("value_targets", func(r *PackedRow) *[]float32 { return &r.ValueTargets }),
-	listI32("turn_ids", func(r *PackedRow) *[]int32 { return &r.TurnIDs }),
-	listI32("policy_versions", func(r *PackedRow) *[]int32 { return &r.PolicyVersions }),
-	listOf("segment_trajectory_ids", str("item", self[string]), func(r *PackedRow) *[]string { return &r.SegTrajectoryIDs }),
-	listOf("segment_group_ids", str("item", self[string]), func(r *PackedRow) *[]string { return &r.SegGroupIDs }),
-	listI64("segment_policy_versions", func(r *PackedRow) *[]int64 { return &r.SegPolicyVersions }),
-	listI32("segment_lengths", func(r *PackedRow) *[]int32 { return &r.SegLengths }),
-	listF32("segment_weights", func(r *PackedRow) *[]float32 { return &r.SegWeights }),
-	listOf("segment_truncated", boolean("item", self[bool]), func(r *PackedRow) *[]bool { return &r.SegTruncated }),
-}
-
-var packedCols = concatCols(
-	liftCols(func(e *packedEntry) *batchHeader { return &e.hdr }, batchHeaderCols),
-	liftCols(func(e *packedEntry) *PackedRow { return &e.row }, packedRowCols),
-)
 
 // Kind is KindPackedBatch.
 func (p *PackedBatchCodec) Kind() Kind { return p.codec.Kind() }
@@ -96,7 +64,7 @@ func (p *PackedBatchCodec) entries(b PackedBatch) ([]packedEntry, error) {
 	hdr := headerOf(&b)
 	es := make([]packedEntry, len(b.Rows))
 	for i := range b.Rows {
-		es[i] = packedEntry{hdr: hdr, row: b.Rows[i]}
+		es[i] = packedEntry{hdr, b.Rows[i]}
 	}
 	return es, nil
 }
@@ -144,18 +112,18 @@ func assemble(es []packedEntry) (PackedBatch, error) {
 	if len(es) == 0 {
 		return PackedBatch{}, fmt.Errorf("%w: %s: no rows", ErrDecode, KindPackedBatch)
 	}
-	hdr := es[0].hdr
+	hdr := es[0].batchHeader
 	b := PackedBatch{
 		BatchID: hdr.BatchID, BatchIndex: hdr.BatchIndex, RunID: hdr.RunID,
 		ContractHash: hdr.ContractHash, TrainerVersion: hdr.TrainerVersion, TokenBudget: hdr.TokenBudget,
 		Rows: make([]PackedRow, len(es)),
 	}
 	for i := range es {
-		if es[i].hdr != hdr {
+		if es[i].batchHeader != hdr {
 			return PackedBatch{}, fmt.Errorf("%w: %s: row %d has batch-level fields %+v, row 0 has %+v",
-				ErrDecode, KindPackedBatch, i, es[i].hdr, hdr)
+				ErrDecode, KindPackedBatch, i, es[i].batchHeader, hdr)
 		}
-		b.Rows[i] = es[i].row
+		b.Rows[i] = es[i].PackedRow
 	}
 	return b, nil
 }
