@@ -13,6 +13,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/apache/arrow-go/v18/arrow/memory"
+
 	"github.com/trajflow/trajflow/gpu/model"
 	"github.com/trajflow/trajflow/gpu/objective"
 	"github.com/trajflow/trajflow/operators/advantage"
@@ -74,7 +76,18 @@ func TestRatioOneBeforeFirstUpdate(t *testing.T) {
 			cfg.Settings.Behavior.Temperature = tc.b.Temperature
 			cfg.Settings.TopK, cfg.Settings.TopP = tc.b.TopK, tc.b.TopP
 			h := newHarness(t, cfg)
-			batch := batchFor(t, h, 0)
+			// The batch crosses the wire format the trainer consumes (Arrow
+			// IPC) before the step.
+			mem := memory.NewCheckedAllocator(memory.NewGoAllocator())
+			defer mem.AssertSize(t, 0)
+			wire, err := schemas.PackedBatches.Encode(mem, batchFor(t, h, 0))
+			if err != nil {
+				t.Fatal(err)
+			}
+			batch, err := schemas.PackedBatches.Decode(mem, wire)
+			if err != nil {
+				t.Fatal(err)
+			}
 			m := h.tr.Model()
 			trained := 0
 			for ri, row := range batch.Rows {

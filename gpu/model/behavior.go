@@ -199,11 +199,9 @@ func (m *Model) BehaviorLogits(b Behavior, tokens, positions []int32, need []boo
 			clear(row)
 			continue
 		}
-		start := i
+		start := 0 // the segment's first position
 		if positions != nil {
 			start = i - int(positions[i])
-		} else {
-			start = 0
 		}
 		if err := b.transform(&t, raw[i*V:(i+1)*V], tokens[start:i+1], row); err != nil {
 			return fmt.Errorf("position %d: %w", i, err)
