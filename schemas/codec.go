@@ -73,18 +73,22 @@ func (c *Codec[T]) Schema() *arrow.Schema { return c.schema }
 // Large list values may share memory with rows: rows must not be modified
 // while the record is alive.
 func (c *Codec[T]) ToRecord(mem memory.Allocator, rows []T) (arrow.RecordBatch, error) {
-	mem = orDefault(mem)
+	b := &builder{mem: orDefault(mem)}
 	cols := make([]arrow.Array, len(c.cols))
 	for i := range c.cols {
-		d := c.cols[i].build(mem, len(rows), func(k int) unsafe.Pointer { return unsafe.Pointer(&rows[k]) })
+		d := c.cols[i].build(b, len(rows), func(k int) unsafe.Pointer { return unsafe.Pointer(&rows[k]) })
 		cols[i] = array.MakeFromData(d)
 		d.Release()
 	}
-	rec := array.NewRecordBatch(c.schema, cols, int64(len(rows)))
-	for _, a := range cols {
-		a.Release()
+	defer func() {
+		for _, a := range cols {
+			a.Release()
+		}
+	}()
+	if b.err != nil {
+		return nil, fmt.Errorf("schemas: encode %s: %w", c.kind, b.err)
 	}
-	return rec, nil
+	return array.NewRecordBatch(c.schema, cols, int64(len(rows))), nil
 }
 
 // Encode returns rows as one Arrow IPC stream (schema, one record batch,

@@ -3,6 +3,7 @@ package schemas
 import (
 	"encoding/binary"
 	"fmt"
+	"math"
 	"reflect"
 	"strings"
 	"unsafe"
@@ -178,32 +179,45 @@ func newData(dt arrow.DataType, n int, bufs []*memory.Buffer, children []arrow.A
 	return d
 }
 
+// builder carries the allocator and the first error of one ToRecord.
+type builder struct {
+	mem memory.Allocator
+	err error
+}
+
 // offsetsBuf builds list or string offsets from the length of each row.
-func offsetsBuf(mem memory.Allocator, n int, size func(i int) int) (*memory.Buffer, int) {
-	buf := newBuf(mem, (n+1)*4)
+func offsetsBuf(b *builder, n int, size func(i int) int) (*memory.Buffer, int) {
+	buf := newBuf(b.mem, (n+1)*4)
 	offs := unsafe.Slice((*int32)(unsafe.Pointer(unsafe.SliceData(buf.Bytes()))), n+1)
 	offs[0] = 0
 	total := 0
 	for i := range n {
 		total += size(i)
+		if total > math.MaxInt32 && b.err == nil {
+			b.err = fmt.Errorf("schemas: more than %d values in one column", math.MaxInt32)
+		}
 		offs[i+1] = int32(total)
+	}
+	if b.err != nil {
+		total = 0 // the record is discarded; keep the buffers small
+		clear(offs)
 	}
 	return buf, total
 }
 
 // build returns the Arrow data of column c over n rows.
-func (c *col) build(mem memory.Allocator, n int, row at) arrow.ArrayData {
+func (c *col) build(b *builder, n int, row at) arrow.ArrayData {
 	ptr := func(i int) unsafe.Pointer { return unsafe.Add(row(i), c.off) }
 	switch c.kind {
 	case kindFixed:
-		buf := newBuf(mem, n*c.width)
+		buf := newBuf(b.mem, n*c.width)
 		dst := buf.Bytes()
 		for i := range n {
 			copy(dst[i*c.width:], rawBytes(ptr(i), c.width))
 		}
 		return newData(c.dt, n, []*memory.Buffer{nil, buf}, nil, 0)
 	case kindBool:
-		buf := newBitmap(mem, n)
+		buf := newBitmap(b.mem, n)
 		for i := range n {
 			if *(*bool)(ptr(i)) {
 				bitutil.SetBit(buf.Bytes(), i)
@@ -211,30 +225,30 @@ func (c *col) build(mem memory.Allocator, n int, row at) arrow.ArrayData {
 		}
 		return newData(c.dt, n, []*memory.Buffer{nil, buf}, nil, 0)
 	case kindString:
-		offs, total := offsetsBuf(mem, n, func(i int) int { return len(*(*string)(ptr(i))) })
-		data := newBuf(mem, total)
+		offs, total := offsetsBuf(b, n, func(i int) int { return len(*(*string)(ptr(i))) })
+		data := newBuf(b.mem, total)
 		pos := 0
-		for i := range n {
+		for i := 0; i < n && total > 0; i++ {
 			pos += copy(data.Bytes()[pos:], *(*string)(ptr(i)))
 		}
 		return newData(c.dt, n, []*memory.Buffer{nil, offs, data}, nil, 0)
 	case kindFixedList:
-		return c.buildFixedList(mem, n, ptr)
+		return c.buildFixedList(b, n, ptr)
 	case kindList:
-		offs, total := offsetsBuf(mem, n, func(i int) int { return (*sliceHeader)(ptr(i)).len })
+		offs, total := offsetsBuf(b, n, func(i int) int { return (*sliceHeader)(ptr(i)).len })
 		elems := make([]unsafe.Pointer, 0, total)
-		for i := range n {
+		for i := 0; i < n && total > 0; i++ {
 			s := (*sliceHeader)(ptr(i))
 			for k := range s.len {
 				elems = append(elems, unsafe.Add(s.data, uintptr(k)*c.elemSize))
 			}
 		}
-		child := c.elem.build(mem, total, func(k int) unsafe.Pointer { return elems[k] })
+		child := c.elem.build(b, total, func(k int) unsafe.Pointer { return elems[k] })
 		return newData(c.dt, n, []*memory.Buffer{nil, offs}, []arrow.ArrayData{child}, 0)
 	case kindStruct:
 		children := make([]arrow.ArrayData, len(c.fields))
 		for j := range c.fields {
-			children[j] = c.fields[j].build(mem, n, ptr)
+			children[j] = c.fields[j].build(b, n, ptr)
 		}
 		return newData(c.dt, n, []*memory.Buffer{nil}, children, 0)
 	}
@@ -244,8 +258,8 @@ func (c *col) build(mem memory.Allocator, n int, row at) arrow.ArrayData {
 // buildFixedList copies every row's values once into one contiguous
 // buffer; when a single row holds all values, the buffer shares that row's
 // memory instead.
-func (c *col) buildFixedList(mem memory.Allocator, n int, ptr at) arrow.ArrayData {
-	offs, total := offsetsBuf(mem, n, func(i int) int { return (*sliceHeader)(ptr(i)).len })
+func (c *col) buildFixedList(b *builder, n int, ptr at) arrow.ArrayData {
+	offs, total := offsetsBuf(b, n, func(i int) int { return (*sliceHeader)(ptr(i)).len })
 	var valid *memory.Buffer
 	nulls, nonEmpty, last := 0, 0, -1
 	for i := range n {
@@ -255,7 +269,7 @@ func (c *col) buildFixedList(mem memory.Allocator, n int, ptr at) arrow.ArrayDat
 		}
 		if c.nullable && s.data == nil {
 			if valid == nil {
-				valid = newBitmap(mem, n)
+				valid = newBitmap(b.mem, n)
 				bitutil.SetBitsTo(valid.Bytes(), 0, int64(n), true)
 			}
 			bitutil.ClearBit(valid.Bytes(), i)
@@ -263,11 +277,13 @@ func (c *col) buildFixedList(mem memory.Allocator, n int, ptr at) arrow.ArrayDat
 		}
 	}
 	var values *memory.Buffer
-	if nonEmpty == 1 {
+	if b.err != nil {
+		values, total = memory.NewBufferBytes(nil), 0
+	} else if nonEmpty == 1 {
 		s := (*sliceHeader)(ptr(last))
 		values = memory.NewBufferBytes(rawBytes(s.data, s.len*c.width))
 	} else {
-		values = newBuf(mem, total*c.width)
+		values = newBuf(b.mem, total*c.width)
 		pos := 0
 		for i := range n {
 			s := (*sliceHeader)(ptr(i))

@@ -2,6 +2,7 @@ package schemas
 
 import (
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"io"
 	"unsafe"
@@ -56,8 +57,12 @@ func readFrame(b []byte, pos int) (m ipcMessage, next int, eos bool, err error) 
 	if err != nil {
 		return m, 0, false, fmt.Errorf("message metadata: %w", err)
 	}
-	m.typ = root.u8(1)
-	bodyLen := root.i64(3)
+	typ, err1 := root.u8(1)
+	bodyLen, err2 := root.i64(3)
+	if err := errors.Join(err1, err2); err != nil {
+		return m, 0, false, fmt.Errorf("message metadata: %w", err)
+	}
+	m.typ = typ
 	if bodyLen < 0 || bodyLen > int64(len(b)-pos) {
 		return m, 0, false, fmt.Errorf("message body of %d bytes at byte %d, %d left", bodyLen, pos, len(b)-pos)
 	}
@@ -66,6 +71,9 @@ func readFrame(b []byte, pos int) (m ipcMessage, next int, eos bool, err error) 
 	header, ok, err := root.table(2)
 	if err == nil && !ok {
 		err = fmt.Errorf("no header")
+	}
+	if err == nil {
+		err = checkTables(root, 4, checkKeyValueFB) // message custom_metadata
 	}
 	if err == nil {
 		switch m.typ {
@@ -233,38 +241,49 @@ func fbTableAt(b []byte, pos int64) (fbTable, error) {
 	return fbTable{b: b, pos: int(pos), vt: int(vt), vtSize: int(vtSize)}, nil
 }
 
-// fieldPos is the position of field i, or -1 when absent.
-func (t fbTable) fieldPos(i int, size int) int {
+// fieldPos is the position of field i (size bytes), or -1 when absent.
+// Presence follows the flatbuffers rule the Arrow reader applies (the
+// field's vtable slot starts inside the vtable and is not zero); a present
+// field that does not fit in the buffer is an error.
+func (t fbTable) fieldPos(i int, size int) (int, error) {
 	o := 4 + 2*i
-	if o+2 > t.vtSize {
-		return -1
+	if o >= t.vtSize {
+		return -1, nil
+	}
+	if t.vt+o+2 > len(t.b) {
+		return -1, fmt.Errorf("vtable slot %d out of range", i)
 	}
 	rel := int(binary.LittleEndian.Uint16(t.b[t.vt+o:]))
-	if rel == 0 || t.pos+rel+size > len(t.b) {
-		return -1
+	if rel == 0 {
+		return -1, nil
 	}
-	return t.pos + rel
+	if t.pos+rel+size > len(t.b) {
+		return -1, fmt.Errorf("field %d out of range", i)
+	}
+	return t.pos + rel, nil
 }
 
-func (t fbTable) u8(i int) byte {
-	if p := t.fieldPos(i, 1); p >= 0 {
-		return t.b[p]
+func (t fbTable) u8(i int) (byte, error) {
+	p, err := t.fieldPos(i, 1)
+	if p < 0 {
+		return 0, err
 	}
-	return 0
+	return t.b[p], nil
 }
 
-func (t fbTable) i64(i int) int64 {
-	if p := t.fieldPos(i, 8); p >= 0 {
-		return int64(binary.LittleEndian.Uint64(t.b[p:]))
+func (t fbTable) i64(i int) (int64, error) {
+	p, err := t.fieldPos(i, 8)
+	if p < 0 {
+		return 0, err
 	}
-	return 0
+	return int64(binary.LittleEndian.Uint64(t.b[p:])), nil
 }
 
 // table returns the table in field i; ok is false when the field is absent.
 func (t fbTable) table(i int) (fbTable, bool, error) {
-	p := t.fieldPos(i, 4)
+	p, err := t.fieldPos(i, 4)
 	if p < 0 {
-		return fbTable{}, false, nil
+		return fbTable{}, false, err
 	}
 	sub, err := fbIndirect(t.b, p)
 	return sub, err == nil, err
@@ -273,9 +292,9 @@ func (t fbTable) table(i int) (fbTable, bool, error) {
 // vector returns the vector in field i (empty when absent) after checking
 // that its n elements of elemSize bytes lie inside the buffer.
 func (t fbTable) vector(i int, elemSize int) (fbVector, error) {
-	p := t.fieldPos(i, 4)
+	p, err := t.fieldPos(i, 4)
 	if p < 0 {
-		return fbVector{}, nil
+		return fbVector{}, err
 	}
 	off, _ := le32(t.b, p)
 	at := int64(p) + int64(off)
