@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/segmentio/kafka-go"
+
+	tfkafka "github.com/trajflow/trajflow/connectors/kafka"
 )
 
 // Config configures one operator process.
@@ -178,7 +180,7 @@ func (o *Operator) Run(ctx context.Context) error {
 		RequiredAcks: kafka.RequireAll,
 		Async:        true,
 		BatchSize:    256,
-		BatchBytes:   int64(cfg.MaxMessageBytes),
+		BatchBytes:   tfkafka.WriterBatchBytes(cfg.MaxMessageBytes),
 		BatchTimeout: cfg.BatchTimeout,
 		MaxAttempts:  10,
 		Transport:    cfg.Transport,
@@ -348,8 +350,9 @@ func (o *Operator) submit(ctx context.Context, res Result, self []Ref) error {
 func (o *Operator) submitFor(ctx context.Context, res Result, self []Ref, src *Message) error {
 	refs := append(self, res.Release...)
 	outs := res.Outputs
+	limit := int(tfkafka.WriterBatchBytes(o.cfg.MaxMessageBytes)) - 512 // record framing and headers
 	for i := range outs {
-		if len(outs[i].Value)+len(outs[i].Key) > o.cfg.MaxMessageBytes {
+		if len(outs[i].Value)+len(outs[i].Key) > limit {
 			if src == nil {
 				return fmt.Errorf("pipeline: %s output of %d bytes to %s exceeds max message bytes %d",
 					o.stage.Name(), len(outs[i].Value), outs[i].Topic, o.cfg.MaxMessageBytes)

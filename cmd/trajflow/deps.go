@@ -1,0 +1,12 @@
+package main
+
+import (
+	"github.com/trajflow/trajflow/operators"
+	"github.com/trajflow/trajflow/pipeline"
+	"github.com/trajflow/trajflow/pipeline/contract"
+)
+
+// operatorDeps assembles what the stages need beyond the contract.
+func operatorDeps(c *contract.Contract, t pipeline.Topics) (operators.Deps, error) {
+	return operators.Deps{Contract: c, Topics: t}, nil
+}

@@ -1,0 +1,118 @@
+// Package audit reads a run's batches and census topics back and accounts
+// for every attempt: admitted (how many times), filtered, quarantined. The
+// conformance and fault-injection tests and `trajflow bench` use it to
+// report launched / admitted / lost / duplicated.
+package audit
+
+import (
+	"context"
+	"fmt"
+	"sort"
+
+	"github.com/trajflow/trajflow/pipeline"
+	"github.com/trajflow/trajflow/schemas"
+)
+
+// Report is the accounting of a run.
+type Report struct {
+	Batches     int
+	BatchIDs    map[string]int    // batch id -> occurrences in the batches topic
+	Admitted    map[string]int    // trajectory id -> occurrences in batches
+	Filtered    map[string]string // trajectory id -> filter reason (census)
+	Quarantined map[string]string // attempt id -> reason (census)
+	Census      map[string]int    // census kind -> distinct events
+}
+
+// Collect reads the batches and census topics of t from the beginning.
+func Collect(ctx context.Context, cfg *pipeline.Config, t pipeline.Topics) (*Report, error) {
+	r := &Report{
+		BatchIDs: map[string]int{}, Admitted: map[string]int{}, Filtered: map[string]string{},
+		Quarantined: map[string]string{}, Census: map[string]int{},
+	}
+	err := pipeline.ScanTail(ctx, cfg, t.Batches, 0, func(m pipeline.Message) error {
+		b, err := schemas.PackedBatches.Decode(nil, m.Value)
+		if err != nil {
+			return fmt.Errorf("audit: batch at %s: %w", m.Ref, err)
+		}
+		r.Batches++
+		r.BatchIDs[b.BatchID]++
+		for _, row := range b.Rows {
+			for _, id := range row.SegTrajectoryIDs {
+				r.Admitted[id]++
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	seen := map[string]bool{}
+	err = pipeline.ScanTail(ctx, cfg, t.Census, 0, func(m pipeline.Message) error {
+		ev, err := schemas.DecodeCensus(m.Value)
+		if err != nil {
+			return fmt.Errorf("audit: census at %s: %w", m.Ref, err)
+		}
+		if seen[ev.EventID] {
+			return nil
+		}
+		seen[ev.EventID] = true
+		r.Census[ev.Kind]++
+		switch ev.Kind {
+		case schemas.CensusFiltered:
+			r.Filtered[ev.AttemptID] = ev.Reason
+		case schemas.CensusQuarantined:
+			r.Quarantined[ev.AttemptID] = ev.Reason
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return r, nil
+}
+
+// Counts is the accounting of a set of launched attempts.
+type Counts struct {
+	Launched    int
+	Admitted    int // distinct ids in batches
+	Filtered    int
+	Quarantined int
+	Lost        int // launched, never admitted, filtered or quarantined
+	Duplicated  int // extra occurrences of admitted ids, plus repeated batch ids
+	LostIDs     []string
+}
+
+// Account compares the report with the launched attempt ids.
+func (r *Report) Account(launched []string) Counts {
+	c := Counts{Launched: len(launched)}
+	for _, id := range launched {
+		switch {
+		case r.Admitted[id] > 0:
+			c.Admitted++
+		case r.Filtered[id] != "":
+			c.Filtered++
+		case r.Quarantined[id] != "":
+			c.Quarantined++
+		default:
+			c.Lost++
+			c.LostIDs = append(c.LostIDs, id)
+		}
+	}
+	for _, n := range r.Admitted {
+		if n > 1 {
+			c.Duplicated += n - 1
+		}
+	}
+	for _, n := range r.BatchIDs {
+		if n > 1 {
+			c.Duplicated += n - 1
+		}
+	}
+	sort.Strings(c.LostIDs)
+	return c
+}
+
+func (c Counts) String() string {
+	return fmt.Sprintf("launched=%d admitted=%d filtered=%d quarantined=%d lost=%d duplicated=%d",
+		c.Launched, c.Admitted, c.Filtered, c.Quarantined, c.Lost, c.Duplicated)
+}

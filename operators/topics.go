@@ -1,0 +1,29 @@
+package operators
+
+import (
+	"github.com/trajflow/trajflow/connectors/kafka"
+	"github.com/trajflow/trajflow/pipeline"
+	"github.com/trajflow/trajflow/pipeline/contract"
+)
+
+// TopicSpecs lists every topic of a run with the contract's partitions,
+// replication, retention and max.message.bytes. Topics that must keep a
+// single order (batches, windows, the policy log) have one partition; the
+// policy topic is compacted (systems §8: the latest release per key).
+func TopicSpecs(c *contract.Contract, t pipeline.Topics) []kafka.TopicSpec {
+	spec := func(name string, parts int) kafka.TopicSpec {
+		return kafka.TopicSpec{
+			Name: name, Partitions: parts, ReplicationFactor: c.Topics.Replication,
+			RetentionMs: c.Topics.RetentionMS, MaxMessageBytes: c.Topics.MaxMessageBytes,
+		}
+	}
+	p := c.Topics.Partitions
+	policy := spec(t.Policy, 1)
+	policy.Compacted = true
+	policy.RetentionMs = 0
+	return []kafka.TopicSpec{
+		spec(t.Tasks, p), spec(t.Trajectories, p), spec(t.Valid, p), spec(t.Rewarded, p),
+		spec(t.Scored, p), spec(t.Batches, 1), spec(t.Quarantine, p), spec(t.Census, p),
+		spec(t.Incidents, 1), policy, spec(t.Windows, 1),
+	}
+}
