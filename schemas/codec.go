@@ -92,10 +92,12 @@ func (c *Codec[T]) ToRecord(mem memory.Allocator, rows []T) (arrow.RecordBatch, 
 }
 
 // Encode returns rows as one Arrow IPC stream (schema, one record batch,
-// end-of-stream marker). An empty slice encodes a batch of zero rows.
+// end-of-stream marker). An empty slice encodes a batch of zero rows. The
+// intermediate Arrow arrays come from an internal buffer pool; mem serves
+// the IPC writer.
 func (c *Codec[T]) Encode(mem memory.Allocator, rows []T) ([]byte, error) {
 	mem = orDefault(mem)
-	rec, err := c.ToRecord(mem, rows)
+	rec, err := c.ToRecord(scratchAllocator{}, rows)
 	if err != nil {
 		return nil, err
 	}

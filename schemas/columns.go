@@ -148,6 +148,10 @@ var emptyArray [0]uint64
 
 func rawBytes(p unsafe.Pointer, n int) []byte { return unsafe.Slice((*byte)(p), n) }
 
+func unsafeBytes(words []uint64) []byte {
+	return rawBytes(unsafe.Pointer(unsafe.SliceData(words)), len(words)*8)
+}
+
 // newBuf allocates a buffer of size bytes from mem; the caller writes
 // every byte. Buffers from memory allocators are 64-byte aligned.
 func newBuf(mem memory.Allocator, size int) *memory.Buffer {
@@ -371,8 +375,7 @@ func (c *col) readFixedList(d arrow.ArrayData, start, n int, ptr at) {
 	first, end := offsetAt(d, start), offsetAt(d, start+n)
 	size := (end - first) * c.width
 	// Allocated as uint64 so the values are aligned for any element type.
-	backing := make([]uint64, (size+7)/8)
-	all := rawBytes(unsafe.Pointer(unsafe.SliceData(backing)), size)
+	all := unsafeBytes(make([]uint64, (size+7)/8))[:size]
 	childOff := child.Offset() + first
 	copy(all, bufBytes(child, 1)[childOff*c.width:childOff*c.width+size])
 	for i := range n {
