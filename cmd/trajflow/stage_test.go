@@ -1,0 +1,100 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/apache/arrow-go/v18/arrow/ipc"
+
+	"github.com/trajflow/trajflow/bench/synth"
+	"github.com/trajflow/trajflow/pipeline/contract"
+	"github.com/trajflow/trajflow/schemas"
+)
+
+const conformance = "../../testdata/contracts/conformance.yaml"
+
+// TestStageChainOffline runs validate -> reward -> advantage -> pack with
+// `trajflow stage` over IPC stream files and checks every valid trajectory
+// lands in exactly one packed segment.
+func TestStageChainOffline(t *testing.T) {
+	c, err := contract.Load(conformance)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Resolve(); err != nil {
+		t.Fatal(err)
+	}
+	s := synth.Default()
+	s.RunID, s.ContractHash, s.GroupSize, s.MaxTurns = c.RunID, c.Hash(), c.Sampler.GroupSize, c.Sampler.MaxTurns
+	s.MeanTokens, s.MaxTokens, s.PolicyVersion, s.MeanLag = 300, 3000, 0, 0
+	var rows []schemas.Trajectory
+	for g := int64(0); g < 12; g++ {
+		rows = append(rows, s.Group(g)...)
+	}
+	// One broken row: a NaN-free but length-mismatched turn is refused by validate.
+	rows[3].Turns[0].ActionLogprobs = rows[3].Turns[0].ActionLogprobs[1:]
+	dir := t.TempDir()
+	in := filepath.Join(dir, "trajectories.arrow")
+	if err := writeRows(schemas.Trajectories, in, rows); err != nil {
+		t.Fatal(err)
+	}
+	steps := [][]string{
+		{"stage", "validate", "--in", in, "--out", filepath.Join(dir, "valid.arrow")},
+		{"stage", "reward", "--in", filepath.Join(dir, "valid.arrow"), "--out", filepath.Join(dir, "rewarded.arrow")},
+		{"stage", "advantage", "--in", filepath.Join(dir, "rewarded.arrow"), "--out", filepath.Join(dir, "scored.arrow")},
+		{"stage", "pack", "--in", filepath.Join(dir, "scored.arrow"), "--out", filepath.Join(dir, "batches.arrow")},
+	}
+	var stderr bytes.Buffer
+	for _, args := range steps {
+		args = append(args, "--contract", conformance)
+		var stdout bytes.Buffer
+		if code := run(context.Background(), args, &stdout, &stderr); code != 0 {
+			t.Fatalf("%v: exit %d: %s", args, code, stderr.String())
+		}
+	}
+	if !strings.Contains(stderr.String(), "logprob_length_mismatch") {
+		t.Fatalf("validate did not report the broken row: %s", stderr.String())
+	}
+	f, err := os.Open(filepath.Join(dir, "batches.arrow"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	r, err := ipc.NewReader(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Release()
+	seen := map[string]int{}
+	for r.Next() {
+		b, err := schemas.PackedBatches.FromRecord(r.RecordBatch())
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, row := range b.Rows {
+			for _, id := range row.SegTrajectoryIDs {
+				seen[id]++
+			}
+		}
+	}
+	// The broken row's group is scored without it (min group size), so
+	// every other row is admitted unless its group had zero variance.
+	admitted := 0
+	for i, tr := range rows {
+		n := seen[tr.RecordID]
+		if i == 3 && n != 0 {
+			t.Fatalf("refused row was packed")
+		}
+		if n > 1 {
+			t.Fatalf("trajectory %s packed %d times", tr.RecordID, n)
+		}
+		admitted += n
+	}
+	if admitted < len(rows)-1-2*s.GroupSize {
+		t.Fatalf("only %d of %d trajectories packed; stderr: %s", admitted, len(rows), stderr.String())
+	}
+}
