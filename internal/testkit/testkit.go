@@ -205,3 +205,31 @@ func testLogger() *slog.Logger {
 	}
 	return slog.New(slog.NewTextHandler(io.Discard, nil))
 }
+
+// ProduceRaw writes each value to topic as is, keyed by its map key.
+func (r *Run) ProduceRaw(t testing.TB, topic string, values map[string][]byte) {
+	t.Helper()
+	w := &kafkago.Writer{Addr: kafkago.TCP(r.Addr), Topic: topic, Balancer: &kafkago.Murmur2Balancer{},
+		RequiredAcks: kafkago.RequireAll, BatchTimeout: 2 * time.Millisecond}
+	defer w.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for k, v := range values {
+		if err := w.WriteMessages(ctx, kafkago.Message{Key: []byte(k), Value: v}); err != nil {
+			t.Fatalf("produce %s: %v", k, err)
+		}
+	}
+}
+
+// ReadAll reads every record of topic.
+func (r *Run) ReadAll(t testing.TB, topic string) []pipeline.Message {
+	t.Helper()
+	cfg := r.Config("read", "")
+	var out []pipeline.Message
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := pipeline.ScanTail(ctx, &cfg, topic, 0, func(m pipeline.Message) error { out = append(out, m); return nil }); err != nil {
+		t.Fatalf("read %s: %v", topic, err)
+	}
+	return out
+}
