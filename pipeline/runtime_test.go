@@ -7,7 +7,9 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net/http"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -284,5 +286,56 @@ func TestScanTailReadsLastRecords(t *testing.T) {
 	}
 	if all != 40 || tail != 6 {
 		t.Fatalf("scanned all=%d (want 40) tail=%d (want 3 per partition = 6)", all, tail)
+	}
+}
+
+func TestHealthAndMetrics(t *testing.T) {
+	addr := startCluster(t, "in", "out", "quarantine")
+	produce(t, addr, "in", []byte("a"), []byte("bad"), []byte("c"))
+	cfg := testConfig(addr)
+	cfg.Metrics = NewMetrics(nil)
+	op, err := NewOperator(cfg, upper{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	hs, err := NewHealthServer("127.0.0.1:0", cfg.Metrics, op)
+	if err != nil {
+		t.Fatal(err)
+	}
+	hctx, stop := context.WithCancel(context.Background())
+	defer stop()
+	go func() { _ = hs.Serve(hctx) }()
+	get := func(path string) (int, string) {
+		resp, err := http.Get("http://" + hs.Addr() + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	if code, _ := get("/readyz"); code != http.StatusServiceUnavailable {
+		t.Fatalf("/readyz before start = %d, want 503", code)
+	}
+	runUntil(t, op, func() bool {
+		_, body := get("/metrics")
+		return strings.Contains(body, `trajflow_records_in_total{instance="",stage="upper"} 3`)
+	})
+	_, body := get("/metrics")
+	for _, want := range []string{
+		`trajflow_records_quarantined_total{instance="",reason="bad_input",stage="upper"} 1`,
+		`trajflow_records_out_total{instance="",stage="upper",topic="out"} 2`,
+		`trajflow_consumer_lag{`, `trajflow_in_flight_records{`, `trajflow_commit_seconds_count{`,
+	} {
+		if !strings.Contains(body, want) {
+			t.Errorf("/metrics lacks %s", want)
+		}
+	}
+	if code, _ := get("/healthz"); code != http.StatusOK {
+		t.Fatalf("/healthz = %d", code)
+	}
+	hs.SetDraining()
+	if code, _ := get("/readyz"); code != http.StatusServiceUnavailable {
+		t.Fatalf("/readyz while draining = %d, want 503", code)
 	}
 }
