@@ -3,7 +3,7 @@ GO      ?= go
 BIN     ?= bin/trajflow
 PKGS    ?= ./...
 
-.PHONY: build test test-short lint bench fuzz demo clean tidy-check
+.PHONY: build test test-short lint bench fuzz demo clean tidy-check kafka-up kafka-down test-integration
 
 build:
 	$(GO) build -o $(BIN) ./cmd/trajflow
@@ -33,6 +33,21 @@ fuzz:
 	    echo "fuzz $$spec $$f"; $(GO) test -run '^$$' -fuzz "^$$f$$" -fuzztime $(FUZZTIME) $$spec || exit 1; \
 	  done; \
 	done
+
+# Real Apache Kafka (KRaft, single node, 127.0.0.1:19092; SASL_SSL on 19093)
+# fetched from Maven Central into build/kafka; see deploy/local/kafka.sh.
+KAFKA_SH ?= deploy/local/kafka.sh
+kafka-up:
+	$(KAFKA_SH) up
+
+kafka-down:
+	$(KAFKA_SH) down
+
+# The integration suite against the broker started by `make kafka-up`:
+# fault injection (kills, broker restart, rebalance), bad input, TLS/SASL.
+test-integration: build
+	eval "$$($(KAFKA_SH) env)" && export TRAJFLOW_KAFKA TRAJFLOW_KAFKA_SASL TRAJFLOW_KAFKA_HOME && \
+	  $(GO) test -count=1 -timeout 15m -tags integration -v ./integration/
 
 demo: build
 	./$(BIN) demo --out out/demo
