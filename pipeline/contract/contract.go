@@ -250,22 +250,38 @@ type Dispatch struct {
 	// EvalEvery runs the hidden evaluation every that many updates; >= 1,
 	// default 5.
 	EvalEvery int `yaml:"eval_every"`
+	// Mode is how dispatch paces rounds (pipeline §15): DispatchSync
+	// (stop and synchronize: round r+1 is dispatched only once every group
+	// of round r has been decided by pack and, when they made a batch, the
+	// trainer has released the resulting policy; the pack window counts
+	// decided groups, admitted or filtered, towards packing.batch_groups)
+	// or DispatchAsync (up to packing.max_lag+1 rounds in flight; the pack
+	// window counts admitted groups). Default sync.
+	Mode string `yaml:"mode"`
 }
 
+// Dispatch modes.
+const (
+	DispatchSync  = "sync"
+	DispatchAsync = "async"
+)
+
 // Default returns the complete, valid contract of the built-in demo (the
-// same values as testdata/contracts/demo.yaml). The knob values it holds are
-// the defaults Resolve fills; its identity fields (run_id, objective,
-// budgets, stop_rules, artifacts, rewards) are the demo's own and are never
-// filled into other contracts.
+// same values as testdata/contracts/demo.yaml). Its knob values are the
+// defaults Resolve fills, except those demoKnobs sets for the demo's task
+// (sampler budgets, group size, estimator, loss, packing, dispatch); its
+// identity fields (run_id, objective, budgets, stop_rules, artifacts,
+// rewards) are the demo's own and are never filled into other contracts.
 func Default() *Contract {
 	c := knobDefaults()
+	demoKnobs(c)
 	c.RunID = "demo"
 	c.Objective = Objective{
 		TargetDistribution: "builtin_tool_tasks_v1",
 		PrimaryMetric:      "verified_success_rate",
 		Constraints: map[string]float64{
 			"unsafe_action_rate": 0,
-			"p95_turns":          8,
+			"p95_turns":          4,
 		},
 		RegressionFloors: map[string]Floor{
 			"eval_success_rate": {Value: 0.95, Relative: true},
@@ -285,26 +301,52 @@ func Default() *Contract {
 		{Kind: StopBudgetExhausted},
 	}
 	c.Artifacts = Artifacts{
-		PolicyCheckpoint: "builtin:policy/tiny@v1",
-		Tokenizer:        "builtin:tokenizer/bytes@v1",
-		ChatTemplate:     "builtin:chat-template@v1",
-		ToolSchemas:      "builtin:tools/calculator@v1",
-		TaskCorpus:       "builtin:tasks/arith@v1",
-		SplitManifest:    "builtin:splits/arith@v1",
-		Environment:      "builtin:env/calculator@v1",
-		Validator:        "builtin:validator/exact-answer@v1",
+		PolicyCheckpoint: "builtin:policy/tiny-window-mlp@v1",
+		Tokenizer:        "builtin:tokenizer/kv@v1",
+		ChatTemplate:     "builtin:chat-template/kv@v1",
+		ToolSchemas:      "builtin:tools/kv-lookup@v1",
+		TaskCorpus:       "builtin:tasks/kv@v1",
+		SplitManifest:    "builtin:splits/kv-256-train-64-eval@v1",
+		Environment:      "builtin:env/kv-env@v1",
+		Validator:        "builtin:validator/kv_success@1",
 		RewardModel:      "none@v1",
 		CodeRevision:     "trajflow@v0",
 		ContainerImage:   "none@v1",
 	}
 	c.Rewards = []Reward{
-		{Name: "success", Version: "exact-answer/1", Weight: 1, Transform: TransformIdentity, Scope: schemas.ScopeTrajectory},
-		{Name: "invalid_action_cost", Version: "parser/1", Weight: 0.1, Transform: TransformNegate, Scope: schemas.ScopeTurn},
+		{Name: "kv_success", Version: "1", Weight: 1, Transform: TransformIdentity, Scope: schemas.ScopeTrajectory},
 	}
-	c.Estimator.MinGroupSize = c.Sampler.GroupSize
 	c.Packing.BatchGroups = c.Dispatch.GroupsPerUpdate
 	c.filled = true
 	return c
+}
+
+// demoKnobs sets the knobs in which the built-in demo departs from the
+// general defaults: the kv tool task (actions of at most 3 tokens ending at
+// the END token 9, 4 turns, 64 tokens per episode), groups of 16 attempts
+// of 16 tasks per update, GRPO with population std dropping zero-variance
+// groups, a token-mean clipped surrogate with asymmetric clip [0.8, 1.28]
+// and entropy bonus 0.05, Adam lr 0.01 with 2 optimizer passes per batch,
+// 256-token rows, and strictly on-policy admission (max_lag 0) in
+// stop-and-synchronize mode (pipeline §15).
+func demoKnobs(c *Contract) {
+	c.Sampler.MaxTokensPerAction = 3
+	c.Sampler.MaxTokensPerEpisode = 64
+	c.Sampler.MaxTurns = 4
+	c.Sampler.StopTokenIDs = []int32{9}
+	c.Sampler.GroupSize = 16
+	c.Estimator.StdMode = advantage.StdPopulation
+	c.Estimator.ZeroVariance = advantage.ZeroVarDrop
+	c.Estimator.MinGroupSize = 1
+	c.Loss.ClipHigh = 0.28
+	c.Loss.EntropyCoef = 0.05
+	c.Loss.Optimizer.LR = 0.01
+	c.Loss.Optimizer.Epochs = 2
+	c.Packing.TokenBudget = 256
+	c.Packing.BatchTokens = 1 << 30
+	c.Packing.MaxLag = 0
+	c.Dispatch.TasksPerUpdate = 16
+	c.Dispatch.GroupsPerUpdate = 16
 }
 
 // knobDefaults holds the values Resolve fills. Identity fields stay empty;
@@ -368,6 +410,7 @@ func knobDefaults() *Contract {
 			TasksPerUpdate:  4,
 			GroupsPerUpdate: 4,
 			EvalEvery:       5,
+			Mode:            DispatchSync,
 		},
 	}
 }

@@ -140,16 +140,14 @@ func TestDefaultsFilled(t *testing.T) {
 	}{
 		{"seed", c.Seed, int64(1)},
 		{"sampler.temperature", c.Sampler.Temperature, 1.0},
-		{"sampler.group_size", c.Sampler.GroupSize, 8},
 		{"sampler.tool_retries", c.Sampler.ToolRetries, 2},
 		{"estimator.name", c.Estimator.Estimator, "grpo"},
 		{"estimator.normalize_std", c.Estimator.NormalizeStd, true},
 		{"estimator.lambda", c.Estimator.Lambda, 0.95},
-		{"estimator.min_group_size", c.Estimator.MinGroupSize, c.Sampler.GroupSize},
 		{"loss.clip_low", c.Loss.ClipLow, 0.2},
 		{"loss.kl_placement", c.Loss.KLPlacement, "none"},
 		{"loss.optimizer.beta2", c.Loss.Optimizer.Beta2, 0.999},
-		{"packing.max_lag", c.Packing.MaxLag, int64(1)},
+		{"dispatch.mode", c.Dispatch.Mode, DispatchSync},
 		{"packing.batch_groups", c.Packing.BatchGroups, c.Dispatch.GroupsPerUpdate},
 		{"rewards[0].weight", c.Rewards[0].Weight, 1.0},
 		{"rewards[0].transform", c.Rewards[0].Transform, TransformIdentity},
@@ -166,12 +164,12 @@ func TestDefaultsFilled(t *testing.T) {
 
 func TestCrossFieldDefaults(t *testing.T) {
 	c := mustResolve(t, mutate(t, "minimal.yaml",
-		"sampler.group_size", 4, "dispatch.groups_per_update", 8))
+		"sampler.group_size", 4, "dispatch.groups_per_update", 32, "estimator.min_group_size", deleteKey{}))
 	if c.Estimator.MinGroupSize != 4 {
 		t.Errorf("min_group_size = %d, want sampler.group_size 4", c.Estimator.MinGroupSize)
 	}
-	if c.Packing.BatchGroups != 8 {
-		t.Errorf("batch_groups = %d, want dispatch.groups_per_update 8", c.Packing.BatchGroups)
+	if c.Packing.BatchGroups != 32 {
+		t.Errorf("batch_groups = %d, want dispatch.groups_per_update 32", c.Packing.BatchGroups)
 	}
 }
 
@@ -204,8 +202,9 @@ func TestResolveProgrammatic(t *testing.T) {
 	c := &Contract{
 		RunID: d.RunID, Objective: d.Objective, Budgets: d.Budgets,
 		StopRules: d.StopRules, Artifacts: d.Artifacts,
-		Rewards: []Reward{{Name: "success", Version: "exact-answer/1"}, d.Rewards[1]},
+		Rewards: []Reward{{Name: "kv_success", Version: "1"}},
 	}
+	demoKnobs(c)
 	h := c.Hash() // hashes the resolved form without modifying c
 	if c.Sampler.Temperature != 0 {
 		t.Fatal("Hash modified the contract")
@@ -213,7 +212,13 @@ func TestResolveProgrammatic(t *testing.T) {
 	if err := c.Resolve(); err != nil {
 		t.Fatal(err)
 	}
-	if c.Hash() != d.Hash() || h != d.Hash() {
+	if c.Hash() != h {
+		t.Fatalf("hash before resolving %s, after %s", h, c.Hash())
+	}
+	// max_lag 0 is a Go zero value: a contract built in Go gets the
+	// default unless it sets the field after resolving (TestExplicitZeroKept).
+	c.Packing.MaxLag = 0
+	if c.Hash() != d.Hash() {
 		t.Fatalf("programmatic contract resolved to\n%s\nwant\n%s", c.Canonical(), d.Canonical())
 	}
 }
@@ -342,7 +347,7 @@ func TestValidationErrors(t *testing.T) {
 		{"top_k negative", []any{"sampler.top_k", -1}, "sampler.top_k: must be >= 0"},
 		{"min_p one", []any{"sampler.min_p", 1}, "sampler.min_p: must be in [0, 1)"},
 		{"action tokens zero", []any{"sampler.max_tokens_per_action", 0}, "sampler.max_tokens_per_action: must be >= 1"},
-		{"episode below action", []any{"sampler.max_tokens_per_episode", 16}, "sampler.max_tokens_per_episode: must be >= sampler.max_tokens_per_action"},
+		{"episode below action", []any{"sampler.max_tokens_per_episode", 2}, "sampler.max_tokens_per_episode: must be >= sampler.max_tokens_per_action"},
 		{"max turns zero", []any{"sampler.max_turns", 0}, "sampler.max_turns: must be >= 1"},
 		{"stop token negative", []any{"sampler.stop_token_ids", []any{-1}}, "sampler.stop_token_ids[0]: must be >= 0"},
 		{"stop token duplicate", []any{"sampler.stop_token_ids", []any{2, 2}}, "sampler.stop_token_ids[1]: token 2 already listed"},
@@ -358,7 +363,7 @@ func TestValidationErrors(t *testing.T) {
 		{"lambda negative", []any{"estimator.lambda", -0.1}, "estimator.lambda: must be in [0, 1]"},
 		{"lambda nan", []any{"estimator.lambda", nan}, "estimator.lambda: must be in [0, 1], got NaN"},
 		{"zero variance unknown", []any{"estimator.zero_variance", "skip"}, "estimator.zero_variance: must be one of keep, drop"},
-		{"min group above group", []any{"estimator.min_group_size", 9}, "estimator.min_group_size: must be <= sampler.group_size (8), got 9"},
+		{"min group above group", []any{"estimator.min_group_size", 17}, "estimator.min_group_size: must be <= sampler.group_size (16), got 17"},
 		{"min group zero", []any{"estimator.min_group_size", 0}, "estimator.min_group_size: must be >= 1"},
 		{"bootstrap empty", []any{"estimator.bootstrap_truncations", []any{""}}, "estimator.bootstrap_truncations[0]: must not be empty"},
 		{"bootstrap duplicate", []any{"estimator.bootstrap_truncations", []any{"max_turns", "max_turns"}}, "estimator.bootstrap_truncations[1]"},
@@ -385,14 +390,14 @@ func TestValidationErrors(t *testing.T) {
 		{"minibatches zero", []any{"loss.optimizer.minibatches", 0}, "loss.optimizer.minibatches: must be >= 1"},
 		{"token budget zero", []any{"packing.token_budget", 0}, "packing.token_budget: must be >= 1"},
 		{"token budget above int32", []any{"packing.token_budget", 1 << 31, "packing.batch_tokens", 1 << 32}, "packing.token_budget: must be <= 2147483647"},
-		{"batch below budget", []any{"packing.batch_tokens", 512}, "packing.batch_tokens: must be >= packing.token_budget (1024)"},
+		{"batch below budget", []any{"packing.batch_tokens", 128}, "packing.batch_tokens: must be >= packing.token_budget (256)"},
 		{"batch groups negative", []any{"packing.batch_groups", -1}, "packing.batch_groups: must be >= 0"},
 		{"overflow unknown", []any{"packing.overflow", "drop"}, "packing.overflow: must be one of reject, truncate"},
 		{"max lag negative", []any{"packing.max_lag", -1}, "packing.max_lag: must be >= 0, got -1"},
 		{"stale policy unknown", []any{"packing.stale_policy", "keep"}, "packing.stale_policy: must be one of drop, mask_stale"},
 		{"rewards empty", []any{"rewards", []any{}}, "rewards: at least one reward component"},
 		{"reward name empty", []any{"rewards[0].name", ""}, "rewards[0].name: required"},
-		{"reward name duplicate", []any{"rewards[1].name", "success"}, `rewards[1].name: "success" already declared at rewards[0]`},
+		{"reward name duplicate", []any{"rewards[1]", map[string]any{"name": "kv_success", "version": "2"}}, `rewards[1].name: "kv_success" already declared at rewards[0]`},
 		{"reward version missing", []any{"rewards[0].version", deleteKey{}}, "rewards[0].version: required"},
 		{"reward weight nan", []any{"rewards[0].weight", nan}, "rewards[0].weight: must be finite, got NaN"},
 		{"reward weight inf", []any{"rewards[1].weight", -inf}, "rewards[1].weight: must be finite"},
@@ -413,6 +418,7 @@ func TestValidationErrors(t *testing.T) {
 		{"quota zero", []any{"dispatch.domain_quotas", map[string]any{"math": 0}}, "dispatch.domain_quotas.math: must be in (0, 1]"},
 		{"quota above one", []any{"dispatch.domain_quotas", map[string]any{"code": 1.5}}, "dispatch.domain_quotas.code: must be in (0, 1], got 1.5"},
 		{"eval every zero", []any{"dispatch.eval_every", 0}, "dispatch.eval_every: must be >= 1"},
+		{"dispatch mode unknown", []any{"dispatch.mode", "eager"}, `dispatch.mode: must be sync or async, got "eager"`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -442,7 +448,7 @@ func TestValidationAccepts(t *testing.T) {
 		edits []any
 	}{
 		{"kl in reward", []any{"loss.kl_placement", "reward",
-			"rewards[2]", map[string]any{"name": "kl", "version": "k3/1", "weight": 0.05, "transform": "negate", "scope": "span"}}},
+			"rewards[1]", map[string]any{"name": "kl", "version": "k3/1", "weight": 0.05, "transform": "negate", "scope": "span"}}},
 		{"kl in loss", []any{"loss.kl_placement", "loss", "loss.kl_coef", 0.05}},
 		{"gae with single member groups", []any{"estimator.name", "gae", "sampler.group_size", 1, "estimator.min_group_size", 1}},
 		{"on-policy only", []any{"packing.max_lag", 0, "packing.stale_policy", "mask_stale"}},
@@ -532,12 +538,12 @@ func TestHashStable(t *testing.T) {
 		"sorted keys":        sorted,
 		"reversed flow keys": append([]byte("# leading comment\n\n"), flow...),
 		"minimal":            readFile(t, "minimal.yaml"),
-		"explicit defaults": mutate(t, "minimal.yaml", "sampler.temperature", 1.0, "packing.max_lag", 1,
-			"estimator.min_group_size", 8, "rewards[0].weight", 1, "rewards[0].scope", "trajectory", "seed", 1),
-		"integral floats":  mutate(t, "demo.yaml", "budgets.rollout_tokens", 2e7, "sampler.max_turns", 8.0),
-		"null sections":    []byte(strings.Replace(string(readFile(t, "minimal.yaml")), "run_id: demo", "run_id: demo\nsampler:\ntopics: ~", 1)),
+		"explicit defaults": mutate(t, "minimal.yaml", "sampler.temperature", 1.0, "packing.max_lag", 0,
+			"estimator.min_group_size", 1, "rewards[0].weight", 1, "rewards[0].scope", "trajectory", "seed", 1),
+		"integral floats":  mutate(t, "demo.yaml", "budgets.rollout_tokens", 2e7, "sampler.max_turns", 4.0),
+		"null sections":    []byte(strings.Replace(string(readFile(t, "minimal.yaml")), "run_id: demo", "run_id: demo\ntopics: ~", 1)),
 		"negative zero":    mutate(t, "demo.yaml", "loss.kl_coef", math.Copysign(0, -1)),
-		"empty vs omitted": mutate(t, "demo.yaml", "dispatch.domain_quotas", deleteKey{}, "sampler.stop_token_ids", deleteKey{}),
+		"empty vs omitted": mutate(t, "demo.yaml", "dispatch.domain_quotas", deleteKey{}, "estimator.bootstrap_truncations", deleteKey{}),
 	}
 	for name, doc := range variants {
 		c := mustResolve(t, doc)
@@ -593,19 +599,20 @@ func TestHashChanges(t *testing.T) {
 		{"temperature", []any{"sampler.temperature", 0.7}, true},
 		{"top_k", []any{"sampler.top_k", 5}, true},
 		{"stop tokens", []any{"sampler.stop_token_ids", []any{2}}, true},
-		{"group size", []any{"sampler.group_size", 16}, true},
+		{"group size", []any{"sampler.group_size", 8}, true},
 		{"tool retries zero", []any{"sampler.tool_retries", 0}, true},
-		{"estimator", []any{"estimator.name", "rloo"}, false},
+		{"estimator", []any{"estimator.name", "rloo", "estimator.min_group_size", 2}, false},
 		{"normalize std off", []any{"estimator.normalize_std", false}, false},
 		{"min group size", []any{"estimator.min_group_size", 4}, false},
 		{"bootstrap", []any{"estimator.bootstrap_truncations", []any{"max_turns"}}, false},
-		{"clip high", []any{"loss.clip_high", 0.28}, false},
+		{"clip high", []any{"loss.clip_high", 0.3}, false},
 		{"normalization", []any{"loss.normalization", "seq-mean-token-sum"}, false},
 		{"lr", []any{"loss.optimizer.lr", 2e-3}, false},
-		{"max lag zero", []any{"packing.max_lag", 0}, false},
+		{"max lag one", []any{"packing.max_lag", 1}, false},
 		{"batch groups off", []any{"packing.batch_groups", 0}, false},
-		{"reward weight", []any{"rewards[1].weight", 0.2}, false},
-		{"reward version", []any{"rewards[0].version", "exact-answer/2"}, false},
+		{"reward weight", []any{"rewards[0].weight", 0.2}, false},
+		{"reward version", []any{"rewards[0].version", "2"}, false},
+		{"dispatch mode", []any{"dispatch.mode", "async"}, false},
 		{"topic partitions", []any{"topics.partitions", 8}, false},
 		{"quota", []any{"dispatch.domain_quotas", map[string]any{"math": 0.5}}, false},
 		{"quota key", []any{"dispatch.domain_quotas", map[string]any{"maths": 0.5}}, false},
@@ -631,7 +638,7 @@ func TestYAMLRoundTrip(t *testing.T) {
 		"demo":    readFile(t, "demo.yaml"),
 		"minimal": readFile(t, "minimal.yaml"),
 		"edited": mutate(t, "demo.yaml", "loss.kl_placement", "reward",
-			"rewards[2]", map[string]any{"name": "kl", "version": "k3/1", "weight": 0.05, "transform": "negate", "scope": "span"},
+			"rewards[1]", map[string]any{"name": "kl", "version": "k3/1", "weight": 0.05, "transform": "negate", "scope": "span"},
 			"rewards[0].transform", "clip", "rewards[0].clip_min", -1, "rewards[0].clip_max", 1,
 			"objective.regression_floors.abs", -0.5, "sampler.stop_token_ids", []any{0, 2},
 			"dispatch.domain_quotas", map[string]any{"math": 0.5, "needs \"quoting\": yes": 1},
@@ -677,7 +684,7 @@ func TestCloneIndependent(t *testing.T) {
 	d.Objective.Constraints["p95_turns"] = 99
 	d.Rewards[0].Weight = 7
 	d.StopRules[0] = StopRule{Kind: StopBudgetExhausted}
-	if c.Objective.Constraints["p95_turns"] != 8 || c.Rewards[0].Weight != 1 || c.StopRules[0].Kind != StopSafetyViolation {
+	if c.Objective.Constraints["p95_turns"] != 4 || c.Rewards[0].Weight != 1 || c.StopRules[0].Kind != StopSafetyViolation {
 		t.Fatal("Clone shares storage with the original")
 	}
 	if d.Hash() == c.Hash() {

@@ -480,4 +480,7 @@ func (c *Contract) validateDispatch(v *validator) {
 		}
 	}
 	v.minInt("dispatch.eval_every", int64(d.EvalEvery), 1)
+	if d.Mode != DispatchSync && d.Mode != DispatchAsync {
+		v.add("dispatch.mode", "must be %s or %s, got %q", DispatchSync, DispatchAsync, d.Mode)
+	}
 }
