@@ -29,7 +29,13 @@ type StageConfig struct {
 	// DedupHorizon bounds how long admitted ids are remembered in the local
 	// state beyond the scanned tail (default 7 days).
 	DedupHorizon time.Duration
-	Now          func() time.Time
+	// CountDecidedGroups is stop-and-synchronize mode (pipeline §15,
+	// contract dispatch.mode sync): Options.BatchGroups counts every group
+	// decided in the window, admitted or filtered, and a window whose
+	// groups were all filtered still closes, with a WindowRecord and no
+	// batch, so the dispatcher can start the next round.
+	CountDecidedGroups bool
+	Now                func() time.Time
 }
 
 // WindowRecord is the lineage of one closed window, produced as JSON on the
@@ -49,6 +55,19 @@ type WindowRecord struct {
 	TrainedTokens  int64      `json:"trained_tokens"`
 	Rows           int        `json:"rows"`
 	Efficiency     float64    `json:"efficiency"`
+	// Groups are the groups with a member decided in the window (admitted
+	// or filtered when added), sorted: the dispatcher knows a round is
+	// complete when every group of it appears in some window record.
+	Groups []string `json:"groups"`
+	// Records is the number of records decided in the window (admitted or
+	// filtered when added); RewardMean their mean RewardTotal and
+	// SuccessRate the fraction with RewardTotal > 0.
+	Records     int     `json:"records"`
+	RewardMean  float64 `json:"reward_mean"`
+	SuccessRate float64 `json:"success_rate"`
+	// MaxLag is the largest policy lag (TrainerVersion minus the oldest
+	// behavior version of a segment) among the admitted segments.
+	MaxLag int64 `json:"max_lag"`
 }
 
 // Stage is the pack operator: the lag-aware admission window (DESIGN.md),
@@ -69,6 +88,10 @@ type Stage struct {
 	nextIndex int64
 	held      map[pipeline.Ref]struct{}
 	opened    time.Time
+	// statistics of the records decided in the open window
+	records   int
+	rewardSum float64
+	successes int
 }
 
 // NewStage validates cfg and returns the stage.
@@ -77,6 +100,7 @@ func NewStage(cfg StageConfig) (*Stage, error) {
 	if err != nil {
 		return nil, err
 	}
+	w.CountDecidedGroups(cfg.CountDecidedGroups)
 	if cfg.RebuildScan <= 0 {
 		cfg.RebuildScan = 1000
 	}
@@ -168,10 +192,18 @@ func (s *Stage) Process(ctx context.Context, m pipeline.Message) (pipeline.Resul
 	now := s.cfg.Now()
 	for i := range rows {
 		r := &rows[i]
-		if s.win.Ready() {
+		if s.win.Ready() && !s.win.HasGroup(r.GroupID) {
 			if err := s.close(&res, "full"); err != nil {
 				return pipeline.Result{}, err
 			}
+		}
+		// A record sampled at behavior version v proves the trainer
+		// published v: the window never judges it against an older version
+		// than that, whichever of the scored and policy topics was fetched
+		// first (in stop-and-synchronize mode this makes the batch a pure
+		// function of the round).
+		if v := maxBehaviorVersion(r); v > s.win.TrainerVersion() && r.Split != schemas.SplitEval {
+			s.win.SetTrainerVersion(v)
 		}
 		out, err := s.win.Add(*r)
 		if err != nil {
@@ -199,6 +231,13 @@ func (s *Stage) Process(ctx context.Context, m pipeline.Message) (pipeline.Resul
 				res.Outputs = append(res.Outputs, inc)
 			}
 			continue
+		}
+		if out.Outcome == Admitted || out.Outcome == Filtered {
+			s.records++
+			s.rewardSum += r.RewardTotal
+			if r.RewardTotal > 0 {
+				s.successes++
+			}
 		}
 		switch out.Outcome {
 		case Admitted:
@@ -246,7 +285,8 @@ func (s *Stage) Tick(_ context.Context, now time.Time) (pipeline.Result, error) 
 
 // close packs the open window into res.
 func (s *Stage) close(res *pipeline.Result, by string) error {
-	if len(s.win.Pending()) == 0 {
+	groups := s.win.DecidedGroups()
+	if len(s.win.Pending()) == 0 && (!s.cfg.CountDecidedGroups || len(groups) == 0) {
 		return nil
 	}
 	index := s.nextIndex
@@ -257,9 +297,18 @@ func (s *Stage) close(res *pipeline.Result, by string) error {
 		ContractHash: s.cfg.ContractHash, TrainerVersion: batch.TrainerVersion, ClosedBy: by,
 		Filtered: closed.Filtered, Tokens: closed.Stats.Tokens, TrainedTokens: closed.Stats.TrainedTokens,
 		Rows: closed.Stats.Rows, Efficiency: closed.Stats.Efficiency,
+		Groups: groups, Records: s.records,
 	}
+	if s.records > 0 {
+		rec.RewardMean = s.rewardSum / float64(s.records)
+		rec.SuccessRate = float64(s.successes) / float64(s.records)
+	}
+	s.records, s.rewardSum, s.successes = 0, 0, 0
 	for _, a := range closed.Admitted {
 		rec.Admitted = append(rec.Admitted, a.RecordID)
+		if lag := batch.TrainerVersion - a.PolicyVersion; lag > rec.MaxLag {
+			rec.MaxLag = lag
+		}
 	}
 	if len(batch.Rows) > 0 {
 		b, err := schemas.PackedBatches.Encode(nil, batch)
@@ -298,6 +347,16 @@ func (s *Stage) close(res *pipeline.Result, by string) error {
 	}
 	clear(s.held)
 	return nil
+}
+
+// maxBehaviorVersion is the newest policy version that sampled a turn of r
+// (-1 when it has none).
+func maxBehaviorVersion(r *schemas.Scored) int64 {
+	v := int64(-1)
+	for i := range r.Turns {
+		v = max(v, r.Turns[i].PolicyVersion)
+	}
+	return v
 }
 
 func (s *Stage) census(id, task, group, kind, reason, batch string, tokens int64, now time.Time) (pipeline.Output, error) {

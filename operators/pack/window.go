@@ -97,7 +97,9 @@ type Window struct {
 	trainerVersion int64
 	seen           map[string]struct{}
 	pending        []Segment
-	groups         map[string]struct{}
+	groups         map[string]struct{} // groups with an admitted member in the open batch
+	decided        map[string]struct{} // groups with an admitted or filtered member in the open batch
+	countDecided   bool
 	tokens         int
 }
 
@@ -112,7 +114,35 @@ func NewWindow(opts Options, trainerVersion int64) (*Window, error) {
 		trainerVersion: trainerVersion,
 		seen:           make(map[string]struct{}),
 		groups:         make(map[string]struct{}),
+		decided:        make(map[string]struct{}),
 	}, nil
+}
+
+// CountDecidedGroups selects what BatchGroups counts: with on, every group
+// with a member decided in the open window, admitted or filtered (stop and
+// synchronize mode, pipeline §15: a round whose groups are all filtered
+// still closes a window, with an empty batch, so the loop moves on); with
+// off (the default), only groups with an admitted member.
+func (w *Window) CountDecidedGroups(on bool) { w.countDecided = on }
+
+// HasGroup reports whether a member of group id was decided (admitted or
+// filtered) in the open window. Members of such a group are accepted by
+// Add even when the window is Ready, so a group is never split across
+// batches by the group count.
+func (w *Window) HasGroup(id string) bool {
+	_, ok := w.decided[id]
+	return ok
+}
+
+// DecidedGroups returns the groups with a member decided (admitted or
+// filtered) in the open window, sorted.
+func (w *Window) DecidedGroups() []string {
+	out := make([]string, 0, len(w.decided))
+	for g := range w.decided {
+		out = append(out, g)
+	}
+	slices.Sort(out)
+	return out
 }
 
 // SetTrainerVersion sets the trainer version that later Adds are judged
@@ -135,7 +165,7 @@ func (w *Window) Add(s schemas.Scored) (Result, error) {
 	if _, ok := w.seen[id]; ok {
 		return Result{Outcome: Duplicate, Ready: w.Ready()}, nil
 	}
-	if w.Ready() {
+	if w.Ready() && (w.tokensFull() || !w.HasGroup(s.GroupID)) {
 		return Result{Ready: true}, fmt.Errorf("%w: record %s", ErrWindowFull, id)
 	}
 	seg, f, err := Reconstruct(&s, w.trainerVersion, w.opts)
@@ -146,6 +176,7 @@ func (w *Window) Add(s schemas.Scored) (Result, error) {
 		return Result{Ready: w.Ready()}, fmt.Errorf("pack window: %w", err)
 	}
 	w.seen[id] = struct{}{}
+	w.decided[s.GroupID] = struct{}{}
 	if f != FilterNone {
 		return Result{Outcome: Filtered, Filter: f, Ready: w.Ready()}, nil
 	}
@@ -162,14 +193,25 @@ func (w *Window) Add(s schemas.Scored) (Result, error) {
 }
 
 // Ready reports whether the open batch has reached its close condition:
-// admitted tokens >= BatchTokens (when set), or distinct admitted groups >=
-// BatchGroups (when set). A group counts from its first admitted member;
-// members admitted after a close go to the next batch.
+// admitted tokens >= BatchTokens (when set), or distinct groups >=
+// BatchGroups (when set; admitted groups, or decided groups under
+// CountDecidedGroups). A group counts from its first admitted (or decided)
+// member; later members of a group already in the window are still
+// accepted while it is Ready, and members arriving after a close go to the
+// next batch.
 func (w *Window) Ready() bool {
-	if w.opts.BatchTokens > 0 && w.tokens >= w.opts.BatchTokens {
+	if w.tokensFull() {
 		return true
 	}
-	return w.opts.BatchGroups > 0 && len(w.groups) >= w.opts.BatchGroups
+	n := len(w.groups)
+	if w.countDecided {
+		n = len(w.decided)
+	}
+	return w.opts.BatchGroups > 0 && n >= w.opts.BatchGroups
+}
+
+func (w *Window) tokensFull() bool {
+	return w.opts.BatchTokens > 0 && w.tokens >= w.opts.BatchTokens
 }
 
 // Tokens is the number of tokens admitted to the open batch.
@@ -270,6 +312,7 @@ func (w *Window) Close(batchIndex int64, runID, contractHash string, trainerVers
 	w.pending = nil
 	w.tokens = 0
 	clear(w.groups)
+	clear(w.decided)
 	w.trainerVersion = trainerVersion
 	return batch, closed
 }

@@ -291,3 +291,77 @@ func TestNewWindowValidates(t *testing.T) {
 		t.Fatalf("err %v", err)
 	}
 }
+
+// TestWindowCountsDecidedGroups: in stop-and-synchronize mode a group
+// counts towards BatchGroups whether admitted or filtered, so a round whose
+// groups are all filtered still makes the window Ready (with an empty
+// batch); members of a group already in a Ready window are still accepted,
+// and a new group is refused.
+func TestWindowCountsDecidedGroups(t *testing.T) {
+	zeroVar := func(id, group string) schemas.Scored {
+		s := small(id, group, 5, 3)
+		s.Group.Filtered = "zero_variance"
+		return s
+	}
+	for _, tc := range []struct {
+		name        string
+		decided     bool
+		wantReady   bool
+		wantGroups  []string
+		wantPending int
+	}{
+		{"admitted groups only", false, false, []string{"g1", "g2"}, 1},
+		{"decided groups", true, true, []string{"g1", "g2"}, 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			o := testOptions()
+			o.BatchTokens, o.BatchGroups = 0, 2
+			w, _ := NewWindow(o, 5)
+			w.CountDecidedGroups(tc.decided)
+			if res, err := w.Add(zeroVar("a", "g1")); err != nil || res.Outcome != Filtered {
+				t.Fatalf("a: %+v %v", res, err)
+			}
+			if res, err := w.Add(small("b", "g2", 5, 3)); err != nil || res.Outcome != Admitted || res.Ready != tc.wantReady {
+				t.Fatalf("b: %+v %v", res, err)
+			}
+			if got := w.DecidedGroups(); !reflect.DeepEqual(got, tc.wantGroups) {
+				t.Fatalf("decided groups %v", got)
+			}
+			// Another member of a group in the window is accepted even when
+			// the window is Ready.
+			if res, err := w.Add(zeroVar("c", "g2")); err != nil || res.Outcome != Filtered {
+				t.Fatalf("c: %+v %v", res, err)
+			}
+			_, err := w.Add(small("d", "g3", 5, 3))
+			if tc.decided != errors.Is(err, ErrWindowFull) {
+				t.Fatalf("d: %v", err)
+			}
+			if len(w.Pending()) != tc.wantPending+btoi(!tc.decided) {
+				t.Fatalf("pending %v", w.Pending())
+			}
+			w.Close(0, "r", "h", 5)
+			if len(w.DecidedGroups()) != 0 || w.HasGroup("g1") {
+				t.Fatal("decided groups survive close")
+			}
+		})
+	}
+	// Every group filtered: the window is Ready with nothing pending and
+	// closes to an empty batch.
+	o := testOptions()
+	o.BatchTokens, o.BatchGroups = 0, 1
+	w, _ := NewWindow(o, 5)
+	w.CountDecidedGroups(true)
+	if res, err := w.Add(zeroVar("z", "g")); err != nil || !res.Ready {
+		t.Fatalf("z: %+v %v", res, err)
+	}
+	if b, closed := w.Close(3, "r", "h", 5); len(b.Rows) != 0 || len(closed.Admitted) != 0 {
+		t.Fatalf("batch %+v", b)
+	}
+}
+
+func btoi(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}
