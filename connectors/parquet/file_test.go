@@ -1,0 +1,178 @@
+package parquet
+
+import (
+	"bytes"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/apache/arrow-go/v18/arrow/memory"
+
+	"github.com/trajflow/trajflow/bench/synth"
+	"github.com/trajflow/trajflow/pipeline"
+	"github.com/trajflow/trajflow/schemas"
+)
+
+const testRun = "snaptest"
+
+// trajMessages encodes groups [0, n) of synthetic trajectories as the
+// messages of partition 0 starting at offset from.
+func trajMessages(t testing.TB, n int, from int64) []Message {
+	t.Helper()
+	s := synth.Default()
+	s.RunID = testRun
+	s.MeanTokens, s.MaxTokens = 300, 2000
+	var msgs []Message
+	for g := range int64(n) {
+		rows := s.Group(g)
+		b, err := schemas.Trajectories.Encode(nil, rows)
+		if err != nil {
+			t.Fatal(err)
+		}
+		msgs = append(msgs, Message{
+			Offset: from + g, Key: []byte(rows[0].GroupID), Value: b,
+			Headers: []pipeline.Header{{Key: schemas.HeaderKind, Value: []byte(schemas.KindTrajectory)}},
+			Time:    time.UnixMicro(1_700_000_000_000_000 + g).UTC(),
+		})
+	}
+	return msgs
+}
+
+func testBatch() schemas.PackedBatch {
+	return schemas.PackedBatch{
+		BatchID: schemas.BatchID(testRun, 3), BatchIndex: 3, RunID: testRun, ContractHash: "sha256:00",
+		TrainerVersion: 2, TokenBudget: 8,
+		Rows: []schemas.PackedRow{{
+			InputIDs: []int32{1, 2, 3, 4}, PositionIDs: []int32{0, 1, 0, 1}, SegmentIDs: []int32{0, 0, 1, 1},
+			ActionMask: []uint8{1, 0, 1, 0}, OldLogprobs: []float32{-0.5, 0, -0.25, 0},
+			Advantages: []float32{1, 0, -1, 0}, ValueTargets: []float32{0, 0, 0, 0},
+			TurnIDs: []int32{0, -1, 0, -1}, PolicyVersions: []int32{2, -1, 1, -1},
+			SegTrajectoryIDs: []string{"a", "b"}, SegGroupIDs: []string{"g", "g"},
+			SegPolicyVersions: []int64{2, 1}, SegLengths: []int32{2, 2}, SegWeights: []float32{1, 1},
+			SegTruncated: []bool{false, true},
+		}},
+	}
+}
+
+func TestWriteReadRoundTrip(t *testing.T) {
+	mem := memory.NewCheckedAllocator(memory.NewGoAllocator())
+	defer mem.AssertSize(t, 0)
+	dir := t.TempDir()
+	census, err := schemas.EncodeCensus(schemas.CensusEvent{RunID: testRun, AttemptID: "x", Kind: schemas.CensusFiltered, Stage: "pack", Reason: "stale", At: 5})
+	if err != nil {
+		t.Fatal(err)
+	}
+	batch, err := schemas.PackedBatches.Encode(nil, testBatch())
+	if err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		name  string
+		topic string
+		msgs  []Message
+	}{
+		{"trajectories", "trajectories", trajMessages(t, 6, 10)},
+		{"undecodable data-plane messages stay", "trajectories", append(trajMessages(t, 2, 0),
+			Message{Offset: 2, Value: []byte("not arrow")}, Message{Offset: 3})},
+		{"batches", "batches", []Message{{Offset: 0, Key: []byte("b"), Value: batch}}},
+		{"census", "census", []Message{{Offset: 7, Key: []byte("x"), Value: census}, {Offset: 8, Value: []byte("{bad json")}}},
+		{"quarantine keeps binary values", "quarantine", []Message{{Offset: 0, Value: []byte{0, 1, 2, 255, 0}, Headers: []pipeline.Header{
+			{Key: pipeline.HeaderReason, Value: []byte("undecodable")}, {Key: pipeline.HeaderSourceOffset, Value: []byte("12")}}}}},
+		{"windows", "windows", []Message{{Offset: 0, Value: []byte(`{"batch_id":"b","admitted":["a","b"],"filtered":[{"RecordID":"c","GroupID":"g","Filter":"stale"}]}`)}}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			target := Target{Dir: dir, Run: testRun, Topic: testRun + "." + tc.topic, ContractHash: "sha256:00"}
+			for i := range tc.msgs {
+				tc.msgs[i].Partition = 1
+			}
+			path, lin, err := WriteFile(target, 1, tc.msgs, WriteOptions{Mem: mem})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if want := FileName(tc.msgs[0].Offset, tc.msgs[len(tc.msgs)-1].Offset); filepath.Base(path) != want {
+				t.Fatalf("file %s, want %s", path, want)
+			}
+			got, msgs, err := ReadFile(path, ReadOptions{Mem: mem})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got != lin {
+				t.Fatalf("lineage read %+v, written %+v", got, lin)
+			}
+			if len(msgs) != len(tc.msgs) {
+				t.Fatalf("%d messages read, %d written", len(msgs), len(tc.msgs))
+			}
+			for i := range msgs {
+				w, g := tc.msgs[i], msgs[i]
+				if !bytes.Equal(w.Value, g.Value) || !bytes.Equal(w.Key, g.Key) || g.Offset != w.Offset || !g.Time.Equal(w.Time) || len(g.Headers) != len(w.Headers) {
+					t.Fatalf("message %d differs: wrote offset %d key %q %d bytes, read offset %d key %q %d bytes",
+						i, w.Offset, w.Key, len(w.Value), g.Offset, g.Key, len(g.Value))
+				}
+			}
+		})
+	}
+}
+
+func TestCorruptionNamesFile(t *testing.T) {
+	dir := t.TempDir()
+	msgs := trajMessages(t, 4, 0)
+	path, _, err := WriteFile(Target{Dir: dir, Run: testRun, Topic: testRun + ".trajectories"}, 0, msgs, WriteOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	orig, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, at := range []int{0, 4, len(orig) / 3, len(orig) / 2, len(orig) - 100, len(orig) - 9, len(orig) - 1} {
+		b := bytes.Clone(orig)
+		b[at] ^= 0x20
+		if err := os.WriteFile(path, b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		_, _, err := ReadFile(path, ReadOptions{})
+		if err == nil || !errors.Is(err, ErrCorrupt) || !strings.Contains(err.Error(), path) {
+			t.Fatalf("byte %d flipped: err %v, want ErrCorrupt naming %s", at, err, path)
+		}
+	}
+	// Without the sidecar the file's own lineage hashes still catch a
+	// changed value.
+	if err := os.WriteFile(path, orig, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := ReadFile(path, ReadOptions{}); err != nil {
+		t.Fatalf("restored file: %v", err)
+	}
+	if err := os.Remove(path + ChecksumSuffix); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := ReadFile(path, ReadOptions{}); !errors.Is(err, ErrCorrupt) {
+		t.Fatalf("missing sidecar: %v", err)
+	}
+}
+
+func TestListAndContiguity(t *testing.T) {
+	dir := t.TempDir()
+	target := Target{Dir: dir, Run: testRun, Topic: testRun + ".trajectories"}
+	all := trajMessages(t, 9, 0)
+	for _, r := range [][2]int{{0, 3}, {3, 5}, {6, 9}} {
+		if _, _, err := WriteFile(target, 0, all[r[0]:r[1]], WriteOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	files, err := List(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(files) != 3 || files[0].FirstOffset != 0 || files[2].LastOffset != 8 || files[1].Topic != "trajectories" {
+		t.Fatalf("files %+v", files)
+	}
+	gaps := Contiguity(files)
+	if len(gaps) != 1 || gaps[0].After != 4 || gaps[0].Next != 6 {
+		t.Fatalf("gaps %v, want one after 4", gaps)
+	}
+}

@@ -1,0 +1,354 @@
+package parquet
+
+import (
+	"crypto/sha256"
+	"encoding/binary"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"hash"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/trajflow/trajflow/pipeline"
+)
+
+// WriterVersion names this writer in every file's lineage.
+const WriterVersion = "trajflow-snapshot/1"
+
+// Lineage metadata keys of every snapshot file.
+const (
+	MetaLineage       = "trajflow.lineage"        // lineage format version ("1")
+	MetaRun           = "trajflow.run"            // run id
+	MetaTopic         = "trajflow.topic"          // full Kafka topic name
+	MetaTopicShort    = "trajflow.topic_short"    // topic name without the run prefix
+	MetaPartition     = "trajflow.partition"      // Kafka partition
+	MetaFirstOffset   = "trajflow.first_offset"   // first Kafka offset held
+	MetaLastOffset    = "trajflow.last_offset"    // last Kafka offset held
+	MetaMessages      = "trajflow.messages"       // number of messages held (last-first+1)
+	MetaSchemaKind    = "trajflow.schema_kind"    // schemas.Kind, or "json:<name>" / "raw" for control topics
+	MetaSchemaVersion = "trajflow.schema_version" // version of that kind
+	MetaContractHash  = "trajflow.contract_hash"  // hash of the run's learning contract
+	MetaWriter        = "trajflow.writer"         // WriterVersion
+	MetaContentSHA256 = "trajflow.content_sha256" // sha256 over every message (see ContentHash)
+	MetaValuesSHA256  = "trajflow.values_sha256"  // sha256 over the framed message values alone
+	MetaRaw           = "trajflow.raw_messages"   // JSON []Message that did not decode as the topic's kind
+)
+
+// ErrCorrupt wraps every failure to verify a snapshot file: a checksum or
+// lineage mismatch, or bytes that do not decode.
+var ErrCorrupt = errors.New("snapshot: corrupt")
+
+// Message is one Kafka record of a snapshot.
+type Message struct {
+	Partition int               `json:"partition"`
+	Offset    int64             `json:"offset"`
+	Key       []byte            `json:"key"`
+	Headers   []pipeline.Header `json:"headers"`
+	Time      time.Time         `json:"time"`
+	Value     []byte            `json:"value"`
+}
+
+// FromPipeline converts a runtime message.
+func FromPipeline(m pipeline.Message) Message {
+	return Message{Partition: m.Partition, Offset: m.Offset, Key: m.Key, Headers: m.Headers, Time: m.Time, Value: m.Value}
+}
+
+// Lineage is what a snapshot file records about its content.
+type Lineage struct {
+	Run           string
+	Topic         string
+	TopicShort    string
+	Partition     int
+	FirstOffset   int64
+	LastOffset    int64
+	Messages      int64
+	SchemaKind    string
+	SchemaVersion int
+	ContractHash  string
+	Writer        string
+	ContentSHA256 string
+	ValuesSHA256  string
+}
+
+func (l *Lineage) pairs() [][2]string {
+	return [][2]string{
+		{MetaLineage, "1"}, {MetaRun, l.Run}, {MetaTopic, l.Topic}, {MetaTopicShort, l.TopicShort},
+		{MetaPartition, strconv.Itoa(l.Partition)},
+		{MetaFirstOffset, strconv.FormatInt(l.FirstOffset, 10)},
+		{MetaLastOffset, strconv.FormatInt(l.LastOffset, 10)},
+		{MetaMessages, strconv.FormatInt(l.Messages, 10)},
+		{MetaSchemaKind, l.SchemaKind}, {MetaSchemaVersion, strconv.Itoa(l.SchemaVersion)},
+		{MetaContractHash, l.ContractHash}, {MetaWriter, l.Writer},
+		{MetaContentSHA256, l.ContentSHA256}, {MetaValuesSHA256, l.ValuesSHA256},
+	}
+}
+
+// lineageFrom parses the lineage keys; lookup returns a key's value.
+func lineageFrom(lookup func(string) (string, bool)) (Lineage, error) {
+	var l Lineage
+	var errs []error
+	get := func(k string) string {
+		v, ok := lookup(k)
+		if !ok {
+			errs = append(errs, fmt.Errorf("missing metadata key %s", k))
+		}
+		return v
+	}
+	num := func(k string) int64 {
+		s := get(k)
+		n, err := strconv.ParseInt(s, 10, 64)
+		if err != nil && s != "" {
+			errs = append(errs, fmt.Errorf("metadata key %s: %q is not an integer", k, s))
+		}
+		return n
+	}
+	if v := get(MetaLineage); v != "1" && v != "" {
+		errs = append(errs, fmt.Errorf("lineage format %q, want 1", v))
+	}
+	l.Run, l.Topic, l.TopicShort = get(MetaRun), get(MetaTopic), get(MetaTopicShort)
+	l.Partition = int(num(MetaPartition))
+	l.FirstOffset, l.LastOffset, l.Messages = num(MetaFirstOffset), num(MetaLastOffset), num(MetaMessages)
+	l.SchemaKind, l.SchemaVersion = get(MetaSchemaKind), int(num(MetaSchemaVersion))
+	l.ContractHash, l.Writer = get(MetaContractHash), get(MetaWriter)
+	l.ContentSHA256, l.ValuesSHA256 = get(MetaContentSHA256), get(MetaValuesSHA256)
+	if len(errs) == 0 && (l.FirstOffset < 0 || l.LastOffset < l.FirstOffset || l.Messages != l.LastOffset-l.FirstOffset+1) {
+		errs = append(errs, fmt.Errorf("offsets %d-%d do not match %d messages", l.FirstOffset, l.LastOffset, l.Messages))
+	}
+	if len(errs) > 0 {
+		return l, fmt.Errorf("%w: lineage: %w", ErrCorrupt, errors.Join(errs...))
+	}
+	return l, nil
+}
+
+// ContentHash accumulates MetaContentSHA256 and MetaValuesSHA256 over the
+// messages of a file, in offset order. The content hash frames each
+// message as offset, key, headers, time (unix microseconds) and value, each
+// length-prefixed; the values hash frames the values alone.
+type ContentHash struct {
+	content, values hash.Hash
+	buf             [8]byte
+}
+
+// NewContentHash returns an empty ContentHash.
+func NewContentHash() *ContentHash {
+	return &ContentHash{content: sha256.New(), values: sha256.New()}
+}
+
+func (h *ContentHash) bytes(w hash.Hash, b []byte) {
+	binary.BigEndian.PutUint64(h.buf[:], uint64(len(b)))
+	w.Write(h.buf[:])
+	w.Write(b)
+}
+
+func (h *ContentHash) int(v int64) {
+	binary.BigEndian.PutUint64(h.buf[:], uint64(v))
+	h.content.Write(h.buf[:])
+}
+
+// Add hashes one message.
+func (h *ContentHash) Add(m *Message) {
+	h.int(m.Offset)
+	h.bytes(h.content, m.Key)
+	h.int(int64(len(m.Headers)))
+	for _, hd := range m.Headers {
+		h.bytes(h.content, []byte(hd.Key))
+		h.bytes(h.content, hd.Value)
+	}
+	h.int(timeMicros(m.Time))
+	h.bytes(h.content, m.Value)
+	h.bytes(h.values, m.Value)
+}
+
+// Sums returns the hex content and values hashes.
+func (h *ContentHash) Sums() (content, values string) {
+	return hex.EncodeToString(h.content.Sum(nil)), hex.EncodeToString(h.values.Sum(nil))
+}
+
+func timeMicros(t time.Time) int64 {
+	if t.IsZero() {
+		return 0
+	}
+	return t.UnixMicro()
+}
+
+func fromMicros(us int64) time.Time {
+	if us == 0 {
+		return time.Time{}
+	}
+	return time.UnixMicro(us).UTC()
+}
+
+// ShortTopic returns topic without its "<run>." prefix.
+func ShortTopic(run, topic string) string {
+	return strings.TrimPrefix(topic, run+".")
+}
+
+// RunDir is DIR/run=<run>.
+func RunDir(dir, run string) string { return filepath.Join(dir, "run="+run) }
+
+// PartitionDir is the directory of one topic partition's files.
+func PartitionDir(dir, run, topic string, partition int) string {
+	return filepath.Join(RunDir(dir, run), "topic="+ShortTopic(run, topic), "partition="+strconv.Itoa(partition))
+}
+
+// FileName is the name of the file holding offsets first..last.
+func FileName(first, last int64) string {
+	return fmt.Sprintf("%020d-%020d.parquet", first, last)
+}
+
+// ChecksumSuffix is appended to a snapshot file's name for its sidecar.
+const ChecksumSuffix = ".sha256"
+
+// ParseFileName returns the offsets named by a snapshot file name.
+func ParseFileName(name string) (first, last int64, ok bool) {
+	base, found := strings.CutSuffix(filepath.Base(name), ".parquet")
+	if !found {
+		return 0, 0, false
+	}
+	a, b, found := strings.Cut(base, "-")
+	if !found {
+		return 0, 0, false
+	}
+	f, err1 := strconv.ParseInt(a, 10, 64)
+	l, err2 := strconv.ParseInt(b, 10, 64)
+	if err1 != nil || err2 != nil || f < 0 || l < f {
+		return 0, 0, false
+	}
+	return f, l, true
+}
+
+// File is one snapshot file found in a directory.
+type File struct {
+	Path        string
+	Run         string
+	Topic       string // short topic name
+	Partition   int
+	FirstOffset int64
+	LastOffset  int64
+}
+
+// List finds every snapshot file under dir (a snapshot root or a run
+// directory), sorted by run, topic, partition and first offset. Temporary
+// files and sidecars are skipped.
+func List(dir string) ([]File, error) {
+	var out []File
+	err := filepath.WalkDir(dir, func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.IsDir() || !strings.HasSuffix(path, ".parquet") || strings.HasPrefix(d.Name(), ".") {
+			return nil
+		}
+		first, last, ok := ParseFileName(d.Name())
+		if !ok {
+			return nil
+		}
+		f := File{Path: path, FirstOffset: first, LastOffset: last, Partition: -1}
+		for _, part := range strings.Split(filepath.ToSlash(filepath.Dir(path)), "/") {
+			k, v, ok := strings.Cut(part, "=")
+			if !ok {
+				continue
+			}
+			switch k {
+			case "run":
+				f.Run = v
+			case "topic":
+				f.Topic = v
+			case "partition":
+				p, err := strconv.Atoi(v)
+				if err != nil {
+					return fmt.Errorf("snapshot: %s: partition %q", path, v)
+				}
+				f.Partition = p
+			}
+		}
+		if f.Run == "" || f.Topic == "" || f.Partition < 0 {
+			return nil
+		}
+		out = append(out, f)
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("snapshot: list %s: %w", dir, err)
+	}
+	slices.SortFunc(out, func(a, b File) int {
+		if c := strings.Compare(a.Run, b.Run); c != 0 {
+			return c
+		}
+		if c := strings.Compare(a.Topic, b.Topic); c != 0 {
+			return c
+		}
+		if a.Partition != b.Partition {
+			return a.Partition - b.Partition
+		}
+		return int(a.FirstOffset - b.FirstOffset)
+	})
+	return out, nil
+}
+
+// RunInfo is DIR/run=<run>/run.json: what replay needs beyond the
+// contract to rebuild the stages exactly as they ran.
+type RunInfo struct {
+	Run          string `json:"run"`
+	ContractHash string `json:"contract_hash"`
+	VocabSize    int32  `json:"vocab_size"`
+	Writer       string `json:"writer"`
+}
+
+// RunInfoFile and ContractFile are the names of the run-level files.
+const (
+	RunInfoFile  = "run.json"
+	ContractFile = "contract.yaml"
+)
+
+// ReadRunInfo reads DIR/run=<run>/run.json.
+func ReadRunInfo(runDir string) (RunInfo, error) {
+	var ri RunInfo
+	b, err := os.ReadFile(filepath.Join(runDir, RunInfoFile))
+	if err != nil {
+		return ri, fmt.Errorf("snapshot: %w", err)
+	}
+	if err := json.Unmarshal(b, &ri); err != nil {
+		return ri, fmt.Errorf("%w: %s: %w", ErrCorrupt, filepath.Join(runDir, RunInfoFile), err)
+	}
+	return ri, nil
+}
+
+// Gap is a hole (or an overlap, when Missing is negative) between two
+// consecutive files of one partition.
+type Gap struct {
+	Topic     string
+	Partition int
+	After     int64 // last offset of the earlier file
+	Next      int64 // first offset of the later file
+}
+
+func (g Gap) String() string {
+	if g.Next <= g.After {
+		return fmt.Sprintf("%s/%d: offsets %d..%d written twice", g.Topic, g.Partition, g.Next, g.After)
+	}
+	return fmt.Sprintf("%s/%d: offsets %d..%d missing", g.Topic, g.Partition, g.After+1, g.Next-1)
+}
+
+// Contiguity reports every gap or overlap between consecutive files of a
+// partition (files as returned by List, for one run).
+func Contiguity(files []File) []Gap {
+	var gaps []Gap
+	for i := 1; i < len(files); i++ {
+		a, b := files[i-1], files[i]
+		if a.Run != b.Run || a.Topic != b.Topic || a.Partition != b.Partition {
+			continue
+		}
+		if b.FirstOffset != a.LastOffset+1 {
+			gaps = append(gaps, Gap{Topic: a.Topic, Partition: a.Partition, After: a.LastOffset, Next: b.FirstOffset})
+		}
+	}
+	return gaps
+}
