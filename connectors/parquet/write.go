@@ -11,7 +11,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
-	
+
 	"github.com/apache/arrow-go/v18/arrow"
 	"github.com/apache/arrow-go/v18/arrow/array"
 	"github.com/apache/arrow-go/v18/arrow/ipc"
