@@ -1,0 +1,266 @@
+package dispatch
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"reflect"
+	"testing"
+	"time"
+
+	"github.com/trajflow/trajflow/pipeline"
+	"github.com/trajflow/trajflow/schemas"
+)
+
+func tasks(domains ...string) []Task {
+	var out []Task
+	for d, dom := range domains {
+		for i := 0; i < 8; i++ {
+			out = append(out, Task{ID: fmt.Sprintf("%s-%02d", dom, i), Version: "1", Domain: dom, Split: schemas.SplitTrain, EnvVersion: "e", Weight: float64(1 + d)})
+		}
+	}
+	return out
+}
+
+func planner(t *testing.T, cfg PlannerConfig) *Planner {
+	t.Helper()
+	if cfg.RunID == "" {
+		cfg.RunID = "run"
+	}
+	if cfg.Tasks == nil {
+		cfg.Tasks = tasks("a", "b")
+	}
+	if cfg.TasksPerRound == 0 {
+		cfg.TasksPerRound, cfg.GroupsPerRound, cfg.GroupSize = 4, 8, 3
+	}
+	p, err := NewPlanner(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// TestPlan: a round's plan is a pure function of the seed and the round:
+// distinct tasks, groups per task, unique group ids, and quotas hold.
+func TestPlan(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		quotas map[string]float64
+		maxA   int // most groups of domain a per round
+	}{
+		{"no quota", nil, 8},
+		{"quota a 50%", map[string]float64{"a": 0.5}, 4},
+		{"quota a 25%", map[string]float64{"a": 0.25}, 2},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p := planner(t, PlannerConfig{Seed: 7, DomainQuotas: tc.quotas})
+			q := planner(t, PlannerConfig{Seed: 7, DomainQuotas: tc.quotas, Tasks: reversed(tasks("a", "b"))})
+			ids := map[string]bool{}
+			for r := int64(0); r < 20; r++ {
+				g := p.Plan(r)
+				if !reflect.DeepEqual(g, q.Plan(r)) {
+					t.Fatalf("round %d: plan depends on task order", r)
+				}
+				if len(g) != 8 {
+					t.Fatalf("round %d: %d groups", r, len(g))
+				}
+				per := map[string]int{}
+				a := 0
+				for i, x := range g {
+					if ids[x.GroupID] || x.Index != r*8+int64(i) {
+						t.Fatalf("round %d: group %d id %s index %d", r, i, x.GroupID, x.Index)
+					}
+					ids[x.GroupID] = true
+					per[x.Task.ID]++
+					if x.Task.Domain == "a" {
+						a++
+					}
+				}
+				if len(per) != 4 || a > tc.maxA {
+					t.Fatalf("round %d: tasks %v, %d groups of domain a", r, per, a)
+				}
+			}
+			if reflect.DeepEqual(p.Plan(0), planner(t, PlannerConfig{Seed: 8, DomainQuotas: tc.quotas}).Plan(0)) {
+				t.Fatal("the seed does not change the plan")
+			}
+		})
+	}
+}
+
+func reversed(ts []Task) []Task {
+	for i, j := 0, len(ts)-1; i < j; i, j = i+1, j-1 {
+		ts[i], ts[j] = ts[j], ts[i]
+	}
+	return ts
+}
+
+// TestPlannerRefuses: hidden-eval tasks are refused by the denylist (or
+// their split) before anything is dispatched; impossible quotas fail.
+func TestPlannerRefuses(t *testing.T) {
+	eval := append(tasks("a"), Task{ID: "kv-eval-00001", Split: schemas.SplitTrain, Domain: "a"})
+	evalSplit := append(tasks("a"), Task{ID: "x", Split: schemas.SplitEval, Domain: "a"})
+	deny := func(id string) bool { return id == "kv-eval-00001" }
+	for _, tc := range []struct {
+		name string
+		cfg  PlannerConfig
+		want error
+	}{
+		{"denylisted id", PlannerConfig{RunID: "r", Tasks: eval, Denylist: deny, TasksPerRound: 1, GroupsPerRound: 1, GroupSize: 1}, ErrDenied},
+		{"eval split", PlannerConfig{RunID: "r", Tasks: evalSplit, TasksPerRound: 1, GroupsPerRound: 1, GroupSize: 1}, ErrDenied},
+		{"quota too tight", PlannerConfig{RunID: "r", Tasks: tasks("a"), TasksPerRound: 4, GroupsPerRound: 4, GroupSize: 1, DomainQuotas: map[string]float64{"a": 0.5}}, ErrConfig},
+		{"groups not a multiple", PlannerConfig{RunID: "r", Tasks: tasks("a"), TasksPerRound: 3, GroupsPerRound: 4, GroupSize: 1}, ErrConfig},
+		{"too few tasks", PlannerConfig{RunID: "r", Tasks: tasks("a"), TasksPerRound: 9, GroupsPerRound: 9, GroupSize: 1}, ErrConfig},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if _, err := NewPlanner(tc.cfg); !errors.Is(err, tc.want) {
+				t.Fatalf("err %v, want %v", err, tc.want)
+			}
+		})
+	}
+}
+
+// TestAttemptsDeterministic: ids and seeds depend only on the plan, not on
+// the policy version or the time.
+func TestAttemptsDeterministic(t *testing.T) {
+	p := planner(t, PlannerConfig{Seed: 3})
+	g := p.Plan(5)[2]
+	a, b := p.Attempts(g, 0, 1), p.Attempts(g, 4, 2)
+	for i := range a {
+		if a[i].AttemptID != b[i].AttemptID || a[i].Seed != b[i].Seed || a[i].Member != int32(i) || a[i].GroupID != g.GroupID {
+			t.Fatalf("member %d: %+v vs %+v", i, a[i], b[i])
+		}
+	}
+	if b[0].PolicyVersion != 4 || a[0].GroupSize != 3 {
+		t.Fatalf("attempt %+v", b[0])
+	}
+}
+
+type harness struct {
+	t      *testing.T
+	s      *Stage
+	topics pipeline.Topics
+	off    int64
+}
+
+func newHarness(t *testing.T, mode string, maxLag, rounds int64) *harness {
+	topics, _ := pipeline.TopicsFor("run")
+	s, err := NewStage(StageConfig{Planner: planner(t, PlannerConfig{Seed: 1}), Topics: topics, RunID: "run", Mode: mode, MaxLag: maxLag, Rounds: rounds})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &harness{t: t, s: s, topics: topics}
+}
+
+// feed processes one record and returns the rounds of the tasks emitted.
+func (h *harness) feed(topic string, v []byte) []int64 {
+	h.t.Helper()
+	h.off++
+	res, err := h.s.Process(context.Background(), pipeline.Message{Ref: pipeline.Ref{Topic: topic, Offset: h.off}, Value: v, Time: time.Unix(h.off, 0)})
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	var rounds []int64
+	seen := map[int64]bool{}
+	for _, o := range res.Outputs {
+		if o.Topic != h.topics.Tasks {
+			continue
+		}
+		atts, err := schemas.TaskAttempts.Decode(nil, o.Value)
+		if err != nil || len(atts) != 3 || string(o.Key) != atts[0].GroupID {
+			h.t.Fatalf("tasks message: %v %d", err, len(atts))
+		}
+		var r int64
+		fmt.Sscan(string((&pipeline.Message{Headers: o.Headers}).Header(HeaderRound)), &r)
+		if !seen[r] {
+			rounds = append(rounds, r)
+			seen[r] = true
+		}
+	}
+	return rounds
+}
+
+func (h *harness) release(v int64) []int64 {
+	b, _ := schemas.EncodeRelease(schemas.PolicyRelease{PolicyVersion: v, Ready: true})
+	return h.feed(h.topics.Policy, b)
+}
+
+// window reports groups of round r decided; batch says whether they made
+// a batch at trainer version v.
+func (h *harness) window(r int64, from, to int, batch bool, v int64) []int64 {
+	var groups []string
+	for _, g := range h.s.cfg.Planner.Plan(r)[from:to] {
+		groups = append(groups, g.GroupID)
+	}
+	rec := map[string]any{"groups": groups, "trainer_version": v, "batch_id": ""}
+	if batch {
+		rec["batch_id"] = "b"
+	}
+	b, _ := json.Marshal(rec)
+	return h.feed(h.topics.Windows, b)
+}
+
+// TestStageSync: round r+1 waits for every group of round r to be decided
+// and, when they made a batch, for the next release; a round without a
+// batch does not wait for a release (no deadlock).
+func TestStageSync(t *testing.T) {
+	h := newHarness(t, ModeSync, 0, 4)
+	steps := []struct {
+		name string
+		do   func() []int64
+		want []int64
+	}{
+		{"initial policy", func() []int64 { return h.release(0) }, []int64{0}},
+		{"half of round 0 decided", func() []int64 { return h.window(0, 0, 4, true, 0) }, nil},
+		{"rest of round 0 decided", func() []int64 { return h.window(0, 4, 8, true, 0) }, nil},
+		{"stale release", func() []int64 { return h.release(0) }, nil},
+		{"round 0 trained", func() []int64 { return h.release(1) }, []int64{1}},
+		{"round 1 all filtered", func() []int64 { return h.window(1, 0, 8, false, 1) }, []int64{2}},
+		{"window replayed", func() []int64 { return h.window(1, 0, 8, false, 1) }, nil},
+		{"round 2 decided", func() []int64 { return h.window(2, 0, 8, true, 1) }, nil},
+		{"round 2 trained", func() []int64 { return h.release(2) }, []int64{3}},
+		{"round 3 done, no round 4", func() []int64 { h.window(3, 0, 8, true, 2); return h.release(3) }, nil},
+	}
+	for _, st := range steps {
+		if got := st.do(); !reflect.DeepEqual(got, st.want) {
+			t.Fatalf("%s: dispatched rounds %v, want %v", st.name, got, st.want)
+		}
+	}
+	if !h.s.Done() {
+		t.Fatal("not done after the last round")
+	}
+}
+
+// TestStageAsync: up to MaxLag+1 rounds are in flight; releases are not
+// waited for.
+func TestStageAsync(t *testing.T) {
+	h := newHarness(t, ModeAsync, 1, 0)
+	if got := h.release(0); !reflect.DeepEqual(got, []int64{0, 1}) {
+		t.Fatalf("initial: %v", got)
+	}
+	if got := h.window(0, 0, 8, true, 0); !reflect.DeepEqual(got, []int64{2}) {
+		t.Fatalf("round 0 decided: %v", got)
+	}
+	if got := h.window(2, 0, 8, true, 0); got != nil {
+		t.Fatalf("round 2 decided before round 1: %v", got)
+	}
+	if got := h.window(1, 0, 8, true, 1); !reflect.DeepEqual(got, []int64{3, 4}) {
+		t.Fatalf("round 1 decided: %v", got)
+	}
+}
+
+// FuzzProcess: any bytes on the policy or windows topic give a refusal or
+// nothing, never a panic.
+func FuzzProcess(f *testing.F) {
+	f.Add([]byte(`{"groups":["x"],"batch_id":"b","trainer_version":3}`), false)
+	b, _ := schemas.EncodeRelease(schemas.PolicyRelease{PolicyVersion: 2, Ready: true})
+	f.Add(b, true)
+	f.Fuzz(func(t *testing.T, v []byte, policy bool) {
+		h := newHarness(&testing.T{}, ModeSync, 0, 2)
+		topic := h.topics.Windows
+		if policy {
+			topic = h.topics.Policy
+		}
+		_, _ = h.s.Process(context.Background(), pipeline.Message{Ref: pipeline.Ref{Topic: topic}, Value: v})
+	})
+}

@@ -1,0 +1,300 @@
+package dispatch
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/trajflow/trajflow/operators/stagekit"
+	"github.com/trajflow/trajflow/pipeline"
+	"github.com/trajflow/trajflow/schemas"
+)
+
+// Modes of pacing (contract dispatch.mode).
+const (
+	ModeSync  = "sync"  // stop and synchronize (pipeline §15)
+	ModeAsync = "async" // up to MaxLag+1 rounds in flight
+)
+
+// HeaderRound is the header of a tasks message naming its round.
+const HeaderRound = "trajflow-round"
+
+// StageConfig configures the dispatch operator.
+type StageConfig struct {
+	Planner *Planner
+	Topics  pipeline.Topics
+	RunID   string
+	// Mode is ModeSync or ModeAsync. In sync mode round r+1 is dispatched
+	// once every group of round r was decided by pack (it appears in a
+	// window record) and, if those windows made batches, the trainer has
+	// released the policy that trained on them. In async mode a round is
+	// dispatched as soon as at most MaxLag earlier rounds are incomplete.
+	Mode   string
+	MaxLag int64
+	// Rounds is how many rounds to dispatch (0: until stopped).
+	Rounds int64
+	// RebuildScan bounds how many records per partition Start reads back
+	// from the tasks, windows and policy topics (0: all).
+	RebuildScan int64
+}
+
+// round is the progress of one dispatched round.
+type round struct {
+	pending map[string]bool // groups not yet decided by pack
+	need    int64           // policy version the round waits for (sync)
+	emitted map[string]bool // groups seen on the tasks topic (rebuild)
+}
+
+// Stage is the dispatch operator. It consumes the policy topic (releases:
+// the behavior version to attach, and in sync mode the signal that a round
+// was trained) and the windows topic (pack's decisions: which groups are
+// done). Its outputs are the tasks messages (one per group, keyed by group
+// id, Arrow TaskAttempt rows) and a "dispatched" census event per attempt.
+//
+// State (next round, which groups are outstanding) is rebuilt at Start
+// from the tasks topic (rounds already dispatched, from the HeaderRound
+// header) and the windows and policy topics, so a restarted dispatcher
+// neither repeats nor skips a round; groups of the last round missing from
+// the tasks topic (a crash between outputs) are emitted again, identical.
+type Stage struct {
+	cfg    StageConfig
+	policy int64 // latest ready release, -1 before the first
+	next   int64
+	rounds map[int64]*round
+	group  map[string]int64 // outstanding group id -> round
+	redo   []Group          // groups to emit again after a rebuild
+}
+
+// NewStage returns the stage.
+func NewStage(cfg StageConfig) (*Stage, error) {
+	if cfg.Planner == nil {
+		return nil, fmt.Errorf("%w: no planner", ErrConfig)
+	}
+	if cfg.Mode == "" {
+		cfg.Mode = ModeSync
+	}
+	if cfg.Mode != ModeSync && cfg.Mode != ModeAsync {
+		return nil, fmt.Errorf("%w: mode %q", ErrConfig, cfg.Mode)
+	}
+	if cfg.MaxLag < 0 || cfg.Rounds < 0 {
+		return nil, fmt.Errorf("%w: max lag %d, rounds %d", ErrConfig, cfg.MaxLag, cfg.Rounds)
+	}
+	return &Stage{cfg: cfg, policy: -1, rounds: map[int64]*round{}, group: map[string]int64{}}, nil
+}
+
+// Name implements pipeline.Stage.
+func (*Stage) Name() string { return "dispatch" }
+
+// Topics implements pipeline.Stage.
+func (s *Stage) Topics() []string { return []string{s.cfg.Topics.Policy, s.cfg.Topics.Windows} }
+
+// Next is the next round to dispatch.
+func (s *Stage) Next() int64 { return s.next }
+
+// Start rebuilds the state from the topics.
+func (s *Stage) Start(ctx context.Context, env *pipeline.Env) error {
+	err := pipeline.ScanTail(ctx, env.Config, s.cfg.Topics.Tasks, s.cfg.RebuildScan, func(m pipeline.Message) error {
+		r, err := strconv.ParseInt(string(m.Header(HeaderRound)), 10, 64)
+		if err != nil {
+			return nil // not ours
+		}
+		s.open(r)
+		if rd := s.rounds[r]; rd != nil {
+			rd.emitted[string(m.Key)] = true
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("dispatch: rebuild from tasks: %w", err)
+	}
+	// The last dispatched round may be partial.
+	if last := s.next - 1; last >= 0 {
+		if rd := s.rounds[last]; rd != nil {
+			for _, g := range s.cfg.Planner.Plan(last) {
+				if !rd.emitted[g.GroupID] {
+					s.redo = append(s.redo, g)
+				}
+			}
+		}
+	}
+	for _, rd := range s.rounds {
+		rd.emitted = nil
+	}
+	err = pipeline.ScanTail(ctx, env.Config, s.cfg.Topics.Windows, s.cfg.RebuildScan, func(m pipeline.Message) error {
+		s.window(m.Value)
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("dispatch: rebuild from windows: %w", err)
+	}
+	err = pipeline.ScanTail(ctx, env.Config, s.cfg.Topics.Policy, s.cfg.RebuildScan, func(m pipeline.Message) error {
+		if rel, err := schemas.DecodeRelease(m.Value); err == nil && rel.Ready && rel.PolicyVersion > s.policy {
+			s.policy = rel.PolicyVersion
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("dispatch: rebuild from policy: %w", err)
+	}
+	env.Logger.Info("dispatch state restored", "next_round", s.next, "outstanding_rounds", len(s.rounds),
+		"policy_version", s.policy, "groups_to_emit_again", len(s.redo))
+	return nil
+}
+
+// open marks round r dispatched (its groups outstanding).
+func (s *Stage) open(r int64) {
+	if r < s.next {
+		return
+	}
+	for ; s.next <= r; s.next++ {
+		rd := &round{pending: map[string]bool{}, need: -1, emitted: map[string]bool{}}
+		for _, g := range s.cfg.Planner.Plan(s.next) {
+			rd.pending[g.GroupID] = true
+			s.group[g.GroupID] = s.next
+		}
+		s.rounds[s.next] = rd
+	}
+}
+
+// window applies a pack window record (idempotent).
+func (s *Stage) window(b []byte) {
+	var w struct {
+		BatchID        string   `json:"batch_id"`
+		TrainerVersion int64    `json:"trainer_version"`
+		Groups         []string `json:"groups"`
+	}
+	if json.Unmarshal(b, &w) != nil {
+		return
+	}
+	for _, g := range w.Groups {
+		r, ok := s.group[g]
+		if !ok {
+			continue
+		}
+		rd := s.rounds[r]
+		delete(rd.pending, g)
+		delete(s.group, g)
+		if w.BatchID != "" && w.TrainerVersion+1 > rd.need {
+			rd.need = w.TrainerVersion + 1
+		}
+	}
+}
+
+// complete reports whether round r is done: every group decided, and in
+// sync mode the batches they made trained and released.
+func (s *Stage) complete(r int64) bool {
+	rd, ok := s.rounds[r]
+	if !ok {
+		return true
+	}
+	if s.cfg.Mode == ModeAsync {
+		return len(rd.pending) == 0
+	}
+	return len(rd.pending) == 0 && s.policy >= rd.need
+}
+
+// gc forgets completed rounds.
+func (s *Stage) gc() {
+	for r := range s.rounds {
+		if s.complete(r) {
+			delete(s.rounds, r)
+		}
+	}
+}
+
+// Done reports whether every round was dispatched and completed (only
+// with a finite Rounds).
+func (s *Stage) Done() bool {
+	return s.cfg.Rounds > 0 && s.next >= s.cfg.Rounds && len(s.rounds) == 0
+}
+
+// ready reports whether the next round may be dispatched now.
+func (s *Stage) ready() bool {
+	if s.policy < 0 || (s.cfg.Rounds > 0 && s.next >= s.cfg.Rounds) {
+		return false
+	}
+	lag := int64(0)
+	if s.cfg.Mode == ModeAsync {
+		lag = s.cfg.MaxLag
+	}
+	for r := range s.rounds {
+		if r < s.next-lag && !s.complete(r) {
+			return false
+		}
+	}
+	return true
+}
+
+// Process implements pipeline.Stage.
+func (s *Stage) Process(_ context.Context, m pipeline.Message) (pipeline.Result, error) {
+	switch m.Topic {
+	case s.cfg.Topics.Policy:
+		rel, err := schemas.DecodeRelease(m.Value)
+		if err != nil {
+			return pipeline.Result{}, stagekit.DecodeRefusal(err)
+		}
+		if rel.Ready && rel.PolicyVersion > s.policy {
+			s.policy = rel.PolicyVersion
+		}
+	case s.cfg.Topics.Windows:
+		s.window(m.Value)
+	}
+	return s.dispatch(m.Time)
+}
+
+// Tick emits groups left to emit again after a rebuild and any round that
+// became ready.
+func (s *Stage) Tick(_ context.Context, now time.Time) (pipeline.Result, error) {
+	return s.dispatch(now)
+}
+
+// dispatch emits every round that is ready. at stamps DispatchedAt (the
+// time of the record that triggered the round, so a redelivered trigger
+// reproduces the attempts exactly).
+func (s *Stage) dispatch(at time.Time) (pipeline.Result, error) {
+	var res pipeline.Result
+	if s.policy >= 0 && len(s.redo) > 0 {
+		for _, g := range s.redo {
+			if err := s.emit(&res, g, at); err != nil {
+				return pipeline.Result{}, err
+			}
+		}
+		s.redo = nil
+	}
+	s.gc()
+	for s.ready() {
+		r := s.next
+		s.open(r)
+		for _, g := range s.cfg.Planner.Plan(r) {
+			if err := s.emit(&res, g, at); err != nil {
+				return pipeline.Result{}, err
+			}
+		}
+		s.rounds[r].emitted = nil
+	}
+	return res, nil
+}
+
+func (s *Stage) emit(res *pipeline.Result, g Group, at time.Time) error {
+	atts := s.cfg.Planner.Attempts(g, s.policy, at.UnixMicro())
+	out, err := stagekit.Encode(schemas.TaskAttempts, s.cfg.Topics.Tasks, g.GroupID, g.GroupID, atts)
+	if err != nil {
+		return fmt.Errorf("dispatch: round %d: %w", g.Round, err)
+	}
+	out.Headers = append(out.Headers, pipeline.Header{Key: HeaderRound, Value: []byte(strconv.FormatInt(g.Round, 10))})
+	res.Outputs = append(res.Outputs, out)
+	for _, a := range atts {
+		ev, err := stagekit.Census(s.cfg.Topics.Census, schemas.CensusEvent{
+			RunID: a.RunID, AttemptID: a.AttemptID, TaskID: a.TaskID, GroupID: a.GroupID,
+			Kind: schemas.CensusDispatched, Stage: "dispatch", Update: g.Round,
+			PolicyVersion: a.PolicyVersion, At: a.DispatchedAt,
+		})
+		if err != nil {
+			return err
+		}
+		res.Outputs = append(res.Outputs, ev)
+	}
+	return nil
+}
