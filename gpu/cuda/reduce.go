@@ -156,3 +156,25 @@ func (x LSE) LogZ() float64 { return x.M + math.Log(x.S) }
 
 // Entropy is -Σ p log p of softmax(x).
 func (x LSE) Entropy() float64 { return math.Log(x.S) - x.A/x.S }
+
+// StatsClose returns an error naming the first statistic of got that
+// differs from want by more than rel·max(|want|, 1e-3) (relative, with an
+// absolute floor for values near 0). It is the comparison of the device step with the CPU
+// reference (gpu/README.md, "Tolerances").
+func StatsClose(got, want objective.Stats, rel float64) error {
+	for _, f := range []struct {
+		name string
+		g, w float64
+	}{
+		{"loss", got.Loss, want.Loss}, {"policy_loss", got.PolicyLoss, want.PolicyLoss},
+		{"kl", got.KL, want.KL}, {"entropy", got.Entropy, want.Entropy},
+		{"approx_kl_old", got.ApproxKLOld, want.ApproxKLOld}, {"ratio_mean", got.RatioMean, want.RatioMean},
+		{"ratio_min", got.RatioMin, want.RatioMin}, {"ratio_max", got.RatioMax, want.RatioMax},
+		{"clip_frac_pos", got.ClipFracPos, want.ClipFracPos}, {"clip_frac_neg", got.ClipFracNeg, want.ClipFracNeg},
+	} {
+		if d := math.Abs(f.g - f.w); !(d <= rel*math.Max(math.Abs(f.w), 1e-3)) {
+			return fmt.Errorf("%s: got %.9g, want %.9g (|diff| %.3g)", f.name, f.g, f.w, d)
+		}
+	}
+	return nil
+}
