@@ -1,0 +1,306 @@
+package rollout
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/segmentio/kafka-go"
+
+	"github.com/trajflow/trajflow/gpu/model"
+	"github.com/trajflow/trajflow/operators/stagekit"
+	"github.com/trajflow/trajflow/pipeline"
+	"github.com/trajflow/trajflow/schemas"
+)
+
+// Loader loads the policy of a release into a new snapshot, verifying the
+// checkpoint hash (gpu.LoadRelease).
+type Loader func(rel schemas.PolicyRelease) (*model.Policy, error)
+
+// StageConfig configures the rollout operator.
+type StageConfig struct {
+	Registry *Registry
+	Settings model.Settings // DefaultSettings(Registry) for the demo
+	Limits   Limits
+	Topics   pipeline.Topics
+	RunID    string
+	Load     Loader
+	// Retries is how often a group whose episodes failed for a reason of
+	// the infrastructure (policy server error, timeout) is run again, with
+	// attempt numbers 1, 2, ...; the failures are census events with Infra
+	// set, never task failures. After the last retry the input goes to
+	// quarantine ("infra_exhausted").
+	Retries int
+	// GroupTimeout bounds one run of a group's episodes (0: none); a run
+	// that exceeds it is an infrastructure timeout ("timed_out").
+	GroupTimeout time.Duration
+	// PolicyWait bounds how long Process waits for the policy version an
+	// attempt asks for (0: until the operator stops).
+	PolicyWait time.Duration
+	Now        func() time.Time
+}
+
+// Stage is the rollout operator: it consumes the tasks topic (one message
+// per group), runs each group's episodes batched on the policy version the
+// attempts ask for, and emits one trajectories message per group (keyed by
+// group id) with census started/completed events.
+//
+// Policy versions (systems §8): a watcher goroutine, owned by the stage
+// (started by Start, stopped by Close), tails the policy topic and loads
+// every newer release into a shadow slot (Load verifies the checkpoint
+// hash; a release that fails to load is logged and skipped, the current
+// version keeps serving), then switches new requests to it atomically. A
+// group in flight keeps the snapshot it started with, so every token keeps
+// the version that sampled it. Process waits until a version at least as
+// new as the attempts' PolicyVersion is loaded; in stop-and-synchronize
+// mode that is exactly the attempts' version.
+type Stage struct {
+	cfg StageConfig
+
+	mu      sync.Mutex
+	current *model.Policy
+	changed chan struct{} // closed and replaced on every switch
+
+	stop func()
+	done chan struct{}
+}
+
+// NewStage validates cfg and returns the stage.
+func NewStage(cfg StageConfig) (*Stage, error) {
+	if cfg.Registry == nil || cfg.Load == nil {
+		return nil, errors.New("rollout: stage needs a registry and a loader")
+	}
+	if err := cfg.Settings.Validate(); err != nil {
+		return nil, fmt.Errorf("rollout: stage: %w", err)
+	}
+	if cfg.Limits.MaxTurns <= 0 || cfg.Limits.MaxEpisodeTokens <= 0 || cfg.Retries < 0 {
+		return nil, fmt.Errorf("rollout: stage: limits %+v, retries %d", cfg.Limits, cfg.Retries)
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	return &Stage{cfg: cfg, changed: make(chan struct{})}, nil
+}
+
+// Name implements pipeline.Stage.
+func (*Stage) Name() string { return "rollout" }
+
+// Topics implements pipeline.Stage.
+func (s *Stage) Topics() []string { return []string{s.cfg.Topics.Tasks} }
+
+// Start starts the policy watcher.
+func (s *Stage) Start(_ context.Context, env *pipeline.Env) error {
+	ctx, cancel := context.WithCancel(context.Background())
+	s.stop = cancel
+	s.done = make(chan struct{})
+	cfg := env.Config
+	log := env.Logger
+	go func() {
+		defer close(s.done)
+		s.watch(ctx, cfg, log)
+	}()
+	return nil
+}
+
+// Close stops the policy watcher.
+func (s *Stage) Close() error {
+	if s.stop != nil {
+		s.stop()
+		<-s.done
+		s.stop = nil
+	}
+	return nil
+}
+
+// watch tails the policy topic until ctx ends.
+func (s *Stage) watch(ctx context.Context, cfg *pipeline.Config, log *slog.Logger) {
+	for ctx.Err() == nil {
+		r := kafka.NewReader(kafka.ReaderConfig{
+			Brokers: cfg.Brokers, Topic: s.cfg.Topics.Policy, Partition: 0, Dialer: cfg.Dialer,
+			MinBytes: 1, MaxBytes: 16 << 20, MaxWait: 100 * time.Millisecond,
+		})
+		err := r.SetOffset(kafka.FirstOffset)
+		for err == nil {
+			var m kafka.Message
+			if m, err = r.FetchMessage(ctx); err != nil {
+				break
+			}
+			rel, derr := schemas.DecodeRelease(m.Value)
+			if derr != nil || !rel.Ready {
+				log.Warn("policy topic: record skipped", "offset", m.Offset, "err", derr)
+				continue
+			}
+			s.offer(rel, log)
+		}
+		r.Close()
+		if ctx.Err() == nil {
+			log.Warn("policy watcher restarting", "err", err)
+			select {
+			case <-ctx.Done():
+			case <-time.After(200 * time.Millisecond):
+			}
+		}
+	}
+}
+
+// offer loads rel into the shadow slot and switches to it if it is newer
+// than the current version.
+func (s *Stage) offer(rel schemas.PolicyRelease, log *slog.Logger) {
+	if cur := s.Policy(); cur != nil && cur.Version() >= rel.PolicyVersion {
+		return
+	}
+	p, err := s.cfg.Load(rel)
+	if err != nil {
+		log.Error("policy release not loaded; keeping the current version", "version", rel.PolicyVersion, "err", err)
+		return
+	}
+	s.Switch(p)
+	log.Info("policy switched", "version", p.Version())
+}
+
+// Switch makes p the policy of new requests if it is newer than the
+// current one (requests in flight keep theirs).
+func (s *Stage) Switch(p *model.Policy) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.current != nil && s.current.Version() >= p.Version() {
+		return
+	}
+	s.current = p
+	close(s.changed)
+	s.changed = make(chan struct{})
+}
+
+// Policy returns the current policy snapshot (nil before the first).
+func (s *Stage) Policy() *model.Policy {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.current
+}
+
+// await returns a snapshot of version >= v.
+func (s *Stage) await(ctx context.Context, v int64) (*model.Policy, error) {
+	if s.cfg.PolicyWait > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, s.cfg.PolicyWait)
+		defer cancel()
+	}
+	for {
+		s.mu.Lock()
+		cur, ch := s.current, s.changed
+		s.mu.Unlock()
+		if cur != nil && cur.Version() >= v {
+			return cur, nil
+		}
+		select {
+		case <-ctx.Done():
+			return nil, fmt.Errorf("rollout: waiting for policy version %d: %w", v, ctx.Err())
+		case <-ch:
+		}
+	}
+}
+
+// Process implements pipeline.Stage.
+func (s *Stage) Process(ctx context.Context, m pipeline.Message) (pipeline.Result, error) {
+	atts, err := stagekit.Decode(schemas.TaskAttempts, m)
+	if err != nil {
+		return pipeline.Result{}, err
+	}
+	now := s.cfg.Now()
+	want := int64(0)
+	for _, a := range atts {
+		if a.Split == schemas.SplitEval || s.cfg.Registry.IsEval(a.TaskID) {
+			// Pipeline §6: hidden-eval tasks never enter the training
+			// stream; a dispatcher that sent one is an incident.
+			inc, ierr := stagekit.IncidentOutput(s.cfg.Topics.Incidents, stagekit.Incident{
+				RunID: a.RunID, AttemptID: a.AttemptID, TaskID: a.TaskID, Stage: s.Name(),
+				Reason: "eval_task_id", Detail: "hidden-eval task on the tasks topic", Source: m.Ref.String(), At: now.UnixMicro(),
+			})
+			if ierr != nil {
+				return pipeline.Result{}, ierr
+			}
+			r := pipeline.Refuse("eval_task_id", "attempt %s of hidden-eval task %s", a.AttemptID, a.TaskID)
+			r.Also = []pipeline.Output{inc}
+			return pipeline.Result{}, r
+		}
+		want = max(want, a.PolicyVersion)
+	}
+	pol, err := s.await(ctx, want)
+	if err != nil {
+		return pipeline.Result{}, err // the operator stops; the group is redelivered
+	}
+	var res pipeline.Result
+	census := func(a schemas.TaskAttempt, kind, reason string, infra bool, tokens, lat int64, at time.Time) error {
+		ev, err := stagekit.Census(s.cfg.Topics.Census, schemas.CensusEvent{
+			RunID: a.RunID, AttemptID: a.AttemptID, TaskID: a.TaskID, GroupID: a.GroupID, Kind: kind,
+			Stage: s.Name(), Reason: reason, Infra: infra, PolicyVersion: pol.Version(), Tokens: tokens,
+			LatencyUS: lat, At: at.UnixMicro(),
+		})
+		if err == nil {
+			res.Outputs = append(res.Outputs, ev)
+		}
+		return err
+	}
+	for try := 0; ; try++ {
+		run := make([]schemas.TaskAttempt, len(atts))
+		for i, a := range atts {
+			if try > 0 {
+				a.Attempt = int32(try)
+				a.AttemptID = schemas.AttemptID(a.RunID, a.TaskID, a.GroupID, a.Member, a.Attempt)
+				a.Seed = int64(schemas.SeedFor(s.cfg.Limits.ContractSeed, a.AttemptID, "env"))
+			}
+			run[i] = a
+		}
+		start := s.cfg.Now()
+		for _, a := range run {
+			if err := census(a, schemas.CensusStarted, "", false, 0, 0, start); err != nil {
+				return pipeline.Result{}, err
+			}
+		}
+		rctx, cancel := ctx, context.CancelFunc(func() {})
+		if s.cfg.GroupTimeout > 0 {
+			rctx, cancel = context.WithTimeout(ctx, s.cfg.GroupTimeout)
+		}
+		trajs, err := s.cfg.Registry.RunEpisodes(rctx, pol, run, s.cfg.Settings, s.cfg.Limits)
+		cancel()
+		end := s.cfg.Now()
+		if err == nil {
+			out, err := stagekit.Encode(schemas.Trajectories, s.cfg.Topics.Trajectories, run[0].GroupID,
+				stagekit.MessageID(s.Name(), run[0].GroupID), trajs)
+			if err != nil {
+				return pipeline.Result{}, err
+			}
+			res.Outputs = append(res.Outputs, out)
+			for i, a := range run {
+				n := int64(0)
+				for _, t := range trajs[i].Turns {
+					n += int64(len(t.PromptIDs) + len(t.ActionIDs) + len(t.ObservationIDs))
+				}
+				if err := census(a, schemas.CensusCompleted, trajs[i].EndReason, false, n, end.Sub(start).Microseconds(), end); err != nil {
+					return pipeline.Result{}, err
+				}
+			}
+			return res, nil
+		}
+		if ctx.Err() != nil {
+			return pipeline.Result{}, ctx.Err() // stopping: redelivered later
+		}
+		kind, reason := schemas.CensusFailed, "infra_error"
+		if errors.Is(err, context.DeadlineExceeded) {
+			kind, reason = schemas.CensusTimedOut, "timed_out"
+		}
+		for _, a := range run {
+			if cerr := census(a, kind, reason, true, 0, end.Sub(start).Microseconds(), end); cerr != nil {
+				return pipeline.Result{}, cerr
+			}
+		}
+		if try >= s.cfg.Retries {
+			r := pipeline.Refuse("infra_exhausted", "group %s: %d tries: %v", run[0].GroupID, try+1, err)
+			r.Also = res.Outputs
+			return pipeline.Result{}, r
+		}
+	}
+}
