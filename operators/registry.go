@@ -31,6 +31,12 @@ type Deps struct {
 	// the advantage and pack stages (0 = off).
 	PartialGroupTimeout time.Duration
 	WindowMaxWait       time.Duration
+	// SnapshotDir is where the snapshot stage writes its Parquet files;
+	// SnapshotRollBytes and SnapshotRollInterval close a file by size or
+	// age (0: the stage's defaults).
+	SnapshotDir          string
+	SnapshotRollBytes    int64
+	SnapshotRollInterval time.Duration
 }
 
 // Factory builds a stage.

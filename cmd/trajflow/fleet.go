@@ -128,6 +128,9 @@ type operatorFlags struct {
 	level    *string
 	partial  *time.Duration
 	maxWait  *time.Duration
+	snapshot *string
+	snapRoll *int64
+	snapAge  *time.Duration
 }
 
 func addOperatorFlags(fs *flag.FlagSet) operatorFlags {
@@ -140,6 +143,9 @@ func addOperatorFlags(fs *flag.FlagSet) operatorFlags {
 		level:    fs.String("log-level", "info", "log level"),
 		partial:  fs.Duration("partial-group-timeout", 0, "close incomplete groups after this long (advantage; 0: wait)"),
 		maxWait:  fs.Duration("window-max-wait", 0, "close a non-full pack window after this long (pack; 0: wait)"),
+		snapshot: fs.String("snapshot-dir", "", "directory of the Parquet snapshots (snapshot)"),
+		snapRoll: fs.Int64("snapshot-roll-bytes", 0, "close a snapshot file at this many bytes (snapshot; 0: 64 MiB)"),
+		snapAge:  fs.Duration("snapshot-roll-interval", 0, "close a snapshot file this long after its first message (snapshot; 0: 30s)"),
 	}
 }
 
@@ -219,6 +225,7 @@ func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		return err
 	}
 	deps.PartialGroupTimeout, deps.WindowMaxWait = *of.partial, *of.maxWait
+	deps.SnapshotDir, deps.SnapshotRollBytes, deps.SnapshotRollInterval = *of.snapshot, *of.snapRoll, *of.snapAge
 	stage, err := operators.New(name, deps)
 	if err != nil {
 		return err

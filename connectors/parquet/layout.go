@@ -31,7 +31,7 @@ const (
 	MetaPartition     = "trajflow.partition"      // Kafka partition
 	MetaFirstOffset   = "trajflow.first_offset"   // first Kafka offset held
 	MetaLastOffset    = "trajflow.last_offset"    // last Kafka offset held
-	MetaMessages      = "trajflow.messages"       // number of messages held (last-first+1)
+	MetaMessages      = "trajflow.messages"       // number of messages held (last-first+1 unless Kafka skipped offsets)
 	MetaSchemaKind    = "trajflow.schema_kind"    // schemas.Kind, or "json:<name>" / "raw" for control topics
 	MetaSchemaVersion = "trajflow.schema_version" // version of that kind
 	MetaContractHash  = "trajflow.contract_hash"  // hash of the run's learning contract
@@ -118,7 +118,7 @@ func lineageFrom(lookup func(string) (string, bool)) (Lineage, error) {
 	l.SchemaKind, l.SchemaVersion = get(MetaSchemaKind), int(num(MetaSchemaVersion))
 	l.ContractHash, l.Writer = get(MetaContractHash), get(MetaWriter)
 	l.ContentSHA256, l.ValuesSHA256 = get(MetaContentSHA256), get(MetaValuesSHA256)
-	if len(errs) == 0 && (l.FirstOffset < 0 || l.LastOffset < l.FirstOffset || l.Messages != l.LastOffset-l.FirstOffset+1) {
+	if len(errs) == 0 && (l.FirstOffset < 0 || l.LastOffset < l.FirstOffset || l.Messages < 1 || l.Messages > l.LastOffset-l.FirstOffset+1) {
 		errs = append(errs, fmt.Errorf("offsets %d-%d do not match %d messages", l.FirstOffset, l.LastOffset, l.Messages))
 	}
 	if len(errs) > 0 {

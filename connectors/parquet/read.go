@@ -92,10 +92,13 @@ func readFile(path string, opts ReadOptions) (Lineage, []Message, error) {
 	h := NewContentHash()
 	for i := range msgs {
 		msgs[i].Partition = lin.Partition
-		if msgs[i].Offset != lin.FirstOffset+int64(i) {
-			return lin, nil, fmt.Errorf("%w: message %d has offset %d, want %d", ErrCorrupt, i, msgs[i].Offset, lin.FirstOffset+int64(i))
+		if i > 0 && msgs[i].Offset <= msgs[i-1].Offset {
+			return lin, nil, fmt.Errorf("%w: offset %d follows offset %d", ErrCorrupt, msgs[i].Offset, msgs[i-1].Offset)
 		}
 		h.Add(&msgs[i])
+	}
+	if len(msgs) > 0 && (msgs[0].Offset != lin.FirstOffset || msgs[len(msgs)-1].Offset != lin.LastOffset) {
+		return lin, nil, fmt.Errorf("%w: messages span offsets %d-%d, lineage says %d-%d", ErrCorrupt, msgs[0].Offset, msgs[len(msgs)-1].Offset, lin.FirstOffset, lin.LastOffset)
 	}
 	content, values := h.Sums()
 	if content != lin.ContentSHA256 || values != lin.ValuesSHA256 {

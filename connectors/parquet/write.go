@@ -51,8 +51,9 @@ func (o *WriteOptions) defaults() {
 	}
 }
 
-// WriteFile writes msgs — one partition of t.Topic, offsets ascending and
-// contiguous — to their snapshot file, atomically (see the package doc),
+// WriteFile writes msgs — one partition of t.Topic, offsets increasing
+// (contiguous except where Kafka itself skips offsets: compaction,
+// transaction markers) — to their snapshot file, atomically (see the package doc),
 // and returns its path and lineage. An existing file of the same name is
 // replaced (its content is the same messages).
 func WriteFile(t Target, partition int, msgs []Message, opts WriteOptions) (string, Lineage, error) {
@@ -64,8 +65,8 @@ func WriteFile(t Target, partition int, msgs []Message, opts WriteOptions) (stri
 		if msgs[i].Partition != partition {
 			return "", Lineage{}, fmt.Errorf("snapshot: message %d is of partition %d, file of partition %d", msgs[i].Offset, msgs[i].Partition, partition)
 		}
-		if i > 0 && msgs[i].Offset != msgs[i-1].Offset+1 {
-			return "", Lineage{}, fmt.Errorf("snapshot: %s/%d: offsets %d then %d are not contiguous", t.Topic, partition, msgs[i-1].Offset, msgs[i].Offset)
+		if i > 0 && msgs[i].Offset <= msgs[i-1].Offset {
+			return "", Lineage{}, fmt.Errorf("snapshot: %s/%d: offsets %d then %d are not increasing", t.Topic, partition, msgs[i-1].Offset, msgs[i].Offset)
 		}
 	}
 	short := ShortTopic(t.Run, t.Topic)
