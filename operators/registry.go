@@ -12,6 +12,7 @@ import (
 	"github.com/trajflow/trajflow/operators/advantage"
 	"github.com/trajflow/trajflow/operators/pack"
 	"github.com/trajflow/trajflow/operators/reward"
+	"github.com/trajflow/trajflow/operators/rollout"
 	"github.com/trajflow/trajflow/operators/validate"
 	"github.com/trajflow/trajflow/pipeline"
 	"github.com/trajflow/trajflow/pipeline/contract"
@@ -37,6 +38,16 @@ type Deps struct {
 	SnapshotDir          string
 	SnapshotRollBytes    int64
 	SnapshotRollInterval time.Duration
+	// Tasks is the task registry of the built-in environment (dispatch,
+	// rollout); nil means rollout.DefaultRegistryConfig().
+	Tasks *rollout.Registry
+	// ReleaseDir is the policy releases directory the trainer writes
+	// (checkpoints, manifests, update records); rollout workers read the
+	// checkpoints the manifests name.
+	ReleaseDir string
+	// Rounds is how many update rounds dispatch launches (0: until
+	// stopped).
+	Rounds int64
 }
 
 // Factory builds a stage.
@@ -107,6 +118,7 @@ func init() {
 		return pack.NewStage(pack.StageConfig{
 			Options: d.Contract.Packing, Topics: d.Topics, RunID: d.Contract.RunID,
 			ContractHash: d.Contract.Hash(), MaxWait: d.WindowMaxWait,
+			CountDecidedGroups: d.Contract.Dispatch.Mode == contract.DispatchSync,
 		})
 	})
 }

@@ -129,6 +129,8 @@ type operatorFlags struct {
 	partial  *time.Duration
 	maxWait  *time.Duration
 	snapshot *string
+	releases *string
+	rounds   *int64
 	snapRoll *int64
 	snapAge  *time.Duration
 }
@@ -144,6 +146,8 @@ func addOperatorFlags(fs *flag.FlagSet) operatorFlags {
 		partial:  fs.Duration("partial-group-timeout", 0, "close incomplete groups after this long (advantage; 0: wait)"),
 		maxWait:  fs.Duration("window-max-wait", 0, "close a non-full pack window after this long (pack; 0: wait)"),
 		snapshot: fs.String("snapshot-dir", "", "directory of the Parquet snapshots (snapshot)"),
+		releases: fs.String("releases", "", "policy releases directory shared by train (writes) and rollout (train)"),
+		rounds:   fs.Int64("rounds", 0, "update rounds to dispatch (dispatch; 0: until stopped)"),
 		snapRoll: fs.Int64("snapshot-roll-bytes", 0, "close a snapshot file at this many bytes (snapshot; 0: 64 MiB)"),
 		snapAge:  fs.Duration("snapshot-roll-interval", 0, "close a snapshot file this long after its first message (snapshot; 0: 30s)"),
 	}
@@ -226,6 +230,7 @@ func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	}
 	deps.PartialGroupTimeout, deps.WindowMaxWait = *of.partial, *of.maxWait
 	deps.SnapshotDir, deps.SnapshotRollBytes, deps.SnapshotRollInterval = *of.snapshot, *of.snapRoll, *of.snapAge
+	deps.ReleaseDir, deps.Rounds = *of.releases, *of.rounds
 	stage, err := operators.New(name, deps)
 	if err != nil {
 		return err
