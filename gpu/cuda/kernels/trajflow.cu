@@ -1,0 +1,362 @@
+// Device kernels of the trajflow CUDA trainer (gpu/cuda). Our own CUDA C,
+// compiled to PTX (make cuda-ptx) and loaded with the driver's module API.
+// Matrix products are cuBLAS calls made from Go (gpu/cuda/device_step.go);
+// these kernels do everything else of one optimizer step of the built-in
+// window-MLP policy (gpu/model) and its objective (gpu/objective), pipeline
+// document §12-§14.
+//
+// Layout conventions: every tensor is row-major; positions of all rows of
+// a batch are concatenated (T positions); see gpu/cuda/layout.go for the
+// staged per-position columns. The vocabulary is processed in chunks of C
+// entries: Z is one chunk of logits [T][ldz], never the full [T][V].
+
+#include <math_constants.h>
+
+#define TF_BLOCK 256
+
+// The state of an online log-sum-exp over logits x (gpu/cuda/reduce.go,
+// type LSE): m = max x, s = sum exp(x - m), a = sum exp(x - m) (x - m).
+struct lse_state {
+    float m, s, a;
+};
+
+__device__ __forceinline__ void lse_add(lse_state &st, float x) {
+    if (x == -CUDART_INF_F) return;  // a removed token contributes nothing
+    if (x > st.m) {
+        if (st.s > 0.f) {
+            float d = st.m - x;
+            float e = expf(d);
+            st.a = e * (st.a + st.s * d);
+            st.s = st.s * e;
+        }
+        st.m = x;
+        st.s += 1.f;
+    } else {
+        float d = x - st.m;
+        float e = expf(d);
+        st.s += e;
+        st.a += e * d;
+    }
+}
+
+__device__ __forceinline__ lse_state lse_merge(lse_state x, lse_state y) {
+    if (x.s == 0.f) return y;
+    if (y.s == 0.f) return x;
+    float m = fmaxf(x.m, y.m);
+    float dx = x.m - m, dy = y.m - m;
+    float ex = expf(dx), ey = expf(dy);
+    lse_state r;
+    r.m = m;
+    r.s = x.s * ex + y.s * ey;
+    r.a = ex * (x.a + x.s * dx) + ey * (y.a + y.s * dy);
+    return r;
+}
+
+// Block-wide merge of one lse_state per thread; the result is valid in
+// thread 0.
+__device__ lse_state lse_block_reduce(lse_state st) {
+    __shared__ float sm[TF_BLOCK], ss[TF_BLOCK], sa[TF_BLOCK];
+    int t = threadIdx.x;
+    // Warp level first.
+    for (int off = 16; off > 0; off >>= 1) {
+        lse_state o;
+        o.m = __shfl_down_sync(0xffffffffu, st.m, off);
+        o.s = __shfl_down_sync(0xffffffffu, st.s, off);
+        o.a = __shfl_down_sync(0xffffffffu, st.a, off);
+        st = lse_merge(st, o);
+    }
+    int warp = t >> 5, lane = t & 31;
+    if (lane == 0) {
+        sm[warp] = st.m;
+        ss[warp] = st.s;
+        sa[warp] = st.a;
+    }
+    __syncthreads();
+    if (warp == 0) {
+        int nw = (blockDim.x + 31) >> 5;
+        lse_state w;
+        w.m = lane < nw ? sm[lane] : -CUDART_INF_F;
+        w.s = lane < nw ? ss[lane] : 0.f;
+        w.a = lane < nw ? sa[lane] : 0.f;
+        for (int off = 16; off > 0; off >>= 1) {
+            lse_state o;
+            o.m = __shfl_down_sync(0xffffffffu, w.m, off);
+            o.s = __shfl_down_sync(0xffffffffu, w.s, off);
+            o.a = __shfl_down_sync(0xffffffffu, w.a, off);
+            w = lse_merge(w, o);
+        }
+        st = w;
+    }
+    return st;
+}
+
+// X[i][s*E+e] = emb[window token][e]: the window of the last W tokens
+// ending at position i, PAD (0) before the segment start i - pos[i]
+// (gpu/model: windowAt).
+extern "C" __global__ void tf_gather_x(const int *tok, const int *pos, const float *emb, float *X,
+                                       int T, int W, int E) {
+    long long n = (long long)T * W * E;
+    for (long long idx = blockIdx.x * (long long)blockDim.x + threadIdx.x; idx < n;
+         idx += (long long)gridDim.x * blockDim.x) {
+        int WE = W * E;
+        int i = (int)(idx / WE);
+        int r = (int)(idx % WE);
+        int s = r / E, e = r % E;
+        int j = i - (W - 1) + s;
+        int first = i - pos[i];
+        int t = j < first ? 0 : tok[j];
+        X[idx] = emb[(long long)t * E + e];
+    }
+}
+
+// Hm[i][k] = tanh(Hm[i][k] + b1[k]).
+extern "C" __global__ void tf_bias_tanh(float *Hm, const float *b1, int T, int H) {
+    long long n = (long long)T * H;
+    for (long long idx = blockIdx.x * (long long)blockDim.x + threadIdx.x; idx < n;
+         idx += (long long)gridDim.x * blockDim.x) {
+        Hm[idx] = (float)tanh((double)(Hm[idx] + b1[idx % H]));
+    }
+}
+
+// Resets the per-position log-sum-exp state before the first chunk.
+extern "C" __global__ void tf_lse_init(float *m, float *s, float *a, float *zy, int T) {
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < T; i += gridDim.x * blockDim.x) {
+        m[i] = -CUDART_INF_F;
+        s[i] = 0.f;
+        a[i] = 0.f;
+        zy[i] = 0.f;
+    }
+}
+
+// One vocabulary chunk [v0, v0+C) of the online log-sum-exp: one block per
+// position (grid-stride over positions). The behavior logit of entry v is
+// x = (Z[i][v-v0] + b2[v]) / temp (b2 may be null: x = Z / temp). Positions
+// without a target (tgt < 0) are skipped. The chunk's state is merged into
+// (m, s, a)[i]; zy[i] receives x at the target when the target lies in the
+// chunk. Each logit is read once.
+extern "C" __global__ void tf_lse_chunk(const float *Z, long long ldz, const float *b2, int v0, int C, float temp,
+                                        const int *tgt, float *m, float *s, float *a, float *zy, int T) {
+    for (int i = blockIdx.x; i < T; i += gridDim.x) {
+        int y = tgt[i];
+        if (y < 0) continue;
+        const float *z = Z + (long long)i * ldz;
+        lse_state st;
+        st.m = -CUDART_INF_F;
+        st.s = 0.f;
+        st.a = 0.f;
+        for (int c = threadIdx.x; c < C; c += blockDim.x) {
+            float x = z[c];
+            if (b2) x += b2[v0 + c];
+            x = x / temp;
+            lse_add(st, x);
+            if (v0 + c == y) zy[i] = x;
+        }
+        st = lse_block_reduce(st);
+        if (threadIdx.x == 0) {
+            lse_state g;
+            g.m = m[i];
+            g.s = s[i];
+            g.a = a[i];
+            g = lse_merge(g, st);
+            m[i] = g.m;
+            s[i] = g.s;
+            a[i] = g.a;
+        }
+        __syncthreads();
+    }
+}
+
+// Flag bits (gpu/cuda/reduce.go).
+#define TF_CLIPPED 1
+#define TF_LR_CLAMPED 2
+#define TF_NONFINITE 4
+#define TF_NOLOGPROB 8
+
+__device__ __forceinline__ bool tf_finite(double x) { return !isnan(x) && !isinf(x); }
+
+// Per-position objective terms (objective.Compute, float64 arithmetic):
+// the current log-prob of the target lp = zy - m - log s (rounded to
+// float32 as the CPU reference does), the entropy H = log s - a/s, ratio,
+// clipped surrogate, KL estimator, and for the backward pass the logsumexp
+// (lse = m + log s, stored in lse) and gw = c_t * g_t with
+// g_t = -ds/dcur + klCoef dk/dcur (klCoef = 0 unless the KL is in the loss).
+// kl: 0 none, 1 k1, 2 k2, 3 k3.
+extern "C" __global__ void tf_token_loss(const int *tgt, const unsigned char *mask, const float *w, const float *old,
+                                         const float *ref, const float *adv, const float *m, const float *s,
+                                         const float *a, const float *zy, int T, double clipLow, double clipHigh,
+                                         double maxLogRatio, int kl, double klCoef, float *lp, float *ratio,
+                                         float *sur, float *klv, float *ent, int *flags, float *lse, float *gw) {
+    double lo = 1.0 - clipLow, hi = 1.0 + clipHigh;
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < T; i += gridDim.x * blockDim.x) {
+        lp[i] = 0.f;
+        ratio[i] = 0.f;
+        sur[i] = 0.f;
+        klv[i] = 0.f;
+        ent[i] = 0.f;
+        flags[i] = 0;
+        gw[i] = 0.f;
+        lse[i] = 0.f;
+        if (tgt[i] < 0) continue;
+        double ls = log((double)s[i]);
+        float cur = (float)((double)zy[i] - (double)m[i] - ls);
+        lp[i] = cur;
+        lse[i] = (float)((double)m[i] + ls);
+        if (mask[i] != 1) continue;
+        double h = ls - (double)a[i] / (double)s[i];
+        ent[i] = (float)h;
+        double c = cur, o = old[i], av = adv[i];
+        int f = 0;
+        if (!tf_finite(c)) f |= TF_NOLOGPROB;
+        if (!tf_finite(o) || !tf_finite(av) || (kl && !tf_finite((double)ref[i]))) f |= TF_NONFINITE;
+        if (f) {
+            flags[i] = f;
+            continue;
+        }
+        double lr = c - o;
+        bool clamped = false;
+        if (maxLogRatio > 0 && (lr > maxLogRatio || lr < -maxLogRatio)) {
+            lr = fmax(-maxLogRatio, fmin(maxLogRatio, lr));
+            clamped = true;
+            f |= TF_LR_CLAMPED;
+        }
+        double r = exp(lr);
+        double sv, dsdcur;
+        if (av > 0 && r > hi) {
+            sv = hi * av;
+            dsdcur = 0;
+            f |= TF_CLIPPED;
+        } else if (av < 0 && r < lo) {
+            sv = lo * av;
+            dsdcur = 0;
+            f |= TF_CLIPPED;
+        } else {
+            sv = r * av;
+            dsdcur = r * av;
+        }
+        if (clamped) dsdcur = 0;
+        double g = -dsdcur;
+        if (kl) {
+            double logr = (double)ref[i] - c, k, dk;
+            if (kl == 1) {
+                k = -logr;
+                dk = 1;
+            } else if (kl == 2) {
+                k = logr * logr / 2;
+                dk = -logr;
+            } else {
+                double e = exp(logr);
+                k = e - 1 - logr;
+                dk = 1 - e;
+            }
+            klv[i] = (float)k;
+            g += klCoef * dk;
+        }
+        ratio[i] = (float)r;
+        sur[i] = (float)sv;
+        flags[i] = f;
+        gw[i] = (float)((double)w[i] * g);
+    }
+}
+
+// dLoss/dZ for one vocabulary chunk, in place over the recomputed chunk
+// logits Z (objective.Compute's gradient, then the behavior transform's
+// 1/temp):
+//   x_v = (Z + b2) / temp, lp_v = x_v - lse, p_v = exp(lp_v)
+//   dZ_v = ( gw·1[v=y] + w·p_v·(-g + alpha·(lp_v + H)) ) / temp
+// with gw = w·g. Rows with w == 0 (unmasked) become exactly 0.
+extern "C" __global__ void tf_dz_chunk(float *Z, long long ldz, const float *b2, int v0, int C, float temp,
+                                       const int *tgt, const float *w, const float *gw, const float *lse,
+                                       const float *ent, float alpha, int T) {
+    long long n = (long long)T * C;
+    for (long long idx = blockIdx.x * (long long)blockDim.x + threadIdx.x; idx < n;
+         idx += (long long)gridDim.x * blockDim.x) {
+        int i = (int)(idx / C), c = (int)(idx % C);
+        float *zp = Z + (long long)i * ldz + c;
+        float wi = w[i];
+        if (wi == 0.f) {
+            *zp = 0.f;
+            continue;
+        }
+        float x = *zp + b2[v0 + c];
+        x = x / temp;
+        double lpv = (double)x - (double)lse[i];
+        double p = exp(lpv);
+        double g = (double)gw[i] / (double)wi;
+        double d = (double)wi * p * (-g + (double)alpha * (lpv + (double)ent[i]));
+        if (v0 + c == tgt[i]) d += (double)gw[i];
+        *zp = (float)(d / (double)temp);
+    }
+}
+
+// out[c] (+)= sum over rows r of A[r][c] (rows summed in order: deterministic).
+extern "C" __global__ void tf_colsum(const float *A, int rows, int cols, long long lda, float *out, int accumulate) {
+    for (int c = blockIdx.x * blockDim.x + threadIdx.x; c < cols; c += gridDim.x * blockDim.x) {
+        float acc = 0.f;
+        for (int r = 0; r < rows; r++) acc += A[(long long)r * lda + c];
+        out[c] = accumulate ? out[c] + acc : acc;
+    }
+}
+
+// dh = dh * (1 - h^2): backpropagation through tanh.
+extern "C" __global__ void tf_tanh_back(float *dh, const float *h, long long n) {
+    for (long long idx = blockIdx.x * (long long)blockDim.x + threadIdx.x; idx < n;
+         idx += (long long)gridDim.x * blockDim.x) {
+        float hv = h[idx];
+        dh[idx] = dh[idx] * (1.f - hv * hv);
+    }
+}
+
+// gEmb[window token][e] += dX[i][s*E+e] (the window as in tf_gather_x).
+extern "C" __global__ void tf_emb_scatter(const float *dX, const int *tok, const int *pos, float *gEmb, int T, int W,
+                                          int E) {
+    long long n = (long long)T * W * E;
+    for (long long idx = blockIdx.x * (long long)blockDim.x + threadIdx.x; idx < n;
+         idx += (long long)gridDim.x * blockDim.x) {
+        float d = dX[idx];
+        if (d == 0.f) continue;
+        int WE = W * E;
+        int i = (int)(idx / WE);
+        int r = (int)(idx % WE);
+        int s = r / E, e = r % E;
+        int j = i - (W - 1) + s;
+        int first = i - pos[i];
+        int t = j < first ? 0 : tok[j];
+        atomicAdd(&gEmb[(long long)t * E + e], d);
+    }
+}
+
+// partial[block] = sum of g[k]^2 over the block's grid-stride share, in
+// double (the host adds the partials: the global gradient norm).
+extern "C" __global__ void tf_sumsq(const float *g, long long n, double *partial) {
+    __shared__ double sh[TF_BLOCK];
+    double acc = 0;
+    for (long long k = blockIdx.x * (long long)blockDim.x + threadIdx.x; k < n; k += (long long)gridDim.x * blockDim.x) {
+        double x = g[k];
+        acc += x * x;
+    }
+    sh[threadIdx.x] = acc;
+    __syncthreads();
+    for (int off = blockDim.x / 2; off > 0; off >>= 1) {
+        if (threadIdx.x < off) sh[threadIdx.x] += sh[threadIdx.x + off];
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) partial[blockIdx.x] = sh[0];
+}
+
+// One Adam step with bias correction and decoupled weight decay, in double
+// as gpu.Trainer.Step: g = grad·scale; m1 = b1 m1 + (1-b1) g;
+// m2 = b2 m2 + (1-b2) g^2; p -= lr (m1/c1) / (sqrt(m2/c2) + eps); p -= lr wd p_old.
+extern "C" __global__ void tf_adam(float *p, const float *grad, double *m1, double *m2, long long n, double scale,
+                                   double b1, double b2, double c1, double c2, double lr, double eps, double wd) {
+    for (long long k = blockIdx.x * (long long)blockDim.x + threadIdx.x; k < n; k += (long long)gridDim.x * blockDim.x) {
+        double g = (double)grad[k] * scale;
+        double a = b1 * m1[k] + (1 - b1) * g;
+        double v = b2 * m2[k] + (1 - b2) * g * g;
+        m1[k] = a;
+        m2[k] = v;
+        double old = p[k];
+        double q = old - lr * (a / c1) / (sqrt(v / c2) + eps);
+        q -= lr * wd * old;
+        p[k] = (float)q;
+    }
+}
