@@ -38,6 +38,16 @@ type Config struct {
 	// attempts fail (still valid training data with reward 0).
 	InvalidShare float64
 	FailedShare  float64
+	// InfraShare of attempts report an infrastructure failure
+	// (StatusInfra: validation quarantines them as infrastructure-invalid,
+	// never as task failures); CorruptShare of attempts carry a corrupt
+	// record (a positive log-prob) that validation quarantines as invalid.
+	InfraShare   float64
+	CorruptShare float64
+	// UniformShare of groups have members of identical reward-relevant
+	// shape (same turn count, no invalid turn): under count-based rewards
+	// (invalid_action, turn_count) such a group has zero reward variance.
+	UniformShare float64
 	Seed         uint64
 	Tasks        int
 }
@@ -52,13 +62,104 @@ func Default() Config {
 	}
 }
 
+// Bench is the distribution `trajflow bench` feeds: Default plus every
+// loss of systems §4 in a realistic share (infrastructure failures, corrupt
+// records, zero-variance groups; staleness comes from the lag
+// distribution against the contract's max_lag).
+func Bench() Config {
+	c := Default()
+	c.InfraShare = 0.01
+	c.CorruptShare = 0.005
+	c.UniformShare = 0.05
+	return c
+}
+
 // Group returns the index-th group: GroupSize trajectories of one task.
 func (c Config) Group(index int64) []schemas.Trajectory {
+	return c.group(index, randomTokens{c.Vocab})
+}
+
+// tokenSource supplies token ids and behavior log-probs.
+type tokenSource interface {
+	tokens(r *rand.Rand, n int) []int32
+	logprobs(r *rand.Rand, n int) []float32
+}
+
+type randomTokens struct{ vocab int32 }
+
+func (s randomTokens) tokens(r *rand.Rand, n int) []int32 {
+	out := make([]int32, n)
+	for i := range out {
+		out[i] = r.Int32N(s.vocab)
+	}
+	return out
+}
+
+func (randomTokens) logprobs(r *rand.Rand, n int) []float32 {
+	out := make([]float32, n)
+	for k := range out {
+		out[k] = -float32(r.ExpFloat64())
+	}
+	return out
+}
+
+// Generator produces the groups of a Config fast enough never to be the
+// bottleneck of a throughput benchmark: token ids and log-probs are views
+// of a fixed random pool (drawn once from Seed) at random offsets instead
+// of one random draw per token. Shapes, ids, lags and shares are those of
+// Config.Group; only token contents differ. Groups share the pool's
+// backing arrays: treat them as read-only. Safe for concurrent use.
+type Generator struct {
+	c    Config
+	pool tokenPool
+}
+
+// NewGenerator returns a Generator over a pool of poolTokens tokens
+// (at least MaxTokens; 1<<20 when <= 0).
+func (c Config) NewGenerator(poolTokens int) *Generator {
+	if poolTokens <= 0 {
+		poolTokens = 1 << 20
+	}
+	poolTokens = max(poolTokens, c.MaxTokens+c.PromptTokens+2*c.MaxTurns+1)
+	r := rand.New(rand.NewPCG(c.Seed, 0x5eed))
+	p := poolTokens
+	return &Generator{c: c, pool: tokenPool{
+		ids: randomTokens{c.Vocab}.tokens(r, p),
+		lps: randomTokens{}.logprobs(r, p),
+	}}
+}
+
+// Group returns the index-th group.
+func (g *Generator) Group(index int64) []schemas.Trajectory { return g.c.group(index, g.pool) }
+
+// Config returns the generator's distribution.
+func (g *Generator) Config() Config { return g.c }
+
+type tokenPool struct {
+	ids []int32
+	lps []float32
+}
+
+func (p tokenPool) tokens(r *rand.Rand, n int) []int32 {
+	off := r.IntN(len(p.ids) - n + 1)
+	return p.ids[off : off+n : off+n]
+}
+
+func (p tokenPool) logprobs(r *rand.Rand, n int) []float32 {
+	off := r.IntN(len(p.lps) - n + 1)
+	return p.lps[off : off+n : off+n]
+}
+
+func (c Config) group(index int64, src tokenSource) []schemas.Trajectory {
 	r := rand.New(rand.NewPCG(c.Seed, uint64(index)*0x9e3779b97f4a7c15+1))
 	task := "task-" + itoa(int64(r.IntN(max(c.Tasks, 1))))
 	gid := schemas.GroupID(c.RunID, task, index)
 	out := make([]schemas.Trajectory, c.GroupSize)
 	mu := math.Log(c.MeanTokens) - c.Sigma*c.Sigma/2
+	uniformTurns := 0 // > 0: every member has this many turns, none invalid
+	if c.UniformShare > 0 && r.Float64() < c.UniformShare {
+		uniformTurns = 1 + r.IntN(max(c.MaxTurns, 1))
+	}
 	for m := range out {
 		id := schemas.AttemptID(c.RunID, task, gid, int32(m), 0)
 		total := int(math.Exp(mu + c.Sigma*r.NormFloat64()))
@@ -71,13 +172,16 @@ func (c Config) Group(index int64) []schemas.Trajectory {
 			}
 		}
 		version := max(c.PolicyVersion-lag, 0)
-		out[m] = c.trajectory(r, id, task, gid, int32(m), total, version)
+		out[m] = c.trajectory(r, src, id, task, gid, int32(m), total, version, uniformTurns)
 	}
 	return out
 }
 
-func (c Config) trajectory(r *rand.Rand, id, task, gid string, member int32, total int, version int64) schemas.Trajectory {
+func (c Config) trajectory(r *rand.Rand, src tokenSource, id, task, gid string, member int32, total int, version int64, uniformTurns int) schemas.Trajectory {
 	turns := 1 + r.IntN(max(c.MaxTurns, 1))
+	if uniformTurns > 0 {
+		turns = uniformTurns
+	}
 	prompt := min(c.PromptTokens, total/2)
 	rest := max(total-prompt, 2*turns)
 	obsTotal := int(float64(rest) * c.ObservationShare)
@@ -93,6 +197,15 @@ func (c Config) trajectory(r *rand.Rand, id, task, gid string, member int32, tot
 	if r.Float64() < c.FailedShare {
 		t.Status = schemas.StatusFailed
 	}
+	corrupt := false
+	if c.InfraShare > 0 || c.CorruptShare > 0 {
+		switch u := r.Float64(); {
+		case u < c.InfraShare:
+			t.Status, t.End, t.EndReason = schemas.StatusInfra, schemas.EndTruncated, "sandbox_lost"
+		case u < c.InfraShare+c.CorruptShare:
+			corrupt = true
+		}
+	}
 	t.Turns = make([]schemas.Turn, turns)
 	for i := range t.Turns {
 		tu := &t.Turns[i]
@@ -104,35 +217,29 @@ func (c Config) trajectory(r *rand.Rand, id, task, gid string, member int32, tot
 			o = 0
 		}
 		if i == 0 {
-			tu.PromptIDs = c.tokens(r, prompt)
+			tu.PromptIDs = src.tokens(r, prompt)
 		} else {
-			tu.PromptIDs = c.tokens(r, 2)
+			tu.PromptIDs = src.tokens(r, 2)
 		}
-		tu.ActionIDs = c.tokens(r, max(n, 1))
-		tu.ActionLogprobs = make([]float32, len(tu.ActionIDs))
-		for k := range tu.ActionLogprobs {
-			tu.ActionLogprobs[k] = -float32(r.ExpFloat64())
+		tu.ActionIDs = src.tokens(r, max(n, 1))
+		tu.ActionLogprobs = src.logprobs(r, len(tu.ActionIDs))
+		if corrupt && i == turns-1 {
+			lp := append([]float32(nil), tu.ActionLogprobs...)
+			lp[0] = 0.5 // a log-probability above 0: corrupt
+			tu.ActionLogprobs = lp
 		}
 		tu.PolicyVersion = version
 		tu.Decision = schemas.DecisionOK
-		if r.Float64() < c.InvalidShare {
+		if r.Float64() < c.InvalidShare && uniformTurns == 0 {
 			tu.Decision = schemas.DecisionInvalid
 			tu.DecisionReason = "malformed call"
 		}
-		tu.ObservationIDs = c.tokens(r, o)
+		tu.ObservationIDs = src.tokens(r, o)
 		tu.Value = float32(math.NaN())
 		tu.GenLatencyUS = int64(len(tu.ActionIDs)) * 20
 		tu.EnvLatencyUS = 1000 + int64(r.IntN(50000))
 	}
 	return t
-}
-
-func (c Config) tokens(r *rand.Rand, n int) []int32 {
-	out := make([]int32, n)
-	for i := range out {
-		out[i] = r.Int32N(c.Vocab)
-	}
-	return out
 }
 
 // Tokens counts every token of t (prompts, actions, observations) and the

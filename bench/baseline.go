@@ -1,0 +1,188 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	kafkago "github.com/segmentio/kafka-go"
+
+	"github.com/trajflow/trajflow/connectors/kafka"
+	"github.com/trajflow/trajflow/schemas"
+)
+
+// Baseline is the raw data movement of the same bytes: kafka-go producing
+// (async, acks=all, the writer settings of the operator runtime) and a
+// consumer-group reader consuming, with no operator work.
+type Baseline struct {
+	Seconds      float64 `json:"seconds"`
+	Messages     int64   `json:"messages"`
+	Bytes        int64   `json:"bytes"`
+	MBPerS       float64 `json:"mb_s"`
+	RecordsPerS  float64 `json:"records_per_s"`
+	MeanMsgBytes float64 `json:"mean_message_bytes"`
+	// TokensPerS is the trajectory tokens those bytes carry per second.
+	TokensPerS float64 `json:"tokens_per_s"`
+}
+
+// baseline measures kafka-go produce→consume of pre-encoded trajectory
+// messages (the bytes the source produces) on topic for d.
+func (r *run) baseline(ctx context.Context, topic string, d time.Duration) (*Baseline, error) {
+	type msg struct {
+		key, value []byte
+		tokens     int64
+	}
+	// Distinct group indices from the pipeline's, encoded up front so the
+	// baseline measures data movement alone.
+	var msgs []msg
+	var total int64
+	for g := int64(1 << 40); total < 48<<20 || len(msgs) < 64; g++ {
+		rows := r.gen.Group(g)
+		b, err := schemas.Trajectories.Encode(nil, rows)
+		if err != nil {
+			return nil, fmt.Errorf("bench: baseline encode: %w", err)
+		}
+		var tok int64
+		for i := range rows {
+			for k := range rows[i].Turns {
+				tu := &rows[i].Turns[k]
+				tok += int64(len(tu.PromptIDs) + len(tu.ActionIDs) + len(tu.ObservationIDs))
+			}
+		}
+		msgs = append(msgs, msg{[]byte(rows[0].GroupID), b, tok})
+		total += int64(len(b))
+	}
+	mean := float64(total) / float64(len(msgs))
+	// Bound produced-but-unconsumed bytes (as the pipeline's closed loop
+	// does) so retention never removes unread data.
+	slots := make(chan struct{}, max(int((32<<20)/mean), 8))
+
+	w := &kafkago.Writer{
+		Addr: kafkago.TCP(r.addr...), Topic: topic, Balancer: &kafkago.Murmur2Balancer{},
+		RequiredAcks: kafkago.RequireAll, Async: true, BatchSize: 256, BatchTimeout: 2 * time.Millisecond,
+		BatchBytes: kafka.WriterBatchBytes(r.cfg.Contract.Topics.MaxMessageBytes), Transport: r.trans(),
+	}
+	var werr atomic.Value
+	w.Completion = func(_ []kafkago.Message, err error) {
+		if err != nil {
+			werr.Store(err)
+		}
+	}
+	rd := kafkago.NewReader(kafkago.ReaderConfig{
+		Brokers: r.addr, GroupID: topic + ".consumer", GroupTopics: []string{topic}, Dialer: r.dialer,
+		MinBytes: 1, MaxBytes: r.cfg.Contract.Topics.MaxMessageBytes + (1 << 20), MaxWait: 100 * time.Millisecond,
+		StartOffset: kafkago.FirstOffset, SessionTimeout: 10 * time.Second, HeartbeatInterval: time.Second,
+		JoinGroupBackoff: 200 * time.Millisecond,
+	})
+
+	var consumed, consumedMsgs, consumedTok atomic.Int64
+	var last sync.Map // partition -> kafkago.Message (offset only)
+	cctx, stop := context.WithCancel(ctx)
+	defer stop()
+	var wg sync.WaitGroup
+	errc := make(chan error, 3)
+	wg.Add(3)
+	go func() { // producer
+		defer wg.Done()
+		for i := 0; ; i++ {
+			select {
+			case <-cctx.Done():
+				return
+			case slots <- struct{}{}:
+			}
+			if err, _ := werr.Load().(error); err != nil {
+				errc <- fmt.Errorf("bench: baseline produce: %w", err)
+				return
+			}
+			m := msgs[i%len(msgs)]
+			if err := w.WriteMessages(cctx, kafkago.Message{Key: m.key, Value: m.value}); err != nil {
+				if cctx.Err() == nil {
+					errc <- fmt.Errorf("bench: baseline produce: %w", err)
+				}
+				return
+			}
+		}
+	}()
+	tokOf := map[string]int64{}
+	for _, m := range msgs {
+		tokOf[string(m.key)] = m.tokens
+	}
+	go func() { // consumer
+		defer wg.Done()
+		for {
+			m, err := rd.FetchMessage(cctx)
+			if err != nil {
+				if cctx.Err() == nil {
+					errc <- fmt.Errorf("bench: baseline consume: %w", err)
+				}
+				return
+			}
+			consumed.Add(int64(len(m.Value) + len(m.Key)))
+			consumedMsgs.Add(1)
+			consumedTok.Add(tokOf[string(m.Key)])
+			last.Store(m.Partition, kafkago.Message{Topic: m.Topic, Partition: m.Partition, Offset: m.Offset})
+			<-slots
+		}
+	}()
+	go func() { // committer, like the operator runtime's commit loop
+		defer wg.Done()
+		t := time.NewTicker(200 * time.Millisecond)
+		defer t.Stop()
+		for {
+			select {
+			case <-cctx.Done():
+				return
+			case <-t.C:
+				var cs []kafkago.Message
+				last.Range(func(_, v any) bool { cs = append(cs, v.(kafkago.Message)); return true })
+				if len(cs) > 0 {
+					_ = rd.CommitMessages(cctx, cs...)
+				}
+			}
+		}
+	}()
+
+	// Warm up (group join, connections), then measure.
+	warm := min(d/4, 2*time.Second)
+	progress := func(phase string, total time.Duration) error {
+		start := time.Now()
+		for time.Since(start) < total {
+			select {
+			case err := <-errc:
+				return err
+			case <-ctx.Done():
+				return ctx.Err()
+			case <-time.After(250 * time.Millisecond):
+			}
+			if r.cfg.Progress != nil {
+				r.cfg.Progress(Progress{Phase: phase, Elapsed: time.Since(start), Total: total})
+			}
+		}
+		return nil
+	}
+	if err := progress("baseline", warm); err != nil {
+		stop()
+		wg.Wait()
+		return nil, err
+	}
+	b0, m0, k0, t0 := consumed.Load(), consumedMsgs.Load(), consumedTok.Load(), time.Now()
+	err := progress("baseline", d)
+	b1, m1, k1, secs := consumed.Load(), consumedMsgs.Load(), consumedTok.Load(), time.Since(t0).Seconds()
+	stop()
+	wg.Wait()
+	w.Close()
+	rd.Close()
+	if err != nil {
+		return nil, err
+	}
+	if m1 == m0 {
+		return nil, fmt.Errorf("bench: baseline consumed nothing in %v", d)
+	}
+	return &Baseline{
+		Seconds: secs, Messages: m1 - m0, Bytes: b1 - b0,
+		MBPerS: float64(b1-b0) / secs / 1e6, RecordsPerS: float64(m1-m0) / secs,
+		MeanMsgBytes: mean, TokensPerS: float64(k1-k0) / secs,
+	}, nil
+}

@@ -1,0 +1,703 @@
+// Package bench measures trajflow's throughput over a broker, side by side
+// with the limit set by moving the same bytes through Kafka (systems §4:
+// "maximize valid, appropriately on-policy, reward-bearing training tokens
+// per unit time"; systems §18: capacity planning starts from one measured
+// episode distribution).
+//
+// Run drives the validate → reward → advantage → pack stages as Kafka
+// operators (the same runtime `trajflow run` uses) with a synthetic rollout
+// source (bench/synth), after a warm-up, for a fixed duration or token
+// count, and reads the batches and the census back to account for every
+// attempt (internal/audit): throughput per stage and end to end, record
+// latency from production to the batch that contains it, packing
+// efficiency, the admitted yield with each loss itemized, and the policy
+// lag distribution. In the same run it measures the raw baseline: kafka-go
+// producing and consuming the same bytes, with no operator work, on the
+// same broker and the same number of partitions.
+package bench
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"runtime"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	kafkago "github.com/segmentio/kafka-go"
+
+	"github.com/trajflow/trajflow/bench/synth"
+	"github.com/trajflow/trajflow/connectors/kafka"
+	"github.com/trajflow/trajflow/internal/audit"
+	"github.com/trajflow/trajflow/operators"
+	"github.com/trajflow/trajflow/pipeline"
+	"github.com/trajflow/trajflow/pipeline/contract"
+	"github.com/trajflow/trajflow/schemas"
+)
+
+// Stages are the stages a bench drives, in pipeline order.
+var Stages = []string{"validate", "reward", "advantage", "pack"}
+
+// Config configures a bench run.
+type Config struct {
+	// Contract is the resolved learning contract of the run.
+	Contract *contract.Contract
+	// Brokers of a real cluster; empty starts an embedded broker.
+	Brokers []string
+	Client  kafka.ClientConfig
+	// Warmup runs before the measurement starts; Duration is the
+	// measurement window. Tokens, when > 0, ends the measurement once
+	// that many generated tokens are decided (or Duration passes).
+	Warmup   time.Duration
+	Duration time.Duration
+	Tokens   int64
+	// Baseline is how long the raw kafka-go baseline runs (0: a third of
+	// Duration, at least 2 s; negative: skipped).
+	Baseline time.Duration
+	// Instances per stage (default 1 each). The pack stage is the single
+	// writer of the batch sequence and runs exactly once.
+	Instances map[string]int
+	// Synth is the rollout distribution; its RunID, ContractHash,
+	// GroupSize and MaxTurns are taken from the contract.
+	Synth synth.Config
+	// InFlightGroups bounds the groups produced but not yet decided
+	// (the source waits): a closed loop, so the broker's backlog and the
+	// process's memory stay bounded however long the run.
+	InFlightGroups int
+	// PartialGroupTimeout and WindowMaxWait are the advantage and pack
+	// wall-clock policies (defaults 1 s and 2 s).
+	PartialGroupTimeout time.Duration
+	WindowMaxWait       time.Duration
+	// Drain bounds the wait for in-flight attempts after the measurement
+	// (default 30 s).
+	Drain time.Duration
+	// Progress, when set, is called about four times a second.
+	Progress func(Progress)
+	Logger   *slog.Logger
+}
+
+// Progress is a running view of a bench.
+type Progress struct {
+	Phase   string // "baseline", "warmup", "measure", "drain"
+	Elapsed time.Duration
+	Total   time.Duration // of the phase
+	// TokensPerS is the end-to-end rate over the last second.
+	TokensPerS float64
+	Decided    int64
+}
+
+func (c *Config) defaults() error {
+	if c.Contract == nil {
+		return errors.New("bench: no contract")
+	}
+	if c.Duration <= 0 {
+		c.Duration = 10 * time.Second
+	}
+	if c.Warmup < 0 {
+		c.Warmup = 0
+	}
+	if c.Baseline == 0 {
+		c.Baseline = max(c.Duration/3, 2*time.Second)
+	}
+	if c.InFlightGroups <= 0 {
+		c.InFlightGroups = 512
+	}
+	if c.PartialGroupTimeout <= 0 {
+		c.PartialGroupTimeout = time.Second
+	}
+	if c.WindowMaxWait <= 0 {
+		c.WindowMaxWait = 2 * time.Second
+	}
+	if c.Drain <= 0 {
+		c.Drain = 30 * time.Second
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	if c.Synth.GroupSize == 0 {
+		c.Synth = synth.Bench()
+	}
+	for name, n := range c.Instances {
+		if !isStage(name) {
+			return fmt.Errorf("bench: --instances: no stage %q (have %s)", name, strings.Join(Stages, ", "))
+		}
+		if n < 1 {
+			return fmt.Errorf("bench: --instances %s=%d: want at least 1", name, n)
+		}
+		if name == "pack" && n != 1 {
+			return fmt.Errorf("bench: --instances pack=%d: pack is the single writer of the batch sequence and runs once", n)
+		}
+	}
+	return nil
+}
+
+func isStage(name string) bool {
+	for _, s := range Stages {
+		if s == name {
+			return true
+		}
+	}
+	return false
+}
+
+// ParseInstances parses "stage=n,stage=n".
+func ParseInstances(s string) (map[string]int, error) {
+	out := map[string]int{}
+	for _, p := range strings.Split(s, ",") {
+		p = strings.TrimSpace(p)
+		if p == "" {
+			continue
+		}
+		name, num, ok := strings.Cut(p, "=")
+		if !ok {
+			return nil, fmt.Errorf("instances %q: want stage=n", p)
+		}
+		n, err := strconv.Atoi(num)
+		if err != nil {
+			return nil, fmt.Errorf("instances %q: %w", p, err)
+		}
+		out[strings.TrimSpace(name)] = n
+	}
+	return out, nil
+}
+
+// run is the state of one bench.
+type run struct {
+	cfg    Config
+	runID  string
+	topics pipeline.Topics
+	addr   []string
+	dialer *kafkago.Dialer
+	trans  func() *kafkago.Transport
+	gen    *synth.Generator
+
+	stream *audit.Stream
+	groups sync.Map // group id -> *groupInfo
+
+	// Source.
+	produced    atomic.Int64 // groups
+	genNanos    atomic.Int64 // time spent generating and encoding
+	genTokens   atomic.Int64
+	genBytes    atomic.Int64
+	inflight    chan struct{} // one token per undecided group
+	groupsDone  atomic.Int64
+	decidedToks atomic.Int64 // tokens of decided attempts
+
+	// Sink (accounting).
+	mu          sync.Mutex
+	acct        *accounting // current phase's accumulator
+	sinkBytes   atomic.Int64
+	sinkNanos   atomic.Int64
+	batchesSeen atomic.Int64
+
+	stages []*instance
+}
+
+type groupInfo struct {
+	tokens    int64
+	rows      int32
+	remaining atomic.Int32
+}
+
+// Run runs a bench and returns its report.
+func Run(ctx context.Context, cfg Config) (*Report, error) {
+	if err := cfg.defaults(); err != nil {
+		return nil, err
+	}
+	c := cfg.Contract
+	r := &run{cfg: cfg, stream: audit.NewStream()}
+	var err error
+	r.dialer, err = cfg.Client.Dialer()
+	if err != nil {
+		return nil, fmt.Errorf("bench: client: %w", err)
+	}
+	r.trans = func() *kafkago.Transport {
+		t, _ := cfg.Client.Transport()
+		return t
+	}
+	rep := &Report{Contract: c.RunID, ContractHash: c.Hash(), Started: time.Now().UTC(), GOMAXPROCS: runtime.GOMAXPROCS(0)}
+
+	runID := c.RunID
+	if len(cfg.Brokers) == 0 {
+		// Retention bounds the embedded broker's memory: the closed loop
+		// keeps every consumer far less than this behind.
+		b, err := kafka.StartBroker(ctx, kafka.BrokerConfig{
+			MaxMessageBytes: c.Topics.MaxMessageBytes,
+			Retention:       kafka.RetentionPolicy{Bytes: retentionBytes(), CheckInterval: 500 * time.Millisecond},
+		})
+		if err != nil {
+			return nil, fmt.Errorf("bench: start broker: %w", err)
+		}
+		defer b.Close()
+		r.addr = []string{b.Addr()}
+		rep.Broker = "embedded " + b.Addr()
+	} else {
+		r.addr = cfg.Brokers
+		rep.Broker = strings.Join(cfg.Brokers, ",")
+		// Fresh topics on a shared cluster.
+		runID = c.RunID + "-bench-" + strconv.FormatInt(time.Now().Unix(), 36)
+	}
+	r.runID = runID
+	r.topics, err = pipeline.TopicsFor(runID)
+	if err != nil {
+		return nil, err
+	}
+	rep.Run = runID
+	s := cfg.Synth
+	s.RunID = runID
+	s.ContractHash = c.Hash()
+	s.GroupSize = c.Sampler.GroupSize
+	s.MaxTurns = c.Sampler.MaxTurns
+	r.cfg.Synth = s
+	r.gen = s.NewGenerator(0)
+	rep.Synth = s
+
+	cctx, cancel := context.WithTimeout(ctx, 60*time.Second)
+	specs := operators.TopicSpecs(c, r.topics)
+	base := specs[1] // same partitions and limits as the trajectories topic
+	base.Name = runID + ".baseline"
+	specs = append(specs, base)
+	err = kafka.CreateTopics(cctx, cfg.Client, r.addr, specs)
+	cancel()
+	if err != nil {
+		return nil, fmt.Errorf("bench: create topics: %w", err)
+	}
+	rep.Partitions = base.Partitions
+	if len(cfg.Brokers) == 0 {
+		// One batch is many MB: give the single batches partition room for
+		// several, so retention never deletes a batch the trainer side has
+		// not read yet.
+		if err := r.setRetentionBytes(ctx, r.topics.Batches, 8*batchBytesEstimate(c)); err != nil {
+			return nil, err
+		}
+	}
+
+	// Baseline first, on a quiet broker.
+	if cfg.Baseline > 0 {
+		bl, err := r.baseline(ctx, base.Name, cfg.Baseline)
+		if err != nil {
+			return nil, err
+		}
+		rep.Baseline = bl
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	if err := r.pipeline(ctx, rep); err != nil {
+		return nil, err
+	}
+	rep.PeakRSSMB = peakRSSMB()
+	rep.finish()
+	return rep, nil
+}
+
+// pipeline runs the operators, the source and the sink.
+func (r *run) pipeline(ctx context.Context, rep *Report) error {
+	cfg := &r.cfg
+	c := cfg.Contract
+	// The trainer's version: the lag rule judges behavior versions
+	// against it (systems §4 "appropriately on-policy").
+	if err := r.publishPolicy(ctx); err != nil {
+		return err
+	}
+	opCtx, stopOps := context.WithCancel(context.Background())
+	defer stopOps()
+	metrics := pipeline.NewMetrics(nil)
+	var opWG sync.WaitGroup
+	opErr := make(chan error, 16)
+	stateRoot, err := os.MkdirTemp("", "trajflow-bench-")
+	if err != nil {
+		return fmt.Errorf("bench: state dir: %w", err)
+	}
+	defer os.RemoveAll(stateRoot)
+	deps := operators.Deps{
+		Contract: c, Topics: r.topics, VocabSize: r.cfg.Synth.Vocab,
+		PartialGroupTimeout: cfg.PartialGroupTimeout, WindowMaxWait: cfg.WindowMaxWait,
+	}
+	var packReady chan struct{}
+	for _, name := range Stages {
+		n := max(cfg.Instances[name], 1)
+		for i := 0; i < n; i++ {
+			st, err := operators.New(name, deps)
+			if err != nil {
+				return fmt.Errorf("bench: stage %s: %w", name, err)
+			}
+			inst := &instance{stage: name, id: fmt.Sprintf("%s-%d", name, i), groups: &r.groups}
+			if name == "pack" {
+				inst.policyTopic, inst.policySeen = r.topics.Policy, make(chan struct{})
+				packReady = inst.policySeen
+			}
+			wrapped := inst.wrap(st)
+			pc := pipeline.Config{
+				Brokers: r.addr, GroupID: r.runID + "." + name, QuarantineTopic: r.topics.Quarantine,
+				Dialer: r.dialer, Transport: r.trans(),
+				MaxMessageBytes: c.Topics.MaxMessageBytes, StateDir: fmt.Sprintf("%s/%s", stateRoot, inst.id),
+				Logger: cfg.Logger, Metrics: metrics, Instance: inst.id,
+			}
+			op, err := pipeline.NewOperator(pc, wrapped)
+			if err != nil {
+				return fmt.Errorf("bench: operator %s: %w", inst.id, err)
+			}
+			r.stages = append(r.stages, inst)
+			opWG.Add(1)
+			go func() {
+				defer opWG.Done()
+				err := op.Run(opCtx)
+				if cl, ok := st.(io.Closer); ok {
+					cl.Close()
+				}
+				if err != nil && !errors.Is(err, pipeline.ErrStopped) {
+					opErr <- fmt.Errorf("bench: operator %s: %w", inst.id, err)
+				}
+			}()
+		}
+	}
+	defer func() { stopOps(); opWG.Wait() }()
+
+	// Pack judges lag against the trainer version: start the source once
+	// pack has read the policy release (a record judged against version 0
+	// would be refused as ahead of the trainer).
+	select {
+	case <-packReady:
+	case err := <-opErr:
+		return err
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-time.After(60 * time.Second):
+		return errors.New("bench: pack did not read the policy release within 60s")
+	}
+	r.inflight = make(chan struct{}, cfg.InFlightGroups)
+	sinkCtx, stopSink := context.WithCancel(context.Background())
+	defer stopSink()
+	sinkErr := make(chan error, 1)
+	r.acct = newAccounting()
+	sinkReady := make(chan struct{})
+	go func() { sinkErr <- r.sink(sinkCtx, sinkReady) }()
+	select {
+	case <-sinkReady:
+	case err := <-sinkErr:
+		return err
+	}
+	srcCtx, stopSrc := context.WithCancel(ctx)
+	defer stopSrc()
+	srcErr := make(chan error, 1)
+	go func() { srcErr <- r.source(srcCtx) }()
+
+	fail := func() error {
+		select {
+		case err := <-opErr:
+			return err
+		case err := <-srcErr:
+			if err != nil {
+				return err
+			}
+		case err := <-sinkErr:
+			if err != nil {
+				return fmt.Errorf("bench: sink: %w", err)
+			}
+		default:
+		}
+		return nil
+	}
+	rss := &rssSampler{}
+	wait := func(phase string, d time.Duration, stop func() bool) error {
+		start := time.Now()
+		tick := time.NewTicker(250 * time.Millisecond)
+		defer tick.Stop()
+		var lastTok int64
+		lastT := start
+		rate := 0.0
+		for {
+			if err := fail(); err != nil {
+				return err
+			}
+			el := time.Since(start)
+			if el >= d || (stop != nil && stop()) {
+				return nil
+			}
+			select {
+			case <-ctx.Done():
+				return ctx.Err()
+			case now := <-tick.C:
+				rss.sample(phase)
+				if dt := now.Sub(lastT); dt >= time.Second {
+					tok := r.decidedToks.Load()
+					rate = float64(tok-lastTok) / dt.Seconds()
+					lastTok, lastT = tok, now
+				}
+				if cfg.Progress != nil {
+					cfg.Progress(Progress{Phase: phase, Elapsed: el, Total: d, TokensPerS: rate, Decided: r.decidedToks.Load()})
+				}
+			}
+		}
+	}
+	if err := wait("warmup", cfg.Warmup, nil); err != nil {
+		return err
+	}
+	// Measurement window.
+	snapStart := r.snapshot()
+	r.mu.Lock()
+	r.acct = newAccounting()
+	r.mu.Unlock()
+	for _, in := range r.stages {
+		in.resetWait()
+	}
+	t0 := time.Now()
+	var stopAt func() bool
+	if cfg.Tokens > 0 {
+		base := r.decidedToks.Load()
+		stopAt = func() bool { return r.decidedToks.Load()-base >= cfg.Tokens }
+	}
+	if err := wait("measure", cfg.Duration, stopAt); err != nil {
+		return err
+	}
+	window := time.Since(t0)
+	snapEnd := r.snapshot()
+	r.mu.Lock()
+	measured := r.acct
+	r.acct = newAccounting() // the drain's decisions count for correctness only
+	r.mu.Unlock()
+	rep.fill(measured, snapStart, snapEnd, window, r)
+	rep.RSS = rss.samples
+
+	// Drain: stop the source, wait for every launched attempt's fate.
+	stopSrc()
+	if err := <-srcErr; err != nil && !errors.Is(err, context.Canceled) {
+		return err
+	}
+	srcErr <- nil
+	drainStart := time.Now()
+	if err := wait("drain", cfg.Drain, func() bool { return r.stream.InFlight() == 0 }); err != nil {
+		return err
+	}
+	rep.DrainS = time.Since(drainStart).Seconds()
+	rep.Accounting = r.stream.Counts()
+	stopSink()
+	stopOps()
+	opWG.Wait()
+	select {
+	case err := <-opErr:
+		return err
+	default:
+	}
+	return nil
+}
+
+func (r *run) publishPolicy(ctx context.Context) error {
+	rel := schemas.PolicyRelease{
+		PolicyVersion: r.cfg.Synth.PolicyVersion, TrainingStep: r.cfg.Synth.PolicyVersion,
+		ContractHash: r.cfg.Contract.Hash(), CreatedAt: time.Now().UTC().Format(time.RFC3339), Ready: true,
+	}
+	b, err := schemas.EncodeRelease(rel)
+	if err != nil {
+		return fmt.Errorf("bench: encode policy release: %w", err)
+	}
+	w := &kafkago.Writer{Addr: kafkago.TCP(r.addr...), Topic: r.topics.Policy, RequiredAcks: kafkago.RequireAll, Transport: r.trans()}
+	defer w.Close()
+	cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	if err := w.WriteMessages(cctx, kafkago.Message{Key: []byte("policy"), Value: b}); err != nil {
+		return fmt.Errorf("bench: publish policy release: %w", err)
+	}
+	return nil
+}
+
+// source produces synthetic groups, one message per group keyed by group
+// id, as fast as the closed loop allows.
+func (r *run) source(ctx context.Context) error {
+	w := &kafkago.Writer{
+		Addr: kafkago.TCP(r.addr...), Topic: r.topics.Trajectories, Balancer: &kafkago.Murmur2Balancer{},
+		RequiredAcks: kafkago.RequireAll, Async: true, BatchSize: 64, BatchTimeout: 2 * time.Millisecond,
+		BatchBytes: kafka.WriterBatchBytes(r.cfg.Contract.Topics.MaxMessageBytes), Transport: r.trans(),
+	}
+	var werr atomic.Value
+	w.Completion = func(_ []kafkago.Message, err error) {
+		if err != nil {
+			werr.Store(err)
+		}
+	}
+	defer w.Close()
+	trainer := r.cfg.Synth.PolicyVersion
+	for g := int64(0); ; g++ {
+		select {
+		case <-ctx.Done():
+			return nil
+		case r.inflight <- struct{}{}:
+		}
+		if err, _ := werr.Load().(error); err != nil {
+			return fmt.Errorf("bench: produce: %w", err)
+		}
+		t0 := time.Now()
+		rows := r.gen.Group(g)
+		b, err := schemas.Trajectories.Encode(nil, rows)
+		if err != nil {
+			return fmt.Errorf("bench: encode group %d: %w", g, err)
+		}
+		info := &groupInfo{rows: int32(len(rows))}
+		info.remaining.Store(int32(len(rows)))
+		now := time.Now()
+		for i := range rows {
+			all, act := synth.Tokens(&rows[i])
+			oldest := trainer
+			for k := range rows[i].Turns {
+				oldest = min(oldest, rows[i].Turns[k].PolicyVersion)
+			}
+			info.tokens += int64(all)
+			r.stream.Launch(rows[i].RecordID, audit.Attempt{
+				Seq: g, Group: rows[i].GroupID, Tokens: all, ActionTokens: act,
+				Lag: trainer - oldest, ProducedAt: now.UnixNano(),
+			})
+		}
+		r.groups.Store(rows[0].GroupID, info)
+		r.genNanos.Add(int64(time.Since(t0)))
+		r.genTokens.Add(info.tokens)
+		r.genBytes.Add(int64(len(b)))
+		if err := w.WriteMessages(ctx, kafkago.Message{Key: []byte(rows[0].GroupID), Value: b}); err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			return fmt.Errorf("bench: produce: %w", err)
+		}
+		r.produced.Add(1)
+	}
+}
+
+// decided records one attempt's fate.
+func (r *run) decided(f audit.Fate, now time.Time) {
+	r.decidedToks.Add(int64(f.Tokens))
+	r.mu.Lock()
+	r.acct.add(f, now)
+	r.mu.Unlock()
+	if v, ok := r.groups.Load(f.Group); ok {
+		gi := v.(*groupInfo)
+		if gi.remaining.Add(-1) == 0 {
+			r.groups.Delete(f.Group)
+			r.groupsDone.Add(1)
+			<-r.inflight
+		}
+	}
+}
+
+// sink reads the batches and census topics (the trainer's side) and
+// accounts every attempt.
+func (r *run) sink(ctx context.Context, ready chan<- struct{}) error {
+	rd := kafkago.NewReader(kafkago.ReaderConfig{
+		Brokers: r.addr, GroupID: r.runID + ".bench-sink", GroupTopics: []string{r.topics.Batches, r.topics.Census},
+		Dialer: r.dialer, MinBytes: 1, MaxBytes: r.cfg.Contract.Topics.MaxMessageBytes + (1 << 20),
+		MaxWait: 50 * time.Millisecond, StartOffset: kafkago.FirstOffset, SessionTimeout: 10 * time.Second,
+		HeartbeatInterval: time.Second, JoinGroupBackoff: 200 * time.Millisecond,
+		QueueCapacity: 16, // batches are large: a short queue bounds what is read ahead
+	})
+	defer rd.Close()
+	close(ready)
+	for {
+		m, err := rd.FetchMessage(ctx)
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			return err
+		}
+		now := time.Now()
+		t0 := now
+		switch m.Topic {
+		case r.topics.Batches:
+			b, err := schemas.PackedBatches.Decode(nil, m.Value)
+			if err != nil {
+				return fmt.Errorf("batch at %d: %w", m.Offset, err)
+			}
+			r.sinkBytes.Add(int64(len(m.Value) + len(m.Key)))
+			r.batchesSeen.Add(1)
+			r.mu.Lock()
+			r.acct.batch(&b)
+			r.mu.Unlock()
+			for _, f := range r.stream.Batch(&b) {
+				r.decided(f, now)
+			}
+		case r.topics.Census:
+			ev, err := schemas.DecodeCensus(m.Value)
+			if err != nil {
+				return fmt.Errorf("census at %d: %w", m.Offset, err)
+			}
+			if f, ok := r.stream.Census(&ev); ok {
+				r.decided(f, now)
+			}
+		}
+		r.sinkNanos.Add(int64(time.Since(t0)))
+	}
+}
+
+// snapshot is the counters at one instant.
+type snapshot struct {
+	at       time.Time
+	produced int64
+	genNanos int64
+	genToks  int64
+	genBytes int64
+	sinkB    int64
+	sinkNs   int64
+	stages   map[string]instanceStats
+	cpu      time.Duration
+}
+
+func (r *run) snapshot() snapshot {
+	s := snapshot{
+		at: time.Now(), produced: r.produced.Load(), genNanos: r.genNanos.Load(), genToks: r.genTokens.Load(),
+		genBytes: r.genBytes.Load(), sinkB: r.sinkBytes.Load(), sinkNs: r.sinkNanos.Load(),
+		stages: map[string]instanceStats{}, cpu: processCPU(),
+	}
+	for _, in := range r.stages {
+		s.stages[in.id] = in.load()
+	}
+	return s
+}
+
+// sortedStageIDs lists instance ids in pipeline order.
+func (r *run) instances(stage string) []*instance {
+	var out []*instance
+	for _, in := range r.stages {
+		if in.stage == stage {
+			out = append(out, in)
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].id < out[j].id })
+	return out
+}
+
+func retentionBytes() int64 {
+	if v, err := strconv.ParseInt(os.Getenv("TRAJFLOW_BENCH_RETENTION"), 10, 64); err == nil {
+		return v
+	}
+	return 24 << 20
+}
+
+// batchBytesEstimate bounds one packed batch's encoded size: ~33 bytes per
+// token slot (ids, positions, segments, mask, log-probs, advantages, value
+// targets, turns, versions) plus the trajectory ids.
+func batchBytesEstimate(c *contract.Contract) int64 {
+	return int64(c.Packing.BatchTokens+c.Packing.TokenBudget) * 40
+}
+
+func (r *run) setRetentionBytes(ctx context.Context, topic string, n int64) error {
+	cl := &kafkago.Client{Addr: kafkago.TCP(r.addr...), Transport: r.trans(), Timeout: 30 * time.Second}
+	resp, err := cl.AlterConfigs(ctx, &kafkago.AlterConfigsRequest{Resources: []kafkago.AlterConfigRequestResource{{
+		ResourceType: kafkago.ResourceTypeTopic, ResourceName: topic,
+		Configs: []kafkago.AlterConfigRequestConfig{{Name: "retention.bytes", Value: strconv.FormatInt(n, 10)}},
+	}}})
+	if err != nil {
+		return fmt.Errorf("bench: set retention of %s: %w", topic, err)
+	}
+	for _, e := range resp.Errors {
+		if e != nil {
+			return fmt.Errorf("bench: set retention of %s: %w", topic, e)
+		}
+	}
+	return nil
+}

@@ -1,0 +1,83 @@
+package bench
+
+import (
+	"fmt"
+	"image/color"
+	"os"
+
+	"gonum.org/v1/plot"
+	"gonum.org/v1/plot/plotter"
+	"gonum.org/v1/plot/vg"
+	"gonum.org/v1/plot/vg/draw"
+	"gonum.org/v1/plot/vg/vgimg"
+)
+
+// WritePlot draws the report to a PNG file: throughput per stage (million
+// tokens/s, with the end-to-end rate and the raw baseline's token rate
+// beside them) and the distribution of record latency from production to
+// batch.
+func WritePlot(rep *Report, path string) error {
+	tp := plot.New()
+	tp.Title.Text = "Throughput (M tokens/s)"
+	var vals plotter.Values
+	var names []string
+	vals = append(vals, rep.Source.TokensPerS/1e6)
+	names = append(names, "source")
+	for _, s := range rep.Stages {
+		vals = append(vals, s.TokensPerS/1e6)
+		names = append(names, s.Name)
+	}
+	vals = append(vals, rep.E2ETokensPerS/1e6)
+	names = append(names, "e2e")
+	if rep.Baseline != nil {
+		vals = append(vals, rep.Baseline.TokensPerS/1e6)
+		names = append(names, "raw kafka")
+	}
+	bars, err := plotter.NewBarChart(vals, vg.Points(28))
+	if err != nil {
+		return fmt.Errorf("bench plot: %w", err)
+	}
+	bars.Color = color.RGBA{R: 60, G: 110, B: 180, A: 255}
+	bars.LineStyle.Width = 0
+	tp.Add(bars)
+	tp.NominalX(names...)
+	tp.Y.Min = 0
+
+	lp := plot.New()
+	lp.Title.Text = fmt.Sprintf("Latency production → batch (p50 %.0f ms, p99 %.0f ms)", rep.LatencyMS.P50, rep.LatencyMS.P99)
+	lp.X.Label.Text = "ms (log)"
+	lp.Y.Label.Text = "records"
+	lp.X.Scale = plot.LogScale{}
+	lp.X.Tick.Marker = plot.LogTicks{Prec: -1}
+	pts := make(plotter.XYs, 0, len(rep.LatencyMS.Buckets))
+	for i, ub := range rep.LatencyMS.Buckets {
+		pts = append(pts, plotter.XY{X: ub, Y: float64(rep.LatencyMS.Counts[i])})
+	}
+	if len(pts) == 0 {
+		pts = append(pts, plotter.XY{X: 1, Y: 0})
+	}
+	line, err := plotter.NewLine(pts)
+	if err != nil {
+		return fmt.Errorf("bench plot: %w", err)
+	}
+	line.Color = color.RGBA{R: 200, G: 80, B: 40, A: 255}
+	line.Width = vg.Points(1.5)
+	lp.Add(line)
+
+	img := vgimg.New(vg.Points(1000), vg.Points(380))
+	dc := draw.New(img)
+	tiles := draw.Tiles{Rows: 1, Cols: 2, PadX: vg.Millimeter * 4, PadY: vg.Millimeter * 2, PadTop: vg.Millimeter * 2,
+		PadBottom: vg.Millimeter * 2, PadLeft: vg.Millimeter * 2, PadRight: vg.Millimeter * 2}
+	canvases := plot.Align([][]*plot.Plot{{tp, lp}}, tiles, dc)
+	tp.Draw(canvases[0][0])
+	lp.Draw(canvases[0][1])
+	f, err := os.Create(path)
+	if err != nil {
+		return fmt.Errorf("bench plot: %w", err)
+	}
+	if _, err := (vgimg.PngCanvas{Canvas: img}).WriteTo(f); err != nil {
+		f.Close()
+		return fmt.Errorf("bench plot: write %s: %w", path, err)
+	}
+	return f.Close()
+}

@@ -1,0 +1,101 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"testing"
+)
+
+// TestBenchCommand runs a short `trajflow bench` with two validate
+// instances in one consumer group and checks the JSON report: the keys the
+// report promises, values in their ranges, every stage and instance
+// reported, and the accounting (nothing lost, nothing duplicated). It
+// asserts no speed.
+func TestBenchCommand(t *testing.T) {
+	dir := t.TempDir()
+	png := filepath.Join(dir, "bench.png")
+	args := []string{"bench", "--contract", "../../testdata/contracts/bench.yaml", "--duration", "2s", "--warmup", "1s",
+		"--baseline", "1s", "--instances", "validate=2", "--mean-tokens", "400", "--max-tokens", "8000",
+		"--json", "--plot", png}
+	var stdout, stderr bytes.Buffer
+	if code := run(context.Background(), args, &stdout, &stderr); code != 0 {
+		t.Fatalf("exit %d: %s", code, stderr.String())
+	}
+	var rep map[string]any
+	if err := json.Unmarshal(stdout.Bytes(), &rep); err != nil {
+		t.Fatalf("report is not JSON: %v\n%s", err, stdout.String())
+	}
+	positive := []string{"e2e_tokens_per_s", "baseline_mb_s", "pipeline_mb_s", "ratio_to_baseline", "packing_efficiency", "yield", "peak_rss_mb", "e2e_records_per_s"}
+	for _, k := range positive {
+		v, ok := rep[k].(float64)
+		if !ok || v <= 0 {
+			t.Errorf("%s = %v, want a positive number", k, rep[k])
+		}
+	}
+	for _, k := range []string{"packing_efficiency", "yield"} {
+		if v, _ := rep[k].(float64); v > 1 {
+			t.Errorf("%s = %v, want a share <= 1", k, v)
+		}
+	}
+	losses, _ := rep["losses"].(map[string]any)
+	sum := rep["yield"].(float64)
+	for _, k := range []string{"invalid", "infrastructure_failure", "zero_variance", "stale", "overlong", "quarantine"} {
+		v, ok := losses[k].(float64)
+		if !ok {
+			t.Errorf("losses has no %q: %v", k, losses)
+		}
+		sum += v
+	}
+	for _, k := range []string{"evaluator_error", "other_filtered"} {
+		v, _ := losses[k].(float64)
+		sum += v
+	}
+	if sum < 0.999 || sum > 1.001 {
+		t.Errorf("yield plus losses = %v, want 1 (every generated action token accounted)", sum)
+	}
+	stages, _ := rep["stages"].([]any)
+	want := []string{"validate", "reward", "advantage", "pack"}
+	if len(stages) != len(want) {
+		t.Fatalf("stages = %v, want %v", stages, want)
+	}
+	for i, s := range stages {
+		st := s.(map[string]any)
+		if st["name"] != want[i] {
+			t.Errorf("stage %d = %v, want %s", i, st["name"], want[i])
+		}
+		if v, _ := st["tokens_per_s"].(float64); v <= 0 {
+			t.Errorf("stage %s tokens_per_s = %v", want[i], st["tokens_per_s"])
+		}
+		insts, _ := st["instances"].([]any)
+		if want[i] == "validate" && len(insts) != 2 {
+			t.Errorf("validate reports %d instances, want 2", len(insts))
+		}
+	}
+	acct := rep["accounting"].(map[string]any)
+	if acct["Lost"].(float64) != 0 || acct["Duplicated"].(float64) != 0 || acct["Launched"].(float64) == 0 {
+		t.Errorf("accounting %v: want launched > 0, lost 0, duplicated 0", acct)
+	}
+	if rep["correct"] != true {
+		t.Errorf("correct = %v", rep["correct"])
+	}
+	b, err := os.ReadFile(png)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.HasPrefix(b, []byte("\x89PNG")) {
+		t.Errorf("%s is not a PNG", png)
+	}
+}
+
+// TestBenchRejectsPackInstances: pack is the single writer of the batch
+// sequence.
+func TestBenchRejectsPackInstances(t *testing.T) {
+	var stdout, stderr bytes.Buffer
+	code := run(context.Background(), []string{"bench", "--contract", "../../testdata/contracts/bench.yaml", "--instances", "pack=2"}, &stdout, &stderr)
+	if code == 0 || !bytes.Contains(stderr.Bytes(), []byte("single writer")) {
+		t.Fatalf("exit %d, stderr %q: want a refusal of pack=2", code, stderr.String())
+	}
+}
