@@ -8,7 +8,7 @@
 // one topic of a whole run with one glob:
 //
 //	DIR/run=<run>/topic=<short topic>/partition=<p>/<first>-<last>.parquet
-//	DIR/run=<run>/topic=<short topic>/partition=<p>/<first>-<last>.parquet.sha256
+//	DIR/run=<run>/topic=<short topic>/partition=<p>/_<first>-<last>.parquet.sha256
 //	DIR/run=<run>/contract.yaml   the resolved learning contract
 //	DIR/run=<run>/run.json        RunInfo: contract hash, vocabulary size, writer
 //

@@ -147,7 +147,7 @@ func TestCorruptionNamesFile(t *testing.T) {
 	if _, _, err := ReadFile(path, ReadOptions{}); err != nil {
 		t.Fatalf("restored file: %v", err)
 	}
-	if err := os.Remove(path + ChecksumSuffix); err != nil {
+	if err := os.Remove(SidecarPath(path)); err != nil {
 		t.Fatal(err)
 	}
 	if _, _, err := ReadFile(path, ReadOptions{}); !errors.Is(err, ErrCorrupt) {

@@ -203,8 +203,16 @@ func FileName(first, last int64) string {
 	return fmt.Sprintf("%020d-%020d.parquet", first, last)
 }
 
-// ChecksumSuffix is appended to a snapshot file's name for its sidecar.
+// ChecksumSuffix is appended to a snapshot file's name, after the prefix
+// "_", for its sidecar: "_<first>-<last>.parquet.sha256". Readers of
+// datasets (pyarrow, Spark) skip names starting with "_"; globs of
+// "*.parquet" do not match it.
 const ChecksumSuffix = ".sha256"
+
+// SidecarPath returns the checksum sidecar of a snapshot file.
+func SidecarPath(path string) string {
+	return filepath.Join(filepath.Dir(path), "_"+filepath.Base(path)+ChecksumSuffix)
+}
 
 // ParseFileName returns the offsets named by a snapshot file name.
 func ParseFileName(name string) (first, last int64, ok bool) {

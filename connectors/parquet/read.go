@@ -109,7 +109,7 @@ func readFile(path string, opts ReadOptions) (Lineage, []Message, error) {
 
 // checkSidecar compares the file's sha256 with its .sha256 sidecar.
 func checkSidecar(path string, data []byte) error {
-	side, err := os.ReadFile(path + ChecksumSuffix)
+	side, err := os.ReadFile(SidecarPath(path))
 	if err != nil {
 		return fmt.Errorf("%w: checksum sidecar: %w", ErrCorrupt, err)
 	}

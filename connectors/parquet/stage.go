@@ -157,8 +157,8 @@ func (s *Stage) cleanup(runDir string) error {
 		}
 		name := d.Name()
 		stale := strings.HasPrefix(name, ".") && strings.Contains(name, ".tmp-")
-		if base, ok := strings.CutSuffix(path, ChecksumSuffix); ok && strings.HasSuffix(base, ".parquet") {
-			if _, err := os.Stat(base); errors.Is(err, os.ErrNotExist) {
+		if base, ok := strings.CutSuffix(name, ChecksumSuffix); ok && strings.HasPrefix(base, "_") && strings.HasSuffix(base, ".parquet") {
+			if _, err := os.Stat(filepath.Join(filepath.Dir(path), base[1:])); errors.Is(err, os.ErrNotExist) {
 				stale = true
 			}
 		}

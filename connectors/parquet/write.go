@@ -148,7 +148,7 @@ func writeAtomic(dir, name string, write func(w io.Writer) error) (err error) {
 	if err != nil {
 		return err
 	}
-	if err = os.Rename(sideTmp, filepath.Join(dir, name+ChecksumSuffix)); err != nil {
+	if err = os.Rename(sideTmp, SidecarPath(filepath.Join(dir, name))); err != nil {
 		return err
 	}
 	sideTmp = ""
