@@ -3,7 +3,7 @@ GO      ?= go
 BIN     ?= bin/trajflow
 PKGS    ?= ./...
 
-.PHONY: build test test-short lint bench fuzz demo clean tidy-check kafka-up kafka-down test-integration
+.PHONY: build test test-short lint bench fuzz demo clean tidy-check kafka-up kafka-down test-integration cuda-headers cuda-ptx cuda-build
 
 build:
 	$(GO) build -o $(BIN) ./cmd/trajflow
@@ -48,6 +48,34 @@ kafka-down:
 test-integration: build
 	eval "$$($(KAFKA_SH) env)" && export TRAJFLOW_KAFKA TRAJFLOW_KAFKA_SASL TRAJFLOW_KAFKA_HOME && \
 	  $(GO) test -count=1 -timeout 15m -tags integration -v ./integration/
+
+# CUDA backend (gpu/cuda, build tag cuda), built without a GPU or a CUDA
+# toolkit: headers, NVRTC and ptxas come from pinned PyPI wheels, libcuda
+# and libcublas are link stubs (gpu/cuda/fetch-headers.sh, gpu/README.md).
+CUDA_TP  ?= gpu/third_party/cuda
+CUDA_BIN ?= bin/cuda
+CUDA_ENV  = CGO_ENABLED=1 CGO_CFLAGS="-I$(abspath $(CUDA_TP))/include" CGO_LDFLAGS="-L$(abspath $(CUDA_TP))/lib"
+
+cuda-headers:
+	bash gpu/cuda/fetch-headers.sh >/dev/null
+
+# kernels/trajflow.cu -> kernels/trajflow.ptx (embedded; compute_80) with
+# NVRTC, then ptxas assembles it for sm_90 (H100/H200) as a check.
+cuda-ptx: cuda-headers
+	gcc -O2 -o $(CUDA_TP)/bin/ptxc gpu/cuda/kernels/ptxc.c -I$(CUDA_TP)/include \
+	  -L$(CUDA_TP)/nvrtc -lnvrtc -Wl,-rpath,$(abspath $(CUDA_TP))/nvrtc
+	$(CUDA_TP)/bin/ptxc compute_80 $(CUDA_TP)/include gpu/cuda/kernels/trajflow.cu gpu/cuda/kernels/trajflow.ptx
+	$(CUDA_TP)/bin/ptxas -arch=sm_90 gpu/cuda/kernels/trajflow.ptx -o $(CUDA_TP)/trajflow.sm_90.cubin
+
+# Compiles every package with the cuda tag, vets gpu/cuda, builds the
+# cuda-tagged test+benchmark binary for gpu/devicecheck.sh, and runs its
+# non-device tests here against the link stubs.
+cuda-build: cuda-ptx
+	$(CUDA_ENV) $(GO) build -tags cuda ./...
+	$(CUDA_ENV) $(GO) vet -tags cuda ./gpu/cuda/
+	mkdir -p $(CUDA_BIN)
+	$(CUDA_ENV) $(GO) test -tags cuda -c -o $(CUDA_BIN)/gpu-cuda.test ./gpu/cuda/
+	cd gpu/cuda && LD_LIBRARY_PATH=$(abspath $(CUDA_TP))/stubrun ../../$(CUDA_BIN)/gpu-cuda.test -test.count=1 -test.skip 'Device'
 
 demo: build
 	./$(BIN) demo --out out/demo
