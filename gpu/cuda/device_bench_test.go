@@ -178,7 +178,7 @@ func BenchmarkLogprobLoss(b *testing.B) {
 	up(dmask, unsafe.Pointer(&mask[0]), T)
 	o := make([]cu.DevicePtr, 12)
 	for i := range o {
-		o[i] = alloc(4 * T)
+		o[i] = alloc(8 * T)
 	}
 	run := func() {
 		if err := d.launch("tf_lse_init", gridFor(int64(T)), blockSize, o[0], o[1], o[2], o[3], T); err != nil {
@@ -206,16 +206,16 @@ func BenchmarkLogprobLoss(b *testing.B) {
 	b.ReportMetric(per*1e3, "kernel-ms")
 	// Results for the side-by-side comparison.
 	lp := make([]float32, T)
-	sur := make([]float32, T)
+	sur := make([]float64, T)
 	if err := cu.MemcpyDtoH(unsafe.Pointer(&lp[0]), o[4], int64(4*T)); err != nil {
 		b.Fatal(err)
 	}
-	if err := cu.MemcpyDtoH(unsafe.Pointer(&sur[0]), o[6], int64(4*T)); err != nil {
+	if err := cu.MemcpyDtoH(unsafe.Pointer(&sur[0]), o[6], int64(8*T)); err != nil {
 		b.Fatal(err)
 	}
 	var loss float64
 	for i := range sur {
-		loss -= float64(w[i]) * float64(sur[i])
+		loss -= float64(w[i]) * sur[i]
 	}
 	if dir := os.Getenv("TRAJFLOW_DUMP_DIR"); dir != "" {
 		write := func(name string, data any) {

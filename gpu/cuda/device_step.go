@@ -206,7 +206,7 @@ func (t *Trainer) ensureActivations(T int) error {
 	c := t.cfg
 	sizes := []int64{int64(c.In()), int64(c.Hidden), int64(c.Hidden), int64(c.In()), int64(t.chunk)}
 	for i, p := range all {
-		w := int64(1)
+		w := int64(2) // per-position outputs: up to 8 bytes each
 		if i < len(sizes) {
 			w = sizes[i]
 		}
@@ -340,12 +340,13 @@ func (t *Trainer) Step(h Handle, opts objective.Options, adam gpu.AdamOptions) (
 	}
 	t.out.Resize(T)
 	for _, x := range []struct {
-		dst unsafe.Pointer
-		src cu.DevicePtr
-	}{{unsafe.Pointer(&t.out.Logprob[0]), a.lp}, {unsafe.Pointer(&t.out.Ratio[0]), a.ratio},
-		{unsafe.Pointer(&t.out.Surrogate[0]), a.sur}, {unsafe.Pointer(&t.out.KL[0]), a.kl},
-		{unsafe.Pointer(&t.out.Entropy[0]), a.ent}, {unsafe.Pointer(&t.out.Flags[0]), a.flags}} {
-		if err := cu.MemcpyDtoH(x.dst, x.src, int64(4*T)); err != nil {
+		dst  unsafe.Pointer
+		src  cu.DevicePtr
+		size int
+	}{{unsafe.Pointer(&t.out.Logprob[0]), a.lp, 4}, {unsafe.Pointer(&t.out.Ratio[0]), a.ratio, 8},
+		{unsafe.Pointer(&t.out.Surrogate[0]), a.sur, 8}, {unsafe.Pointer(&t.out.KL[0]), a.kl, 8},
+		{unsafe.Pointer(&t.out.Entropy[0]), a.ent, 8}, {unsafe.Pointer(&t.out.Flags[0]), a.flags, 4}} {
+		if err := cu.MemcpyDtoH(x.dst, x.src, int64(x.size*T)); err != nil {
 			return gpu.Metrics{}, devErr("download token outputs", err)
 		}
 	}

@@ -21,18 +21,22 @@ const (
 // Logprob, which is set wherever a target exists).
 type TokenOut struct {
 	Logprob   []float32 // current log-prob of the target (float32, as objective.Result.CurLogprobs)
-	Ratio     []float32 // r = exp(clamped cur - old)
-	Surrogate []float32 // min(r A, clip(r) A)
-	KL        []float32 // KL estimator value (0 without reference)
-	Entropy   []float32 // H of the position's current distribution
+	Ratio     []float64 // r = exp(clamped cur - old)
+	Surrogate []float64 // min(r A, clip(r) A)
+	KL        []float64 // KL estimator value (0 without reference)
+	Entropy   []float64 // H of the position's current distribution
 	Flags     []int32   // Flag* bits
 }
 
 // Resize makes every slice of o hold T entries, reusing capacity.
 func (o *TokenOut) Resize(T int) {
-	for _, p := range []*[]float32{&o.Logprob, &o.Ratio, &o.Surrogate, &o.KL, &o.Entropy} {
+	if cap(o.Logprob) < T {
+		o.Logprob = make([]float32, T)
+	}
+	o.Logprob = o.Logprob[:T]
+	for _, p := range []*[]float64{&o.Ratio, &o.Surrogate, &o.KL, &o.Entropy} {
 		if cap(*p) < T {
-			*p = make([]float32, T)
+			*p = make([]float64, T)
 		}
 		*p = (*p)[:T]
 	}
@@ -77,14 +81,14 @@ func ReduceStats(out *TokenOut, st *Staged, buf []byte, opts objective.Options) 
 		}
 		n++
 		c := float64(w[i])
-		pol += c * float64(out.Surrogate[i])
+		pol += c * out.Surrogate[i]
 		if klOn {
-			kl += c * float64(out.KL[i])
+			kl += c * out.KL[i]
 		}
-		ent += c * float64(out.Entropy[i])
+		ent += c * out.Entropy[i]
 		lr := float64(out.Logprob[i]) - float64(old[i])
 		akl += 0.5 * lr * lr
-		r := float64(out.Ratio[i])
+		r := out.Ratio[i]
 		rsum += r
 		s.RatioMin = math.Min(s.RatioMin, r)
 		s.RatioMax = math.Max(s.RatioMax, r)

@@ -76,7 +76,7 @@ func emulateTokenLoss(beh []float32, V int, buf []byte, st *Staged, opts objecti
 		if mask[i] != 1 {
 			continue
 		}
-		out.Entropy[i] = float32(s.Entropy())
+		out.Entropy[i] = s.Entropy()
 		lr := float64(cur) - float64(old[i])
 		if M := opts.MaxLogRatio; M > 0 && (lr > M || lr < -M) {
 			lr = math.Max(-M, math.Min(M, lr))
@@ -90,16 +90,16 @@ func emulateTokenLoss(beh []float32, V int, buf []byte, st *Staged, opts objecti
 		} else if a < 0 && r < lo {
 			sur, out.Flags[i] = lo*a, out.Flags[i]|FlagClipped
 		}
-		out.Ratio[i], out.Surrogate[i] = float32(r), float32(sur)
+		out.Ratio[i], out.Surrogate[i] = r, sur
 		if st.HasRef && opts.KLEstimator != "" {
 			logr := float64(ref[i]) - float64(cur)
 			switch opts.KLEstimator {
 			case objective.K1:
-				out.KL[i] = float32(-logr)
+				out.KL[i] = -logr
 			case objective.K2:
-				out.KL[i] = float32(logr * logr / 2)
+				out.KL[i] = logr * logr / 2
 			default:
-				out.KL[i] = float32(math.Exp(logr) - 1 - logr)
+				out.KL[i] = math.Exp(logr) - 1 - logr
 			}
 		}
 	}

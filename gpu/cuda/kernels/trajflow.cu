@@ -184,15 +184,15 @@ __device__ __forceinline__ bool tf_finite(double x) { return !isnan(x) && !isinf
 extern "C" __global__ void tf_token_loss(const int *tgt, const unsigned char *mask, const float *w, const float *old,
                                          const float *ref, const float *adv, const float *m, const float *s,
                                          const float *a, const float *zy, int T, double clipLow, double clipHigh,
-                                         double maxLogRatio, int kl, double klCoef, float *lp, float *ratio,
-                                         float *sur, float *klv, float *ent, int *flags, float *lse, float *gw) {
+                                         double maxLogRatio, int kl, double klCoef, float *lp, double *ratio,
+                                         double *sur, double *klv, double *ent, int *flags, float *lse, float *gw) {
     double lo = 1.0 - clipLow, hi = 1.0 + clipHigh;
     for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < T; i += gridDim.x * blockDim.x) {
         lp[i] = 0.f;
-        ratio[i] = 0.f;
-        sur[i] = 0.f;
-        klv[i] = 0.f;
-        ent[i] = 0.f;
+        ratio[i] = 0;
+        sur[i] = 0;
+        klv[i] = 0;
+        ent[i] = 0;
         flags[i] = 0;
         gw[i] = 0.f;
         lse[i] = 0.f;
@@ -203,7 +203,7 @@ extern "C" __global__ void tf_token_loss(const int *tgt, const unsigned char *ma
         lse[i] = (float)((double)m[i] + ls);
         if (mask[i] != 1) continue;
         double h = ls - (double)a[i] / (double)s[i];
-        ent[i] = (float)h;
+        ent[i] = h;
         double c = cur, o = old[i], av = adv[i];
         int f = 0;
         if (!tf_finite(c)) f |= TF_NOLOGPROB;
@@ -248,11 +248,11 @@ extern "C" __global__ void tf_token_loss(const int *tgt, const unsigned char *ma
                 k = e - 1 - logr;
                 dk = 1 - e;
             }
-            klv[i] = (float)k;
+            klv[i] = k;
             g += klCoef * dk;
         }
-        ratio[i] = (float)r;
-        sur[i] = (float)sv;
+        ratio[i] = r;
+        sur[i] = sv;
         flags[i] = f;
         gw[i] = (float)((double)w[i] * g);
     }
@@ -266,7 +266,7 @@ extern "C" __global__ void tf_token_loss(const int *tgt, const unsigned char *ma
 // with gw = w·g. Rows with w == 0 (unmasked) become exactly 0.
 extern "C" __global__ void tf_dz_chunk(float *Z, long long ldz, const float *b2, int v0, int C, float temp,
                                        const int *tgt, const float *w, const float *gw, const float *lse,
-                                       const float *ent, float alpha, int T) {
+                                       const double *ent, float alpha, int T) {
     long long n = (long long)T * C;
     for (long long idx = blockIdx.x * (long long)blockDim.x + threadIdx.x; idx < n;
          idx += (long long)gridDim.x * blockDim.x) {
@@ -282,7 +282,7 @@ extern "C" __global__ void tf_dz_chunk(float *Z, long long ldz, const float *b2,
         double lpv = (double)x - (double)lse[i];
         double p = exp(lpv);
         double g = (double)gw[i] / (double)wi;
-        double d = (double)wi * p * (-g + (double)alpha * (lpv + (double)ent[i]));
+        double d = (double)wi * p * (-g + (double)alpha * (lpv + ent[i]));
         if (v0 + c == tgt[i]) d += (double)gw[i];
         *zp = (float)(d / (double)temp);
     }
