@@ -121,6 +121,14 @@ func NewHealthServer(addr string, m *Metrics, ops ...*Operator) (*HealthServer, 
 // Addr is the address the server listens on.
 func (h *HealthServer) Addr() string { return h.ln.Addr().String() }
 
+// SetOperators replaces the operators whose readiness /readyz reports (an
+// operator rebuilt after a fatal error replaces the failed one).
+func (h *HealthServer) SetOperators(ops ...*Operator) {
+	h.mu.Lock()
+	h.ops = ops
+	h.mu.Unlock()
+}
+
 // SetDraining makes /readyz fail (during a graceful shutdown).
 func (h *HealthServer) SetDraining() {
 	h.mu.Lock()

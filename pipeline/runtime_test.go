@@ -17,7 +17,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 )
 
-func startCluster(t *testing.T, topics ...string) string {
+func startCluster(t testing.TB, topics ...string) string {
 	t.Helper()
 	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(2, topics...))
 	if err != nil {
@@ -27,7 +27,7 @@ func startCluster(t *testing.T, topics ...string) string {
 	return c.ListenAddrs()[0]
 }
 
-func produce(t *testing.T, addr, topic string, vals ...[]byte) {
+func produce(t testing.TB, addr, topic string, vals ...[]byte) {
 	t.Helper()
 	w := &kafka.Writer{Addr: kafka.TCP(addr), Topic: topic, RequiredAcks: kafka.RequireAll, Balancer: &kafka.Murmur2Balancer{}, BatchTimeout: time.Millisecond}
 	defer w.Close()
@@ -121,7 +121,7 @@ func runUntil(t *testing.T, op *Operator, cond func() bool) {
 	}
 }
 
-func lastOffsets(t *testing.T, addr, topic string) int64 {
+func lastOffsets(t testing.TB, addr, topic string) int64 {
 	t.Helper()
 	var total int64
 	for p := 0; p < 2; p++ {
