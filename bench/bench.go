@@ -80,6 +80,9 @@ type Config struct {
 	Drain time.Duration
 	// Progress, when set, is called about four times a second.
 	Progress func(Progress)
+	// Measured, when set, is called at the end of the measurement window,
+	// before the drain, while everything still runs (for a heap profile).
+	Measured func()
 	Logger   *slog.Logger
 }
 
@@ -107,7 +110,7 @@ func (c *Config) defaults() error {
 		c.Baseline = max(c.Duration/3, 2*time.Second)
 	}
 	if c.InFlightGroups <= 0 {
-		c.InFlightGroups = 512
+		c.InFlightGroups = 256
 	}
 	if c.PartialGroupTimeout <= 0 {
 		c.PartialGroupTimeout = time.Second
@@ -230,7 +233,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		// keeps every consumer far less than this behind.
 		b, err := kafka.StartBroker(ctx, kafka.BrokerConfig{
 			MaxMessageBytes: c.Topics.MaxMessageBytes,
-			Retention:       kafka.RetentionPolicy{Bytes: retentionBytes(), CheckInterval: 500 * time.Millisecond},
+			Retention:       kafka.RetentionPolicy{Bytes: retentionBytes(), CheckInterval: 250 * time.Millisecond, SegmentBytes: 2 << 20},
 		})
 		if err != nil {
 			return nil, fmt.Errorf("bench: start broker: %w", err)
@@ -274,7 +277,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		// One batch is many MB: give the single batches partition room for
 		// several, so retention never deletes a batch the trainer side has
 		// not read yet.
-		if err := r.setRetentionBytes(ctx, r.topics.Batches, 8*batchBytesEstimate(c)); err != nil {
+		if err := r.setRetentionBytes(ctx, r.topics.Batches, 4*batchBytesEstimate(c)); err != nil {
 			return nil, err
 		}
 	}
@@ -286,6 +289,10 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 			return nil, err
 		}
 		rep.Baseline = bl
+		// Free the baseline's data before the pipeline runs.
+		if err := r.deleteTopic(ctx, base.Name); err != nil {
+			return nil, err
+		}
 	}
 	if err := ctx.Err(); err != nil {
 		return nil, err
@@ -460,6 +467,9 @@ func (r *run) pipeline(ctx context.Context, rep *Report) error {
 	}
 	window := time.Since(t0)
 	snapEnd := r.snapshot()
+	if cfg.Measured != nil {
+		cfg.Measured()
+	}
 	r.mu.Lock()
 	measured := r.acct
 	r.acct = newAccounting() // the drain's decisions count for correctness only
@@ -697,6 +707,20 @@ func (r *run) setRetentionBytes(ctx context.Context, topic string, n int64) erro
 	for _, e := range resp.Errors {
 		if e != nil {
 			return fmt.Errorf("bench: set retention of %s: %w", topic, e)
+		}
+	}
+	return nil
+}
+
+func (r *run) deleteTopic(ctx context.Context, topic string) error {
+	cl := &kafkago.Client{Addr: kafkago.TCP(r.addr...), Transport: r.trans(), Timeout: 30 * time.Second}
+	resp, err := cl.DeleteTopics(ctx, &kafkago.DeleteTopicsRequest{Topics: []string{topic}})
+	if err != nil {
+		return fmt.Errorf("bench: delete %s: %w", topic, err)
+	}
+	for _, e := range resp.Errors {
+		if e != nil {
+			return fmt.Errorf("bench: delete %s: %w", topic, e)
 		}
 	}
 	return nil

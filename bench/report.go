@@ -69,12 +69,15 @@ type Report struct {
 	// SinkCPUShare is the share of the window the accounting reader spent
 	// decoding batches and census events (bench overhead, not pipeline).
 	SinkCPUShare float64 `json:"sink_busy_share"`
-	// CPUCores is process CPU time / wall time over the window.
-	CPUCores   float64      `json:"cpu_cores"`
-	PeakRSSMB  float64      `json:"peak_rss_mb"`
-	RSS        []RSSSample  `json:"rss"`
-	DrainS     float64      `json:"drain_s"`
-	Accounting audit.Counts `json:"accounting"`
+	// CPUCores is process CPU time / wall time over the window;
+	// E2ETokensPerCPUS the end-to-end tokens per second of process CPU
+	// time (the rate per fully available core, on a shared machine).
+	CPUCores         float64      `json:"cpu_cores"`
+	E2ETokensPerCPUS float64      `json:"e2e_tokens_per_cpu_s"`
+	PeakRSSMB        float64      `json:"peak_rss_mb"`
+	RSS              []RSSSample  `json:"rss"`
+	DrainS           float64      `json:"drain_s"`
+	Accounting       audit.Counts `json:"accounting"`
 	// Correct is true when nothing launched was lost or duplicated.
 	Correct bool         `json:"correct"`
 	Synth   synth.Config `json:"synth"`
@@ -306,6 +309,9 @@ func (rep *Report) fill(a *accounting, s0, s1 snapshot, window time.Duration, r 
 	}
 	rep.SinkCPUShare = float64(s1.sinkNs-s0.sinkNs) / 1e9 / w
 	rep.CPUCores = (s1.cpu - s0.cpu).Seconds() / w
+	if cpu := (s1.cpu - s0.cpu).Seconds(); cpu > 0 {
+		rep.E2ETokensPerCPUS = float64(a.tokens) / cpu
+	}
 }
 
 func instReport(id string, d instanceStats, w float64) InstanceReport {
@@ -368,7 +374,7 @@ func (rep *Report) WriteTable(w io.Writer) error {
 	p("policy lag       generated %s   admitted %s\n", lagString(rep.LagGenerated), lagString(rep.LagAdmitted))
 	p("source           ceiling %s tokens/s (busy %.0f%% of the window), %.1f bytes/token\n",
 		human(rep.Source.CeilingPerS), 100*rep.Source.BusyShare, rep.Source.BytesPerToken)
-	p("process          %.2f cores, peak RSS %.0f MB\n", rep.CPUCores, rep.PeakRSSMB)
+	p("process          %.2f cores (%s end-to-end tokens per CPU-second), peak RSS %.0f MB\n", rep.CPUCores, human(rep.E2ETokensPerCPUS), rep.PeakRSSMB)
 	c := rep.Accounting
 	verdict := "OK"
 	if !rep.Correct {

@@ -106,8 +106,9 @@ func (randomTokens) logprobs(r *rand.Rand, n int) []float32 {
 // Generator produces the groups of a Config fast enough never to be the
 // bottleneck of a throughput benchmark: token ids and log-probs are views
 // of a fixed random pool (drawn once from Seed) at random offsets instead
-// of one random draw per token. Shapes, ids, lags and shares are those of
-// Config.Group; only token contents differ. Groups share the pool's
+// of one random draw per token. Ids and every distribution (lengths,
+// turns, lags, shares) are those of Config.Group; the individual draws
+// differ (one random stream feeds both shapes and offsets). Groups share the pool's
 // backing arrays: treat them as read-only. Safe for concurrent use.
 type Generator struct {
 	c    Config

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"runtime"
 	"runtime/pprof"
 	"strings"
 	"time"
@@ -31,12 +32,13 @@ func cmdBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	tokens := fs.Int64("tokens", 0, "end the measurement after this many generated tokens are decided (0: --duration only)")
 	baseline := fs.Duration("baseline", 0, "raw kafka-go baseline duration (0: a third of --duration, at least 2s; negative: skip)")
 	instances := fs.String("instances", "", "instances per stage in one consumer group, e.g. validate=2,reward=2")
-	inflight := fs.Int("inflight-groups", 512, "groups produced but not yet decided (closed loop)")
+	inflight := fs.Int("inflight-groups", 256, "groups produced but not yet decided (closed loop)")
 	meanTokens := fs.Float64("mean-tokens", 1000, "mean tokens per trajectory (log-normal)")
 	maxTokens := fs.Int("max-tokens", 32768, "tail of the token-length distribution")
 	asJSON := fs.Bool("json", false, "print the report as JSON")
 	plotPath := fs.String("plot", "", "write throughput per stage and the latency distribution to this PNG")
 	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the whole run to this file")
+	memProfile := fs.String("memprofile", "", "write a heap profile taken at the end of the measurement window to this file")
 	logLevel := fs.String("log-level", "error", "operator log level (logs go to stderr)")
 	if _, err := parseFlags(fs, args); err != nil {
 		return err
@@ -86,7 +88,23 @@ func cmdBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		}
 		defer pprof.StopCPUProfile()
 	}
+	var memErr error
+	if *memProfile != "" {
+		cfg.Measured = func() {
+			f, err := os.Create(*memProfile)
+			if err != nil {
+				memErr = err
+				return
+			}
+			defer f.Close()
+			runtime.GC()
+			memErr = pprof.WriteHeapProfile(f)
+		}
+	}
 	rep, err := bench.Run(ctx, cfg)
+	if err == nil && memErr != nil {
+		err = fmt.Errorf("heap profile: %w", memErr)
+	}
 	if bar != nil {
 		bar.clear()
 	}
