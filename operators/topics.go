@@ -10,6 +10,12 @@ import (
 // replication, retention and max.message.bytes. Topics that must keep a
 // single order (batches, windows, the policy log) have one partition; the
 // policy topic is compacted (systems §8: the latest release per key).
+//
+// The scored topic has one partition too: the pack window is one logical
+// window per run (batch indexes are a single sequence), so the pack stage
+// runs as one active instance; further instances in its consumer group get
+// no partition and stand by, taking over on a rebalance. Validate, reward
+// and advantage scale out over the partitions of their input topics.
 func TopicSpecs(c *contract.Contract, t pipeline.Topics) []kafka.TopicSpec {
 	spec := func(name string, parts int) kafka.TopicSpec {
 		return kafka.TopicSpec{
@@ -23,7 +29,7 @@ func TopicSpecs(c *contract.Contract, t pipeline.Topics) []kafka.TopicSpec {
 	policy.RetentionMs = 0
 	return []kafka.TopicSpec{
 		spec(t.Tasks, p), spec(t.Trajectories, p), spec(t.Valid, p), spec(t.Rewarded, p),
-		spec(t.Scored, p), spec(t.Batches, 1), spec(t.Quarantine, p), spec(t.Census, p),
+		spec(t.Scored, 1), spec(t.Batches, 1), spec(t.Quarantine, p), spec(t.Census, p),
 		spec(t.Incidents, 1), policy, spec(t.Windows, 1),
 	}
 }
