@@ -84,19 +84,14 @@ func (s *Stage) Process(ctx context.Context, m pipeline.Message) (pipeline.Resul
 			ids = append(ids, t.RecordID)
 			continue
 		}
-		q, err := stagekit.RowRefusal(schemas.Trajectories, s.cfg.Topics.Quarantine, s.Name(), m, i, *t, t.RecordID, v.Reason, v.Detail)
-		if err != nil {
-			return pipeline.Result{}, err
-		}
-		ev, err := stagekit.Census(s.cfg.Topics.Census, schemas.CensusEvent{
+		outs, err := stagekit.RefuseRow(schemas.Trajectories, s.cfg.Topics, s.Name(), m, i, *t, stagekit.Refused{
 			RunID: t.RunID, AttemptID: t.RecordID, TaskID: t.TaskID, GroupID: t.GroupID,
-			Kind: schemas.CensusQuarantined, Stage: s.Name(), Reason: v.Reason, Infra: v.Infra(),
-			At: s.cfg.Now().UnixMicro(),
+			Reason: v.Reason, Detail: v.Detail, Infra: v.Infra(), At: s.cfg.Now().UnixMicro(),
 		})
 		if err != nil {
 			return pipeline.Result{}, err
 		}
-		res.Outputs = append(res.Outputs, q, ev)
+		res.Outputs = append(res.Outputs, outs...)
 	}
 	if len(out) > 0 {
 		o, err := stagekit.Encode(schemas.RewardedTrajectories, s.cfg.Topics.Rewarded, string(m.Key), stagekit.MessageID(s.Name(), ids...), out)

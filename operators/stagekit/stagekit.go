@@ -143,3 +143,41 @@ func MessageID(stage string, ids ...string) string {
 	}
 	return schemas.DerivedID(stage, strings.Join(ids, ","))
 }
+
+// Refused describes a refused row for RefuseRow.
+type Refused struct {
+	RunID, AttemptID, TaskID, GroupID string
+	Reason, Detail                    string
+	Infra                             bool // an infrastructure failure, never a task failure
+	Incident                          bool // also raise an incident (pipeline §8, §9)
+	At                                int64
+}
+
+// RefuseRow builds every output of one refused row: the quarantine record
+// (the row alone, re-encoded), its census event and, for incidents, the
+// incidents-topic record.
+func RefuseRow[T any](c *schemas.Codec[T], topics pipeline.Topics, stage string, m pipeline.Message, row int, rec T, r Refused) ([]pipeline.Output, error) {
+	q, err := RowRefusal(c, topics.Quarantine, stage, m, row, rec, r.AttemptID, r.Reason, r.Detail)
+	if err != nil {
+		return nil, err
+	}
+	ev, err := Census(topics.Census, schemas.CensusEvent{
+		RunID: r.RunID, AttemptID: r.AttemptID, TaskID: r.TaskID, GroupID: r.GroupID,
+		Kind: schemas.CensusQuarantined, Stage: stage, Reason: r.Reason, Infra: r.Infra, At: r.At,
+	})
+	if err != nil {
+		return nil, err
+	}
+	outs := []pipeline.Output{q, ev}
+	if r.Incident {
+		inc, err := IncidentOutput(topics.Incidents, Incident{
+			RunID: r.RunID, AttemptID: r.AttemptID, TaskID: r.TaskID, Stage: stage,
+			Reason: r.Reason, Detail: r.Detail, Source: m.Ref.String(), At: r.At,
+		})
+		if err != nil {
+			return nil, err
+		}
+		outs = append(outs, inc)
+	}
+	return outs, nil
+}

@@ -54,29 +54,14 @@ func (s *Stage) Process(_ context.Context, m pipeline.Message) (pipeline.Result,
 			ids = append(ids, t.RecordID)
 			continue
 		}
-		q, err := stagekit.RowRefusal(schemas.Trajectories, s.cfg.Topics.Quarantine, s.Name(), m, i, *t, t.RecordID, v.Reason, v.Detail)
-		if err != nil {
-			return pipeline.Result{}, err
-		}
-		ev, err := stagekit.Census(s.cfg.Topics.Census, schemas.CensusEvent{
+		outs, err := stagekit.RefuseRow(schemas.Trajectories, s.cfg.Topics, s.Name(), m, i, *t, stagekit.Refused{
 			RunID: t.RunID, AttemptID: t.RecordID, TaskID: t.TaskID, GroupID: t.GroupID,
-			Kind: schemas.CensusQuarantined, Stage: s.Name(), Reason: v.Reason,
-			Infra: v.Infra(), At: now,
+			Reason: v.Reason, Detail: v.Detail, Infra: v.Infra(), Incident: v.Class == Incident, At: now,
 		})
 		if err != nil {
 			return pipeline.Result{}, err
 		}
-		res.Outputs = append(res.Outputs, q, ev)
-		if v.Class == Incident {
-			inc, err := stagekit.IncidentOutput(s.cfg.Topics.Incidents, stagekit.Incident{
-				RunID: t.RunID, AttemptID: t.RecordID, TaskID: t.TaskID, Stage: s.Name(),
-				Reason: v.Reason, Detail: v.Detail, Source: m.Ref.String(), At: now,
-			})
-			if err != nil {
-				return pipeline.Result{}, err
-			}
-			res.Outputs = append(res.Outputs, inc)
-		}
+		res.Outputs = append(res.Outputs, outs...)
 	}
 	if len(valid) > 0 {
 		out, err := stagekit.Encode(schemas.Trajectories, s.cfg.Topics.Valid, string(m.Key), stagekit.MessageID(s.Name(), ids...), valid)
