@@ -17,8 +17,11 @@ import (
 	"runtime"
 	"unsafe"
 
+	"gonum.org/v1/gonum/blas"
 	"gorgonia.org/cu"
 	cublas "gorgonia.org/cu/blas"
+
+	"github.com/trajflow/trajflow/gpu/model"
 )
 
 // embeddedPTX is kernels/trajflow.ptx, generated from kernels/trajflow.cu
@@ -31,9 +34,6 @@ var embeddedPTX string
 // PTXEnv names a PTX file that replaces the embedded kernels (for example
 // one compiled with nvcc on the GPU machine by gpu/devicecheck.sh).
 const PTXEnv = "TRAJFLOW_CUDA_PTX"
-
-var kernelNames = []string{"tf_gather_x", "tf_bias_tanh", "tf_lse_init", "tf_lse_chunk", "tf_token_loss",
-	"tf_dz_chunk", "tf_colsum", "tf_tanh_back", "tf_emb_scatter", "tf_sumsq", "tf_adam"}
 
 // Device is one GPU with its primary context, the kernels module, a cuBLAS
 // handle, and the double-buffered staging slots (it implements Engine).
@@ -63,11 +63,9 @@ type Device struct {
 	PTXFrom  string // "embedded" or the file named by PTXEnv
 }
 
-func devErr(what string, err error) error { return fmt.Errorf("%w: %s: %w", ErrDevice, what, err) }
-
-// enter locks the goroutine to its thread and makes the context current;
+// Enter implements backend: it locks the goroutine to its thread and makes the context current;
 // the returned func undoes the lock.
-func (d *Device) enter() (func(), error) {
+func (d *Device) Enter() (func(), error) {
 	runtime.LockOSThread()
 	if err := cu.SetCurrentContext(d.ctx); err != nil {
 		runtime.UnlockOSThread()
@@ -149,7 +147,7 @@ func (d *Device) Name() string {
 // Close frees the staging buffers, the module and the cuBLAS handle and
 // releases the primary context.
 func (d *Device) Close() error {
-	done, err := d.enter()
+	done, err := d.Enter()
 	if err != nil {
 		return err
 	}
@@ -174,7 +172,7 @@ func (d *Device) Close() error {
 // Ensure implements Engine: it reallocates slot's pinned host buffer and
 // device buffer to n bytes after the slot's copy and compute completed.
 func (d *Device) Ensure(slot, n int) error {
-	done, err := d.enter()
+	done, err := d.Enter()
 	if err != nil {
 		return err
 	}
@@ -219,7 +217,7 @@ func (d *Device) Host(slot int) []byte {
 
 // WaitCopied implements Engine.
 func (d *Device) WaitCopied(slot int) error {
-	done, err := d.enter()
+	done, err := d.Enter()
 	if err != nil {
 		return err
 	}
@@ -232,7 +230,7 @@ func (d *Device) WaitCopied(slot int) error {
 
 // CopyAsync implements Engine.
 func (d *Device) CopyAsync(slot, n int) error {
-	done, err := d.enter()
+	done, err := d.Enter()
 	if err != nil {
 		return err
 	}
@@ -249,18 +247,95 @@ func (d *Device) CopyAsync(slot, n int) error {
 	return nil
 }
 
-// SlotPtr is the device address of slot's staging buffer.
-func (d *Device) SlotPtr(slot int) cu.DevicePtr { return d.dbuf[slot] }
+// SlotPtr implements backend.
+func (d *Device) SlotPtr(slot int) DevPtr { return DevPtr(d.dbuf[slot]) }
 
-// launch runs kernel name on the default stream with a 1-D grid. Every
+// ComputeWaitCopied implements backend.
+func (d *Device) ComputeWaitCopied(slot int) error {
+	if err := (cu.Stream{}).Wait(d.copied[slot], 0); err != nil {
+		return devErr("wait copy", err)
+	}
+	return nil
+}
+
+// RecordComputed implements backend.
+func (d *Device) RecordComputed(slot int) error {
+	if err := d.computed[slot].Record(cu.Stream{}); err != nil {
+		return devErr("record compute", err)
+	}
+	return nil
+}
+
+// Alloc implements backend.
+func (d *Device) Alloc(bytes int64) (DevPtr, error) {
+	p, err := cu.MemAlloc(bytes)
+	if err != nil {
+		return 0, devErr("alloc", err)
+	}
+	return DevPtr(p), nil
+}
+
+// Free implements backend.
+func (d *Device) Free(p DevPtr) { _ = cu.MemFree(cu.DevicePtr(p)) }
+
+// Upload implements backend (synchronous).
+func (d *Device) Upload(dst DevPtr, src unsafe.Pointer, bytes int64) error {
+	if err := cu.MemcpyHtoD(cu.DevicePtr(dst), src, bytes); err != nil {
+		return devErr("upload", err)
+	}
+	return nil
+}
+
+// Download implements backend: it waits for the compute stream.
+func (d *Device) Download(dst unsafe.Pointer, src DevPtr, bytes int64) error {
+	if err := cu.MemcpyDtoH(dst, cu.DevicePtr(src), bytes); err != nil {
+		return devErr("download", err)
+	}
+	return nil
+}
+
+// Zero implements backend (bytes must be a multiple of 4).
+func (d *Device) Zero(p DevPtr, bytes int64) error {
+	if err := cu.MemsetD32Async(cu.DevicePtr(p), 0, bytes/4, cu.Stream{}); err != nil {
+		return devErr("memset", err)
+	}
+	return nil
+}
+
+// Synchronize implements backend.
+func (d *Device) Synchronize() error {
+	if err := cu.Synchronize(); err != nil {
+		return devErr("synchronize", err)
+	}
+	return nil
+}
+
+// Gemm implements backend with cublasSgemm (column-major; the slices
+// handed to the binding only carry device addresses).
+func (d *Device) Gemm(tA, tB blas.Transpose, m, n, k int, a DevPtr, lda int, b DevPtr, ldb int, beta float32, c DevPtr, ldc int) error {
+	d.blas.Sgemm(tA, tB, m, n, k, 1, floats(a, 1), lda, floats(b, 1), ldb, beta, floats(c, 1), ldc)
+	if err := d.blas.Err(); err != nil {
+		return devErr("cublasSgemm", err)
+	}
+	return nil
+}
+
+// NewTrainer uploads m's parameters to d and starts training at version.
+// The behavior must be a pure temperature (no grammar, top-k or top-p:
+// ErrUnsupported).
+func NewTrainer(d *Device, m *model.Model, b model.Behavior, version int64, o TrainerOptions) (*Trainer, error) {
+	return newTrainer(d, m, b, version, o)
+}
+
+// Launch implements backend: it runs kernel name on the default stream with a 1-D grid. Every
 // argument is passed in its own 8-byte slot (the binding copies 8 bytes
 // per argument; the kernel reads the width it declares).
-func (d *Device) launch(name string, grid, block int, args ...any) error {
+func (d *Device) Launch(name string, grid, block int, args ...any) error {
 	slots := make([]uint64, len(args))
 	ptrs := make([]unsafe.Pointer, len(args))
 	for i, a := range args {
 		switch v := a.(type) {
-		case cu.DevicePtr:
+		case DevPtr:
 			slots[i] = uint64(v)
 		case int:
 			*(*int32)(unsafe.Pointer(&slots[i])) = int32(v)
@@ -284,23 +359,9 @@ func (d *Device) launch(name string, grid, block int, args ...any) error {
 	return nil
 }
 
-// gridFor is a grid-stride launch size for n elements.
-func gridFor(n int64) int {
-	g := (n + blockSize - 1) / blockSize
-	if g > 65535 {
-		g = 65535
-	}
-	if g < 1 {
-		g = 1
-	}
-	return int(g)
-}
-
-const blockSize = 256 // TF_BLOCK in kernels/trajflow.cu
-
 // floats views n float32 values at device address p as a slice for the
 // cuBLAS binding, which takes slices and passes &s[0] to cuBLAS. The slice
 // must never be read or written from Go.
-func floats(p cu.DevicePtr, n int) []float32 {
+func floats(p DevPtr, n int) []float32 {
 	return unsafe.Slice((*float32)(*(*unsafe.Pointer)(unsafe.Pointer(&p))), n)
 }

@@ -50,7 +50,7 @@ func BenchmarkH2DPinned(b *testing.B) {
 	if err := d.Ensure(0, n); err != nil {
 		b.Fatal(err)
 	}
-	done, _ := d.enter()
+	done, _ := d.Enter()
 	defer done()
 	var secs float64
 	b.SetBytes(n)
@@ -101,7 +101,7 @@ func BenchmarkStagingH2D(b *testing.B) {
 // the reference for the memory-bound kernels.
 func BenchmarkCopyD2D(b *testing.B) {
 	d := openDevice(b)
-	done, _ := d.enter()
+	done, _ := d.Enter()
 	defer done()
 	const n = 1 << 30
 	src, err := cu.MemAlloc(n)
@@ -153,18 +153,18 @@ func BenchmarkLogprobLoss(b *testing.B) {
 		mask[i] = 1
 		w[i] = 1 / float32(T)
 	}
-	done, _ := d.enter()
+	done, _ := d.Enter()
 	defer done()
-	alloc := func(n int) cu.DevicePtr {
-		p, err := cu.MemAlloc(int64(n))
+	alloc := func(n int) DevPtr {
+		p, err := d.Alloc(int64(n))
 		if err != nil {
 			b.Fatal(err)
 		}
-		b.Cleanup(func() { _ = cu.MemFree(p) })
+		b.Cleanup(func() { d.Free(p) })
 		return p
 	}
-	up := func(p cu.DevicePtr, src unsafe.Pointer, n int) {
-		if err := cu.MemcpyHtoD(p, src, int64(n)); err != nil {
+	up := func(p DevPtr, src unsafe.Pointer, n int) {
+		if err := d.Upload(p, src, int64(n)); err != nil {
 			b.Fatal(err)
 		}
 	}
@@ -176,18 +176,18 @@ func BenchmarkLogprobLoss(b *testing.B) {
 	up(dold, unsafe.Pointer(&old[0]), 4*T)
 	up(dadv, unsafe.Pointer(&adv[0]), 4*T)
 	up(dmask, unsafe.Pointer(&mask[0]), T)
-	o := make([]cu.DevicePtr, 12)
+	o := make([]DevPtr, 12)
 	for i := range o {
 		o[i] = alloc(8 * T)
 	}
 	run := func() {
-		if err := d.launch("tf_lse_init", gridFor(int64(T)), blockSize, o[0], o[1], o[2], o[3], T); err != nil {
+		if err := d.Launch("tf_lse_init", gridFor(int64(T)), blockSize, o[0], o[1], o[2], o[3], T); err != nil {
 			b.Fatal(err)
 		}
-		if err := d.launch("tf_lse_chunk", T, blockSize, dz, int64(V), cu.DevicePtr(0), 0, V, float32(1), dt, o[0], o[1], o[2], o[3], T); err != nil {
+		if err := d.Launch("tf_lse_chunk", T, blockSize, dz, int64(V), DevPtr(0), 0, V, float32(1), dt, o[0], o[1], o[2], o[3], T); err != nil {
 			b.Fatal(err)
 		}
-		if err := d.launch("tf_token_loss", gridFor(int64(T)), blockSize, dt, dmask, dw, dold, dold, dadv, o[0], o[1], o[2], o[3], T,
+		if err := d.Launch("tf_token_loss", gridFor(int64(T)), blockSize, dt, dmask, dw, dold, dold, dadv, o[0], o[1], o[2], o[3], T,
 			0.2, 0.2, 0.0, 0, 0.0, o[4], o[5], o[6], o[7], o[8], o[9], o[10], o[11]); err != nil {
 			b.Fatal(err)
 		}
@@ -207,10 +207,10 @@ func BenchmarkLogprobLoss(b *testing.B) {
 	// Results for the side-by-side comparison.
 	lp := make([]float32, T)
 	sur := make([]float64, T)
-	if err := cu.MemcpyDtoH(unsafe.Pointer(&lp[0]), o[4], int64(4*T)); err != nil {
+	if err := d.Download(unsafe.Pointer(&lp[0]), o[4], int64(4*T)); err != nil {
 		b.Fatal(err)
 	}
-	if err := cu.MemcpyDtoH(unsafe.Pointer(&sur[0]), o[6], int64(8*T)); err != nil {
+	if err := d.Download(unsafe.Pointer(&sur[0]), o[6], int64(8*T)); err != nil {
 		b.Fatal(err)
 	}
 	var loss float64

@@ -1,5 +1,3 @@
-//go:build cuda
-
 package cuda
 
 import (
@@ -9,13 +7,49 @@ import (
 
 	"github.com/apache/arrow-go/v18/arrow"
 	"gonum.org/v1/gonum/blas"
-	"gorgonia.org/cu"
 
 	"github.com/trajflow/trajflow/gpu"
 	"github.com/trajflow/trajflow/gpu/model"
 	"github.com/trajflow/trajflow/gpu/objective"
 	"github.com/trajflow/trajflow/schemas"
 )
+
+// DevPtr is a device address.
+type DevPtr uintptr
+
+// backend is what the device step needs from a GPU: memory, copies, kernel
+// launches, matrix products, and the staging Engine. *Device implements it
+// with the CUDA driver and cuBLAS (build tag cuda); the tests implement it
+// with a CPU emulation of every kernel (emu_test.go), so the orchestration
+// below — buffer offsets, matrix-product conventions, the chunk loops,
+// kernel argument lists — is exercised without a GPU.
+//
+// All operations but Alloc, Free, Upload and Download are asynchronous on
+// the compute stream; Download waits for the compute stream.
+type backend interface {
+	Engine
+	// Enter makes the device usable from the calling goroutine until the
+	// returned function is called.
+	Enter() (func(), error)
+	Alloc(bytes int64) (DevPtr, error)
+	Free(p DevPtr)
+	Upload(dst DevPtr, src unsafe.Pointer, bytes int64) error
+	Download(dst unsafe.Pointer, src DevPtr, bytes int64) error
+	Zero(p DevPtr, bytes int64) error
+	Synchronize() error
+	// Launch runs a kernel of kernels/trajflow.cu with a 1-D grid; args
+	// are DevPtr, int (C int), int64 (long long), float32 or float64.
+	Launch(name string, grid, block int, args ...any) error
+	// Gemm is column-major C = A·B (op per tA, tB) + beta·C with alpha 1
+	// (cublasSgemm).
+	Gemm(tA, tB blas.Transpose, m, n, k int, a DevPtr, lda int, b DevPtr, ldb int, beta float32, c DevPtr, ldc int) error
+	// SlotPtr is the device address of a staging slot's buffer.
+	SlotPtr(slot int) DevPtr
+	// ComputeWaitCopied makes the compute stream wait for copied(slot);
+	// RecordComputed records computed(slot) on it.
+	ComputeWaitCopied(slot int) error
+	RecordComputed(slot int) error
+}
 
 // TrainerOptions tune the device step.
 type TrainerOptions struct {
@@ -40,9 +74,10 @@ type TrainerOptions struct {
 //		h = next
 //	}
 //
-// Not safe for concurrent use.
+// The staging slots belong to the backend (the Device): one Device serves
+// one Trainer at a time. Not safe for concurrent use.
 type Trainer struct {
-	d        *Device
+	d        backend
 	cfg      model.Config
 	beh      model.Behavior
 	version  int64
@@ -53,14 +88,14 @@ type Trainer struct {
 	gen      int64
 	slotGen  [Slots]int64
 
-	params, grad, m1, m2, partial cu.DevicePtr
+	params, grad, m1, m2, partial DevPtr
 	nParts                        int
 
 	capT int
 	act  struct {
-		X, H, dH, dX, Z                      cu.DevicePtr
-		m, s, a, zy, lp, ratio, sur, kl, ent cu.DevicePtr
-		flags, lse, gw                       cu.DevicePtr
+		X, H, dH, dX, Z                      DevPtr
+		m, s, a, zy, lp, ratio, sur, kl, ent DevPtr
+		flags, lse, gw                       DevPtr
 	}
 	out    TokenOut
 	partsH []float64
@@ -73,10 +108,10 @@ type Handle struct {
 	st   *Staged
 }
 
-// NewTrainer uploads m's parameters to d and starts training at version.
+// newTrainer uploads m's parameters to d and starts training at version.
 // The behavior must be a pure temperature (no grammar, top-k or top-p:
 // ErrUnsupported).
-func NewTrainer(d *Device, m *model.Model, b model.Behavior, version int64, o TrainerOptions) (*Trainer, error) {
+func newTrainer(d backend, m *model.Model, b model.Behavior, version int64, o TrainerOptions) (*Trainer, error) {
 	if err := m.Config.Validate(); err != nil {
 		return nil, err
 	}
@@ -98,15 +133,15 @@ func NewTrainer(d *Device, m *model.Model, b model.Behavior, version int64, o Tr
 	}
 	t := &Trainer{d: d, cfg: m.Config, beh: b, version: version, chunk: min(o.ChunkVocab, V), capacity: o.Capacity}
 	t.ring = NewRing(d, V, o.Capacity)
-	done, err := d.enter()
+	done, err := d.Enter()
 	if err != nil {
 		return nil, err
 	}
 	defer done()
 	n := int64(m.Config.NumParams())
-	alloc := func(p *cu.DevicePtr, bytes int64) {
+	alloc := func(p *DevPtr, bytes int64) {
 		if err == nil {
-			*p, err = cu.MemAlloc(bytes)
+			*p, err = d.Alloc(bytes)
 		}
 	}
 	t.nParts = 1024
@@ -118,17 +153,40 @@ func NewTrainer(d *Device, m *model.Model, b model.Behavior, version int64, o Tr
 	if err != nil {
 		return nil, devErr("alloc parameters", err)
 	}
-	if err := cu.MemcpyHtoD(t.params, unsafe.Pointer(&m.Params[0]), 4*n); err != nil {
+	if err := d.Upload(t.params, unsafe.Pointer(&m.Params[0]), 4*n); err != nil {
 		return nil, devErr("upload parameters", err)
 	}
-	if err := cu.MemsetD32(t.m1, 0, 2*n); err != nil {
+	if err := d.Zero(t.m1, 8*n); err != nil {
 		return nil, devErr("zero moments", err)
 	}
-	if err := cu.MemsetD32(t.m2, 0, 2*n); err != nil {
+	if err := d.Zero(t.m2, 8*n); err != nil {
 		return nil, devErr("zero moments", err)
 	}
 	t.partsH = make([]float64, t.nParts)
 	return t, nil
+}
+
+// Close frees the trainer's device memory (parameters, gradient, moments,
+// activations). The Device stays open.
+func (t *Trainer) Close() error {
+	done, err := t.d.Enter()
+	if err != nil {
+		return err
+	}
+	defer done()
+	if err := t.d.Synchronize(); err != nil {
+		return err
+	}
+	a := &t.act
+	for _, p := range []*DevPtr{&t.params, &t.grad, &t.m1, &t.m2, &t.partial, &a.X, &a.H, &a.dH, &a.dX, &a.Z,
+		&a.m, &a.s, &a.a, &a.zy, &a.lp, &a.ratio, &a.sur, &a.kl, &a.ent, &a.flags, &a.lse, &a.gw} {
+		if *p != 0 {
+			t.d.Free(*p)
+			*p = 0
+		}
+	}
+	t.capT = 0
+	return nil
 }
 
 // Version is the current policy version.
@@ -139,13 +197,13 @@ func (t *Trainer) Steps() int64 { return t.steps }
 
 // Params downloads the current parameters.
 func (t *Trainer) Params() ([]float32, error) {
-	done, err := t.d.enter()
+	done, err := t.d.Enter()
 	if err != nil {
 		return nil, err
 	}
 	defer done()
 	p := make([]float32, t.cfg.NumParams())
-	if err := cu.MemcpyDtoH(unsafe.Pointer(&p[0]), t.params, int64(4*len(p))); err != nil {
+	if err := t.d.Download(unsafe.Pointer(&p[0]), t.params, int64(4*len(p))); err != nil {
 		return nil, devErr("download parameters", err)
 	}
 	return p, nil
@@ -192,14 +250,14 @@ func (t *Trainer) ensureActivations(T int) error {
 		return nil
 	}
 	newT, _ := Capacity{Quantum: 1024, Factor: t.capacity.Factor}.Grow(t.capT, T)
-	if err := cu.Synchronize(); err != nil {
+	if err := t.d.Synchronize(); err != nil {
 		return devErr("synchronize", err)
 	}
 	a := &t.act
-	all := []*cu.DevicePtr{&a.X, &a.H, &a.dH, &a.dX, &a.Z, &a.m, &a.s, &a.a, &a.zy, &a.lp, &a.ratio, &a.sur, &a.kl, &a.ent, &a.flags, &a.lse, &a.gw}
+	all := []*DevPtr{&a.X, &a.H, &a.dH, &a.dX, &a.Z, &a.m, &a.s, &a.a, &a.zy, &a.lp, &a.ratio, &a.sur, &a.kl, &a.ent, &a.flags, &a.lse, &a.gw}
 	for _, p := range all {
 		if *p != 0 {
-			_ = cu.MemFree(*p)
+			t.d.Free(*p)
 			*p = 0
 		}
 	}
@@ -211,7 +269,7 @@ func (t *Trainer) ensureActivations(T int) error {
 			w = sizes[i]
 		}
 		var err error
-		if *p, err = cu.MemAlloc(4 * w * int64(newT)); err != nil {
+		if *p, err = t.d.Alloc(4 * w * int64(newT)); err != nil {
 			return devErr("alloc activations", err)
 		}
 	}
@@ -219,13 +277,8 @@ func (t *Trainer) ensureActivations(T int) error {
 	return nil
 }
 
-func (t *Trainer) gemm(tA, tB blas.Transpose, m, n, k int, a cu.DevicePtr, lda int, b cu.DevicePtr, ldb int, beta float32, c cu.DevicePtr, ldc int) error {
-	// Column-major cuBLAS call; the slices only carry device addresses.
-	t.d.blas.Sgemm(tA, tB, m, n, k, 1, floats(a, 1), lda, floats(b, 1), ldb, beta, floats(c, 1), ldc)
-	if err := t.d.blas.Err(); err != nil {
-		return devErr("cublasSgemm", err)
-	}
-	return nil
+func (t *Trainer) gemm(tA, tB blas.Transpose, m, n, k int, a DevPtr, lda int, b DevPtr, ldb int, beta float32, c DevPtr, ldc int) error {
+	return t.d.Gemm(tA, tB, m, n, k, a, lda, b, ldb, beta, c, ldc)
 }
 
 // Step performs one update on the staged batch h, with the semantics of
@@ -245,7 +298,7 @@ func (t *Trainer) Step(h Handle, opts objective.Options, adam gpu.AdamOptions) (
 	}
 	st := h.st
 	d := t.d
-	done, err := d.enter()
+	done, err := d.Enter()
 	if err != nil {
 		return gpu.Metrics{}, err
 	}
@@ -256,16 +309,16 @@ func (t *Trainer) Step(h Handle, opts objective.Options, adam gpu.AdamOptions) (
 	}
 	c := t.cfg
 	V, W, E, H, In := c.Vocab, c.Window, c.Embed, c.Hidden, c.In()
-	if err := (cu.Stream{}).Wait(d.copied[h.slot], 0); err != nil {
+	if err := d.ComputeWaitCopied(h.slot); err != nil {
 		return gpu.Metrics{}, devErr("wait copy", err)
 	}
 	base := d.SlotPtr(h.slot)
-	col := func(cl Column) cu.DevicePtr { return base + cu.DevicePtr(st.Layout.Offset[cl]) }
+	col := func(cl Column) DevPtr { return base + DevPtr(st.Layout.Offset[cl]) }
 	tok, pos, tgt := col(ColTokens), col(ColPositions), col(ColTargets)
 	w, old, ref, adv, mask := col(ColWeights), col(ColOld), col(ColRef), col(ColAdv), col(ColMask)
 	oEmb, oW1, oB1, oW2, oB2 := t.offsets()
-	P := func(off int64) cu.DevicePtr { return t.params + cu.DevicePtr(4*off) }
-	G := func(off int64) cu.DevicePtr { return t.grad + cu.DevicePtr(4*off) }
+	P := func(off int64) DevPtr { return t.params + DevPtr(4*off) }
+	G := func(off int64) DevPtr { return t.grad + DevPtr(4*off) }
 	a := &t.act
 	temp := float32(t.beh.Temperature)
 	alpha := float32(opts.EntropyCoef)
@@ -277,15 +330,15 @@ func (t *Trainer) Step(h Handle, opts objective.Options, adam gpu.AdamOptions) (
 		}
 	}
 	// Forward to the hidden layer.
-	run(d.launch("tf_gather_x", gridFor(int64(T*In)), blockSize, tok, pos, P(oEmb), a.X, T, W, E))
+	run(d.Launch("tf_gather_x", gridFor(int64(T*In)), blockSize, tok, pos, P(oEmb), a.X, T, W, E))
 	run(t.gemm(blas.Trans, blas.NoTrans, H, T, In, P(oW1), In, a.X, In, 0, a.H, H))
-	run(d.launch("tf_bias_tanh", gridFor(int64(T*H)), blockSize, a.H, P(oB1), T, H))
+	run(d.Launch("tf_bias_tanh", gridFor(int64(T*H)), blockSize, a.H, P(oB1), T, H))
 	// Log-sum-exp over vocabulary chunks.
-	run(d.launch("tf_lse_init", gridFor(int64(T)), blockSize, a.m, a.s, a.a, a.zy, T))
+	run(d.Launch("tf_lse_init", gridFor(int64(T)), blockSize, a.m, a.s, a.a, a.zy, T))
 	for v0 := 0; v0 < V; v0 += t.chunk {
 		C := min(t.chunk, V-v0)
 		run(t.gemm(blas.Trans, blas.NoTrans, C, T, H, P(oW2+int64(v0*H)), H, a.H, H, 0, a.Z, C))
-		run(d.launch("tf_lse_chunk", rowsGrid, blockSize, a.Z, int64(C), P(oB2), v0, C, temp, tgt, a.m, a.s, a.a, a.zy, T))
+		run(d.Launch("tf_lse_chunk", rowsGrid, blockSize, a.Z, int64(C), P(oB2), v0, C, temp, tgt, a.m, a.s, a.a, a.zy, T))
 	}
 	klMode, klCoef := 0, 0.0
 	if st.HasRef {
@@ -301,19 +354,19 @@ func (t *Trainer) Step(h Handle, opts objective.Options, adam gpu.AdamOptions) (
 	if opts.KLPlacement == objective.KLLoss {
 		klCoef = opts.KLCoef
 	}
-	run(d.launch("tf_token_loss", gridFor(int64(T)), blockSize, tgt, mask, w, old, ref, adv, a.m, a.s, a.a, a.zy, T,
+	run(d.Launch("tf_token_loss", gridFor(int64(T)), blockSize, tgt, mask, w, old, ref, adv, a.m, a.s, a.a, a.zy, T,
 		opts.ClipLow, opts.ClipHigh, opts.MaxLogRatio, klMode, klCoef,
 		a.lp, a.ratio, a.sur, a.kl, a.ent, a.flags, a.lse, a.gw))
 	// Backward: output layer chunk by chunk (logits recomputed, never stored whole).
 	n := int64(c.NumParams())
-	if err := cu.MemsetD32(t.grad, 0, n); err != nil {
+	if err := d.Zero(t.grad, 4*n); err != nil {
 		run(devErr("zero gradient", err))
 	}
 	for v0 := 0; v0 < V; v0 += t.chunk {
 		C := min(t.chunk, V-v0)
 		run(t.gemm(blas.Trans, blas.NoTrans, C, T, H, P(oW2+int64(v0*H)), H, a.H, H, 0, a.Z, C))
-		run(d.launch("tf_dz_chunk", gridFor(int64(T*C)), blockSize, a.Z, int64(C), P(oB2), v0, C, temp, tgt, w, a.gw, a.lse, a.ent, alpha, T))
-		run(d.launch("tf_colsum", gridFor(int64(C)), blockSize, a.Z, T, C, int64(C), G(oB2+int64(v0)), 0))
+		run(d.Launch("tf_dz_chunk", gridFor(int64(T*C)), blockSize, a.Z, int64(C), P(oB2), v0, C, temp, tgt, w, a.gw, a.lse, a.ent, alpha, T))
+		run(d.Launch("tf_colsum", gridFor(int64(C)), blockSize, a.Z, T, C, int64(C), G(oB2+int64(v0)), 0))
 		run(t.gemm(blas.NoTrans, blas.Trans, H, C, T, a.H, H, a.Z, C, 1, G(oW2+int64(v0*H)), H))
 		beta := float32(1)
 		if v0 == 0 {
@@ -321,32 +374,32 @@ func (t *Trainer) Step(h Handle, opts objective.Options, adam gpu.AdamOptions) (
 		}
 		run(t.gemm(blas.NoTrans, blas.NoTrans, H, T, C, P(oW2+int64(v0*H)), H, a.Z, C, beta, a.dH, H))
 	}
-	run(d.launch("tf_tanh_back", gridFor(int64(T*H)), blockSize, a.dH, a.H, int64(T*H)))
-	run(d.launch("tf_colsum", gridFor(int64(H)), blockSize, a.dH, T, H, int64(H), G(oB1), 0))
+	run(d.Launch("tf_tanh_back", gridFor(int64(T*H)), blockSize, a.dH, a.H, int64(T*H)))
+	run(d.Launch("tf_colsum", gridFor(int64(H)), blockSize, a.dH, T, H, int64(H), G(oB1), 0))
 	run(t.gemm(blas.NoTrans, blas.Trans, In, H, T, a.X, In, a.dH, H, 1, G(oW1), In))
 	run(t.gemm(blas.NoTrans, blas.NoTrans, In, T, H, P(oW1), In, a.dH, H, 0, a.dX, In))
-	run(d.launch("tf_emb_scatter", gridFor(int64(T*In)), blockSize, a.dX, tok, pos, G(oEmb), T, W, E))
-	if err := d.computed[h.slot].Record(cu.Stream{}); err != nil {
+	run(d.Launch("tf_emb_scatter", gridFor(int64(T*In)), blockSize, a.dX, tok, pos, G(oEmb), T, W, E))
+	if err := d.RecordComputed(h.slot); err != nil {
 		run(devErr("record compute", err))
 	}
 	parts := min(t.nParts, gridFor(n))
-	run(d.launch("tf_sumsq", parts, blockSize, t.grad, n, t.partial))
+	run(d.Launch("tf_sumsq", parts, blockSize, t.grad, n, t.partial))
 	if ferr != nil {
 		return gpu.Metrics{}, ferr
 	}
 	// Host side: gradient norm, statistics (synchronizes with the stream).
-	if err := cu.MemcpyDtoH(unsafe.Pointer(&t.partsH[0]), t.partial, int64(8*parts)); err != nil {
+	if err := d.Download(unsafe.Pointer(&t.partsH[0]), t.partial, int64(8*parts)); err != nil {
 		return gpu.Metrics{}, devErr("download norm", err)
 	}
 	t.out.Resize(T)
 	for _, x := range []struct {
 		dst  unsafe.Pointer
-		src  cu.DevicePtr
+		src  DevPtr
 		size int
 	}{{unsafe.Pointer(&t.out.Logprob[0]), a.lp, 4}, {unsafe.Pointer(&t.out.Ratio[0]), a.ratio, 8},
 		{unsafe.Pointer(&t.out.Surrogate[0]), a.sur, 8}, {unsafe.Pointer(&t.out.KL[0]), a.kl, 8},
 		{unsafe.Pointer(&t.out.Entropy[0]), a.ent, 8}, {unsafe.Pointer(&t.out.Flags[0]), a.flags, 4}} {
-		if err := cu.MemcpyDtoH(x.dst, x.src, int64(x.size*T)); err != nil {
+		if err := d.Download(x.dst, x.src, int64(x.size*T)); err != nil {
 			return gpu.Metrics{}, devErr("download token outputs", err)
 		}
 	}
@@ -382,7 +435,7 @@ func (t *Trainer) Step(h Handle, opts objective.Options, adam gpu.AdamOptions) (
 	t.steps++
 	c1 := 1 - math.Pow(adam.Beta1, float64(t.steps))
 	c2 := 1 - math.Pow(adam.Beta2, float64(t.steps))
-	if err := d.launch("tf_adam", gridFor(n), blockSize, t.params, t.grad, t.m1, t.m2, n, met.GradScale,
+	if err := d.Launch("tf_adam", gridFor(n), blockSize, t.params, t.grad, t.m1, t.m2, n, met.GradScale,
 		adam.Beta1, adam.Beta2, c1, c2, adam.LR, adam.Eps, adam.WeightDecay); err != nil {
 		t.steps--
 		return gpu.Metrics{}, err
@@ -391,3 +444,23 @@ func (t *Trainer) Step(h Handle, opts objective.Options, adam gpu.AdamOptions) (
 	met.Version = t.version
 	return met, nil
 }
+
+func devErr(what string, err error) error { return fmt.Errorf("%w: %s: %w", ErrDevice, what, err) }
+
+// gridFor is a grid-stride launch size for n elements.
+func gridFor(n int64) int {
+	g := (n + blockSize - 1) / blockSize
+	if g > 65535 {
+		g = 65535
+	}
+	if g < 1 {
+		g = 1
+	}
+	return int(g)
+}
+
+const blockSize = 256 // TF_BLOCK in kernels/trajflow.cu
+
+// kernelNames are the kernels of kernels/trajflow.cu the device step loads.
+var kernelNames = []string{"tf_gather_x", "tf_bias_tanh", "tf_lse_init", "tf_lse_chunk", "tf_token_loss",
+	"tf_dz_chunk", "tf_colsum", "tf_tanh_back", "tf_emb_scatter", "tf_sumsq", "tf_adam"}
