@@ -261,7 +261,9 @@ func (e *emu) Launch(name string, grid, block int, args ...any) error {
 					if b2 != nil {
 						x += b2[v0+c]
 					}
-					x = x / temp
+					if temp != 1 {
+						x = x / temp
+					}
 					parts[t].add(x)
 					if v0+c == y {
 						zy[i] = x
@@ -358,7 +360,10 @@ func (e *emu) Launch(name string, grid, block int, args ...any) error {
 					*zp = 0
 					continue
 				}
-				x := (*zp + b2[v0+c]) / temp
+				x := *zp + b2[v0+c]
+				if temp != 1 {
+					x = x / temp
+				}
 				lpv := float64(x) - float64(lse[i])
 				p := math.Exp(lpv)
 				g := float64(gw[i]) / float64(wi)

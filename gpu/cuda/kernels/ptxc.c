@@ -23,7 +23,7 @@ int main(int argc, char **argv) {
     char arch[64], inc[4096];
     snprintf(arch, sizeof arch, "--gpu-architecture=%s", argv[1]);
     snprintf(inc, sizeof inc, "--include-path=%s", argv[2]);
-    const char *opts[] = {arch, inc, "--std=c++17", "--fmad=false", "-default-device"};
+    const char *opts[] = {arch, inc, "--std=c++17", "-default-device"};
     char *src = slurp(argv[3]);
     nvrtcProgram prog;
     if (nvrtcCreateProgram(&prog, src, argv[3], 0, NULL, NULL) != NVRTC_SUCCESS) return 1;

@@ -133,9 +133,19 @@ extern "C" __global__ void tf_lse_init(float *m, float *s, float *a, float *zy, 
 // x = (Z[i][v-v0] + b2[v]) / temp (b2 may be null: x = Z / temp). Positions
 // without a target (tgt < 0) are skipped. The chunk's state is merged into
 // (m, s, a)[i]; zy[i] receives x at the target when the target lies in the
-// chunk. Each logit is read once.
+// chunk. Each logit is read once, as float4 when rows are 16-byte aligned.
+__device__ __forceinline__ void lse_take(lse_state &st, float z, const float *b2, int v, int y, float temp,
+                                         float *zyi) {
+    float x = z;
+    if (b2) x += b2[v];
+    if (temp != 1.f) x = x / temp;
+    lse_add(st, x);
+    if (v == y) *zyi = x;
+}
+
 extern "C" __global__ void tf_lse_chunk(const float *Z, long long ldz, const float *b2, int v0, int C, float temp,
                                         const int *tgt, float *m, float *s, float *a, float *zy, int T) {
+    bool vec = (ldz % 4 == 0) && (C % 4 == 0) && (((unsigned long long)Z & 15ull) == 0);
     for (int i = blockIdx.x; i < T; i += gridDim.x) {
         int y = tgt[i];
         if (y < 0) continue;
@@ -144,12 +154,18 @@ extern "C" __global__ void tf_lse_chunk(const float *Z, long long ldz, const flo
         st.m = -CUDART_INF_F;
         st.s = 0.f;
         st.a = 0.f;
-        for (int c = threadIdx.x; c < C; c += blockDim.x) {
-            float x = z[c];
-            if (b2) x += b2[v0 + c];
-            x = x / temp;
-            lse_add(st, x);
-            if (v0 + c == y) zy[i] = x;
+        if (vec) {
+            const float4 *z4 = (const float4 *)z;
+            for (int c4 = threadIdx.x; c4 < C / 4; c4 += blockDim.x) {
+                float4 q = z4[c4];
+                int v = v0 + 4 * c4;
+                lse_take(st, q.x, b2, v, y, temp, &zy[i]);
+                lse_take(st, q.y, b2, v + 1, y, temp, &zy[i]);
+                lse_take(st, q.z, b2, v + 2, y, temp, &zy[i]);
+                lse_take(st, q.w, b2, v + 3, y, temp, &zy[i]);
+            }
+        } else {
+            for (int c = threadIdx.x; c < C; c += blockDim.x) lse_take(st, z[c], b2, v0 + c, y, temp, &zy[i]);
         }
         st = lse_block_reduce(st);
         if (threadIdx.x == 0) {
@@ -278,7 +294,7 @@ extern "C" __global__ void tf_dz_chunk(float *Z, long long ldz, const float *b2,
             continue;
         }
         float x = *zp + b2[v0 + c];
-        x = x / temp;
+        if (temp != 1.f) x = x / temp;
         double lpv = (double)x - (double)lse[i];
         double p = exp(lpv);
         double g = (double)gw[i] / (double)wi;
