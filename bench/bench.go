@@ -489,6 +489,9 @@ func (r *run) pipeline(ctx context.Context, rep *Report) error {
 	}
 	rep.DrainS = time.Since(drainStart).Seconds()
 	rep.Accounting = r.stream.Counts()
+	if rep.Accounting.Lost > 0 {
+		rep.Undecided = r.locate(ctx)
+	}
 	stopSink()
 	stopOps()
 	opWG.Wait()
@@ -533,21 +536,30 @@ func (r *run) source(ctx context.Context) error {
 			werr.Store(err)
 		}
 	}
-	defer w.Close()
 	trainer := r.cfg.Synth.PolicyVersion
 	for g := int64(0); ; g++ {
 		select {
 		case <-ctx.Done():
+			// Close flushes what was enqueued; a failed write would leave
+			// launched attempts undecided, so it is reported.
+			if err := w.Close(); err != nil {
+				return fmt.Errorf("bench: produce: %w", err)
+			}
+			if err, _ := werr.Load().(error); err != nil {
+				return fmt.Errorf("bench: produce: %w", err)
+			}
 			return nil
 		case r.inflight <- struct{}{}:
 		}
 		if err, _ := werr.Load().(error); err != nil {
+			w.Close()
 			return fmt.Errorf("bench: produce: %w", err)
 		}
 		t0 := time.Now()
 		rows := r.gen.Group(g)
 		b, err := schemas.Trajectories.Encode(nil, rows)
 		if err != nil {
+			w.Close()
 			return fmt.Errorf("bench: encode group %d: %w", g, err)
 		}
 		info := &groupInfo{rows: int32(len(rows))}
@@ -569,10 +581,10 @@ func (r *run) source(ctx context.Context) error {
 		r.genNanos.Add(int64(time.Since(t0)))
 		r.genTokens.Add(info.tokens)
 		r.genBytes.Add(int64(len(b)))
-		if err := w.WriteMessages(ctx, kafkago.Message{Key: []byte(rows[0].GroupID), Value: b}); err != nil {
-			if ctx.Err() != nil {
-				return nil
-			}
+		// Launched attempts must be produced: the write is not tied to ctx
+		// (the async writer only enqueues; Close flushes).
+		if err := w.WriteMessages(context.Background(), kafkago.Message{Key: []byte(rows[0].GroupID), Value: b}); err != nil {
+			w.Close()
 			return fmt.Errorf("bench: produce: %w", err)
 		}
 		r.produced.Add(1)
@@ -724,4 +736,36 @@ func (r *run) deleteTopic(ctx context.Context, topic string) error {
 		}
 	}
 	return nil
+}
+
+// locate finds, for up to 8 undecided groups, the topics holding a message
+// keyed by the group id.
+func (r *run) locate(ctx context.Context) map[string][]string {
+	groups := map[string]bool{}
+	for _, a := range r.stream.Undecided(64) {
+		if len(groups) < 8 {
+			groups[a.Group] = true
+		}
+	}
+	out := map[string][]string{}
+	cfg := &pipeline.Config{Brokers: r.addr, Dialer: r.dialer}
+	for _, topic := range []string{r.topics.Trajectories, r.topics.Valid, r.topics.Rewarded, r.topics.Scored, r.topics.Quarantine} {
+		cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		err := pipeline.ScanTail(cctx, cfg, topic, 0, func(m pipeline.Message) error {
+			if groups[string(m.Key)] {
+				out[string(m.Key)] = append(out[string(m.Key)], fmt.Sprintf("%s@%d/%d", topic, m.Partition, m.Offset))
+			}
+			return nil
+		})
+		cancel()
+		if err != nil {
+			out["error"] = append(out["error"], err.Error())
+		}
+	}
+	for g := range groups {
+		if _, ok := out[g]; !ok {
+			out[g] = []string{"nowhere (retention?)"}
+		}
+	}
+	return out
 }

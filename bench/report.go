@@ -78,6 +78,9 @@ type Report struct {
 	RSS              []RSSSample  `json:"rss"`
 	DrainS           float64      `json:"drain_s"`
 	Accounting       audit.Counts `json:"accounting"`
+	// Undecided, when attempts were lost, names the topics each lost
+	// attempt's group was last seen in (its messages are keyed by group id).
+	Undecided map[string][]string `json:"undecided,omitempty"`
 	// Correct is true when nothing launched was lost or duplicated.
 	Correct bool         `json:"correct"`
 	Synth   synth.Config `json:"synth"`

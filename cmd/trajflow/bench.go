@@ -144,7 +144,7 @@ func (p *progressBar) update(pr bench.Progress) {
 	}
 	const n = 30
 	done := int(frac * n)
-	line := fmt.Sprintf("%-8s [%s%s] %5.1fs/%-5.1fs", pr.Phase, strings.Repeat("=", done), strings.Repeat(" ", n-done),
+	line := fmt.Sprintf("%-8s [%s%s] %5.1fs / %.1fs", pr.Phase, strings.Repeat("=", done), strings.Repeat(" ", n-done),
 		pr.Elapsed.Seconds(), pr.Total.Seconds())
 	if pr.TokensPerS > 0 {
 		line += fmt.Sprintf("  %.2fM tokens/s", pr.TokensPerS/1e6)

@@ -139,3 +139,17 @@ func (s *Stream) Counts() Counts {
 	}
 	return c
 }
+
+// Undecided returns up to limit of the attempts still in flight, by id.
+func (s *Stream) Undecided(limit int) map[string]Attempt {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := map[string]Attempt{}
+	for id, a := range s.pending {
+		if len(out) >= limit {
+			break
+		}
+		out[id] = a
+	}
+	return out
+}
