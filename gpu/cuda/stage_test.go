@@ -7,7 +7,6 @@ import (
 	"math/rand/v2"
 	"testing"
 
-	"github.com/apache/arrow-go/v18/arrow/ipc"
 	"github.com/apache/arrow-go/v18/arrow/memory"
 
 	"github.com/trajflow/trajflow/gpu/objective"
@@ -255,28 +254,108 @@ func TestStageErrors(t *testing.T) {
 	}
 }
 
-// FuzzStageRecord: arbitrary IPC bytes decoded to records never make
-// StageRecord panic; it stages or returns an error.
+// batchFromBytes derives a packed batch from fuzz input: row count, per
+// column lengths, token ids, position ids, segment ids, mask values and
+// the presence of reference log-probs all come from the bytes, so most
+// batches are malformed in some way.
+func batchFromBytes(data []byte) schemas.PackedBatch {
+	next := func() int {
+		if len(data) == 0 {
+			return 0
+		}
+		v := int(data[0])
+		data = data[1:]
+		return v
+	}
+	b := schemas.PackedBatch{BatchID: "f"}
+	rows := 1 + next()%3
+	for r := 0; r < rows; r++ {
+		n := next() % 24
+		ln := func() int {
+			if next()%8 == 0 {
+				return next() % 24
+			}
+			return n
+		}
+		var row schemas.PackedRow
+		row.InputIDs = make([]int32, ln())
+		for i := range row.InputIDs {
+			row.InputIDs[i] = int32(next()%24) - 2
+		}
+		row.PositionIDs = make([]int32, ln())
+		row.SegmentIDs = make([]int32, ln())
+		seg, pos := int32(0), int32(0)
+		for i := range row.PositionIDs {
+			if i > 0 && next()%4 == 0 {
+				seg, pos = seg+1, 0
+			}
+			row.PositionIDs[i], pos = pos, pos+1
+			if i < len(row.SegmentIDs) {
+				row.SegmentIDs[i] = seg
+			}
+		}
+		row.ActionMask = make([]uint8, ln())
+		for i := range row.ActionMask {
+			row.ActionMask[i] = uint8(next() % 3)
+		}
+		row.OldLogprobs = make([]float32, ln())
+		row.Advantages = make([]float32, ln())
+		row.PolicyVersions = make([]int32, ln())
+		if next()%2 == 0 {
+			row.RefLogprobs = make([]float32, ln())
+		}
+		b.Rows = append(b.Rows, row)
+	}
+	return b
+}
+
+// FuzzStageRecord: whatever the record — decoded from arbitrary bytes by
+// the packed-batch codec, or built from a fuzz-derived (mostly malformed)
+// batch — StageRecord stages it or returns an error wrapping ErrBatch,
+// never panics, and agrees with StageBatch on the same rows.
 func FuzzStageRecord(f *testing.F) {
 	mem := memory.NewGoAllocator()
-	b := randomBatch(rand.New(rand.NewPCG(1, 1)), 2, 20, 20, true, 1)
-	data, err := schemas.PackedBatches.Encode(mem, b)
+	good := randomBatch(rand.New(rand.NewPCG(1, 1)), 2, 20, 20, true, 1)
+	data, err := schemas.PackedBatches.Encode(mem, good)
 	if err != nil {
 		f.Fatal(err)
 	}
 	f.Add(data)
 	f.Add(data[:len(data)/2])
 	f.Add([]byte{})
+	f.Add([]byte{2, 10, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22})
 	opts := objective.Options{ClipLow: 0.2, ClipHigh: 0.2, Normalization: objective.SeqMeanTokenMean, KLPlacement: objective.KLNone}
+	const V = 20
 	f.Fuzz(func(t *testing.T, data []byte) {
-		rd, err := ipc.NewReader(bytes.NewReader(data), ipc.WithAllocator(mem))
-		if err != nil {
-			return
+		var batches []schemas.PackedBatch
+		if b, err := schemas.PackedBatches.Decode(mem, data); err == nil {
+			batches = append(batches, b)
 		}
-		defer rd.Release()
-		buf := alignedBuf(1 << 14)
-		for rd.Next() {
-			_ = StageRecord(rd.RecordBatch(), 20, opts, buf, &Staged{})
+		batches = append(batches, batchFromBytes(data))
+		for _, b := range batches {
+			rec, err := schemas.PackedBatches.ToRecord(mem, b)
+			if err != nil {
+				continue
+			}
+			got, want := alignedBuf(1<<16), alignedBuf(1<<16)
+			var gs, ws Staged
+			errRec := StageRecord(rec, V, opts, got, &gs)
+			rec.Release()
+			errRows := StageBatch(b, V, opts, want, &ws)
+			if (errRec == nil) != (errRows == nil) {
+				t.Fatalf("record staging error %v, row staging error %v", errRec, errRows)
+			}
+			if errRec != nil {
+				if !errors.Is(errRec, ErrBatch) {
+					t.Fatalf("error %v does not wrap ErrBatch", errRec)
+				}
+				continue
+			}
+			for c := Column(0); c < numColumns; c++ {
+				if !bytes.Equal(gs.Layout.ColumnBytes(got, c), ws.Layout.ColumnBytes(want, c)) {
+					t.Fatalf("column %s differs between record and row staging", c)
+				}
+			}
 		}
 	})
 }
