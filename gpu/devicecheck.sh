@@ -99,7 +99,7 @@ fi
 # 3. Benchmarks.
 say "== benchmarks"
 ( cd "$root/gpu/cuda" && TRAJFLOW_DUMP_DIR="$OUT_DIR/tensors" timeout 240 "$BENCH_BIN" -test.run '^$' \
-    -test.bench 'H2DPinned|StagingH2D|StagingPackH2D|CopyD2D|LogprobLoss' -test.benchtime 20x -test.count=1 ) >"$OUT_DIR/bench.log" 2>&1
+    -test.bench 'H2DPinned|StagingH2D|StagingPackH2D|CopyD2D|LogprobLoss|DeviceStep' -test.benchtime 20x -test.count=1 ) >"$OUT_DIR/bench.log" 2>&1
 bench_rc=$?
 cat "$OUT_DIR/bench.log" | tee -a "$log"
 [ $bench_rc = 0 ] || fail=1
@@ -112,6 +112,7 @@ pack_mbs="$(metric StagingPackH2D MB/s)"
 d2d="$(metric CopyD2D GB/s)"
 kern="$(metric LogprobLoss GB/s)"
 kms="$(metric LogprobLoss kernel-ms)"
+step_tps="$(metric DeviceStep tokens/s)"
 
 # 4. PyTorch eager on the same tensors.
 say "== pytorch eager"
@@ -148,6 +149,7 @@ Binary: $(basename "$TEST_BIN") (built with \`make cuda-build\`); script: gpu/de
 | device-to-device copy (read + write) | ${d2d:-n/a} GB/s | — |
 | log-prob/loss kernel (logits read once) | ${kern:-n/a} GB/s = ${r_kern} of device copy; ${kms:-n/a} ms | >= 0.60: ${t_kern} |
 | PyTorch eager log_softmax + gather + loss, same tensors | ${tms:-n/a} ms; kernel speedup ${r_torch}x | > 1: ${t_torch} |
+| full device step, window MLP V=32000 H=512, ~12k-token batches | ${step_tps:-n/a} tokens/s | — |
 | max abs log-prob difference, kernel vs PyTorch | ${tdiff:-n/a} | — |
 | loss, kernel vs PyTorch | ${closs:-n/a} vs ${tloss:-n/a} | — |
 
