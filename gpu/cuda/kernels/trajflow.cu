@@ -1,6 +1,6 @@
 // Device kernels of the trajflow CUDA trainer (gpu/cuda). Our own CUDA C,
 // compiled to PTX (make cuda-ptx) and loaded with the driver's module API.
-// Matrix products are cuBLAS calls made from Go (gpu/cuda/device_step.go);
+// Matrix products are cuBLAS calls made from Go (gpu/cuda/step.go);
 // these kernels do everything else of one optimizer step of the built-in
 // window-MLP policy (gpu/model) and its objective (gpu/objective), pipeline
 // document §12-§14.
