@@ -25,6 +25,11 @@ type Baseline struct {
 	MeanMsgBytes float64 `json:"mean_message_bytes"`
 	// TokensPerS is the trajectory tokens those bytes carry per second.
 	TokensPerS float64 `json:"tokens_per_s"`
+	// CPUCores is process CPU time / wall time; MBPerCPUS the bytes moved
+	// per second of process CPU time (comparable across moments of a
+	// shared machine).
+	CPUCores  float64 `json:"cpu_cores"`
+	MBPerCPUS float64 `json:"mb_per_cpu_s"`
 }
 
 // baseline measures kafka-go produce→consume of pre-encoded trajectory
@@ -167,9 +172,9 @@ func (r *run) baseline(ctx context.Context, topic string, d time.Duration) (*Bas
 		wg.Wait()
 		return nil, err
 	}
-	b0, m0, k0, t0 := consumed.Load(), consumedMsgs.Load(), consumedTok.Load(), time.Now()
+	b0, m0, k0, t0, c0 := consumed.Load(), consumedMsgs.Load(), consumedTok.Load(), time.Now(), processCPU()
 	err := progress("baseline", d)
-	b1, m1, k1, secs := consumed.Load(), consumedMsgs.Load(), consumedTok.Load(), time.Since(t0).Seconds()
+	b1, m1, k1, secs, cpu := consumed.Load(), consumedMsgs.Load(), consumedTok.Load(), time.Since(t0).Seconds(), (processCPU() - c0).Seconds()
 	stop()
 	wg.Wait()
 	w.Close()
@@ -184,5 +189,6 @@ func (r *run) baseline(ctx context.Context, topic string, d time.Duration) (*Bas
 		Seconds: secs, Messages: m1 - m0, Bytes: b1 - b0,
 		MBPerS: float64(b1-b0) / secs / 1e6, RecordsPerS: float64(m1-m0) / secs,
 		MeanMsgBytes: mean, TokensPerS: float64(k1-k0) / secs,
+		CPUCores: cpu / secs, MBPerCPUS: float64(b1-b0) / max(cpu, 1e-9) / 1e6,
 	}, nil
 }

@@ -75,6 +75,9 @@ type Config struct {
 	// wall-clock policies (defaults 1 s and 2 s).
 	PartialGroupTimeout time.Duration
 	WindowMaxWait       time.Duration
+	// BatchTimeout is the operators' producer linger (pipeline.Config;
+	// 0: the runtime's default).
+	BatchTimeout time.Duration
 	// Drain bounds the wait for in-flight attempts after the measurement
 	// (default 30 s).
 	Drain time.Duration
@@ -347,6 +350,7 @@ func (r *run) pipeline(ctx context.Context, rep *Report) error {
 				Dialer: r.dialer, Transport: r.trans(),
 				MaxMessageBytes: c.Topics.MaxMessageBytes, StateDir: fmt.Sprintf("%s/%s", stateRoot, inst.id),
 				Logger: cfg.Logger, Metrics: metrics, Instance: inst.id,
+				BatchTimeout: cfg.BatchTimeout,
 			}
 			op, err := pipeline.NewOperator(pc, wrapped)
 			if err != nil {

@@ -44,10 +44,16 @@ type Report struct {
 	// hops (each stage's input, and the batches read by the trainer side)
 	// per second; BaselineMBPerS the raw kafka-go produce→consume rate of
 	// the same messages; RatioToBaseline their quotient.
-	PipelineMBPerS  float64   `json:"pipeline_mb_s"`
-	BaselineMBPerS  float64   `json:"baseline_mb_s"`
-	RatioToBaseline float64   `json:"ratio_to_baseline"`
-	Baseline        *Baseline `json:"baseline,omitempty"`
+	PipelineMBPerS  float64 `json:"pipeline_mb_s"`
+	BaselineMBPerS  float64 `json:"baseline_mb_s"`
+	RatioToBaseline float64 `json:"ratio_to_baseline"`
+	// PipelineMBPerCPUS and RatioToBaselineCPU are the same per second of
+	// process CPU time: on a shared machine the baseline and the pipeline
+	// phases may get different shares of the cores, and this ratio is
+	// the operators' overhead over pure data movement regardless.
+	PipelineMBPerCPUS  float64   `json:"pipeline_mb_per_cpu_s"`
+	RatioToBaselineCPU float64   `json:"ratio_to_baseline_cpu"`
+	Baseline           *Baseline `json:"baseline,omitempty"`
 
 	PackingEfficiency float64 `json:"packing_efficiency"`
 	// Yield is valid action tokens admitted / action tokens generated;
@@ -295,6 +301,12 @@ func (rep *Report) fill(a *accounting, s0, s1 snapshot, window time.Duration, r 
 	if rep.BaselineMBPerS > 0 {
 		rep.RatioToBaseline = rep.PipelineMBPerS / rep.BaselineMBPerS
 	}
+	if cpu := (s1.cpu - s0.cpu).Seconds(); cpu > 0 {
+		rep.PipelineMBPerCPUS = float64(hops) / cpu / 1e6
+		if rep.Baseline != nil && rep.Baseline.MBPerCPUS > 0 {
+			rep.RatioToBaselineCPU = rep.PipelineMBPerCPUS / rep.Baseline.MBPerCPUS
+		}
+	}
 	gen := float64(s1.genNanos-s0.genNanos) / 1e9
 	rep.Source = SourceReport{
 		Groups:     s1.produced - s0.produced,
@@ -359,7 +371,8 @@ func (rep *Report) WriteTable(w io.Writer) error {
 	p("through broker   pipeline %.1f MB/s   raw kafka-go baseline %.1f MB/s   ratio %.2f\n",
 		rep.PipelineMBPerS, rep.BaselineMBPerS, rep.RatioToBaseline)
 	if rep.Baseline != nil {
-		p("                 baseline: %.0f msgs/s of %.0f KB, %s tokens/s\n", rep.Baseline.RecordsPerS, rep.Baseline.MeanMsgBytes/1e3, human(rep.Baseline.TokensPerS))
+		p("                 baseline: %.0f msgs/s of %.0f KB, %s tokens/s, %.2f cores\n", rep.Baseline.RecordsPerS, rep.Baseline.MeanMsgBytes/1e3, human(rep.Baseline.TokensPerS), rep.Baseline.CPUCores)
+		p("per CPU-second   pipeline %.1f MB   baseline %.1f MB   ratio %.2f\n", rep.PipelineMBPerCPUS, rep.Baseline.MBPerCPUS, rep.RatioToBaselineCPU)
 	}
 	p("latency (ms)     p50 %.1f  p90 %.1f  p99 %.1f  max %.1f  (production → batch, %d records)\n",
 		rep.LatencyMS.P50, rep.LatencyMS.P90, rep.LatencyMS.P99, rep.LatencyMS.Max, rep.LatencyMS.Count)

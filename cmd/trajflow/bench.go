@@ -32,10 +32,12 @@ func cmdBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	tokens := fs.Int64("tokens", 0, "end the measurement after this many generated tokens are decided (0: --duration only)")
 	baseline := fs.Duration("baseline", 0, "raw kafka-go baseline duration (0: a third of --duration, at least 2s; negative: skip)")
 	instances := fs.String("instances", "", "instances per stage in one consumer group, e.g. validate=2,reward=2")
+	linger := fs.Duration("linger", 0, "operators' producer batch timeout (0: the runtime default)")
 	inflight := fs.Int("inflight-groups", 256, "groups produced but not yet decided (closed loop)")
 	meanTokens := fs.Float64("mean-tokens", 1000, "mean tokens per trajectory (log-normal)")
 	maxTokens := fs.Int("max-tokens", 32768, "tail of the token-length distribution")
 	asJSON := fs.Bool("json", false, "print the report as JSON")
+	jsonOut := fs.String("json-out", "", "also write the JSON report to this file")
 	plotPath := fs.String("plot", "", "write throughput per stage and the latency distribution to this PNG")
 	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the whole run to this file")
 	memProfile := fs.String("memprofile", "", "write a heap profile taken at the end of the measurement window to this file")
@@ -56,7 +58,7 @@ func cmdBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	}
 	cfg := bench.Config{
 		Contract: c, Warmup: *warmup, Duration: *duration, Tokens: *tokens, Baseline: *baseline,
-		Instances: inst, InFlightGroups: *inflight, Logger: newLogger(stderr, *logLevel),
+		Instances: inst, InFlightGroups: *inflight, Logger: newLogger(stderr, *logLevel), BatchTimeout: *linger,
 	}
 	s := synth.Bench()
 	s.MeanTokens, s.MaxTokens = *meanTokens, *maxTokens
@@ -113,6 +115,15 @@ func cmdBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	}
 	if *plotPath != "" {
 		if err := bench.WritePlot(rep, *plotPath); err != nil {
+			return err
+		}
+	}
+	if *jsonOut != "" {
+		b, err := json.MarshalIndent(rep, "", "  ")
+		if err != nil {
+			return err
+		}
+		if err := os.WriteFile(*jsonOut, append(b, '\n'), 0o644); err != nil {
 			return err
 		}
 	}
