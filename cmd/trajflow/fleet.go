@@ -211,6 +211,7 @@ func (f operatorFlags) env(name string, stderr io.Writer) (*operatorEnv, error) 
 func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := newFlags("run", stderr)
 	of := addOperatorFlags(fs)
+	restarts := fs.Int("restarts", -1, "restart the operator in place after a fatal error at most this many times (-1: always)")
 	pos, err := parseFlags(fs, args)
 	if err != nil {
 		return err
@@ -231,19 +232,8 @@ func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	deps.PartialGroupTimeout, deps.WindowMaxWait = *of.partial, *of.maxWait
 	deps.SnapshotDir, deps.SnapshotRollBytes, deps.SnapshotRollInterval = *of.snapshot, *of.snapRoll, *of.snapAge
 	deps.ReleaseDir, deps.Rounds = *of.releases, *of.rounds
-	stage, err := operators.New(name, deps)
-	if err != nil {
-		return err
-	}
-	if c, ok := stage.(io.Closer); ok {
-		defer c.Close()
-	}
 	env.cfg.Metrics = pipeline.NewMetrics(nil)
-	op, err := pipeline.NewOperator(env.cfg, stage)
-	if err != nil {
-		return err
-	}
-	hs, err := pipeline.NewHealthServer(*of.health, env.cfg.Metrics, op)
+	hs, err := pipeline.NewHealthServer(*of.health, env.cfg.Metrics)
 	if err != nil {
 		return err
 	}
@@ -251,8 +241,49 @@ func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	defer stopHealth()
 	go func() { _ = hs.Serve(hctx) }()
 	fmt.Fprintf(stdout, "operator %s (%s) health on http://%s\n", name, env.cfg.Instance, hs.Addr())
+	// A fatal error (broker unreachable past the client's retries, a lost
+	// group generation, ...) ends the operator without committing anything
+	// more; building it again is what a process restart would do (state is
+	// rebuilt, uncommitted inputs are redelivered), so the operator restarts
+	// in place with backoff and reconnects once the brokers are back.
+	backoff := time.Second
+	for attempt := 0; ; attempt++ {
+		began := time.Now()
+		err := runOperatorOnce(ctx, name, deps, env.cfg, hs)
+		if err == nil || ctx.Err() != nil || (*restarts >= 0 && attempt >= *restarts) {
+			hs.SetDraining()
+			return err
+		}
+		if time.Since(began) > time.Minute {
+			backoff = time.Second
+		}
+		env.cfg.Logger.Warn("operator failed; restarting", "stage", name, "instance", env.cfg.Instance, "err", err, "restart", attempt+1, "backoff", backoff)
+		select {
+		case <-ctx.Done():
+			hs.SetDraining()
+			return nil
+		case <-time.After(backoff):
+		}
+		backoff = min(2*backoff, 10*time.Second)
+	}
+}
+
+// runOperatorOnce builds the stage and its operator and runs it until a
+// graceful stop (nil) or a fatal error.
+func runOperatorOnce(ctx context.Context, name string, deps operators.Deps, cfg pipeline.Config, hs *pipeline.HealthServer) error {
+	stage, err := operators.New(name, deps)
+	if err != nil {
+		return err
+	}
+	if c, ok := stage.(io.Closer); ok {
+		defer c.Close()
+	}
+	op, err := pipeline.NewOperator(cfg, stage)
+	if err != nil {
+		return err
+	}
+	hs.SetOperators(op)
 	err = op.Run(ctx)
-	hs.SetDraining()
 	if errors.Is(err, pipeline.ErrStopped) {
 		return nil
 	}

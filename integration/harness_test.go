@@ -1,0 +1,552 @@
+// Package integration runs trajflow's operators as separate processes
+// against a broker — the embedded one (`trajflow broker`, in the default
+// test run) or real Apache Kafka (build tag "integration", address in
+// TRAJFLOW_KAFKA; see deploy/local/kafka.sh) — and injects faults: SIGKILL
+// of operators at random moments with restarts (some after deleting the
+// operator's state directory), broker restarts, consumer-group rebalances,
+// failing reward evaluators, malformed records on every data-plane topic.
+// Every scenario accounts for each launched attempt (internal/audit):
+// admitted exactly once, filtered or quarantined with a reason; lost and
+// duplicated must be 0 (systems §14: at-least-once delivery with
+// deduplication, nothing silently duplicated).
+package integration
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/trajflow/trajflow/internal/audit"
+	"github.com/trajflow/trajflow/internal/testkit"
+	"github.com/trajflow/trajflow/operators/rollout"
+	"github.com/trajflow/trajflow/pipeline"
+	"github.com/trajflow/trajflow/pipeline/contract"
+	"github.com/trajflow/trajflow/schemas"
+)
+
+// binPath is the trajflow binary built once by TestMain.
+var binPath string
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "trajflow-it-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(2)
+	}
+	binPath = filepath.Join(dir, "trajflow")
+	build := exec.Command("go", "build", "-o", binPath, "../cmd/trajflow")
+	build.Stdout, build.Stderr = os.Stderr, os.Stderr
+	if err := build.Run(); err != nil {
+		fmt.Fprintln(os.Stderr, "build trajflow:", err)
+		os.Exit(2)
+	}
+	code := m.Run()
+	if err := writeReport(); err != nil {
+		fmt.Fprintln(os.Stderr, "report:", err)
+		code = 1
+	}
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+// scenarioResult is one line of the fault-injection report.
+type scenarioResult struct {
+	Name     string
+	Broker   string
+	Kills    int
+	Wipes    int
+	Restarts int // broker restarts
+	Rebal    int // instances added or removed
+	Counts   audit.Counts
+	Elapsed  time.Duration
+}
+
+var (
+	reportMu sync.Mutex
+	results  []scenarioResult
+)
+
+// record prints a scenario's counts and keeps them for the report.
+func record(t testing.TB, r scenarioResult) {
+	t.Helper()
+	t.Logf("scenario %s [%s]: kills=%d wiped=%d broker_restarts=%d rebalances=%d launched=%d admitted=%d filtered=%d quarantined=%d lost=%d duplicated=%d (%s)",
+		r.Name, r.Broker, r.Kills, r.Wipes, r.Restarts, r.Rebal, r.Counts.Launched, r.Counts.Admitted,
+		r.Counts.Filtered, r.Counts.Quarantined, r.Counts.Lost, r.Counts.Duplicated, r.Elapsed.Round(time.Second))
+	reportMu.Lock()
+	results = append(results, r)
+	reportMu.Unlock()
+}
+
+// writeReport writes the scenarios' counts to $TRAJFLOW_REPORT (markdown)
+// when that variable is set (make test-integration sets it).
+func writeReport() error {
+	path := os.Getenv("TRAJFLOW_REPORT")
+	if path == "" || len(results) == 0 {
+		return nil
+	}
+	var b strings.Builder
+	b.WriteString("# Fault-injection report\n\n")
+	b.WriteString("Written by `make test-integration` (integration/). Operators run as separate `trajflow run` processes;\n")
+	b.WriteString("kills are SIGKILL at random moments, \"wiped\" restarts delete the operator's Badger state directory first.\n")
+	b.WriteString("lost = launched attempts neither admitted, filtered nor quarantined; duplicated = extra admissions of a\n")
+	b.WriteString("trajectory plus repeated batch ids.\n\n")
+	fmt.Fprintf(&b, "Generated %s.\n\n", time.Now().UTC().Format(time.RFC3339))
+	b.WriteString("| scenario | broker | kills | wiped | broker restarts | rebalances | launched | admitted | filtered | quarantined | lost | duplicated | time |\n")
+	b.WriteString("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+	for _, r := range results {
+		fmt.Fprintf(&b, "| %s | %s | %d | %d | %d | %d | %d | %d | %d | %d | %d | %d | %s |\n", r.Name, r.Broker, r.Kills, r.Wipes,
+			r.Restarts, r.Rebal, r.Counts.Launched, r.Counts.Admitted, r.Counts.Filtered, r.Counts.Quarantined,
+			r.Counts.Lost, r.Counts.Duplicated, r.Elapsed.Round(time.Second))
+	}
+	return os.WriteFile(path, []byte(b.String()), 0o644)
+}
+
+// runContract writes a copy of testdata/contracts/conformance.yaml with
+// run_id set to runID (real Kafka keeps topics between tests, so every
+// scenario gets its own run) and extra appended, and returns its path and
+// resolved contract.
+func runContract(t testing.TB, runID, extra string) (string, *contract.Contract) {
+	t.Helper()
+	src, err := os.ReadFile("../testdata/contracts/conformance.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := strings.Replace(string(src), "run_id: conformance", "run_id: "+runID, 1)
+	if !strings.Contains(s, "run_id: "+runID) {
+		t.Fatal("conformance contract has no run_id line")
+	}
+	path := filepath.Join(t.TempDir(), "contract.yaml")
+	if err := os.WriteFile(path, []byte(s+extra), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return path, testkit.LoadContract(t, path)
+}
+
+// uniqueRun names a run uniquely (real Kafka keeps topics between runs).
+func uniqueRun(prefix string) string {
+	return fmt.Sprintf("%s-%d-%04d", prefix, time.Now().Unix()%1_000_000, rand.IntN(10000))
+}
+
+// proc is one operator process.
+type proc struct {
+	name, inst, state string
+	args              []string
+	cmd               *exec.Cmd
+	done              chan struct{}
+	err               error
+	log               string
+}
+
+// fleet starts, kills and restarts operator processes of one run.
+type fleet struct {
+	t            testing.TB
+	brokers      string
+	contractPath string
+	clientConfig string // --client-config, optional
+	extraArgs    []string
+	dir          string
+
+	mu     sync.Mutex
+	procs  map[string]*proc // by instance
+	kills  int
+	wipes  int
+	starts int
+}
+
+func newFleet(t testing.TB, brokers, contractPath string) *fleet {
+	f := &fleet{t: t, brokers: brokers, contractPath: contractPath, dir: t.TempDir(), procs: map[string]*proc{}}
+	t.Cleanup(f.stopAll)
+	return f
+}
+
+// start launches `trajflow run name` as instance inst (state directory
+// kept per instance, so a restart finds the previous state unless wiped).
+func (f *fleet) start(name, inst string) *proc {
+	f.t.Helper()
+	state := filepath.Join(f.dir, "state", inst)
+	args := []string{"run", name, "--brokers", f.brokers, "--contract", f.contractPath, "--state", state,
+		"--instance", inst, "--health", "127.0.0.1:0", "--partial-group-timeout", "5s", "--window-max-wait", "1s",
+		"--log-level", "info"}
+	if f.clientConfig != "" {
+		args = append(args, "--client-config", f.clientConfig)
+	}
+	args = append(args, f.extraArgs...)
+	f.mu.Lock()
+	f.starts++
+	n := f.starts
+	f.mu.Unlock()
+	logPath := filepath.Join(f.dir, fmt.Sprintf("%s.%d.log", inst, n))
+	lf, err := os.Create(logPath)
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	cmd := exec.Command(binPath, args...)
+	cmd.Stdout, cmd.Stderr = lf, lf
+	if err := cmd.Start(); err != nil {
+		f.t.Fatalf("start %s: %v", inst, err)
+	}
+	p := &proc{name: name, inst: inst, state: state, args: args, cmd: cmd, done: make(chan struct{}), log: logPath}
+	go func() {
+		p.err = cmd.Wait()
+		lf.Close()
+		close(p.done)
+	}()
+	f.mu.Lock()
+	f.procs[inst] = p
+	f.mu.Unlock()
+	return p
+}
+
+// kill sends SIGKILL to the instance and waits for it to die.
+func (f *fleet) kill(inst string) {
+	f.mu.Lock()
+	p := f.procs[inst]
+	f.kills++
+	f.mu.Unlock()
+	if p == nil {
+		f.t.Fatalf("kill: no instance %s", inst)
+	}
+	_ = p.cmd.Process.Signal(syscall.SIGKILL)
+	<-p.done
+}
+
+// restart starts inst again, after deleting its state directory if wipe.
+func (f *fleet) restart(inst string, wipe bool) {
+	f.mu.Lock()
+	p := f.procs[inst]
+	if wipe {
+		f.wipes++
+	}
+	f.mu.Unlock()
+	if wipe {
+		if err := os.RemoveAll(p.state); err != nil {
+			f.t.Fatalf("wipe %s: %v", p.state, err)
+		}
+	}
+	f.start(p.name, inst)
+}
+
+// stop ends inst gracefully (SIGTERM), waiting up to 40 s.
+func (f *fleet) stop(inst string) {
+	f.mu.Lock()
+	p := f.procs[inst]
+	delete(f.procs, inst)
+	f.mu.Unlock()
+	if p == nil {
+		return
+	}
+	_ = p.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-p.done:
+	case <-time.After(40 * time.Second):
+		_ = p.cmd.Process.Signal(syscall.SIGKILL)
+		<-p.done
+		f.t.Errorf("instance %s did not stop within 40s after SIGTERM", inst)
+	}
+}
+
+// exited reports instances that ended by themselves (not killed or
+// stopped by the test), with the tail of their logs.
+func (f *fleet) exited() []string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var out []string
+	for inst, p := range f.procs {
+		select {
+		case <-p.done:
+			out = append(out, fmt.Sprintf("%s exited: %v\n%s", inst, p.err, tail(p.log, 15)))
+		default:
+		}
+	}
+	sort.Strings(out)
+	return out
+}
+
+func (f *fleet) stopAll() {
+	f.mu.Lock()
+	insts := make([]string, 0, len(f.procs))
+	for inst := range f.procs {
+		insts = append(insts, inst)
+	}
+	f.mu.Unlock()
+	var wg sync.WaitGroup
+	for _, inst := range insts {
+		wg.Add(1)
+		go func() { defer wg.Done(); f.stop(inst) }()
+	}
+	wg.Wait()
+	if f.t.Failed() {
+		f.dumpLogs()
+	}
+}
+
+// dumpLogs prints the tail of every process log (after a failure).
+func (f *fleet) dumpLogs() {
+	paths, _ := filepath.Glob(filepath.Join(f.dir, "*.log"))
+	for _, p := range paths {
+		f.t.Logf("--- %s\n%s", filepath.Base(p), tail(p, 20))
+	}
+}
+
+// logs returns every process log's content concatenated.
+func (f *fleet) logs() string {
+	paths, _ := filepath.Glob(filepath.Join(f.dir, "*.log"))
+	var b strings.Builder
+	for _, p := range paths {
+		data, _ := os.ReadFile(p)
+		b.Write(data)
+	}
+	return b.String()
+}
+
+func tail(path string, n int) string {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return err.Error()
+	}
+	lines := strings.Split(strings.TrimRight(string(data), "\n"), "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, "\n")
+}
+
+// healthAddr waits for the process to print its health address.
+func healthAddr(p *proc, timeout time.Duration) (string, error) {
+	deadline := time.Now().Add(timeout)
+	for time.Now().Before(deadline) {
+		data, _ := os.ReadFile(p.log)
+		sc := bufio.NewScanner(strings.NewReader(string(data)))
+		for sc.Scan() {
+			if i := strings.Index(sc.Text(), "health on http://"); i >= 0 {
+				return strings.TrimSpace(sc.Text()[i+len("health on http://"):]), nil
+			}
+		}
+		select {
+		case <-p.done:
+			return "", fmt.Errorf("%s exited: %v", p.inst, p.err)
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+	return "", errors.New("no health address printed")
+}
+
+// startBrokerProcess runs `trajflow broker --port 0` and returns its
+// address.
+func startBrokerProcess(t testing.TB) string {
+	t.Helper()
+	cmd := exec.Command(binPath, "broker", "--port", "0", "--log-level", "warn")
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd.Stderr = io.Discard
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() { _ = cmd.Wait(); close(done) }()
+	t.Cleanup(func() {
+		_ = cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-done:
+		case <-time.After(20 * time.Second):
+			_ = cmd.Process.Kill()
+			<-done
+		}
+	})
+	addrCh := make(chan string, 1)
+	go func() {
+		sc := bufio.NewScanner(out)
+		for sc.Scan() {
+			if a, ok := strings.CutPrefix(sc.Text(), "broker listening on "); ok {
+				addrCh <- strings.TrimSpace(a)
+			}
+		}
+	}()
+	select {
+	case a := <-addrCh:
+		return a
+	case <-time.After(30 * time.Second):
+		t.Fatal("trajflow broker printed no address")
+	}
+	return ""
+}
+
+// producer feeds groups [0, n) in chunks over time, so that kills land
+// while records are in flight; ids collects the launched attempt ids.
+type producer struct {
+	mu   sync.Mutex
+	ids  []string
+	done chan struct{}
+}
+
+func startProducer(t testing.TB, run *testkit.Run, meanTokens float64, n, chunk int64, every time.Duration) *producer {
+	p := &producer{done: make(chan struct{})}
+	s := run.Synth(meanTokens, int(meanTokens*10))
+	s.Vocab = rollout.VocabSize // what `trajflow run` validates against
+	go func() {
+		defer close(p.done)
+		for from := int64(0); from < n; from += chunk {
+			ids := run.Produce(t, s, from, min(from+chunk, n))
+			p.mu.Lock()
+			p.ids = append(p.ids, ids...)
+			p.mu.Unlock()
+			time.Sleep(every)
+		}
+	}()
+	return p
+}
+
+func (p *producer) wait() []string {
+	<-p.done
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return append([]string(nil), p.ids...)
+}
+
+// chaos kills random instances of the fleet in rounds: each round, gap
+// plus a random 0.8-2.5 s after the previous one, SIGKILLs one instance of
+// every stage in stages (each at a random moment within 0.4 s), deletes
+// the state directory of those wipe selects, and restarts them.
+func chaos(f *fleet, rng *rand.Rand, rounds int, gap time.Duration, pick func(stage string) string, stages []string, wipe func(round int, stage string) bool) {
+	for r := 0; r < rounds; r++ {
+		if r > 0 {
+			time.Sleep(gap)
+		}
+		time.Sleep(time.Duration(800+rng.IntN(1700)) * time.Millisecond)
+		var wg sync.WaitGroup
+		for _, st := range stages {
+			inst := pick(st)
+			w := wipe(r, st)
+			delay := time.Duration(rng.IntN(400)) * time.Millisecond
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				time.Sleep(delay)
+				f.kill(inst)
+				f.restart(inst, w)
+			}()
+		}
+		wg.Wait()
+	}
+}
+
+// settle waits until every launched attempt is accounted for (or timeout)
+// and checks the census: one distinct admitted event per admitted attempt.
+func settle(t testing.TB, run *testkit.Run, ids []string, timeout time.Duration) (audit.Counts, *audit.Report) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	lastLog := time.Now()
+	for {
+		c := run.WaitAccounted(t, ids, 0)
+		if c.Lost == 0 || time.Now().After(deadline) {
+			break
+		}
+		if time.Since(lastLog) > 10*time.Second {
+			t.Logf("settling: %v", c)
+			lastLog = time.Now()
+		}
+		time.Sleep(time.Second)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	rep, err := run.Audit(ctx)
+	if err != nil {
+		t.Fatalf("audit: %v", err)
+	}
+	return rep.Account(ids), rep
+}
+
+// checkCounts asserts nothing was lost or duplicated and the census holds
+// one admitted event per admitted attempt.
+func checkCounts(t testing.TB, run *testkit.Run, c audit.Counts, rep *audit.Report) {
+	t.Helper()
+	if c.Lost != 0 || c.Duplicated != 0 {
+		t.Errorf("lost=%d duplicated=%d (%v); first lost %v", c.Lost, c.Duplicated, c, c.LostIDs[:min(5, len(c.LostIDs))])
+		if c.Lost > 0 {
+			t.Logf("where the lost attempts are: %s", locate(t, run, c.LostIDs))
+		}
+	}
+	if c.Admitted == 0 {
+		t.Errorf("nothing admitted (%v)", c)
+	}
+	if c.Quarantined > 0 || c.Filtered > 0 {
+		t.Logf("quarantine reasons %v; filter reasons %v", reasons(rep.Quarantined), reasons(rep.Filtered))
+	}
+	if got := rep.Census["admitted"]; got != c.Admitted {
+		t.Errorf("census holds %d distinct admitted events for %d admitted attempts", got, c.Admitted)
+	}
+}
+
+// locate reports, for a failed accounting, how far the lost attempts got:
+// how many of them appear on each data-plane topic.
+func locate(t testing.TB, run *testkit.Run, lost []string) string {
+	t.Helper()
+	want := map[string]bool{}
+	for _, id := range lost {
+		want[id] = true
+	}
+	cfg := run.Config("locate", "")
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	var b strings.Builder
+	for _, topic := range []string{run.Topics.Trajectories, run.Topics.Valid, run.Topics.Rewarded, run.Topics.Scored} {
+		seen := map[string]bool{}
+		err := pipeline.ScanTail(ctx, &cfg, topic, 0, func(m pipeline.Message) error {
+			for _, id := range idsIn(m.Value) {
+				if want[id] {
+					seen[id] = true
+				}
+			}
+			return nil
+		})
+		fmt.Fprintf(&b, "%s: %d of %d lost (err %v); ", topic, len(seen), len(lost), err)
+	}
+	return b.String()
+}
+
+// idsIn returns the record ids of a trajectories-like message (any of the
+// trajectory, rewarded or scored kinds).
+func idsIn(v []byte) []string {
+	var out []string
+	if rows, err := schemas.Trajectories.Decode(nil, v); err == nil {
+		for _, r := range rows {
+			out = append(out, r.RecordID)
+		}
+		return out
+	}
+	if rows, err := schemas.RewardedTrajectories.Decode(nil, v); err == nil {
+		for _, r := range rows {
+			out = append(out, r.RecordID)
+		}
+		return out
+	}
+	if rows, err := schemas.ScoredTrajectories.Decode(nil, v); err == nil {
+		for _, r := range rows {
+			out = append(out, r.RecordID)
+		}
+	}
+	return out
+}
+
+// reasons counts the reasons of a census map.
+func reasons(m map[string]string) map[string]int {
+	out := map[string]int{}
+	for _, r := range m {
+		out[r]++
+	}
+	return out
+}
