@@ -2,6 +2,9 @@ package cuda
 
 import (
 	"fmt"
+	"runtime"
+	"sync"
+	"sync/atomic"
 	"unsafe"
 
 	"github.com/apache/arrow-go/v18/arrow"
@@ -27,8 +30,10 @@ type Staged struct {
 	// Versions are the rows' policy versions (aligned to targets), kept on
 	// the host for lag statistics; not copied to the device.
 	Versions []int32
-	// views is reused scratch space.
-	views []rowView
+	// views, rowDen and perSeg are reused scratch space.
+	views  []rowView
+	rowDen []objective.Denominators
+	perSeg [][]int32
 	// Segments is the number of packed segments (sum of SegLengths
 	// entries, or of distinct segment ids when a record has none).
 	Segments int
@@ -272,11 +277,17 @@ func stage(batchID string, views []rowView, V int, opts objective.Options, dst [
 	if len(views) == 0 {
 		return fmt.Errorf("%w: batch %s has no rows", ErrBatch, batchID)
 	}
-	st.RowStart = append(st.RowStart[:0], 0)
-	st.Den = objective.Denominators{}
-	st.Segments = 0
+	// Pass 1 (per row, in parallel for large batches): shapes and the
+	// row's denominators.
+	if cap(st.rowDen) < len(views) {
+		st.rowDen = make([]objective.Denominators, len(views))
+	}
+	st.rowDen = st.rowDen[:len(views)]
 	T := 0
 	for r := range views {
+		T += len(views[r].ids)
+	}
+	err := parallelRows(len(views), T, func(_, r int) error {
 		v := &views[r]
 		if err := checkView(v, V); err != nil {
 			return fmt.Errorf("cuda: batch %s row %d: %w", batchID, r, err)
@@ -288,10 +299,19 @@ func stage(batchID string, views []rowView, V int, opts objective.Options, dst [
 		if err != nil {
 			return fmt.Errorf("%w: batch %s row %d: %w", ErrBatch, batchID, r, err)
 		}
-		st.Den = st.Den.Add(d)
-		st.Segments += v.segs
-		T += len(v.ids)
-		st.RowStart = append(st.RowStart, T)
+		st.rowDen[r] = d
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	st.RowStart = append(st.RowStart[:0], 0)
+	st.Den = objective.Denominators{}
+	st.Segments = 0
+	for r := range views {
+		st.Den = st.Den.Add(st.rowDen[r])
+		st.Segments += views[r].segs
+		st.RowStart = append(st.RowStart, st.RowStart[r]+len(views[r].ids))
 	}
 	if st.Den.Tokens == 0 {
 		return fmt.Errorf("%w: batch %s has no trained token", ErrBatch, batchID)
@@ -315,8 +335,12 @@ func stage(batchID string, views []rowView, V int, opts objective.Options, dst [
 		st.Versions = make([]int32, T)
 	}
 	st.Versions = st.Versions[:T]
-	var perSeg []int32
-	for r := range views {
+	// Pass 2 (per row, in parallel for large batches): the columns.
+	workers := stageWorkers(len(views), T)
+	if len(st.perSeg) < workers {
+		st.perSeg = make([][]int32, workers)
+	}
+	return parallelRows(len(views), T, func(wk, r int) error {
 		v := &views[r]
 		o, n := st.RowStart[r], len(v.ids)
 		copy(tok[o:o+n], v.ids)
@@ -331,7 +355,7 @@ func stage(batchID string, views []rowView, V int, opts objective.Options, dst [
 			clear(ref[o : o+n])
 		}
 		// Targets (objective.ShiftTargets) and weights (objective.Compute).
-		perSeg = perSeg[:0]
+		perSeg := st.perSeg[wk][:0]
 		for i := 0; i < n; i++ {
 			s := int(v.seg[i])
 			for len(perSeg) <= s {
@@ -341,6 +365,7 @@ func stage(batchID string, views []rowView, V int, opts objective.Options, dst [
 				perSeg[s]++
 			}
 		}
+		st.perSeg[wk] = perSeg
 		for i := 0; i < n; i++ {
 			y := objective.NoTarget
 			if i+1 < n && v.seg[i] == v.seg[i+1] {
@@ -355,6 +380,57 @@ func stage(batchID string, views []rowView, V int, opts objective.Options, dst [
 				return fmt.Errorf("%w: batch %s row %d: masked position %d has no target", ErrBatch, batchID, r, i)
 			}
 			w[o+i] = float32(weight(opts.Normalization, st.Den, perSeg[v.seg[i]]))
+		}
+		return nil
+	})
+}
+
+// parallelMin is the batch size (positions) from which staging spreads
+// rows over goroutines.
+var parallelMin = 1 << 16
+
+// stageWorkers is the number of goroutines parallelRows uses.
+func stageWorkers(rows, T int) int {
+	if T < parallelMin {
+		return 1
+	}
+	return max(1, min(rows, runtime.GOMAXPROCS(0)))
+}
+
+// parallelRows calls fn(worker, r) for every row r, on stageWorkers
+// goroutines (worker in [0, workers)), and returns the error of the
+// lowest-numbered failing row, so the result does not depend on
+// scheduling.
+func parallelRows(rows, T int, fn func(worker, r int) error) error {
+	workers := stageWorkers(rows, T)
+	if workers == 1 {
+		for r := 0; r < rows; r++ {
+			if err := fn(0, r); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	errs := make([]error, rows)
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	for wk := 0; wk < workers; wk++ {
+		wg.Add(1)
+		go func(wk int) {
+			defer wg.Done()
+			for {
+				r := int(next.Add(1) - 1)
+				if r >= rows {
+					return
+				}
+				errs[r] = fn(wk, r)
+			}
+		}(wk)
+	}
+	wg.Wait()
+	for _, err := range errs {
+		if err != nil {
+			return err
 		}
 	}
 	return nil

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"math"
 	"math/rand/v2"
+	"strings"
 	"testing"
 
 	"github.com/apache/arrow-go/v18/arrow/memory"
@@ -381,4 +382,45 @@ func BenchmarkStageRecord(b *testing.B) {
 		}
 	}
 	b.ReportMetric(float64(st.Layout.T), "tokens/batch")
+}
+
+// TestStageParallel: spreading rows over goroutines gives the same bytes
+// as staging them one by one, and the error of the first bad row.
+func TestStageParallel(t *testing.T) {
+	defer func(m int) { parallelMin = m }(parallelMin)
+	const V = 64
+	b := randomBatch(rand.New(rand.NewPCG(12, 13)), 40, 200, V, true, 2)
+	opts := objective.Options{ClipLow: 0.2, ClipHigh: 0.2, Normalization: objective.SeqMeanTokenMean, KLPlacement: objective.KLNone}
+	parallelMin = 1 << 62
+	seq, sst := stageOK(t, b, V, opts)
+	parallelMin = 1
+	if stageWorkers(len(b.Rows), sst.Layout.T) < 2 {
+		t.Logf("GOMAXPROCS=1: the parallel path runs with one worker")
+	}
+	par, pst := stageOK(t, b, V, opts)
+	for c := Column(0); c < numColumns; c++ {
+		if !bytes.Equal(sst.Layout.ColumnBytes(seq, c), pst.Layout.ColumnBytes(par, c)) {
+			t.Fatalf("column %s differs", c)
+		}
+	}
+	if pst.Den != sst.Den || pst.Segments != sst.Segments {
+		t.Fatalf("parallel %+v, sequential %+v", pst.Den, sst.Den)
+	}
+	// Two bad rows: the error names the first, whatever the scheduling.
+	r5, r9 := &b.Rows[5], &b.Rows[9]
+	r5.ActionMask[len(r5.ActionMask)-1] = 1
+	r9.InputIDs[0] = V
+	for i := 0; i < 20; i++ {
+		err := StageBatch(b, V, opts, par, &Staged{})
+		if err == nil || !strings.Contains(err.Error(), "row 9") {
+			t.Fatalf("error %v, want the token error of row 9 (pass 1)", err)
+		}
+	}
+	r9.InputIDs[0] = 1
+	for i := 0; i < 20; i++ {
+		err := StageBatch(b, V, opts, par, &Staged{})
+		if err == nil || !strings.Contains(err.Error(), "row 5") {
+			t.Fatalf("error %v, want the missing target of row 5 (pass 2)", err)
+		}
+	}
 }
