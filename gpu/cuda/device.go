@@ -11,6 +11,7 @@ static CUresult tf_host_alloc(void **p, size_t n) { return cuMemHostAlloc(p, n, 
 import "C"
 
 import (
+	"bytes"
 	_ "embed"
 	"fmt"
 	"os"
@@ -104,6 +105,13 @@ func OpenDevice(ordinal int) (*Device, error) {
 		ptx, d.PTXFrom = string(b), p
 	}
 	if d.mod, err = cu.LoadData(ptx); err != nil {
+		// Load again only to obtain the JIT compiler's error log.
+		logBuf := &cu.JITErrorLogBuffer{Buffer: make([]byte, 16<<10)}
+		if _, err2 := cu.LoadDataEx(ptx, logBuf); err2 != nil {
+			if n := bytes.IndexByte(logBuf.Buffer, 0); n > 0 {
+				err = fmt.Errorf("%w; JIT log: %s", err, logBuf.Buffer[:n])
+			}
+		}
 		return nil, devErr("load PTX ("+d.PTXFrom+")", err)
 	}
 	for _, n := range kernelNames {
