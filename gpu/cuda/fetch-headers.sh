@@ -56,7 +56,14 @@ if [ "$need" = 1 ]; then
     --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2010_x86_64 \
     --python-version 3.12 -d "$WHEELS" "${PKGS[@]}"
 fi
-whl() { ls "$WHEELS"/"$1"-*.whl | head -1; }
+whl() { # the pinned wheel of a distribution (name with underscores)
+  local p n
+  for p in "${PKGS[@]}"; do
+    n="${p%%==*}"
+    if [ "${n//-/_}" = "$1" ]; then ls "$WHEELS"/"$1"-"${p##*==}"-*.whl | head -1; return; fi
+  done
+  echo "fetch-headers: no pinned wheel $1" >&2; return 1
+}
 
 if [ ! -f "$OUT/include/cuda.h" ] || [ ! -f "$OUT/include/cublas_v2.h" ] || [ ! -f "$OUT/include/crt/host_defines.h" ] || [ ! -f "$OUT/include/nv/target" ]; then
   tmp="$(mktemp -d)"; trap 'rm -rf "$tmp"' EXIT
