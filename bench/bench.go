@@ -496,6 +496,10 @@ func (r *run) pipeline(ctx context.Context, rep *Report) error {
 	if rep.Accounting.Lost > 0 {
 		rep.Undecided = r.locate(ctx)
 	}
+	rep.Duplicates = r.stream.Duplicates()
+	if len(rep.Duplicates) > 0 {
+		rep.DuplicateCensus = r.censusOf(ctx, rep.Duplicates)
+	}
 	stopSink()
 	stopOps()
 	opWG.Wait()
@@ -770,6 +774,30 @@ func (r *run) locate(ctx context.Context) map[string][]string {
 		if _, ok := out[g]; !ok {
 			out[g] = []string{"nowhere (retention?)"}
 		}
+	}
+	return out
+}
+
+// censusOf lists the census events of the attempts named "id@batch".
+func (r *run) censusOf(ctx context.Context, names []string) map[string][]string {
+	ids := map[string]bool{}
+	for _, n := range names {
+		id, _, _ := strings.Cut(n, "@")
+		ids[id] = true
+	}
+	out := map[string][]string{}
+	cfg := &pipeline.Config{Brokers: r.addr, Dialer: r.dialer}
+	cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	err := pipeline.ScanTail(cctx, cfg, r.topics.Census, 0, func(m pipeline.Message) error {
+		ev, err := schemas.DecodeCensus(m.Value)
+		if err == nil && ids[ev.AttemptID] {
+			out[ev.AttemptID] = append(out[ev.AttemptID], ev.Stage+":"+ev.Kind+":"+ev.Reason+":"+ev.BatchID)
+		}
+		return nil
+	})
+	if err != nil {
+		out["error"] = []string{err.Error()}
 	}
 	return out
 }

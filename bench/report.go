@@ -87,6 +87,10 @@ type Report struct {
 	// Undecided, when attempts were lost, names the topics each lost
 	// attempt's group was last seen in (its messages are keyed by group id).
 	Undecided map[string][]string `json:"undecided,omitempty"`
+	// Duplicates lists up to 20 duplicated admissions as "id@batch".
+	Duplicates []string `json:"duplicates,omitempty"`
+	// DuplicateCensus is the census history of those attempts.
+	DuplicateCensus map[string][]string `json:"duplicate_census,omitempty"`
 	// Correct is true when nothing launched was lost or duplicated.
 	Correct bool         `json:"correct"`
 	Synth   synth.Config `json:"synth"`

@@ -47,6 +47,7 @@ type Stream struct {
 	pending map[string]Attempt
 	batches map[string]struct{}
 	counts  Counts
+	dups    []string // up to 20 duplicated ids, for diagnosis
 }
 
 // NewStream returns an empty Stream.
@@ -77,6 +78,9 @@ func (s *Stream) Batch(b *schemas.PackedBatch) []Fate {
 			a, ok := s.pending[id]
 			if !ok {
 				s.counts.Duplicated++
+				if len(s.dups) < 20 {
+					s.dups = append(s.dups, id+"@"+b.BatchID)
+				}
 				continue
 			}
 			delete(s.pending, id)
@@ -152,4 +156,12 @@ func (s *Stream) Undecided(limit int) map[string]Attempt {
 		out[id] = a
 	}
 	return out
+}
+
+// Duplicates lists up to 20 admissions counted as duplicates, as
+// "id@batch".
+func (s *Stream) Duplicates() []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]string(nil), s.dups...)
 }
