@@ -1,6 +1,7 @@
 package cuda
 
 import (
+	"errors"
 	"math"
 	"math/rand/v2"
 	"testing"
@@ -177,5 +178,115 @@ func TestKernelSignatures(t *testing.T) {
 				t.Fatalf("%s argument %d: launched %s, declared %s", name, i, got[i], want[i])
 			}
 		}
+	}
+}
+
+// checkDoubleBuffer: staging batch k+1 before stepping batch k (its copy
+// overlapping batch k's compute) gives the same parameters as staging and
+// stepping one batch at a time, over batches of growing and shrinking
+// sizes; a handle whose slot was reused is refused.
+func checkDoubleBuffer(t *testing.T, be func() backend) {
+	cfg := model.Config{Vocab: 32, Window: 4, Embed: 8, Hidden: 16}
+	m, _ := model.New(cfg, 9)
+	beh := model.Behavior{Temperature: 1}
+	opts := gpu.DefaultObjective()
+	adam := gpu.DefaultAdam()
+	seq, err := newTrainer(be(), m, beh, 0, TrainerOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer seq.Close()
+	pip, err := newTrainer(be(), m, beh, 0, TrainerOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pip.Close()
+	rng := rand.New(rand.NewPCG(4, 4))
+	var hs []Handle
+	for k, n := range []int{40, 300, 80, 500, 60} {
+		b := randomBatch(rng, 2, n, cfg.Vocab, false, int32(k))
+		h1, err := seq.Stage(b, opts)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := seq.Step(h1, opts, adam); err != nil {
+			t.Fatal(err)
+		}
+		h2, err := pip.Stage(b, opts)
+		if err != nil {
+			t.Fatal(err)
+		}
+		hs = append(hs, h2)
+		if k > 0 {
+			if _, err := pip.Step(hs[k-1], opts, adam); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if _, err := pip.Step(hs[len(hs)-1], opts, adam); err != nil {
+		t.Fatal(err)
+	}
+	a, err := seq.Params()
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := pip.Params()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rel, _, ok := paramsClose(b, a, 1e-6); !ok {
+		t.Fatalf("pipelined staging changed the result: relative L2 %.3g", rel)
+	}
+	if seq.Version() != 5 || pip.Version() != 5 || pip.Steps() != 5 {
+		t.Fatalf("versions %d %d, steps %d", seq.Version(), pip.Version(), pip.Steps())
+	}
+	if _, err := pip.Step(hs[0], opts, adam); !errors.Is(err, ErrBatch) {
+		t.Fatalf("stale handle: %v", err)
+	}
+	if _, err := pip.Step(Handle{}, opts, adam); !errors.Is(err, ErrBatch) {
+		t.Fatalf("empty handle: %v", err)
+	}
+}
+
+func TestEmulatedDoubleBuffer(t *testing.T) {
+	checkDoubleBuffer(t, func() backend { return newEmu() })
+}
+
+// TestTrainerRejects: behaviors the device step does not implement, and
+// invalid options, are refused before anything changes.
+func TestTrainerRejects(t *testing.T) {
+	cfg := model.Config{Vocab: 16, Window: 2, Embed: 3, Hidden: 4}
+	m, _ := model.New(cfg, 1)
+	for _, b := range []model.Behavior{{Temperature: 1, TopK: 4}, {Temperature: 1, TopP: 0.9}} {
+		if _, err := newTrainer(newEmu(), m, b, 0, TrainerOptions{}); !errors.Is(err, ErrUnsupported) {
+			t.Fatalf("behavior %+v: %v", b, err)
+		}
+	}
+	if _, err := newTrainer(newEmu(), m, model.Behavior{}, 0, TrainerOptions{}); err == nil {
+		t.Fatal("zero temperature accepted")
+	}
+	tr, err := newTrainer(newEmu(), m, model.Behavior{Temperature: 1, TopK: 16}, 0, TrainerOptions{})
+	if err != nil {
+		t.Fatalf("top-k >= vocab is no restriction: %v", err)
+	}
+	opts := gpu.DefaultObjective()
+	h, err := tr.Stage(randomBatch(rand.New(rand.NewPCG(1, 2)), 1, 30, cfg.Vocab, false, 0), opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	before, _ := tr.Params()
+	bad := gpu.DefaultAdam()
+	bad.LR = 0
+	if _, err := tr.Step(h, opts, bad); err == nil {
+		t.Fatal("lr 0 accepted")
+	}
+	badOpts := opts
+	badOpts.Normalization = "x"
+	if _, err := tr.Step(h, badOpts, gpu.DefaultAdam()); err == nil {
+		t.Fatal("bad objective accepted")
+	}
+	after, _ := tr.Params()
+	if rel, _, _ := paramsClose(after, before, 0); rel != 0 || tr.Version() != 0 {
+		t.Fatal("a refused step changed the parameters or the version")
 	}
 }
