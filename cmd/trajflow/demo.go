@@ -214,9 +214,14 @@ func runDemo(ctx context.Context, o demoOptions, stdout io.Writer) (*demoSummary
 	if err := os.MkdirAll(o.Out, 0o755); err != nil {
 		return nil, fmt.Errorf("demo: output directory: %w", err)
 	}
+	// A demo is a new run: releases and operator state of an earlier run
+	// in the same directory must not leak into it (the operators' local
+	// state remembers record ids, which are deterministic).
 	releases := filepath.Join(o.Out, "releases")
-	if err := os.RemoveAll(releases); err != nil {
-		return nil, fmt.Errorf("demo: clear releases: %w", err)
+	for _, d := range []string{releases, filepath.Join(o.Out, "state")} {
+		if err := os.RemoveAll(d); err != nil {
+			return nil, fmt.Errorf("demo: clear %s: %w", d, err)
+		}
 	}
 	logf, err := os.Create(filepath.Join(o.Out, "demo.log"))
 	if err != nil {
@@ -313,6 +318,14 @@ func runDemo(ctx context.Context, o demoOptions, stdout io.Writer) (*demoSummary
 			}
 		}()
 	}
+
+	// The Parquet snapshot of every topic, for `trajflow replay` and
+	// `trajflow census` (lineage, pipeline §1).
+	snap, err := startRunSnapshot(c, topics, deps, brokers, o.Out, log)
+	if err != nil {
+		return nil, err
+	}
+	defer snap.stop()
 
 	// Follow the loop: window records (pack's decisions) and releases.
 	tctx, stopTail := context.WithCancel(ctx)
@@ -432,6 +445,9 @@ func runDemo(ctx context.Context, o demoOptions, stdout io.Writer) (*demoSummary
 	case err := <-errs:
 		return nil, err
 	default:
+	}
+	if err := snap.finish(ctx, 60*time.Second); err != nil {
+		return nil, err
 	}
 
 	// Accounting from the topics themselves.

@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/trajflow/trajflow/pipeline"
@@ -65,6 +66,9 @@ type Stage struct {
 	parts    map[topicPart]*partBuf
 	buffered int64
 	files    int
+
+	mu   sync.Mutex
+	next map[topicPart]int64 // offset after the last one processed
 }
 
 // NewStage validates cfg and returns the stage.
@@ -87,7 +91,7 @@ func NewStage(cfg StageConfig) (*Stage, error) {
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
-	s := &Stage{cfg: cfg, shorts: map[string]string{}, written: map[topicPart]int64{}, parts: map[topicPart]*partBuf{}}
+	s := &Stage{cfg: cfg, shorts: map[string]string{}, written: map[topicPart]int64{}, parts: map[topicPart]*partBuf{}, next: map[topicPart]int64{}}
 	for _, t := range cfg.Topics {
 		s.shorts[ShortTopic(cfg.Run, t)] = t
 	}
@@ -99,6 +103,23 @@ func (*Stage) Name() string { return "snapshot" }
 
 // Topics implements pipeline.Stage.
 func (s *Stage) Topics() []string { return s.cfg.Topics }
+
+// Caught reports whether the stage has processed every offset below ends
+// (topic -> partition -> end offset, as Kafka reports high-water marks);
+// a graceful stop (Flush) then writes them all. Safe for concurrent use.
+func (s *Stage) Caught(ends map[string]map[int]int64) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for topic, parts := range ends {
+		for p, end := range parts {
+			k := topicPart{topic, p}
+			if s.next[k] < end {
+				return false
+			}
+		}
+	}
+	return true
+}
 
 // Files is the number of files written since start.
 func (s *Stage) Files() int { return s.files }
@@ -141,6 +162,9 @@ func (s *Stage) Start(_ context.Context, env *pipeline.Env) error {
 		k := topicPart{full, f.Partition}
 		if last, ok := s.written[k]; !ok || f.LastOffset > last {
 			s.written[k] = f.LastOffset
+			s.mu.Lock()
+			s.next[k] = f.LastOffset + 1
+			s.mu.Unlock()
 		}
 	}
 	if env != nil && env.Logger != nil {
@@ -174,6 +198,9 @@ func (s *Stage) cleanup(runDir string) error {
 // Process implements pipeline.Stage.
 func (s *Stage) Process(_ context.Context, m pipeline.Message) (pipeline.Result, error) {
 	k := topicPart{m.Topic, m.Partition}
+	s.mu.Lock()
+	s.next[k] = max(s.next[k], m.Offset+1)
+	s.mu.Unlock()
 	if last, ok := s.written[k]; ok && m.Offset <= last {
 		return pipeline.Result{}, nil // already durable (redelivered after a restart)
 	}
