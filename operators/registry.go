@@ -118,7 +118,10 @@ func init() {
 		return pack.NewStage(pack.StageConfig{
 			Options: d.Contract.Packing, Topics: d.Topics, RunID: d.Contract.RunID,
 			ContractHash: d.Contract.Hash(), MaxWait: d.WindowMaxWait,
-			CountDecidedGroups: d.Contract.Dispatch.Mode == contract.DispatchSync,
+			// A round of groups that are all filtered must still close a
+			// window (sync: the next round waits for it; async: dispatch
+			// keeps at most max_lag+1 rounds in flight).
+			CountDecidedGroups: true,
 		})
 	})
 }

@@ -253,10 +253,10 @@ type Dispatch struct {
 	// Mode is how dispatch paces rounds (pipeline §15): DispatchSync
 	// (stop and synchronize: round r+1 is dispatched only once every group
 	// of round r has been decided by pack and, when they made a batch, the
-	// trainer has released the resulting policy; the pack window counts
-	// decided groups, admitted or filtered, towards packing.batch_groups)
-	// or DispatchAsync (up to packing.max_lag+1 rounds in flight; the pack
-	// window counts admitted groups). Default sync.
+	// trainer has released the resulting policy) or DispatchAsync (up to
+	// packing.max_lag+1 rounds in flight, each at the latest released
+	// version). In both, the pack window counts decided groups, admitted
+	// or filtered, towards packing.batch_groups. Default sync.
 	Mode string `yaml:"mode"`
 }
 
