@@ -7,8 +7,6 @@ import (
 	"strings"
 	"testing"
 	"time"
-
-	"github.com/trajflow/trajflow/internal/testkit"
 )
 
 // TestConformanceProcesses is the runtime's conformance test on the
@@ -28,7 +26,7 @@ func TestConformanceProcesses(t *testing.T) {
 	addr := startBrokerProcess(t)
 	runID := uniqueRun("conf")
 	path, c := runContract(t, runID, "")
-	run := testkit.StartRun(t, c, addr)
+	run := startRun(t, c, addr)
 	checkKcat(t, addr, run.Topics.Trajectories, run.Topics.Batches, run.Topics.Quarantine)
 
 	f := newFleet(t, addr, path)

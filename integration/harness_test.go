@@ -28,6 +28,9 @@ import (
 	"testing"
 	"time"
 
+	kafkago "github.com/segmentio/kafka-go"
+
+	"github.com/trajflow/trajflow/bench/synth"
 	"github.com/trajflow/trajflow/internal/audit"
 	"github.com/trajflow/trajflow/internal/testkit"
 	"github.com/trajflow/trajflow/operators/rollout"
@@ -395,8 +398,7 @@ type producer struct {
 
 func startProducer(t testing.TB, run *testkit.Run, meanTokens float64, n, chunk int64, every time.Duration) *producer {
 	p := &producer{done: make(chan struct{})}
-	s := run.Synth(meanTokens, int(meanTokens*10))
-	s.Vocab = rollout.VocabSize // what `trajflow run` validates against
+	s := synthFor(run, meanTokens)
 	go func() {
 		defer close(p.done)
 		for from := int64(0); from < n; from += chunk {
@@ -549,4 +551,49 @@ func reasons(m map[string]string) map[string]int {
 		out[r]++
 	}
 	return out
+}
+
+// startRun creates the run's topics (testkit.StartRun) and waits until the
+// broker serves every one of them (real Kafka propagates new topics'
+// metadata asynchronously).
+func startRun(t testing.TB, c *contract.Contract, addr string) *testkit.Run {
+	t.Helper()
+	run := testkit.StartRun(t, c, addr)
+	names := []string{run.Topics.Trajectories, run.Topics.Valid, run.Topics.Rewarded, run.Topics.Scored,
+		run.Topics.Batches, run.Topics.Quarantine, run.Topics.Census}
+	cl := &kafkago.Client{Addr: kafkago.TCP(addr), Timeout: 5 * time.Second}
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		md, err := cl.Metadata(ctx, &kafkago.MetadataRequest{Topics: names})
+		cancel()
+		ready := err == nil && len(md.Topics) == len(names)
+		if ready {
+			for _, tp := range md.Topics {
+				if tp.Error != nil || len(tp.Partitions) == 0 {
+					ready = false
+				}
+				for _, p := range tp.Partitions {
+					if p.Error != nil || p.Leader.ID < 0 {
+						ready = false
+					}
+				}
+			}
+		}
+		if ready {
+			return run
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("topics of %s not served after 30s (last error %v)", c.RunID, err)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+// synthFor is the run's synthetic distribution with token ids inside the
+// vocabulary `trajflow run` validates against.
+func synthFor(run *testkit.Run, meanTokens float64) synth.Config {
+	s := run.Synth(meanTokens, int(meanTokens*10))
+	s.Vocab = rollout.VocabSize
+	return s
 }
