@@ -1,7 +1,10 @@
 package main
 
 import (
+	"bytes"
+	"context"
 	"encoding/json"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -32,13 +35,41 @@ func analystPython(t *testing.T) string {
 	return ""
 }
 
-// TestAnalystExample runs examples/analyst/analyze.py on a run's snapshots:
-// pyarrow must see the exact Arrow types trajflow wrote, DuckDB must answer
-// a query over the whole run, and a batches message must open with
-// pyarrow.ipc.open_stream.
-func TestAnalystExample(t *testing.T) {
+// TestDemoReplayAndAnalyst runs `trajflow demo --out D`, then `trajflow
+// replay D` (every batch identical), `trajflow census D`, and
+// examples/analyst/analyze.py on D: pyarrow must see the exact Arrow types
+// trajflow wrote, DuckDB must answer a query over the whole run, and a
+// batches message must open with pyarrow.ipc.open_stream.
+func TestDemoReplayAndAnalyst(t *testing.T) {
+	dir := t.TempDir()
+	ctx := context.Background()
+	var out, errb bytes.Buffer
+	if code := run(ctx, []string{"demo", "--out", dir, "--updates", "2", "--eval-samples", "1"}, &out, &errb); code != 0 {
+		t.Fatalf("trajflow demo: exit %d: %s%s", code, out.String(), errb.String())
+	}
+	var demo demoSummary
+	b, err := os.ReadFile(filepath.Join(dir, "summary.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal(b, &demo); err != nil {
+		t.Fatal(err)
+	}
+	out.Reset()
+	errb.Reset()
+	if code := run(ctx, []string{"replay", dir}, &out, &errb); code != 0 {
+		t.Fatalf("trajflow replay: exit %d: %s%s", code, out.String(), errb.String())
+	}
+	want := fmt.Sprintf("%d batches identical", len(demo.BatchHashes))
+	if len(demo.BatchHashes) == 0 || !strings.Contains(out.String(), want) {
+		t.Fatalf("replay of a demo with %d batches printed %q, want %q", len(demo.BatchHashes), out.String(), want)
+	}
+	out.Reset()
+	if code := run(ctx, []string{"census", dir}, &out, &errb); code != 0 || !strings.Contains(out.String(), "trained") {
+		t.Fatalf("trajflow census: exit %d: %s%s", code, out.String(), errb.String())
+	}
+
 	py := analystPython(t)
-	_, dir := syntheticRun(t, 24)
 	snap, err := parquet.ReadRun(mustRunDir(t, dir), []string{"batches"}, parquet.ReadOptions{})
 	if err != nil {
 		t.Fatal(err)
@@ -51,12 +82,12 @@ func TestAnalystExample(t *testing.T) {
 		t.Fatal(err)
 	}
 	cmd := exec.Command(py, "../../examples/analyst/analyze.py", dir, "--ipc", ipcFile, "--check")
-	out, err := cmd.CombinedOutput()
-	t.Logf("%s", out)
+	pyOut, err := cmd.CombinedOutput()
+	t.Logf("%s", pyOut)
 	if err != nil {
 		t.Fatalf("analyze.py: %v", err)
 	}
-	lines := strings.Split(strings.TrimSpace(string(out)), "\n")
+	lines := strings.Split(strings.TrimSpace(string(pyOut)), "\n")
 	var sum struct {
 		TypesExact   bool     `json:"types_exact"`
 		Problems     []string `json:"problems"`

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"os"
 	"path/filepath"
 	"time"
 
@@ -32,8 +33,12 @@ type runSnapshot struct {
 }
 
 // startRunSnapshot starts the snapshot operator writing the run's topics
-// under dir.
+// under dir. The run is new: a snapshot of an earlier run of the same id in
+// dir is removed first (its offsets would otherwise count as written).
 func startRunSnapshot(c *contract.Contract, topics pipeline.Topics, deps operators.Deps, brokers []string, dir string, log *slog.Logger) (*runSnapshot, error) {
+	if err := os.RemoveAll(parquet.RunDir(dir, c.RunID)); err != nil {
+		return nil, fmt.Errorf("snapshot: clear the earlier run: %w", err)
+	}
 	deps.SnapshotDir = dir
 	st, err := operators.New("snapshot", deps)
 	if err != nil {
