@@ -561,7 +561,7 @@ func startRun(t testing.TB, c *contract.Contract, addr string) *testkit.Run {
 	run := testkit.StartRun(t, c, addr)
 	names := []string{run.Topics.Trajectories, run.Topics.Valid, run.Topics.Rewarded, run.Topics.Scored,
 		run.Topics.Batches, run.Topics.Quarantine, run.Topics.Census}
-	cl := &kafkago.Client{Addr: kafkago.TCP(addr), Timeout: 5 * time.Second}
+	cl := &kafkago.Client{Addr: kafkago.TCP(run.Addr), Timeout: 5 * time.Second}
 	deadline := time.Now().Add(30 * time.Second)
 	for {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
@@ -596,4 +596,27 @@ func synthFor(run *testkit.Run, meanTokens float64) synth.Config {
 	s := run.Synth(meanTokens, int(meanTokens*10))
 	s.Vocab = rollout.VocabSize
 	return s
+}
+
+// produceRaw writes msgs to topic as they are (headers included).
+func produceRaw(t testing.TB, run *testkit.Run, topic string, msgs []rawMsg) {
+	t.Helper()
+	w := &kafkago.Writer{
+		Addr: kafkago.TCP(run.Addr), Topic: topic, Balancer: &kafkago.Murmur2Balancer{},
+		RequiredAcks: kafkago.RequireAll, BatchTimeout: 2 * time.Millisecond,
+		BatchBytes: int64(run.Contract.Topics.MaxMessageBytes),
+	}
+	defer w.Close()
+	out := make([]kafkago.Message, len(msgs))
+	for i, m := range msgs {
+		out[i] = kafkago.Message{Key: []byte(m.key), Value: m.value}
+		for k, v := range m.headers {
+			out[i].Headers = append(out[i].Headers, kafkago.Header{Key: k, Value: []byte(v)})
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	if err := w.WriteMessages(ctx, out...); err != nil {
+		t.Fatalf("produce to %s: %v", topic, err)
+	}
 }
