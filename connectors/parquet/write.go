@@ -194,6 +194,7 @@ func writerProps(s *arrow.Schema, mem memory.Allocator) *parquet.WriterPropertie
 	opts := []parquet.WriterProperty{
 		parquet.WithAllocator(mem),
 		parquet.WithCompression(compress.Codecs.Zstd),
+		parquet.WithCompressionLevel(1), // zstd's fastest: token ids barely compress
 		parquet.WithDictionaryDefault(false),
 		parquet.WithCreatedBy(WriterVersion),
 		parquet.WithMaxRowGroupLength(1 << 30),
@@ -285,7 +286,27 @@ func writeData(w io.Writer, c dataCodec, lin *Lineage, msgs []Message, opts Writ
 	}
 	var raw []Message
 	var inGroup int64
-	fw.NewBufferedRowGroup()
+	// The records of a row group are written together (one WriteTable per
+	// row group): per-message writes cost more than the encoding itself.
+	var pending []arrow.RecordBatch
+	release := func() {
+		for _, r := range pending {
+			r.Release()
+		}
+		pending = pending[:0]
+	}
+	defer release()
+	flush := func() error {
+		if len(pending) == 0 {
+			return nil
+		}
+		tbl := array.NewTableFromRecords(schema, pending)
+		defer tbl.Release()
+		err := fw.WriteTable(tbl, max(tbl.NumRows(), 1))
+		release()
+		inGroup = 0
+		return err
+	}
 	for i := range msgs {
 		m := &msgs[i]
 		recs, err := readIPC(mem, c, m.Value)
@@ -304,19 +325,22 @@ func writeData(w io.Writer, c dataCodec, lin *Lineage, msgs []Message, opts Writ
 			continue
 		}
 		for _, r := range recs {
-			err = writeWithLineage(fw, schema, r, m, mem)
+			out, err := withLineage(schema, r, m, mem)
 			r.Release()
 			if err != nil {
 				return err
 			}
+			pending = append(pending, out)
 		}
 		inGroup += int64(len(m.Value))
-		if inGroup >= opts.RowGroupBytes && i < len(msgs)-1 {
-			if err := fw.NewBufferedRowGroupChecked(); err != nil {
+		if inGroup >= opts.RowGroupBytes {
+			if err := flush(); err != nil {
 				return err
 			}
-			inGroup = 0
 		}
+	}
+	if err := flush(); err != nil {
+		return err
 	}
 	for _, kv := range lin.pairs() {
 		if err := fw.AppendKeyValueMetadata(kv[0], kv[1]); err != nil {
@@ -335,11 +359,12 @@ func writeData(w io.Writer, c dataCodec, lin *Lineage, msgs []Message, opts Writ
 	return fw.Close()
 }
 
-func writeWithLineage(fw *pqarrow.FileWriter, schema *arrow.Schema, r arrow.RecordBatch, m *Message, mem memory.Allocator) error {
+// withLineage returns r with the lineage columns of m appended.
+func withLineage(schema *arrow.Schema, r arrow.RecordBatch, m *Message, mem memory.Allocator) (arrow.RecordBatch, error) {
 	n := int(r.NumRows())
 	hdr, err := headersJSON(m.Headers)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	sum := sha256.Sum256(m.Value)
 	ob := array.NewInt64Builder(mem)
@@ -373,9 +398,7 @@ func writeWithLineage(fw *pqarrow.FileWriter, schema *arrow.Schema, r arrow.Reco
 		}
 	}()
 	cols = append(cols, extra...)
-	out := array.NewRecordBatch(schema, cols, int64(n))
-	defer out.Release()
-	return fw.WriteBuffered(out)
+	return array.NewRecordBatch(schema, cols, int64(n)), nil
 }
 
 // ControlRow is the row of a control-plane file: the message's lineage
