@@ -99,7 +99,7 @@ type demoSummary struct {
 func cmdDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := newFlags("demo", stderr)
 	o := demoOptions{}
-	fs.IntVar(&o.Updates, "updates", 40, "update rounds to run")
+	fs.IntVar(&o.Updates, "updates", 60, "update rounds to dispatch (a round whose groups are all filtered trains nothing)")
 	fs.StringVar(&o.Out, "out", "demo-out", "output directory (summary.json, releases/, demo.log)")
 	fs.Int64Var(&o.Seed, "seed", 1, "contract seed (random streams and initial weights)")
 	brokers := fs.String("brokers", "", "comma-separated brokers of an external cluster (default: start the embedded broker)")
