@@ -217,4 +217,3 @@ func TestEvaluatorFailuresEmbedded(t *testing.T) {
 	}
 	evaluatorScenario(t, "", "embedded (in process)")
 }
-
