@@ -1,0 +1,128 @@
+package gpu
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/trajflow/trajflow/pipeline"
+	"github.com/trajflow/trajflow/schemas"
+)
+
+// TestUpdateIsOneVersion: the epochs of an update make one policy version;
+// the first step of an on-policy batch has ratio exactly 1.
+func TestUpdateIsOneVersion(t *testing.T) {
+	h := newHarness(t, smallLoop())
+	batch := batchFor(t, h, 0)
+	met, last, err := h.tr.Update(batch, h.cfg.Objective, h.cfg.Adam, 3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if h.tr.Version() != 1 || met.Version != 1 || met.FromVersion != 0 || h.tr.Steps() != 3 {
+		t.Fatalf("version %d (metrics %d from %d), steps %d", h.tr.Version(), met.Version, met.FromVersion, h.tr.Steps())
+	}
+	if met.RatioMin != 1 || met.RatioMax != 1 || met.ApproxKLOld != 0 || last.ApproxKLOld == 0 {
+		t.Fatalf("first step ratio [%v %v] kl %v, last step kl %v", met.RatioMin, met.RatioMax, met.ApproxKLOld, last.ApproxKLOld)
+	}
+}
+
+// TestStageTrainsOnce: a batch is trained once (release, update record,
+// census); its redelivery is skipped; a later batch made only of trained
+// trajectories is refused.
+func TestStageTrainsOnce(t *testing.T) {
+	h := newHarness(t, smallLoop())
+	topics, _ := pipeline.TopicsFor("run-1")
+	dir := t.TempDir()
+	st, err := NewStage(StageConfig{
+		Topics: topics, RunID: h.runID, ContractHash: "contract", Behavior: h.tr.Behavior(),
+		Model: h.cfg.Model, ModelSeed: h.cfg.ModelSeed, Objective: h.cfg.Objective, Adam: h.cfg.Adam,
+		Epochs: 2, ReleaseDir: dir,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tr, err := NewTrainer(h.tr.Model(), h.tr.Behavior(), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st.tr = tr
+	st.initial = true
+	ctx := context.Background()
+	count := func(res pipeline.Result, topic string) int {
+		n := 0
+		for _, o := range res.Outputs {
+			if o.Topic == topic {
+				n++
+			}
+		}
+		return n
+	}
+	res, err := st.Tick(ctx, time.Now())
+	if err != nil || count(res, topics.Policy) != 1 {
+		t.Fatalf("initial release: %+v %v", res, err)
+	}
+	if res, _ = st.Tick(ctx, time.Now()); len(res.Outputs) != 0 {
+		t.Fatal("initial release published twice")
+	}
+
+	batch := batchFor(t, h, 0)
+	batch.ContractHash = "contract"
+	msg := func(b schemas.PackedBatch) pipeline.Message {
+		v, err := schemas.PackedBatches.Encode(nil, b)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return pipeline.Message{Ref: pipeline.Ref{Topic: topics.Batches}, Value: v}
+	}
+	ids := ids2(batch)
+	res, err = st.Process(ctx, msg(batch))
+	if err != nil || count(res, topics.Policy) != 1 || count(res, topics.Census) != ids || st.Version() != 1 {
+		t.Fatalf("train: %d outputs, version %d, err %v", len(res.Outputs), st.Version(), err)
+	}
+	var rel schemas.PolicyRelease
+	for _, o := range res.Outputs {
+		if o.Topic == topics.Policy {
+			if rel, err = schemas.DecodeRelease(o.Value); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	pol, err := LoadRelease(rel)
+	if err != nil || pol.Version() != 1 {
+		t.Fatalf("load release: %v", err)
+	}
+	u, err := ReadUpdate(dir, 1)
+	if err != nil || u.BatchID != batch.BatchID || u.Metrics.RatioMax != 1 {
+		t.Fatalf("update record %+v %v", u, err)
+	}
+	if res, err = st.Process(ctx, msg(batch)); err != nil || len(res.Outputs) != 0 || st.Version() != 1 {
+		t.Fatalf("redelivered batch: %+v %v", res, err)
+	}
+	again := batch
+	again.BatchIndex, again.BatchID = 5, schemas.BatchID(h.runID, 5)
+	if _, err = st.Process(ctx, msg(again)); err == nil {
+		t.Fatal("a batch of trained trajectories was trained again")
+	} else if r, ok := pipeline.AsRefusal(err); !ok || r.Reason != "duplicate_batch" {
+		t.Fatalf("duplicate batch: %v", err)
+	}
+	// A batch mixing trained and new trajectories: the trained segments
+	// are masked out, counted, and raise an incident.
+	mixed := batchFor(t, h, 1)
+	mixed.ContractHash, mixed.BatchIndex, mixed.BatchID = "contract", 6, schemas.BatchID(h.runID, 6)
+	mixed.Rows = append(mixed.Rows, batch.Rows...)
+	res, err = st.Process(ctx, msg(mixed))
+	if err != nil || count(res, topics.Incidents) != 1 || count(res, topics.Census) != ids2(mixed)-ids || st.Version() != 2 {
+		t.Fatalf("mixed batch: %d outputs, version %d, err %v", len(res.Outputs), st.Version(), err)
+	}
+	if u, err := ReadUpdate(dir, 2); err != nil || u.Duplicates != ids {
+		t.Fatalf("update record %+v %v", u, err)
+	}
+}
+
+func ids2(b schemas.PackedBatch) int {
+	n := 0
+	for _, r := range b.Rows {
+		n += len(r.SegTrajectoryIDs)
+	}
+	return n
+}
