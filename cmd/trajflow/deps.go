@@ -1,6 +1,8 @@
 package main
 
 import (
+	"strings"
+
 	"github.com/trajflow/trajflow/operators"
 	"github.com/trajflow/trajflow/operators/reward"
 	"github.com/trajflow/trajflow/operators/rollout"
@@ -17,11 +19,17 @@ func operatorDeps(c *contract.Contract, t pipeline.Topics) (operators.Deps, erro
 	if err != nil {
 		return operators.Deps{}, err
 	}
-	return operators.Deps{
+	d := operators.Deps{
 		Contract: c, Topics: t, Tasks: reg,
 		Evaluators:   []reward.Evaluator{rollout.NewValidator(reg)},
-		EvalDenylist: reg.IsEval, VocabSize: rollout.VocabSize,
-	}, nil
+		EvalDenylist: reg.IsEval,
+	}
+	// The built-in tokenizer's vocabulary bounds token ids only for runs of
+	// the built-in environment (other runs bring their own tokenizer).
+	if strings.HasPrefix(c.Artifacts.Tokenizer, "builtin:tokenizer/kv@") {
+		d.VocabSize = rollout.VocabSize
+	}
+	return d, nil
 }
 
 // operatorsTopics names the run's topics (the contract's run id is
