@@ -44,10 +44,11 @@ kafka-down:
 	$(KAFKA_SH) down
 
 # The integration suite against the broker started by `make kafka-up`:
-# fault injection (kills, broker restart, rebalance), bad input, TLS/SASL.
+# fault injection (kills, broker restart, rebalance), bad input, TLS/SASL;
+# the scenarios' counts go to integration/REPORT.md.
 test-integration: build
 	eval "$$($(KAFKA_SH) env)" && export TRAJFLOW_KAFKA TRAJFLOW_KAFKA_SASL TRAJFLOW_KAFKA_HOME && \
-	  $(GO) test -count=1 -timeout 15m -tags integration -v ./integration/
+	  TRAJFLOW_REPORT=$(CURDIR)/integration/REPORT.md $(GO) test -count=1 -timeout 15m -tags integration -v ./integration/
 
 # CUDA backend (gpu/cuda, build tag cuda), built without a GPU or a CUDA
 # toolkit: headers, NVRTC and ptxas come from pinned PyPI wheels, libcuda
