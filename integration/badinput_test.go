@@ -171,8 +171,12 @@ func badInputScenario(t *testing.T, addr, broker string) {
 
 	got := quarantinedByKey(t, run, want)
 	var missing []string
+	seen := map[string]int{}
 	for key, bc := range want {
 		hs := got[key]
+		for _, h := range hs {
+			seen[h[pipeline.HeaderReason]]++
+		}
 		switch {
 		case len(hs) == 0:
 			missing = append(missing, key)
@@ -195,7 +199,7 @@ func badInputScenario(t *testing.T, addr, broker string) {
 	counts.Quarantined += len(want) - len(missing)
 	counts.Launched += injected
 	record(t, scenarioResult{Name: fmt.Sprintf("bad input: %d malformed records on 4 topics + good groups", injected), Broker: broker,
-		Counts: counts, Elapsed: time.Since(start)})
+		Counts: counts, Reasons: seen, Elapsed: time.Since(start)})
 	checkCounts(t, run, rep.Account(ids), rep)
 }
 

@@ -67,7 +67,7 @@ func TestConformanceProcesses(t *testing.T) {
 		t.Errorf("operators exited by themselves:\n%s", strings.Join(ex, "\n"))
 	}
 	record(t, scenarioResult{Name: "conformance: kills + wipes + rebalance", Broker: "trajflow broker",
-		Kills: f.kills, Wipes: f.wipes, Rebal: 2, Counts: counts, Elapsed: time.Since(start)})
+		Kills: f.kills, Wipes: f.wipes, Rebal: 2, Counts: counts, Reasons: reasons(rep.Quarantined), Elapsed: time.Since(start)})
 	checkCounts(t, run, counts, rep)
 	if counts.Launched < 3000 {
 		t.Errorf("launched %d trajectories, want a few thousand", counts.Launched)

@@ -112,7 +112,7 @@ func evaluatorScenario(t *testing.T, addr, broker string) {
 	startOp(t, run, "advantage", operators.Deps{})
 	startOp(t, run, "pack", operators.Deps{})
 	counts, rep := settle(t, run, ids, 60*time.Second)
-	record(t, scenarioResult{Name: "reward evaluator failures + environment timeouts", Broker: broker, Counts: counts, Elapsed: time.Since(start)})
+	record(t, scenarioResult{Name: "reward evaluator failures + environment timeouts", Broker: broker, Counts: counts, Reasons: reasons(rep.Quarantined), Elapsed: time.Since(start)})
 	if counts.Lost != 0 || counts.Duplicated != 0 {
 		t.Errorf("lost=%d duplicated=%d", counts.Lost, counts.Duplicated)
 	}

@@ -73,6 +73,7 @@ type scenarioResult struct {
 	Restarts int // broker restarts
 	Rebal    int // instances added or removed
 	Counts   audit.Counts
+	Reasons  map[string]int // quarantine reasons of launched attempts (census)
 	Elapsed  time.Duration
 }
 
@@ -106,12 +107,17 @@ func writeReport() error {
 	b.WriteString("lost = launched attempts neither admitted, filtered nor quarantined; duplicated = extra admissions of a\n")
 	b.WriteString("trajectory plus repeated batch ids.\n\n")
 	fmt.Fprintf(&b, "Generated %s.\n\n", time.Now().UTC().Format(time.RFC3339))
-	b.WriteString("| scenario | broker | kills | wiped | broker restarts | rebalances | launched | admitted | filtered | quarantined | lost | duplicated | time |\n")
-	b.WriteString("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+	b.WriteString("| scenario | broker | kills | wiped | broker restarts | rebalances | launched | admitted | filtered | quarantined | lost | duplicated | time | quarantine reasons |\n")
+	b.WriteString("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n")
 	for _, r := range results {
-		fmt.Fprintf(&b, "| %s | %s | %d | %d | %d | %d | %d | %d | %d | %d | %d | %d | %s |\n", r.Name, r.Broker, r.Kills, r.Wipes,
+		keys := make([]string, 0, len(r.Reasons))
+		for k := range r.Reasons {
+			keys = append(keys, fmt.Sprintf("%s %d", k, r.Reasons[k]))
+		}
+		sort.Strings(keys)
+		fmt.Fprintf(&b, "| %s | %s | %d | %d | %d | %d | %d | %d | %d | %d | %d | %d | %s | %s |\n", r.Name, r.Broker, r.Kills, r.Wipes,
 			r.Restarts, r.Rebal, r.Counts.Launched, r.Counts.Admitted, r.Counts.Filtered, r.Counts.Quarantined,
-			r.Counts.Lost, r.Counts.Duplicated, r.Elapsed.Round(time.Second))
+			r.Counts.Lost, r.Counts.Duplicated, r.Elapsed.Round(time.Second), strings.Join(keys, ", "))
 	}
 	return os.WriteFile(path, []byte(b.String()), 0o644)
 }

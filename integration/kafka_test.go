@@ -82,7 +82,7 @@ func TestKafkaKills(t *testing.T) {
 		t.Errorf("operators exited by themselves:\n%s", strings.Join(ex, "\n"))
 	}
 	record(t, scenarioResult{Name: "kill -9 every stage, random moments", Broker: "Apache Kafka 4.1",
-		Kills: f.kills, Wipes: f.wipes, Counts: counts, Elapsed: time.Since(start)})
+		Kills: f.kills, Wipes: f.wipes, Counts: counts, Reasons: reasons(rep.Quarantined), Elapsed: time.Since(start)})
 	if f.kills < 20 {
 		t.Errorf("%d kills, want >= 20", f.kills)
 	}
@@ -111,7 +111,7 @@ func TestKafkaBrokerRestart(t *testing.T) {
 		t.Errorf("operators exited by themselves:\n%s", strings.Join(ex, "\n"))
 	}
 	record(t, scenarioResult{Name: "broker stop + restart mid-run", Broker: "Apache Kafka 4.1",
-		Restarts: 1, Counts: counts, Elapsed: time.Since(start)})
+		Restarts: 1, Counts: counts, Reasons: reasons(rep.Quarantined), Elapsed: time.Since(start)})
 	checkCounts(t, run, counts, rep)
 	if !strings.Contains(f.logs(), "operator failed; restarting") {
 		t.Log("no operator needed an in-place restart (the client retried through the outage)")
@@ -146,7 +146,7 @@ func TestKafkaRebalance(t *testing.T) {
 		t.Errorf("operators exited by themselves:\n%s", strings.Join(ex, "\n"))
 	}
 	record(t, scenarioResult{Name: "rebalance: 3 joins, 3 leaves (1 by SIGKILL)", Broker: "Apache Kafka 4.1",
-		Kills: f.kills, Rebal: 6, Counts: counts, Elapsed: time.Since(start)})
+		Kills: f.kills, Rebal: 6, Counts: counts, Reasons: reasons(rep.Quarantined), Elapsed: time.Since(start)})
 	checkCounts(t, run, counts, rep)
 }
 
