@@ -283,6 +283,18 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		if err := r.setRetentionBytes(ctx, r.topics.Batches, 4*batchBytesEstimate(c)); err != nil {
 			return nil, err
 		}
+		// Low-rate topics would otherwise fill up to the broker-wide bound
+		// only after minutes (memory creeping up long after the warm-up):
+		// the census is read promptly by the accounting reader, the rest is
+		// never read back during a bench.
+		for _, t := range []struct {
+			topic string
+			bytes int64
+		}{{r.topics.Census, 8 << 20}, {r.topics.Quarantine, 2 << 20}, {r.topics.Windows, 2 << 20}, {r.topics.Incidents, 2 << 20}} {
+			if err := r.setRetentionBytes(ctx, t.topic, t.bytes); err != nil {
+				return nil, err
+			}
+		}
 	}
 
 	// Baseline first, on a quiet broker.

@@ -402,6 +402,13 @@ func (rep *Report) WriteTable(w io.Writer) error {
 	}
 	p("correctness      %s: launched %d admitted %d filtered %d quarantined %d lost %d duplicated %d (drain %.1fs)\n",
 		verdict, c.Launched, c.Admitted, c.Filtered, c.Quarantined, c.Lost, c.Duplicated, rep.DrainS)
+	for g, where := range rep.Undecided {
+		p("  undecided group %s: %s\n", g, strings.Join(where, " "))
+	}
+	for _, d := range rep.Duplicates {
+		id, _, _ := strings.Cut(d, "@")
+		p("  duplicate admission %s; census: %s\n", d, strings.Join(rep.DuplicateCensus[id], " "))
+	}
 	return bw.Flush()
 }
 
