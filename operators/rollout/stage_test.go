@@ -168,3 +168,44 @@ func TestStageRefusals(t *testing.T) {
 		t.Fatalf("%d failures, ids %v", failed, ids)
 	}
 }
+
+// BenchmarkStageGroup runs one demo-sized group (16 attempts) per
+// iteration through the stage: episodes, trajectory encoding and census.
+func BenchmarkStageGroup(b *testing.B) {
+	reg := testRegistry(b)
+	topics, _ := pipeline.TopicsFor("run")
+	st, err := NewStage(StageConfig{
+		Registry: reg, Settings: DefaultSettings(reg), Limits: DefaultLimits(), Topics: topics, RunID: "run",
+		Load: func(schemas.PolicyRelease) (*model.Policy, error) { return nil, errors.New("unused") },
+	})
+	if err != nil {
+		b.Fatal(err)
+	}
+	st.Switch(randomPolicy(b, 1))
+	var msgs []pipeline.Message
+	for i, task := range reg.Train()[:16] {
+		atts := Attempts("run", task, int64(i), 16, 1, 3, "contract")
+		out, err := stagekit.Encode(schemas.TaskAttempts, topics.Tasks, atts[0].GroupID, atts[0].GroupID, atts)
+		if err != nil {
+			b.Fatal(err)
+		}
+		msgs = append(msgs, pipeline.Message{Ref: pipeline.Ref{Topic: topics.Tasks}, Key: out.Key, Value: out.Value})
+	}
+	var tokens int64
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		res, err := st.Process(context.Background(), msgs[i%len(msgs)])
+		if err != nil {
+			b.Fatal(err)
+		}
+		for _, o := range res.Outputs {
+			if o.Topic == topics.Census {
+				if ev, err := schemas.DecodeCensus(o.Value); err == nil && ev.Kind == schemas.CensusCompleted {
+					tokens += ev.Tokens
+				}
+			}
+		}
+	}
+	b.ReportMetric(float64(tokens)/b.Elapsed().Seconds(), "tokens/s")
+	b.ReportMetric(float64(b.N*16)/b.Elapsed().Seconds(), "episodes/s")
+}
