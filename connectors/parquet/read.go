@@ -14,6 +14,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 
 	"github.com/apache/arrow-go/v18/arrow"
 	"github.com/apache/arrow-go/v18/arrow/array"
@@ -146,13 +147,24 @@ func readData(data []byte, short string, mem memory.Allocator) (Lineage, []Messa
 	if lin.SchemaKind != string(c.Kind()) || lin.SchemaVersion != c.Version() {
 		return lin, nil, fmt.Errorf("%w: schema %s v%d, topic %s holds %s v%d", ErrCorrupt, lin.SchemaKind, lin.SchemaVersion, short, c.Kind(), c.Version())
 	}
+	// The stored Arrow schema is compared as bytes with the one this
+	// writer stores for the kind before anything decodes it: the IPC
+	// schema decoder allocates what a corrupted field count claims.
+	if want, err := storedSchema(c); err != nil {
+		return lin, nil, err
+	} else if got, _ := lookup(arrowSchemaKey); got != want {
+		return lin, nil, fmt.Errorf("%w: stored Arrow schema is not the %s v%d schema", ErrCorrupt, c.Kind(), c.Version())
+	}
+	nrows := pf.NumRows()
+	if nrows < 0 || nrows > maxRowsPerFile {
+		return lin, nil, fmt.Errorf("%w: %d rows", ErrCorrupt, nrows)
+	}
 	var msgs []Message
 	if raw, ok := lookup(MetaRaw); ok {
 		if err := json.Unmarshal([]byte(raw), &msgs); err != nil {
 			return lin, nil, fmt.Errorf("%w: %s: %w", ErrCorrupt, MetaRaw, err)
 		}
 	}
-	nrows := pf.NumRows()
 	if nrows > 0 {
 		fr, err := pqarrow.NewFileReader(pf, pqarrow.ArrowReadProperties{BatchSize: nrows}, mem)
 		if err != nil {
@@ -363,4 +375,41 @@ func readControl(data []byte) (Lineage, []Message, error) {
 		}
 	}
 	return lin, msgs, nil
+}
+
+// arrowSchemaKey is where pqarrow stores the Arrow schema.
+const arrowSchemaKey = "ARROW:schema"
+
+// maxRowsPerFile bounds the rows a file may declare (a file holds at most
+// RollBytes of messages; a row takes bytes).
+const maxRowsPerFile = 1 << 22
+
+var storedSchemas sync.Map // schemas.Kind -> string
+
+// storedSchema returns the ARROW:schema value this writer stores for c.
+func storedSchema(c dataCodec) (string, error) {
+	if v, ok := storedSchemas.Load(c.Kind()); ok {
+		return v.(string), nil
+	}
+	schema := dataSchema(c)
+	var buf bytes.Buffer
+	fw, err := pqarrow.NewFileWriter(schema, &buf, writerProps(schema, memory.DefaultAllocator),
+		pqarrow.NewArrowWriterProperties(pqarrow.WithStoreSchema()))
+	if err != nil {
+		return "", err
+	}
+	if err := fw.Close(); err != nil {
+		return "", err
+	}
+	pf, err := file.NewParquetReader(bytes.NewReader(buf.Bytes()))
+	if err != nil {
+		return "", err
+	}
+	defer pf.Close()
+	v := pf.MetaData().KeyValueMetadata().FindValue(arrowSchemaKey)
+	if v == nil {
+		return "", fmt.Errorf("snapshot: pqarrow stored no %s", arrowSchemaKey)
+	}
+	storedSchemas.Store(c.Kind(), *v)
+	return *v, nil
 }
