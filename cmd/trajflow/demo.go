@@ -143,7 +143,9 @@ func demoContract(o demoOptions) (*contract.Contract, error) {
 }
 
 // evaluator measures the hidden-eval success of a policy on fixed
-// attempts (the evaluation plane: in process, never on training topics).
+// attempts (the evaluation plane: in process, never on training topics):
+// the same attempt ids and seeds for every version and every run of the
+// same contract seed.
 type evaluator struct {
 	reg      *rollout.Registry
 	val      *rollout.Validator
@@ -157,7 +159,7 @@ type evaluator struct {
 func (e *evaluator) success(ctx context.Context, pol *model.Policy) (float64, error) {
 	var atts []schemas.TaskAttempt
 	for i, t := range e.reg.Eval() {
-		atts = append(atts, rollout.Attempts(e.runID+"/eval", t, int64(i), e.samples, e.seed, pol.Version(), "eval")...)
+		atts = append(atts, rollout.Attempts("hidden-eval", t, int64(i), e.samples, e.seed, pol.Version(), "eval")...)
 	}
 	trajs, err := e.reg.RunEpisodes(ctx, pol, atts, e.settings, e.limits)
 	if err != nil {
@@ -241,6 +243,18 @@ func runDemo(ctx context.Context, o demoOptions, stdout io.Writer) (*demoSummary
 	}
 	cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	err = kafka.CreateTopics(cctx, kafka.ClientConfig{}, brokers, operators.TopicSpecs(c, topics))
+	if err == nil && len(o.Brokers) > 0 {
+		// Record ids are deterministic: a second run under the same run id
+		// on the same cluster would be deduplicated against the first.
+		used := false
+		err = pipeline.ScanTail(cctx, &pipeline.Config{Brokers: brokers}, topics.Tasks, 1, func(pipeline.Message) error {
+			used = true
+			return nil
+		})
+		if err == nil && used {
+			err = fmt.Errorf("%w: run %q already has records on %s; pick another --run", errUsage, c.RunID, topics.Tasks)
+		}
+	}
 	cancel()
 	if err != nil {
 		return nil, err
