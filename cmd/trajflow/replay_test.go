@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"syscall"
 	"testing"
@@ -261,6 +262,49 @@ func TestReplaySyntheticRun(t *testing.T) {
 				t.Fatalf("%s corrupted: exit %d, stderr %q; want exit 1 naming %s", topic, code, errb.String(), path)
 			}
 		}
+	})
+	t.Run("wrong contract", func(t *testing.T) {
+		other := filepath.Join(t.TempDir(), "c.yaml")
+		b, err := os.ReadFile(filepath.Join(mustRunDir(t, dir), parquet.ContractFile))
+		if err != nil {
+			t.Fatal(err)
+		}
+		changed := regexp.MustCompile(`(?m)^seed: .*$`).ReplaceAll(b, []byte("seed: 987654"))
+		if bytes.Equal(changed, b) {
+			t.Fatal("recorded contract has no seed line")
+		}
+		if err := os.WriteFile(other, changed, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		var out, errb bytes.Buffer
+		if code := run(context.Background(), []string{"replay", dir, "--contract", other}, &out, &errb); code != 1 || !strings.Contains(errb.String(), "hash") {
+			t.Fatalf("replay under another contract: exit %d, %q", code, errb.String())
+		}
+	})
+
+	t.Run("missing trajectories name the batch", func(t *testing.T) {
+		files, err := parquet.List(dir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var victim parquet.File
+		for _, f := range files {
+			if f.Topic == "trajectories" {
+				victim = f
+				break
+			}
+		}
+		moved := filepath.Join(t.TempDir(), "x")
+		if err := os.Rename(victim.Path, moved); err != nil {
+			t.Fatal(err)
+		}
+		defer os.Rename(moved, victim.Path)
+		var out, errb bytes.Buffer
+		code := run(context.Background(), []string{"replay", dir}, &out, &errb)
+		if code != 1 || !strings.Contains(errb.String(), "first difference: batch ") {
+			t.Fatalf("replay without %s: exit %d, stdout %q, stderr %q", victim.Path, code, out.String(), errb.String())
+		}
+		t.Log(strings.TrimSpace(errb.String()))
 	})
 }
 
