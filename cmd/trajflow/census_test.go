@@ -1,0 +1,91 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"os"
+	"strings"
+	"testing"
+
+	"github.com/trajflow/trajflow/bench/synth"
+	"github.com/trajflow/trajflow/connectors/parquet"
+	"github.com/trajflow/trajflow/schemas"
+)
+
+// TestCensusFunnel counts a hand-made census: redelivered events count
+// once, failures split into infrastructure and task, and quarantine and
+// filter reasons are kept apart.
+func TestCensusFunnel(t *testing.T) {
+	dir := t.TempDir()
+	run := "censusrun"
+	ev := func(id, kind, reason string, infra bool) schemas.CensusEvent {
+		return schemas.CensusEvent{EventID: id + kind + reason, RunID: run, AttemptID: id, Kind: kind, Stage: "s", Reason: reason, Infra: infra}
+	}
+	events := []schemas.CensusEvent{
+		ev("a", schemas.CensusDispatched, "", false), ev("b", schemas.CensusDispatched, "", false),
+		ev("c", schemas.CensusDispatched, "", false), ev("d", schemas.CensusDispatched, "", false),
+		ev("a", schemas.CensusAdmitted, "", false), ev("a", schemas.CensusAdmitted, "", false), // redelivered
+		ev("a", schemas.CensusTrained, "", false),
+		ev("b", schemas.CensusFiltered, "zero_variance", false),
+		ev("c", schemas.CensusFailed, "", true), ev("c", schemas.CensusQuarantined, "infra_invalid", false),
+		ev("d", schemas.CensusFailed, "", false), ev("d", schemas.CensusFiltered, "stale", false),
+	}
+	var msgs []parquet.Message
+	for i, e := range events {
+		b, err := schemas.EncodeCensus(e)
+		if err != nil {
+			t.Fatal(err)
+		}
+		msgs = append(msgs, parquet.Message{Offset: int64(i), Value: b})
+	}
+	tgt := parquet.Target{Dir: dir, Run: run, Topic: run + ".census", ContractHash: "h"}
+	if _, _, err := parquet.WriteFile(tgt, 0, msgs, parquet.WriteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	s := synth.Default()
+	rows := s.Group(0)
+	b, err := schemas.Trajectories.Encode(nil, rows)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tgt.Topic = run + ".trajectories"
+	if _, _, err := parquet.WriteFile(tgt, 0, []parquet.Message{{Value: b}}, parquet.WriteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	info, _ := json.Marshal(parquet.RunInfo{Run: run, ContractHash: "h"})
+	if err := os.WriteFile(parquet.RunDir(dir, run)+"/"+parquet.RunInfoFile, info, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	rep, err := collectCensus(parquet.RunDir(dir, run))
+	if err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		name string
+		got  int
+		want int
+	}{
+		{"distinct events", rep.Events, len(events) - 1},
+		{"dispatched", rep.count(schemas.CensusDispatched), 4},
+		{"admitted", rep.count(schemas.CensusAdmitted), 1},
+		{"trained", rep.count(schemas.CensusTrained), 1},
+		{"failed infra", len(rep.FailedInfra), 1},
+		{"failed task", len(rep.FailedTask), 1},
+		{"filtered zero variance", len(rep.Reasons["filtered/zero_variance"]), 1},
+		{"filtered stale", len(rep.Reasons["filtered/stale"]), 1},
+		{"quarantined", len(rep.Reasons["quarantined/infra_invalid"]), 1},
+		{"launched trajectories", len(rep.Launched), len(rows)},
+	}
+	for _, tc := range tests {
+		if tc.got != tc.want {
+			t.Errorf("%s: %d, want %d", tc.name, tc.got, tc.want)
+		}
+	}
+	var out bytes.Buffer
+	rep.print(&out, 5)
+	for _, want := range []string{"denominator: 4 launched attempts, from dispatched events", "zero_variance", "failed (infrastructure)", "latency ms"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("output lacks %q:\n%s", want, out.String())
+		}
+	}
+}
