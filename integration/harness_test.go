@@ -354,9 +354,12 @@ func healthAddr(p *proc, timeout time.Duration) (string, error) {
 
 // startBrokerProcess runs `trajflow broker --port 0` and returns its
 // address.
-func startBrokerProcess(t testing.TB) string {
+func startBrokerProcess(t testing.TB) string { return startBrokerProcessOn(t, 0) }
+
+// startBrokerProcessOn runs `trajflow broker --port port`.
+func startBrokerProcessOn(t testing.TB, port int) string {
 	t.Helper()
-	cmd := exec.Command(binPath, "broker", "--port", "0", "--log-level", "warn")
+	cmd := exec.Command(binPath, "broker", "--port", fmt.Sprint(port), "--log-level", "warn")
 	out, err := cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)
