@@ -2,8 +2,11 @@ package gpu
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/binary"
 	"encoding/json"
 	"fmt"
+	"math"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -80,6 +83,54 @@ func ReadUpdate(dir string, v int64) (UpdateRecord, error) {
 	return u, nil
 }
 
+// OptimName is the file name of the optimizer state after version v.
+func OptimName(v int64) string { return fmt.Sprintf("policy-v%08d.optim", v) }
+
+const optimMagic = "trajflow-adam/v1"
+
+// optimBytes encodes the Adam state: magic, steps, n, m1[n], m2[n]
+// (little-endian float64), then the SHA-256 of everything before it.
+func (t *Trainer) optimBytes() []byte {
+	n := len(t.m1)
+	b := make([]byte, 0, len(optimMagic)+16+16*n+sha256.Size)
+	b = append(b, optimMagic...)
+	b = binary.LittleEndian.AppendUint64(b, uint64(t.steps))
+	b = binary.LittleEndian.AppendUint64(b, uint64(n))
+	for _, v := range t.m1 {
+		b = binary.LittleEndian.AppendUint64(b, math.Float64bits(v))
+	}
+	for _, v := range t.m2 {
+		b = binary.LittleEndian.AppendUint64(b, math.Float64bits(v))
+	}
+	h := sha256.Sum256(b)
+	return append(b, h[:]...)
+}
+
+// setOptim restores the Adam state written by optimBytes.
+func (t *Trainer) setOptim(b []byte) error {
+	n := len(t.m1)
+	want := len(optimMagic) + 16 + 16*n + sha256.Size
+	if len(b) != want || string(b[:len(optimMagic)]) != optimMagic {
+		return fmt.Errorf("%w: optimizer state of %d bytes, want %d", ErrRelease, len(b), want)
+	}
+	body := b[:len(b)-sha256.Size]
+	if h := sha256.Sum256(body); string(h[:]) != string(b[len(body):]) {
+		return fmt.Errorf("%w: optimizer state checksum mismatch", ErrRelease)
+	}
+	p := body[len(optimMagic):]
+	steps := int64(binary.LittleEndian.Uint64(p))
+	if int(binary.LittleEndian.Uint64(p[8:])) != n {
+		return fmt.Errorf("%w: optimizer state for another model size", ErrRelease)
+	}
+	p = p[16:]
+	for i := range t.m1 {
+		t.m1[i] = math.Float64frombits(binary.LittleEndian.Uint64(p[8*i:]))
+		t.m2[i] = math.Float64frombits(binary.LittleEndian.Uint64(p[8*(n+i):]))
+	}
+	t.steps = steps
+	return nil
+}
+
 // Stage is the train operator (pipeline §12–§14, systems §8): it consumes
 // packed batches, recomputes current log-probs on the exact stored tokens,
 // takes Epochs optimizer steps with the contract's objective, and
@@ -95,9 +146,9 @@ func ReadUpdate(dir string, v int64) (UpdateRecord, error) {
 // trained, or whose id was trained, is skipped; a segment whose trajectory
 // id was already trained is masked out (and counted). The state is
 // restored at Start from the latest release on the policy topic, its
-// update record, and the batches topic. The optimizer's moments are not
-// checkpointed: after a restart Adam starts again from zero moments at the
-// released weights.
+// update record, and the batches topic. The optimizer state (Adam's
+// moments and step count) is written beside every release (OptimName), so
+// a restarted trainer continues exactly where the release left off.
 type Stage struct {
 	cfg       StageConfig
 	tr        *Trainer
@@ -185,6 +236,13 @@ func (s *Stage) Start(ctx context.Context, env *pipeline.Env) error {
 		return err
 	}
 	s.tr.steps = latest.TrainingStep
+	if ob, err := os.ReadFile(filepath.Join(s.cfg.ReleaseDir, OptimName(latest.PolicyVersion))); err == nil {
+		if err := s.tr.setOptim(ob); err != nil {
+			return err
+		}
+	} else if latest.PolicyVersion > 0 {
+		env.Logger.Warn("no optimizer state beside the release; Adam restarts from zero moments", "version", latest.PolicyVersion, "err", err)
+	}
 	if latest.PolicyVersion > 0 {
 		u, err := ReadUpdate(s.cfg.ReleaseDir, latest.PolicyVersion)
 		if err != nil {
@@ -344,6 +402,9 @@ func (s *Stage) Process(_ context.Context, m pipeline.Message) (pipeline.Result,
 		return res, fmt.Errorf("gpu: update record: %w", err)
 	}
 	if err := writeAtomic(filepath.Join(s.cfg.ReleaseDir, UpdateName(u.Version)), ub); err != nil {
+		return res, err
+	}
+	if err := writeAtomic(filepath.Join(s.cfg.ReleaseDir, OptimName(u.Version)), s.tr.optimBytes()); err != nil {
 		return res, err
 	}
 	out, err := s.release()

@@ -126,3 +126,51 @@ func ids2(b schemas.PackedBatch) int {
 	}
 	return n
 }
+
+// TestOptimStateRoundTrip: a trainer restored from a release and its
+// optimizer state takes exactly the step the original takes; a corrupted
+// state is refused.
+func TestOptimStateRoundTrip(t *testing.T) {
+	h := newHarness(t, smallLoop())
+	b0, b1 := batchFor(t, h, 0), batchFor(t, h, 1)
+	if _, _, err := h.tr.Update(b0, h.cfg.Objective, h.cfg.Adam, 2); err != nil {
+		t.Fatal(err)
+	}
+	state := h.tr.optimBytes()
+	restored, err := NewTrainer(h.tr.Model(), h.tr.Behavior(), h.tr.Version())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := restored.setOptim(state); err != nil {
+		t.Fatal(err)
+	}
+	for _, tr := range []*Trainer{h.tr, restored} {
+		if _, _, err := tr.Update(b1, h.cfg.Objective, h.cfg.Adam, 2); err != nil {
+			t.Fatal(err)
+		}
+	}
+	a, b := h.tr.Model().Params, restored.Model().Params
+	for i := range a {
+		if a[i] != b[i] {
+			t.Fatalf("parameter %d: %v after restore, %v without", i, b[i], a[i])
+		}
+	}
+	bad := append([]byte(nil), state...)
+	bad[len(optimMagic)+20] ^= 1
+	for name, b := range map[string][]byte{"flipped bit": bad, "truncated": state[:len(state)-1], "empty": nil} {
+		if err := restored.setOptim(b); err == nil {
+			t.Errorf("%s: accepted", name)
+		}
+	}
+}
+
+// FuzzOptimState: any bytes are refused or restored, never a panic.
+func FuzzOptimState(f *testing.F) {
+	h := newHarness(f, smallLoop())
+	f.Add(h.tr.optimBytes())
+	f.Add([]byte(optimMagic))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		tr, _ := NewTrainer(h.tr.Model(), h.tr.Behavior(), 0)
+		_ = tr.setOptim(b)
+	})
+}
