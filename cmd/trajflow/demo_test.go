@@ -289,8 +289,18 @@ func TestEvalTaskNeverTrains(t *testing.T) {
 // `trajflow run dispatch|rollout|validate|reward|advantage|pack|train`, and
 // compares it with the in-process demo of the same seed: the same batches,
 // bit for bit, nothing lost or duplicated.
-func TestFleet(t *testing.T) {
-	const rounds = 4
+func TestFleet(t *testing.T) { fleet(t, 4, 0) }
+
+// TestFleetTrainerCrash kills the train process (SIGKILL, local state
+// lost) after it published version 2 and starts it again: the restarted
+// trainer resumes from the last release and its optimizer state, batches
+// redelivered to it are not trained twice, and the run's batches are still
+// those of the uninterrupted in-process demo.
+func TestFleetTrainerCrash(t *testing.T) { fleet(t, 5, 2) }
+
+// fleet runs `rounds` rounds as separate processes; when crashAt > 0 the
+// trainer is killed and restarted once version crashAt is released.
+func fleet(t *testing.T, rounds int, crashAt int64) {
 	want := demo(t, demoOptions{Updates: rounds, Seed: 1})
 
 	dir := t.TempDir()
@@ -331,11 +341,19 @@ func TestFleet(t *testing.T) {
 		t.Fatalf("topics: %v\n%s", err, out)
 	}
 	releases := filepath.Join(dir, "releases")
-	for _, name := range loopStages {
-		_, out := start("run", name, "--brokers", addr, "--releases", releases, "--rounds", fmt.Sprint(rounds),
+	startOp := func(name string) *exec.Cmd {
+		cmd, out := start("run", name, "--brokers", addr, "--releases", releases, "--rounds", fmt.Sprint(rounds),
 			"--state", filepath.Join(dir, "state", name), "--log-level", "warn")
 		go io.Copy(io.Discard, out)
+		return cmd
 	}
+	var train *exec.Cmd
+	for _, name := range loopStages {
+		if cmd := startOp(name); name == "train" {
+			train = cmd
+		}
+	}
+	crashed := crashAt <= 0
 
 	topics, _ := pipeline.TopicsFor("demo")
 	cfg := &pipeline.Config{Brokers: []string{addr}}
@@ -367,7 +385,21 @@ func TestFleet(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if decided == rounds*16 && version == int64(batches) {
+		if !crashed && version >= crashAt {
+			train.Process.Kill()
+			train.Wait()
+			os.RemoveAll(filepath.Join(dir, "state", "train"))
+			for i, p := range procs {
+				if p == train {
+					procs = append(procs[:i], procs[i+1:]...)
+					break
+				}
+			}
+			train = startOp("train")
+			crashed = true
+			t.Logf("trainer killed at version %d and restarted", version)
+		}
+		if crashed && decided == rounds*16 && version == int64(batches) {
 			break
 		}
 		if ctx.Err() != nil {
