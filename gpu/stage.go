@@ -360,15 +360,20 @@ func (s *Stage) Process(_ context.Context, m pipeline.Message) (pipeline.Result,
 		s.initial = false
 		res.Outputs = append(res.Outputs, out)
 	}
+	// A refusal carries the outputs already due (the initial release).
+	refuse := func(r *pipeline.Refusal) error {
+		r.Also = append(r.Also, res.Outputs...)
+		return r
+	}
 	batch, err := schemas.PackedBatches.Decode(nil, m.Value)
 	if err != nil {
-		return res, stagekit.DecodeRefusal(err)
+		return res, refuse(stagekit.DecodeRefusal(err))
 	}
 	if s.batches[batch.BatchID] || batch.BatchIndex <= s.lastIndex {
 		return res, nil // redelivered: trained already
 	}
 	if batch.ContractHash != s.cfg.ContractHash {
-		return res, pipeline.Refuse("contract_mismatch", "batch %s of contract %s, trainer runs %s", batch.BatchID, batch.ContractHash, s.cfg.ContractHash)
+		return res, refuse(pipeline.Refuse("contract_mismatch", "batch %s of contract %s, trainer runs %s", batch.BatchID, batch.ContractHash, s.cfg.ContractHash))
 	}
 	dups := 0
 	var ids []string
@@ -388,7 +393,7 @@ func (s *Stage) Process(_ context.Context, m pipeline.Message) (pipeline.Result,
 		}
 	}
 	if len(ids) == 0 {
-		return res, pipeline.Refuse("duplicate_batch", "every trajectory of batch %s was trained already", batch.BatchID)
+		return res, refuse(pipeline.Refuse("duplicate_batch", "every trajectory of batch %s was trained already", batch.BatchID))
 	}
 	start := time.Now()
 	met, last, err := s.tr.Update(batch, s.cfg.Objective, s.cfg.Adam, s.cfg.Epochs)
