@@ -100,7 +100,7 @@ func cmdDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	fs := newFlags("demo", stderr)
 	o := demoOptions{}
 	fs.IntVar(&o.Updates, "updates", 60, "update rounds to dispatch (a round whose groups are all filtered trains nothing)")
-	fs.StringVar(&o.Out, "out", "demo-out", "output directory (summary.json, releases/, demo.log)")
+	fs.StringVar(&o.Out, "out", filepath.Join("out", "demo"), "output directory (summary.json, releases/, demo.log)")
 	fs.Int64Var(&o.Seed, "seed", 1, "contract seed (random streams and initial weights)")
 	brokers := fs.String("brokers", "", "comma-separated brokers of an external cluster (default: start the embedded broker)")
 	fs.StringVar(&o.RunID, "run", "", "run id, the topic prefix (default: the demo contract's)")
