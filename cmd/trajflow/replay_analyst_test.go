@@ -41,32 +41,43 @@ func analystPython(t *testing.T) string {
 // trajflow wrote, DuckDB must answer a query over the whole run, and a
 // batches message must open with pyarrow.ipc.open_stream.
 func TestDemoReplayAndAnalyst(t *testing.T) {
-	dir := t.TempDir()
 	ctx := context.Background()
-	var out, errb bytes.Buffer
-	if code := run(ctx, []string{"demo", "--out", dir, "--updates", "2", "--eval-samples", "1"}, &out, &errb); code != 0 {
-		t.Fatalf("trajflow demo: exit %d: %s%s", code, out.String(), errb.String())
-	}
-	var demo demoSummary
-	b, err := os.ReadFile(filepath.Join(dir, "summary.json"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := json.Unmarshal(b, &demo); err != nil {
-		t.Fatal(err)
-	}
-	out.Reset()
-	errb.Reset()
-	if code := run(ctx, []string{"replay", dir}, &out, &errb); code != 0 {
-		t.Fatalf("trajflow replay: exit %d: %s%s", code, out.String(), errb.String())
-	}
-	want := fmt.Sprintf("%d batches identical", len(demo.BatchHashes))
-	if len(demo.BatchHashes) == 0 || !strings.Contains(out.String(), want) {
-		t.Fatalf("replay of a demo with %d batches printed %q, want %q", len(demo.BatchHashes), out.String(), want)
-	}
-	out.Reset()
-	if code := run(ctx, []string{"census", dir}, &out, &errb); code != 0 || !strings.Contains(out.String(), "trained") {
-		t.Fatalf("trajflow census: exit %d: %s%s", code, out.String(), errb.String())
+	var dir string
+	for _, mode := range []struct {
+		name  string
+		flags []string
+	}{
+		{"sync", nil},
+		{"async with lag", []string{"--async", "--max-lag", "1", "--updates", "4"}},
+	} {
+		dir = t.TempDir()
+		var out, errb bytes.Buffer
+		args := append([]string{"demo", "--out", dir, "--updates", "2", "--eval-samples", "1"}, mode.flags...)
+		if code := run(ctx, args, &out, &errb); code != 0 {
+			t.Fatalf("%s: trajflow demo: exit %d: %s%s", mode.name, code, out.String(), errb.String())
+		}
+		var demo demoSummary
+		b, err := os.ReadFile(filepath.Join(dir, "summary.json"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := json.Unmarshal(b, &demo); err != nil {
+			t.Fatal(err)
+		}
+		out.Reset()
+		errb.Reset()
+		if code := run(ctx, []string{"replay", dir}, &out, &errb); code != 0 {
+			t.Fatalf("%s: trajflow replay: exit %d: %s%s", mode.name, code, out.String(), errb.String())
+		}
+		want := fmt.Sprintf("%d batches identical", len(demo.BatchHashes))
+		if len(demo.BatchHashes) == 0 || !strings.Contains(out.String(), want) {
+			t.Fatalf("%s: replay of a demo with %d batches printed %q, want %q", mode.name, len(demo.BatchHashes), out.String(), want)
+		}
+		t.Logf("%s: %s", mode.name, want)
+		out.Reset()
+		if code := run(ctx, []string{"census", dir}, &out, &errb); code != 0 || !strings.Contains(out.String(), "trained") {
+			t.Fatalf("%s: trajflow census: exit %d: %s%s", mode.name, code, out.String(), errb.String())
+		}
 	}
 
 	py := analystPython(t)
