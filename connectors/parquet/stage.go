@@ -14,6 +14,9 @@ import (
 	"sync"
 	"time"
 
+	pq "github.com/parquet-go/parquet-go"
+	pqzstd "github.com/parquet-go/parquet-go/compress/zstd"
+
 	"github.com/trajflow/trajflow/pipeline"
 )
 
@@ -37,6 +40,39 @@ type StageConfig struct {
 	MaxBufferedBytes int64
 	Write            WriteOptions
 	Now              func() time.Time
+	// Tasks is the task registry (public fields only: never the hidden
+	// answers), written once per run to TasksFile for analysts' joins.
+	Tasks []TaskRow
+}
+
+// TaskRow is one task of the registry, as written to TasksFile.
+type TaskRow struct {
+	TaskID      string `parquet:"task_id"`
+	TaskVersion string `parquet:"task_version"`
+	Domain      string `parquet:"domain"`
+	Split       string `parquet:"split"`
+	EnvVersion  string `parquet:"env_version"`
+	Key         int32  `parquet:"key"`
+}
+
+// TasksFile is the run-level Parquet file of the task registry.
+const TasksFile = "tasks.parquet"
+
+// ReadTasks reads the task registry of a run, checking its sidecar.
+func ReadTasks(runDir string) ([]TaskRow, error) {
+	path := filepath.Join(runDir, TasksFile)
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("snapshot: %w", err)
+	}
+	if err := checkSidecar(path, data); err != nil {
+		return nil, fmt.Errorf("snapshot file %s: %w", path, err)
+	}
+	rows, err := pq.Read[TaskRow](bytes.NewReader(data), int64(len(data)))
+	if err != nil {
+		return nil, fmt.Errorf("%w: snapshot file %s: %w", ErrCorrupt, path, err)
+	}
+	return rows, nil
 }
 
 type topicPart struct {
@@ -148,6 +184,15 @@ func (s *Stage) Start(_ context.Context, env *pipeline.Env) error {
 		}
 		if err := writeAtomic(runDir, name, func(w io.Writer) error { _, err := w.Write(body); return err }); err != nil {
 			return fmt.Errorf("snapshot: write %s: %w", name, err)
+		}
+	}
+	if len(s.cfg.Tasks) > 0 {
+		err := writeAtomic(runDir, TasksFile, func(w io.Writer) error {
+			return pq.Write(w, s.cfg.Tasks, pq.Compression(&pqzstd.Codec{}), pq.KeyValueMetadata(MetaRun, s.cfg.Run),
+				pq.KeyValueMetadata(MetaContractHash, s.cfg.ContractHash), pq.KeyValueMetadata(MetaWriter, WriterVersion))
+		})
+		if err != nil {
+			return fmt.Errorf("snapshot: write %s: %w", TasksFile, err)
 		}
 	}
 	files, err := List(runDir)

@@ -162,3 +162,29 @@ func TestStageRemovesCrashLeftovers(t *testing.T) {
 		}
 	}
 }
+
+func TestStageWritesTaskRegistry(t *testing.T) {
+	dir := t.TempDir()
+	tasks := []TaskRow{{TaskID: "t1", Split: "train", Key: 3, EnvVersion: "e"}, {TaskID: "t2", Split: "eval", Key: 0}}
+	st, err := NewStage(StageConfig{Dir: dir, Run: testRun, Topics: []string{testRun + ".census"}, Tasks: tasks})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Start(context.Background(), nil); err != nil {
+		t.Fatal(err)
+	}
+	got, err := ReadTasks(RunDir(dir, testRun))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(got, tasks) {
+		t.Fatalf("tasks read %+v, written %+v", got, tasks)
+	}
+	path := filepath.Join(RunDir(dir, testRun), TasksFile)
+	b, _ := os.ReadFile(path)
+	b[len(b)/2] ^= 1
+	os.WriteFile(path, b, 0o644)
+	if _, err := ReadTasks(RunDir(dir, testRun)); err == nil {
+		t.Fatal("corrupted task registry read without error")
+	}
+}

@@ -184,6 +184,14 @@ def main():
         summary["task_versions"] = len(rows)
         summary["components"] = len(comps)
 
+    # The task registry (public fields: id, version, split, the key the
+    # prompt names), written once per run next to the topics.
+    tasks_file = os.path.join(run_dir, "tasks.parquet")
+    if os.path.exists(tasks_file):
+        splits = con.sql(f"SELECT split, count(*) FROM read_parquet('{tasks_file}') GROUP BY split ORDER BY split").fetchall()
+        print("\ntask registry:", ", ".join(f"{n} {s}" for s, n in splits))
+        summary["tasks"] = sum(n for _, n in splits)
+
     # 4. A batches message as an Arrow IPC stream.
     if args.ipc:
         with open(args.ipc, "rb") as f:
