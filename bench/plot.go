@@ -13,9 +13,9 @@ import (
 )
 
 // WritePlot draws the report to a PNG file: throughput per stage (million
-// tokens/s, with the end-to-end rate and the raw baseline's token rate
-// beside them) and the distribution of record latency from production to
-// batch.
+// tokens/s, with the end-to-end rate), bytes through the broker (per stage,
+// the pipeline's total and the raw kafka-go baseline) and the distribution
+// of record latency from production to batch.
 func WritePlot(rep *Report, path string) error {
 	tp := plot.New()
 	tp.Title.Text = "Throughput (M tokens/s)"
@@ -29,11 +29,7 @@ func WritePlot(rep *Report, path string) error {
 	}
 	vals = append(vals, rep.E2ETokensPerS/1e6)
 	names = append(names, "e2e")
-	if rep.Baseline != nil {
-		vals = append(vals, rep.Baseline.TokensPerS/1e6)
-		names = append(names, "raw kafka")
-	}
-	bars, err := plotter.NewBarChart(vals, vg.Points(28))
+	bars, err := plotter.NewBarChart(vals, vg.Points(24))
 	if err != nil {
 		return fmt.Errorf("bench plot: %w", err)
 	}
@@ -42,6 +38,28 @@ func WritePlot(rep *Report, path string) error {
 	tp.Add(bars)
 	tp.NominalX(names...)
 	tp.Y.Min = 0
+
+	// Bytes through the broker: each stage's input, the pipeline's total
+	// over all hops, and the raw kafka-go baseline of one hop.
+	bp := plot.New()
+	bp.Title.Text = fmt.Sprintf("Through the broker (MB/s), ratio %.2f", rep.RatioToBaseline)
+	var mb plotter.Values
+	var mbNames []string
+	for _, s := range rep.Stages {
+		mb = append(mb, s.InMBPerS)
+		mbNames = append(mbNames, s.Name)
+	}
+	mb = append(mb, rep.PipelineMBPerS, rep.BaselineMBPerS)
+	mbNames = append(mbNames, "pipeline", "raw kafka")
+	mbBars, err := plotter.NewBarChart(mb, vg.Points(24))
+	if err != nil {
+		return fmt.Errorf("bench plot: %w", err)
+	}
+	mbBars.Color = color.RGBA{R: 90, G: 150, B: 90, A: 255}
+	mbBars.LineStyle.Width = 0
+	bp.Add(mbBars)
+	bp.NominalX(mbNames...)
+	bp.Y.Min = 0
 
 	lp := plot.New()
 	lp.Title.Text = fmt.Sprintf("Latency production → batch (p50 %.0f ms, p99 %.0f ms)", rep.LatencyMS.P50, rep.LatencyMS.P99)
@@ -64,13 +82,14 @@ func WritePlot(rep *Report, path string) error {
 	line.Width = vg.Points(1.5)
 	lp.Add(line)
 
-	img := vgimg.New(vg.Points(1000), vg.Points(380))
+	img := vgimg.New(vg.Points(1400), vg.Points(380))
 	dc := draw.New(img)
-	tiles := draw.Tiles{Rows: 1, Cols: 2, PadX: vg.Millimeter * 4, PadY: vg.Millimeter * 2, PadTop: vg.Millimeter * 2,
+	tiles := draw.Tiles{Rows: 1, Cols: 3, PadX: vg.Millimeter * 4, PadY: vg.Millimeter * 2, PadTop: vg.Millimeter * 2,
 		PadBottom: vg.Millimeter * 2, PadLeft: vg.Millimeter * 2, PadRight: vg.Millimeter * 2}
-	canvases := plot.Align([][]*plot.Plot{{tp, lp}}, tiles, dc)
+	canvases := plot.Align([][]*plot.Plot{{tp, bp, lp}}, tiles, dc)
 	tp.Draw(canvases[0][0])
-	lp.Draw(canvases[0][1])
+	bp.Draw(canvases[0][1])
+	lp.Draw(canvases[0][2])
 	f, err := os.Create(path)
 	if err != nil {
 		return fmt.Errorf("bench plot: %w", err)
