@@ -409,7 +409,7 @@ type ControlRow struct {
 	Key         string `parquet:"_key"`
 	Headers     string `parquet:"_headers"`
 	TimeUS      int64  `parquet:"_time_us"`
-	Value       []byte `parquet:"_value"`
+	Value       []byte `parquet:"_value"` // BYTE_ARRAY; never a list<uint8> field, which parquet-go writes empty
 	DecodeError string `parquet:"_decode_error"`
 
 	// Census events (pipeline §6, §9).
