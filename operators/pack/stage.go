@@ -26,6 +26,9 @@ type StageConfig struct {
 	// RebuildScan is how many batches per partition of the batches topic
 	// are read back at start to restore the admitted ids (default 1000).
 	RebuildScan int64
+	// DedupMemory is how many decided ids are kept in memory (default
+	// 1<<20, about 50 MB); older ones are forgotten.
+	DedupMemory int
 	// DedupHorizon bounds how long admitted ids are remembered in the local
 	// state beyond the scanned tail (default 7 days).
 	DedupHorizon time.Duration
@@ -88,6 +91,9 @@ type Stage struct {
 	nextIndex int64
 	held      map[pipeline.Ref]struct{}
 	opened    time.Time
+	// bounded deduplication memory (see remember)
+	recent     []string
+	recentHead int
 	// statistics of the records decided in the open window
 	records   int
 	rewardSum float64
@@ -103,6 +109,9 @@ func NewStage(cfg StageConfig) (*Stage, error) {
 	w.CountDecidedGroups(cfg.CountDecidedGroups)
 	if cfg.RebuildScan <= 0 {
 		cfg.RebuildScan = 1000
+	}
+	if cfg.DedupMemory <= 0 {
+		cfg.DedupMemory = 1 << 20
 	}
 	if cfg.DedupHorizon <= 0 {
 		cfg.DedupHorizon = 7 * 24 * time.Hour
@@ -128,15 +137,6 @@ func (s *Stage) Start(ctx context.Context, env *pipeline.Env) error {
 		return err
 	}
 	s.store = st
-	n := 0
-	err = st.Scan(ctx, seenPrefix, func(k, _ []byte) error {
-		s.win.MarkSeen(string(k[len(seenPrefix):]))
-		n++
-		return nil
-	})
-	if err != nil {
-		return err
-	}
 	batches := 0
 	err = pipeline.ScanTail(ctx, env.Config, s.cfg.Topics.Batches, s.cfg.RebuildScan, func(m pipeline.Message) error {
 		b, err := schemas.PackedBatches.Decode(nil, m.Value)
@@ -150,6 +150,7 @@ func (s *Stage) Start(ctx context.Context, env *pipeline.Env) error {
 		for _, row := range b.Rows {
 			for _, id := range row.SegTrajectoryIDs {
 				s.win.MarkSeen(id)
+				s.remember(id)
 				if err := st.Set(append(append([]byte{}, seenPrefix...), id...), nil, s.cfg.DedupHorizon); err != nil {
 					return err
 				}
@@ -160,8 +161,31 @@ func (s *Stage) Start(ctx context.Context, env *pipeline.Env) error {
 	if err != nil {
 		return fmt.Errorf("pack: rebuild from batches: %w", err)
 	}
-	env.Logger.Info("pack state restored", "stored_ids", n, "batches_scanned", batches, "next_batch", s.nextIndex)
+	env.Logger.Info("pack state restored", "batches_scanned", batches, "next_batch", s.nextIndex)
 	return nil
+}
+
+// remember records a decided id in the bounded in-memory deduplication
+// memory; the oldest ids beyond DedupMemory are forgotten (their inputs were
+// committed long ago, so they are not redelivered; ids read back from the
+// batches topic at a start stay in the local state for DedupHorizon).
+func (s *Stage) remember(id string) {
+	if len(s.recent) < s.cfg.DedupMemory {
+		s.recent = append(s.recent, id)
+		return
+	}
+	s.win.Forget(s.recent[s.recentHead])
+	s.recent[s.recentHead] = id
+	s.recentHead = (s.recentHead + 1) % len(s.recent)
+}
+
+// admittedBefore reports whether id was admitted to a batch before this
+// start and beyond the in-memory deduplication memory.
+func (s *Stage) admittedBefore(id string) (bool, error) {
+	if s.store == nil || s.win.Seen(id) {
+		return false, nil
+	}
+	return s.store.Has(append(append([]byte{}, seenPrefix...), id...))
 }
 
 // Close releases the state store.
@@ -192,7 +216,7 @@ func (s *Stage) Process(ctx context.Context, m pipeline.Message) (pipeline.Resul
 	now := s.cfg.Now()
 	for i := range rows {
 		r := &rows[i]
-		if s.win.Ready() && !s.win.HasGroup(r.GroupID) {
+		if !s.win.Accepts(r.GroupID) {
 			if err := s.close(&res, "full"); err != nil {
 				return pipeline.Result{}, err
 			}
@@ -205,34 +229,36 @@ func (s *Stage) Process(ctx context.Context, m pipeline.Message) (pipeline.Resul
 		if v := maxBehaviorVersion(r); v > s.win.TrainerVersion() && r.Split != schemas.SplitEval {
 			s.win.SetTrainerVersion(v)
 		}
+		if dup, err := s.admittedBefore(r.RecordID); err != nil {
+			return pipeline.Result{}, err
+		} else if dup {
+			s.win.MarkSeen(r.RecordID)
+			s.remember(r.RecordID)
+			continue
+		}
 		out, err := s.win.Add(*r)
 		if err != nil {
 			reason := "malformed_scored"
 			if errors.Is(err, ErrEvalSplit) {
 				reason = "eval_task_id"
 			}
-			q, qerr := stagekit.RowRefusal(schemas.ScoredTrajectories, s.cfg.Topics.Quarantine, s.Name(), m, i, *r, r.RecordID, reason, err.Error())
-			if qerr != nil {
-				return pipeline.Result{}, qerr
+			if errors.Is(err, ErrWindowFull) {
+				return pipeline.Result{}, err // Accepts was checked: a defect, not bad input
 			}
-			ev, cerr := s.census(r.RecordID, r.TaskID, r.GroupID, schemas.CensusQuarantined, reason, "", 0, now)
-			if cerr != nil {
-				return pipeline.Result{}, cerr
+			outs, rerr := stagekit.RefuseRow(schemas.ScoredTrajectories, s.cfg.Topics, s.Name(), m, i, *r, stagekit.Refused{
+				RunID: r.RunID, AttemptID: r.RecordID, TaskID: r.TaskID, GroupID: r.GroupID,
+				Reason: reason, Detail: err.Error(), Infra: reason != "eval_task_id",
+				Incident: reason == "eval_task_id", At: now.UnixMicro(),
+			})
+			if rerr != nil {
+				return pipeline.Result{}, rerr
 			}
-			res.Outputs = append(res.Outputs, q, ev)
-			if reason == "eval_task_id" {
-				inc, ierr := stagekit.IncidentOutput(s.cfg.Topics.Incidents, stagekit.Incident{
-					RunID: r.RunID, AttemptID: r.RecordID, TaskID: r.TaskID, Stage: s.Name(),
-					Reason: reason, Detail: err.Error(), Source: m.Ref.String(), At: now.UnixMicro(),
-				})
-				if ierr != nil {
-					return pipeline.Result{}, ierr
-				}
-				res.Outputs = append(res.Outputs, inc)
-			}
+			res.Outputs = append(res.Outputs, outs...)
+			s.remember(r.RecordID)
 			continue
 		}
 		if out.Outcome == Admitted || out.Outcome == Filtered {
+			s.remember(r.RecordID)
 			s.records++
 			s.rewardSum += r.RewardTotal
 			if r.RewardTotal > 0 {

@@ -99,3 +99,48 @@ func TestStageSyncWindows(t *testing.T) {
 		t.Fatalf("batch index %d trainer version %d", batch.BatchIndex, batch.TrainerVersion)
 	}
 }
+
+// TestStageTokenFullWindowClosesBeforeAdding: when the token budget fills in
+// the middle of a group, the next member closes the window and opens the
+// next one — it is never refused (a refusal here would quarantine a good
+// record and, under redelivery, give one attempt two fates).
+func TestStageTokenFullWindowClosesBeforeAdding(t *testing.T) {
+	topics, _ := pipeline.TopicsFor("r")
+	o := testOptions()
+	one := small("x", "g", 0, 3)
+	seg, _, err := Reconstruct(&one, 0, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	o.BatchTokens, o.BatchGroups = 2*seg.Len(), 0
+	st, err := NewStage(StageConfig{Options: o, Topics: topics, RunID: "r", ContractHash: "h", DedupMemory: 4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rows := []schemas.Scored{small("a", "g1", 0, 3), small("b", "g1", 0, 3), small("c", "g1", 0, 3), small("d", "g2", 0, 3), small("e", "g2", 0, 3)}
+	b, err := schemas.ScoredTrajectories.Encode(nil, rows)
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := st.Process(context.Background(), pipeline.Message{Ref: pipeline.Ref{Topic: topics.Scored}, Key: []byte("g1"), Value: b})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var batches, quarantined int
+	for _, out := range res.Outputs {
+		switch out.Topic {
+		case topics.Batches:
+			batches++
+		case topics.Quarantine:
+			quarantined++
+		}
+	}
+	if quarantined != 0 || batches != 2 || !res.Hold {
+		t.Fatalf("batches=%d quarantined=%d hold=%v, want 2 batches (a+b, c+d), e held, none quarantined", batches, quarantined, res.Hold)
+	}
+	// The deduplication memory is bounded: with room for 4 ids, the oldest
+	// decided ids are forgotten, the newest are not.
+	if st.win.Seen("a") || !st.win.Seen("e") {
+		t.Fatalf("dedup memory: seen(a)=%v seen(e)=%v, want false, true", st.win.Seen("a"), st.win.Seen("e"))
+	}
+}

@@ -165,7 +165,7 @@ func (w *Window) Add(s schemas.Scored) (Result, error) {
 	if _, ok := w.seen[id]; ok {
 		return Result{Outcome: Duplicate, Ready: w.Ready()}, nil
 	}
-	if w.Ready() && (w.tokensFull() || !w.HasGroup(s.GroupID)) {
+	if !w.Accepts(s.GroupID) {
 		return Result{Ready: true}, fmt.Errorf("%w: record %s", ErrWindowFull, id)
 	}
 	seg, f, err := Reconstruct(&s, w.trainerVersion, w.opts)
@@ -199,6 +199,14 @@ func (w *Window) Add(s schemas.Scored) (Result, error) {
 // member; later members of a group already in the window are still
 // accepted while it is Ready, and members arriving after a close go to the
 // next batch.
+// Accepts reports whether a record of group groupID may join the open
+// window: always before the window is ready; once it is ready, only a
+// member of a group already in it, and only while the token budget is not
+// full. When Accepts is false the caller closes the window first.
+func (w *Window) Accepts(groupID string) bool {
+	return !w.Ready() || (!w.tokensFull() && w.HasGroup(groupID))
+}
+
 func (w *Window) Ready() bool {
 	if w.tokensFull() {
 		return true
