@@ -63,7 +63,15 @@ func (s *Stage) Process(_ context.Context, m pipeline.Message) (pipeline.Result,
 		}
 		res.Outputs = append(res.Outputs, outs...)
 	}
-	if len(valid) > 0 {
+	switch {
+	case len(valid) == len(rows):
+		// Every row is valid: the input bytes are the output (a decoded
+		// stream re-encodes to the same rows), so skip the encode.
+		res.Outputs = append(res.Outputs, pipeline.Output{
+			Topic: s.cfg.Topics.Valid, Key: m.Key, Value: m.Value,
+			Headers: stagekit.Headers(schemas.KindTrajectory, stagekit.MessageID(s.Name(), ids...)),
+		})
+	case len(valid) > 0:
 		out, err := stagekit.Encode(schemas.Trajectories, s.cfg.Topics.Valid, string(m.Key), stagekit.MessageID(s.Name(), ids...), valid)
 		if err != nil {
 			return pipeline.Result{}, err
