@@ -12,6 +12,7 @@ import (
 
 	"github.com/trajflow/trajflow/internal/testkit"
 	"github.com/trajflow/trajflow/operators"
+	"github.com/trajflow/trajflow/operators/rollout"
 	"github.com/trajflow/trajflow/pipeline"
 	"github.com/trajflow/trajflow/schemas"
 )
@@ -92,14 +93,14 @@ func semanticCorpus(base schemas.Trajectory, maxEpisodeTokens int) []struct {
 
 // badInputScenario injects the corpus on every data-plane input topic
 // (trajectories -> validate, valid -> reward, rewarded -> advantage, scored
-// -> pack) while the four operators run, then good groups: every bad
+// -> pack, batches -> train) while the four operators run, then good groups: every bad
 // record lands in quarantine with a reason and its source topic in the
 // headers, exactly once; the good groups flow (lost = duplicated = 0).
 func badInputScenario(t *testing.T, addr, broker string) {
 	start := time.Now()
 	_, c := runContract(t, uniqueRun("bad"), "")
 	run := startRun(t, c, addr)
-	s := run.Synth(100, 1000)
+	s := synthFor(run, 100)
 	good := s.Group(0)
 	goodTraj, err := schemas.Trajectories.Encode(nil, good[:1])
 	if err != nil {
@@ -163,13 +164,27 @@ func badInputScenario(t *testing.T, addr, broker string) {
 		injected += len(msgs)
 	}
 	for _, name := range []string{"validate", "reward", "advantage", "pack"} {
-		startOp(t, run, name, operators.Deps{})
+		startOp(t, run, name, operators.Deps{VocabSize: rollout.VocabSize})
 	}
 	// Good groups after the bad records: the operators keep running.
 	ids := run.Produce(t, s, 10, 30)
 	counts, rep := settle(t, run, ids, 60*time.Second)
 
+	// The batches topic, consumed by the train stage, in a run of its own
+	// (the trainer would train on this run's synthetic batches): the corpus
+	// built from a real batch of this run.
+	_, c2 := runContract(t, uniqueRun("badtrain"), "")
+	run2 := startRun(t, c2, run.Addr)
+	want2 := map[string]badCase{}
+	injected += injectBatchCorpus(t, run, run2, goodScored, want2)
+	startOp(t, run2, "train", operators.Deps{ReleaseDir: t.TempDir()})
 	got := quarantinedByKey(t, run, want)
+	for k, v := range waitQuarantined(t, run2, want2, 60*time.Second) {
+		got[k] = v
+	}
+	for k, v := range want2 {
+		want[k] = v
+	}
 	var missing []string
 	seen := map[string]int{}
 	for key, bc := range want {
@@ -198,7 +213,7 @@ func badInputScenario(t *testing.T, addr, broker string) {
 	}
 	counts.Quarantined += len(want) - len(missing)
 	counts.Launched += injected
-	record(t, scenarioResult{Name: fmt.Sprintf("bad input: %d malformed records on 4 topics + good groups", injected), Broker: broker,
+	record(t, scenarioResult{Name: fmt.Sprintf("bad input: %d malformed records on 5 topics + good groups", injected), Broker: broker,
 		Counts: counts, Reasons: seen, Elapsed: time.Since(start)})
 	checkCounts(t, run, rep.Account(ids), rep)
 }
@@ -233,4 +248,59 @@ func TestBadInputEmbedded(t *testing.T) {
 		t.Skip("end-to-end")
 	}
 	badInputScenario(t, "", "embedded (in process)")
+}
+
+// injectBatchCorpus builds the decode corpus from the first batch on run's
+// batches topic, writes it to dst's batches topic and adds its keys to
+// want.
+func injectBatchCorpus(t *testing.T, run, dst *testkit.Run, otherKind []byte, want map[string]badCase) int {
+	t.Helper()
+	cfg := run.Config("batch-read", "")
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	var good []byte
+	err := pipeline.ScanTail(ctx, &cfg, run.Topics.Batches, 1, func(m pipeline.Message) error {
+		if good == nil {
+			good = m.Value
+		}
+		return nil
+	})
+	if err != nil || good == nil {
+		t.Fatalf("no batch to build the corpus from (%v)", err)
+	}
+	b := bytes.Clone(good)
+	j := bytes.Index(b, []byte("\x01\x00\x00\x001\x00"))
+	if j < 0 {
+		t.Fatal("no version metadata in the batch stream")
+	}
+	b[j+4] = '9'
+	var ve *schemas.VersionError
+	if _, err := schemas.PackedBatches.Decode(nil, b); !errors.As(err, &ve) {
+		t.Fatalf("patched batch decodes with %v, want a version error", err)
+	}
+	var msgs []rawMsg
+	for _, bc := range decodeCorpus(t, schemas.PackedBatches.Kind(), good, otherKind, b) {
+		key := "bad/" + dst.Topics.Batches + "/" + bc.name
+		want[key] = bc
+		msgs = append(msgs, rawMsg{key: key, value: bc.value})
+	}
+	// In two halves: the second is quarantined only if the trainer kept
+	// running after the first.
+	produceRaw(t, dst, dst.Topics.Batches, msgs[:len(msgs)/2])
+	produceRaw(t, dst, dst.Topics.Batches, msgs[len(msgs)/2:])
+	return len(msgs)
+}
+
+// waitQuarantined polls the quarantine topic until every key of want is
+// there (or timeout) and returns what it found.
+func waitQuarantined(t *testing.T, run *testkit.Run, want map[string]badCase, timeout time.Duration) map[string][]map[string]string {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		got := quarantinedByKey(t, run, want)
+		if len(got) == len(want) || time.Now().After(deadline) {
+			return got
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
 }
