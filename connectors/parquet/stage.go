@@ -94,7 +94,10 @@ type partBuf struct {
 // durable, then released: the committed offset never passes data that is
 // not on disk. At start the stage reads back which offsets its files
 // already hold and skips them when they are redelivered, so a restart
-// after a crash writes no duplicate and leaves no gap.
+// after a crash writes no duplicate and leaves no gap. A directory holds
+// the snapshot of one life of a run's topics: a run id reused on a fresh
+// cluster (offsets restarting at 0) needs a fresh directory, or the offsets
+// already on disk are taken as written.
 type Stage struct {
 	cfg      StageConfig
 	shorts   map[string]string // full topic -> short name
