@@ -69,6 +69,7 @@ func TestConformanceProcesses(t *testing.T) {
 	record(t, scenarioResult{Name: "conformance: kills + wipes + rebalance", Broker: "trajflow broker",
 		Kills: f.kills, Wipes: f.wipes, Rebal: 2, Counts: counts, Reasons: reasons(rep.Quarantined), Elapsed: time.Since(start)})
 	checkCounts(t, run, counts, rep)
+	checkNoneRefused(t, counts, rep)
 	if counts.Launched < 3000 {
 		t.Errorf("launched %d trajectories, want a few thousand", counts.Launched)
 	}

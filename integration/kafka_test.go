@@ -87,6 +87,7 @@ func TestKafkaKills(t *testing.T) {
 		t.Errorf("%d kills, want >= 20", f.kills)
 	}
 	checkCounts(t, run, counts, rep)
+	checkNoneRefused(t, counts, rep)
 }
 
 // TestKafkaBrokerRestart stops the broker mid-run (SIGTERM, controlled
@@ -100,12 +101,12 @@ func TestKafkaBrokerRestart(t *testing.T) {
 	run := startRun(t, c, addr)
 	f := standardFleet(t, addr, path, 1)
 	s := synthFor(run, 150)
-	ids := run.Produce(t, s, 0, 150)
-	time.Sleep(1500 * time.Millisecond)
+	ids := run.Produce(t, s, 0, 300)
+	time.Sleep(time.Second) // records in flight in every stage when the broker stops
 	kafkaScript(t, "down")
 	time.Sleep(3 * time.Second)
 	kafkaScript(t, "up")
-	ids = append(ids, run.Produce(t, s, 150, 300)...)
+	ids = append(ids, run.Produce(t, s, 300, 400)...)
 	counts, rep := settle(t, run, ids, 180*time.Second)
 	if ex := f.exited(); len(ex) > 0 {
 		t.Errorf("operators exited by themselves:\n%s", strings.Join(ex, "\n"))
@@ -113,6 +114,7 @@ func TestKafkaBrokerRestart(t *testing.T) {
 	record(t, scenarioResult{Name: "broker stop + restart mid-run", Broker: "Apache Kafka 4.1",
 		Restarts: 1, Counts: counts, Reasons: reasons(rep.Quarantined), Elapsed: time.Since(start)})
 	checkCounts(t, run, counts, rep)
+	checkNoneRefused(t, counts, rep)
 	if !strings.Contains(f.logs(), "operator failed; restarting") {
 		t.Log("no operator needed an in-place restart (the client retried through the outage)")
 	}
@@ -148,6 +150,7 @@ func TestKafkaRebalance(t *testing.T) {
 	record(t, scenarioResult{Name: "rebalance: 3 joins, 3 leaves (1 by SIGKILL)", Broker: "Apache Kafka 4.1",
 		Kills: f.kills, Rebal: 6, Counts: counts, Reasons: reasons(rep.Quarantined), Elapsed: time.Since(start)})
 	checkCounts(t, run, counts, rep)
+	checkNoneRefused(t, counts, rep)
 }
 
 // kafkaHome is where deploy/local/kafka.sh keeps keys and credentials.

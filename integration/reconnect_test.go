@@ -44,4 +44,5 @@ func TestOperatorsWaitForBroker(t *testing.T) {
 	record(t, scenarioResult{Name: "operators started before the broker (reconnect)", Broker: "trajflow broker",
 		Counts: counts, Reasons: reasons(rep.Quarantined), Elapsed: time.Since(start)})
 	checkCounts(t, run, counts, rep)
+	checkNoneRefused(t, counts, rep)
 }

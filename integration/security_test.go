@@ -140,6 +140,7 @@ func TestKafkaSecretNeverLeaks(t *testing.T) {
 	ids := run.Produce(t, synthFor(run, 120), 0, 40)
 	counts, rep := settle(t, run, ids, 90*time.Second)
 	checkCounts(t, run, counts, rep)
+	checkNoneRefused(t, counts, rep)
 
 	// /metrics of every operator while it runs.
 	var metrics bytes.Buffer
