@@ -5,10 +5,12 @@ import (
 	"crypto/sha256"
 	"encoding/binary"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"time"
 
@@ -328,16 +330,22 @@ func (s *Stage) release() (pipeline.Output, error) {
 
 // Update runs epochs optimizer steps on batch and makes them one policy
 // version (FromVersion + 1). It returns the metrics of the first step and
-// the objective statistics of the last. On error the trainer may have
-// taken some of the steps; the caller must not publish.
+// the objective statistics of the last. It is atomic: on error the
+// parameters, optimizer state, step count and version are as before.
 func (t *Trainer) Update(batch schemas.PackedBatch, opts objective.Options, adam AdamOptions, epochs int) (Metrics, objective.Stats, error) {
-	from := t.version
+	from, steps := t.version, t.steps
+	params := slices.Clone(t.m.Params)
+	m1, m2 := slices.Clone(t.m1), slices.Clone(t.m2)
 	var first Metrics
 	var last objective.Stats
 	for e := 0; e < max(1, epochs); e++ {
 		met, err := t.Step(batch, opts, adam)
 		if err != nil {
-			return Metrics{}, objective.Stats{}, err
+			copy(t.m.Params, params)
+			copy(t.m1, m1)
+			copy(t.m2, m2)
+			t.version, t.steps = from, steps
+			return Metrics{}, objective.Stats{}, fmt.Errorf("epoch %d: %w", e, err)
 		}
 		if e == 0 {
 			first = met
@@ -347,6 +355,18 @@ func (t *Trainer) Update(batch schemas.PackedBatch, opts objective.Options, adam
 	t.version = from + 1
 	first.Version = t.version
 	return first, last, nil
+}
+
+// untrainable reports whether err says the batch itself cannot be trained
+// (malformed rows, tokens outside the model or its behavior distribution),
+// as opposed to a failure of the trainer.
+func untrainable(err error) bool {
+	for _, e := range []error{ErrBatch, objective.ErrInput, objective.ErrTarget, objective.ErrShape, model.ErrToken, model.ErrShape} {
+		if errors.Is(err, e) {
+			return true
+		}
+	}
+	return false
 }
 
 // Process implements pipeline.Stage.
@@ -398,6 +418,12 @@ func (s *Stage) Process(_ context.Context, m pipeline.Message) (pipeline.Result,
 	start := time.Now()
 	met, last, err := s.tr.Update(batch, s.cfg.Objective, s.cfg.Adam, s.cfg.Epochs)
 	if err != nil {
+		if untrainable(err) {
+			// A batch the policy cannot train on (for example a token
+			// outside the behavior distribution) goes to quarantine; the
+			// trainer is unchanged and goes on with the next batch.
+			return res, refuse(pipeline.Refuse("untrainable_batch", "batch %s: %v", batch.BatchID, err))
+		}
 		return res, fmt.Errorf("gpu: train batch %s: %w", batch.BatchID, err)
 	}
 	u := UpdateRecord{Version: s.tr.Version(), BatchID: batch.BatchID, BatchIndex: batch.BatchIndex,

@@ -2,6 +2,7 @@ package gpu
 
 import (
 	"context"
+	"slices"
 	"testing"
 	"time"
 
@@ -173,4 +174,61 @@ func FuzzOptimState(f *testing.F) {
 		tr, _ := NewTrainer(h.tr.Model(), h.tr.Behavior(), 0)
 		_ = tr.setOptim(b)
 	})
+}
+
+// TestStageQuarantinesUntrainableBatch: a batch holding a token the
+// behavior distribution cannot produce (its log-prob is -Inf) is refused
+// with reason untrainable_batch — the trainer is unchanged, with no crash
+// loop on redelivery — and the next good batch trains.
+func TestStageQuarantinesUntrainableBatch(t *testing.T) {
+	h := newHarness(t, smallLoop())
+	topics, _ := pipeline.TopicsFor("run-1")
+	st, err := NewStage(StageConfig{
+		Topics: topics, RunID: h.runID, ContractHash: "contract", Behavior: h.tr.Behavior(),
+		Model: h.cfg.Model, ModelSeed: h.cfg.ModelSeed, Objective: h.cfg.Objective, Adam: h.cfg.Adam,
+		Epochs: 2, ReleaseDir: t.TempDir(),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tr, err := NewTrainer(h.tr.Model(), h.tr.Behavior(), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st.tr, st.initial = tr, true
+	ctx := context.Background()
+	if _, err := st.Tick(ctx, time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	before := slices.Clone(tr.Model().Params)
+	msg := func(b schemas.PackedBatch) pipeline.Message {
+		v, err := schemas.PackedBatches.Encode(nil, b)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return pipeline.Message{Ref: pipeline.Ref{Topic: topics.Batches}, Value: v}
+	}
+	bad := batchFor(t, h, 0)
+	bad.ContractHash = "contract"
+	row := &bad.Rows[0]
+	for i := range row.ActionMask {
+		if row.ActionMask[i] == 1 {
+			row.InputIDs[i+1] = 0 // the padding token: never sampled, masked out by the grammar
+			break
+		}
+	}
+	for attempt := 0; attempt < 2; attempt++ { // redelivery: refused again, not a crash
+		_, err = st.Process(ctx, msg(bad))
+		if r, ok := pipeline.AsRefusal(err); !ok || r.Reason != "untrainable_batch" {
+			t.Fatalf("bad batch: %v, want refusal untrainable_batch", err)
+		}
+	}
+	if st.Version() != 0 || !slices.Equal(before, tr.Model().Params) {
+		t.Fatalf("a refused batch changed the trainer: version %d", st.Version())
+	}
+	good := batchFor(t, h, 1)
+	good.ContractHash = "contract"
+	if _, err := st.Process(ctx, msg(good)); err != nil || st.Version() != 1 {
+		t.Fatalf("good batch after a refused one: version %d, %v", st.Version(), err)
+	}
 }
