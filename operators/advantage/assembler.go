@@ -215,3 +215,12 @@ func (a *Assembler) Remember(groupID string) {
 	}
 	a.remember(groupID)
 }
+
+// Known reports whether groupID is open or remembered as emitted.
+func (a *Assembler) Known(groupID string) bool {
+	if _, ok := a.open[groupID]; ok {
+		return true
+	}
+	_, ok := a.done[groupID]
+	return ok
+}

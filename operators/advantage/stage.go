@@ -80,8 +80,6 @@ func (s *Stage) Topics() []string { return []string{s.cfg.Topics.Rewarded} }
 
 var emittedPrefix = []byte("advantage/emitted/")
 
-const initKey = "advantage/initialized"
-
 // Start opens the state store and loads (or rebuilds) the emitted groups.
 func (s *Stage) Start(ctx context.Context, env *pipeline.Env) error {
 	st, err := state.Open(env.Config.StateDir, state.Options{Logger: env.Logger})
@@ -110,7 +108,18 @@ func (s *Stage) Start(ctx context.Context, env *pipeline.Env) error {
 		return fmt.Errorf("advantage: rebuild emitted groups: %w", err)
 	}
 	env.Logger.Info("advantage state rebuilt from scored topic", "groups", n)
-	return st.Set([]byte(initKey), nil, 0)
+	return nil
+}
+
+// emittedBefore reports whether groupID was emitted before this start
+// beyond the scanned tail: the local state keeps every group id read back
+// from the scored topic (and only those), so it outlives the in-memory
+// memory and the scan horizon.
+func (s *Stage) emittedBefore(groupID string) (bool, error) {
+	if s.store == nil || s.asm.Known(groupID) {
+		return false, nil
+	}
+	return s.store.Has(append(append([]byte{}, emittedPrefix...), groupID...))
 }
 
 // Close releases the state store.
@@ -136,6 +145,11 @@ func (s *Stage) Process(ctx context.Context, m pipeline.Message) (pipeline.Resul
 	res.Hold = true
 	held := false
 	for _, r := range rows {
+		if seen, err := s.emittedBefore(r.GroupID); err != nil {
+			return pipeline.Result{}, err
+		} else if seen {
+			s.asm.Remember(r.GroupID) // Add counts it late
+		}
 		before := s.asm.Stats()
 		group, done := s.asm.Add(r)
 		after := s.asm.Stats()
@@ -170,20 +184,35 @@ func (s *Stage) Process(ctx context.Context, m pipeline.Message) (pipeline.Resul
 // emit scores a finished group and appends its output and releases to res.
 func (s *Stage) emit(res *pipeline.Result, groupID string, group []schemas.Rewarded) error {
 	scored, err := ScoreGroup(s.cfg.Options, group)
-	if err != nil {
-		if errors.Is(err, ErrOptions) {
+	switch {
+	case errors.Is(err, ErrOptions):
+		return err
+	case err != nil:
+		// A group that cannot be scored (for example returns that overflow
+		// float32) goes to quarantine member by member, as an
+		// infrastructure failure; the stage goes on.
+		var src pipeline.Message
+		if refs := s.groupMsgs[groupID]; len(refs) > 0 {
+			src.Ref = refs[0]
+		}
+		src.Key = []byte(groupID)
+		for i, r := range group {
+			outs, rerr := stagekit.RefuseRow(schemas.RewardedTrajectories, s.cfg.Topics, s.Name(), src, i, r, stagekit.Refused{
+				RunID: r.RunID, AttemptID: r.RecordID, TaskID: r.TaskID, GroupID: groupID,
+				Reason: "unscorable_group", Detail: err.Error(), Infra: true, At: s.cfg.Now().UnixMicro(),
+			})
+			if rerr != nil {
+				return rerr
+			}
+			res.Outputs = append(res.Outputs, outs...)
+		}
+	default:
+		out, err := stagekit.Encode(schemas.ScoredTrajectories, s.cfg.Topics.Scored, groupID, schemas.DerivedID("advantage", groupID), scored)
+		if err != nil {
 			return err
 		}
-		// A group that cannot be scored is quarantined as a whole: its
-		// members' records go to quarantine through a scored message
-		// marked filtered would hide the defect, so it stops here.
-		return fmt.Errorf("advantage: score group %s: %w", groupID, err)
+		res.Outputs = append(res.Outputs, out)
 	}
-	out, err := stagekit.Encode(schemas.ScoredTrajectories, s.cfg.Topics.Scored, groupID, schemas.DerivedID("advantage", groupID), scored)
-	if err != nil {
-		return err
-	}
-	res.Outputs = append(res.Outputs, out)
 	for _, ref := range s.groupMsgs[groupID] {
 		s.msgGroups[ref]--
 		if s.msgGroups[ref] <= 0 {
@@ -193,11 +222,6 @@ func (s *Stage) emit(res *pipeline.Result, groupID string, group []schemas.Rewar
 	}
 	delete(s.groupMsgs, groupID)
 	delete(s.opened, groupID)
-	if s.store != nil {
-		if err := s.store.Set(append(append([]byte{}, emittedPrefix...), groupID...), nil, 0); err != nil {
-			return err
-		}
-	}
 	return nil
 }
 

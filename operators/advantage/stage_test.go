@@ -1,0 +1,77 @@
+package advantage_test
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"testing"
+
+	"github.com/trajflow/trajflow/operators/advantage"
+	"github.com/trajflow/trajflow/pipeline"
+	"github.com/trajflow/trajflow/schemas"
+)
+
+func groupOf(group string, rewards ...float64) []schemas.Rewarded {
+	out := make([]schemas.Rewarded, len(rewards))
+	for i, v := range rewards {
+		r := traj(fmt.Sprintf("%s-%d", group, i), 1)
+		r.GroupID, r.GroupSize, r.Member = group, int32(len(rewards)), int32(i)
+		r.Rewards = []schemas.RewardComponent{{TrajectoryID: r.RecordID, Name: "success", Version: "1", Scope: schemas.ScopeTrajectory, Turn: -1, Raw: v, Weight: 1, Value: v}}
+		r.RewardTotal = v
+		out[i] = *r
+	}
+	return out
+}
+
+// TestStageHoldsScoresAndQuarantines: members are held until their group
+// completes, then scored and released together; a group whose returns
+// overflow float32 is quarantined member by member (infrastructure) and
+// its inputs released — the stage goes on rather than stopping.
+func TestStageHoldsScoresAndQuarantines(t *testing.T) {
+	topics, _ := pipeline.TopicsFor("r")
+	st, err := advantage.NewStage(advantage.StageConfig{Topics: topics, Options: advantage.Options{
+		Estimator: advantage.GRPO, NormalizeStd: true, StdMode: advantage.StdSample, Epsilon: 1e-6,
+		Gamma: 1, Lambda: 1, ZeroVariance: advantage.ZeroVarKeep, MinGroupSize: 2,
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	msg := func(off int64, rows ...schemas.Rewarded) pipeline.Message {
+		b, err := schemas.RewardedTrajectories.Encode(nil, rows)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return pipeline.Message{Ref: pipeline.Ref{Topic: topics.Rewarded, Offset: off}, Key: []byte(rows[0].GroupID), Value: b}
+	}
+	topicsOf := func(res pipeline.Result) map[string]int {
+		n := map[string]int{}
+		for _, o := range res.Outputs {
+			n[o.Topic]++
+		}
+		return n
+	}
+	g := groupOf("g1", 1, 0)
+	res, err := st.Process(ctx, msg(0, g[0]))
+	if err != nil || !res.Hold || len(res.Outputs) != 0 {
+		t.Fatalf("first member: %+v %v", res, err)
+	}
+	res, err = st.Process(ctx, msg(1, g[1]))
+	if err != nil || topicsOf(res)[topics.Scored] != 1 || len(res.Release) != 2 {
+		t.Fatalf("group complete: outputs %v releases %v err %v", topicsOf(res), res.Release, err)
+	}
+	// A redelivered member of the emitted group is not held again.
+	res, err = st.Process(ctx, msg(2, g[0]))
+	if err != nil || res.Hold || len(res.Outputs) != 0 {
+		t.Fatalf("redelivered member: %+v %v", res, err)
+	}
+	huge := groupOf("g2", math.MaxFloat64/4, -math.MaxFloat64/4)
+	res, err = st.Process(ctx, msg(3, huge...))
+	if err != nil {
+		t.Fatalf("unscorable group stopped the stage: %v", err)
+	}
+	n := topicsOf(res)
+	if n[topics.Quarantine] != 2 || n[topics.Census] != 2 || n[topics.Scored] != 0 || len(res.Release) != 1 {
+		t.Fatalf("unscorable group: outputs %v releases %v", n, res.Release)
+	}
+}
