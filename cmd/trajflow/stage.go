@@ -95,13 +95,13 @@ func cmdStage(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if err != nil {
 		return err
 	}
+	deps, err := operatorDeps(c, operatorsTopics(c))
+	if err != nil {
+		return err
+	}
 	switch pos[0] {
 	case "validate":
 		rows, err := readRows(schemas.Trajectories, *in)
-		if err != nil {
-			return err
-		}
-		deps, err := operatorDeps(c, operatorsTopics(c))
 		if err != nil {
 			return err
 		}
@@ -118,10 +118,6 @@ func cmdStage(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return writeRows(schemas.Trajectories, *out, valid)
 	case "reward":
 		rows, err := readRows(schemas.Trajectories, *in)
-		if err != nil {
-			return err
-		}
-		deps, err := operatorDeps(c, operatorsTopics(c))
 		if err != nil {
 			return err
 		}
