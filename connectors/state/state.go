@@ -196,3 +196,25 @@ func (b badgerLogger) Warningf(f string, a ...any) {
 }
 func (badgerLogger) Infof(string, ...any)  {}
 func (badgerLogger) Debugf(string, ...any) {}
+
+// IDSet is a set of ids stored under a key prefix, each kept for ttl (0:
+// forever). Stages use it for deduplication memory that outlives a
+// restart.
+type IDSet struct {
+	store  *Store
+	prefix string
+	ttl    time.Duration
+}
+
+// IDSet returns the set of ids under prefix.
+func (s *Store) IDSet(prefix string, ttl time.Duration) IDSet {
+	return IDSet{store: s, prefix: prefix, ttl: ttl}
+}
+
+func (i IDSet) key(id string) []byte { return []byte(i.prefix + id) }
+
+// Add puts id in the set.
+func (i IDSet) Add(id string) error { return i.store.Set(i.key(id), nil, i.ttl) }
+
+// Has reports whether id is in the set (and not expired).
+func (i IDSet) Has(id string) (bool, error) { return i.store.Has(i.key(id)) }

@@ -75,3 +75,28 @@ func TestStoreTTLExpires(t *testing.T) {
 		t.Fatal("key with 1s TTL still present after 1.1s")
 	}
 }
+
+func TestIDSetSurvivesReopenAndKeepsPrefixesApart(t *testing.T) {
+	dir := t.TempDir()
+	s, err := Open(dir, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, b := s.IDSet("a/", 0), s.IDSet("b/", 0)
+	if err := a.Add("x"); err != nil {
+		t.Fatal(err)
+	}
+	if ok, _ := b.Has("x"); ok {
+		t.Fatal("an id added to one set is visible in another")
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if s, err = Open(dir, Options{}); err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if ok, err := s.IDSet("a/", 0).Has("x"); !ok || err != nil {
+		t.Fatalf("id lost across reopen: %v %v", ok, err)
+	}
+}

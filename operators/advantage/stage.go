@@ -40,9 +40,10 @@ type StageConfig struct {
 // Badger under StateDir and rebuilt from the scored topic when lost, so a
 // redelivered member of an emitted group never reopens it.
 type Stage struct {
-	cfg   StageConfig
-	asm   *Assembler
-	store *state.Store
+	cfg     StageConfig
+	asm     *Assembler
+	store   *state.Store
+	emitted state.IDSet // emitted groups read back from the scored topic
 	// msgGroups counts, per held input message, the groups it still feeds.
 	msgGroups map[pipeline.Ref]int
 	groupMsgs map[string][]pipeline.Ref
@@ -78,7 +79,7 @@ func (*Stage) Name() string { return "advantage" }
 // Topics implements pipeline.Stage.
 func (s *Stage) Topics() []string { return []string{s.cfg.Topics.Rewarded} }
 
-var emittedPrefix = []byte("advantage/emitted/")
+const emittedPrefix = "advantage/emitted/"
 
 // Start opens the state store and loads (or rebuilds) the emitted groups.
 func (s *Stage) Start(ctx context.Context, env *pipeline.Env) error {
@@ -87,6 +88,7 @@ func (s *Stage) Start(ctx context.Context, env *pipeline.Env) error {
 		return err
 	}
 	s.store = st
+	s.emitted = st.IDSet(emittedPrefix, 0)
 	// The emitted set is always read back from the scored topic, never
 	// trusted from local state alone: emit marks a group in Badger when the
 	// scored output is handed to the producer, before it is acknowledged, so
@@ -100,7 +102,7 @@ func (s *Stage) Start(ctx context.Context, env *pipeline.Env) error {
 		if len(m.Key) > 0 {
 			s.asm.Remember(string(m.Key))
 			n++
-			return st.Set(append(append([]byte{}, emittedPrefix...), m.Key...), nil, 0)
+			return s.emitted.Add(string(m.Key))
 		}
 		return nil
 	})
@@ -119,7 +121,7 @@ func (s *Stage) emittedBefore(groupID string) (bool, error) {
 	if s.store == nil || s.asm.Known(groupID) {
 		return false, nil
 	}
-	return s.store.Has(append(append([]byte{}, emittedPrefix...), groupID...))
+	return s.emitted.Has(groupID)
 }
 
 // Close releases the state store.

@@ -88,6 +88,7 @@ type Stage struct {
 	cfg       StageConfig
 	win       *Window
 	store     *state.Store
+	admitted  state.IDSet // admitted ids read back from the batches topic
 	nextIndex int64
 	held      map[pipeline.Ref]struct{}
 	opened    time.Time
@@ -128,7 +129,7 @@ func (*Stage) Name() string { return "pack" }
 // Topics implements pipeline.Stage.
 func (s *Stage) Topics() []string { return []string{s.cfg.Topics.Scored, s.cfg.Topics.Policy} }
 
-var seenPrefix = []byte("pack/admitted/")
+const seenPrefix = "pack/admitted/"
 
 // Start restores the admitted ids and the next batch index.
 func (s *Stage) Start(ctx context.Context, env *pipeline.Env) error {
@@ -137,6 +138,7 @@ func (s *Stage) Start(ctx context.Context, env *pipeline.Env) error {
 		return err
 	}
 	s.store = st
+	s.admitted = st.IDSet(seenPrefix, s.cfg.DedupHorizon)
 	batches := 0
 	err = pipeline.ScanTail(ctx, env.Config, s.cfg.Topics.Batches, s.cfg.RebuildScan, func(m pipeline.Message) error {
 		b, err := schemas.PackedBatches.Decode(nil, m.Value)
@@ -151,7 +153,7 @@ func (s *Stage) Start(ctx context.Context, env *pipeline.Env) error {
 			for _, id := range row.SegTrajectoryIDs {
 				s.win.MarkSeen(id)
 				s.remember(id)
-				if err := st.Set(append(append([]byte{}, seenPrefix...), id...), nil, s.cfg.DedupHorizon); err != nil {
+				if err := s.admitted.Add(id); err != nil {
 					return err
 				}
 			}
@@ -185,7 +187,7 @@ func (s *Stage) admittedBefore(id string) (bool, error) {
 	if s.store == nil || s.win.Seen(id) {
 		return false, nil
 	}
-	return s.store.Has(append(append([]byte{}, seenPrefix...), id...))
+	return s.admitted.Has(id)
 }
 
 // Close releases the state store.
