@@ -74,11 +74,8 @@ type Trainer struct {
 // that current and behavior log-probs agree exactly before the first
 // update (see model.Behavior).
 func NewTrainer(m *model.Model, b model.Behavior, version int64) (*Trainer, error) {
-	if err := m.Config.Validate(); err != nil {
+	if err := m.Validate(); err != nil {
 		return nil, err
-	}
-	if len(m.Params) != m.Config.NumParams() {
-		return nil, fmt.Errorf("gpu: model has %d parameters, config needs %d", len(m.Params), m.Config.NumParams())
 	}
 	if err := b.Validate(); err != nil {
 		return nil, err

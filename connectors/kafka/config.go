@@ -295,15 +295,25 @@ func (c ClientConfig) dialTimeout() time.Duration {
 	return DefaultDialTimeout
 }
 
+// security returns the TLS configuration and SASL mechanism (each nil when
+// not configured).
+func (c ClientConfig) security() (*tls.Config, sasl.Mechanism, error) {
+	tc, err := c.TLSClientConfig()
+	if err != nil {
+		return nil, nil, err
+	}
+	mech, err := c.SASLMechanism()
+	if err != nil {
+		return nil, nil, err
+	}
+	return tc, mech, nil
+}
+
 // Dialer builds a *kafka.Dialer for kafka.ReaderConfig.Dialer (and
 // kafka.DialContext / DialLeader) carrying the client id, timeout, TLS and
 // SASL settings.
 func (c ClientConfig) Dialer() (*kafkago.Dialer, error) {
-	tc, err := c.TLSClientConfig()
-	if err != nil {
-		return nil, err
-	}
-	mech, err := c.SASLMechanism()
+	tc, mech, err := c.security()
 	if err != nil {
 		return nil, err
 	}
@@ -319,11 +329,7 @@ func (c ClientConfig) Dialer() (*kafkago.Dialer, error) {
 // Transport builds a *kafka.Transport for kafka.Writer.Transport and
 // kafka.Client.Transport. Call CloseIdleConnections on it when done.
 func (c ClientConfig) Transport() (*kafkago.Transport, error) {
-	tc, err := c.TLSClientConfig()
-	if err != nil {
-		return nil, err
-	}
-	mech, err := c.SASLMechanism()
+	tc, mech, err := c.security()
 	if err != nil {
 		return nil, err
 	}

@@ -112,11 +112,8 @@ type Handle struct {
 // The behavior must be a pure temperature (no grammar, top-k or top-p:
 // ErrUnsupported).
 func newTrainer(d backend, m *model.Model, b model.Behavior, version int64, o TrainerOptions) (*Trainer, error) {
-	if err := m.Config.Validate(); err != nil {
+	if err := m.Validate(); err != nil {
 		return nil, err
-	}
-	if len(m.Params) != m.Config.NumParams() {
-		return nil, fmt.Errorf("cuda: model has %d parameters, config needs %d", len(m.Params), m.Config.NumParams())
 	}
 	if err := b.Validate(); err != nil {
 		return nil, err

@@ -25,11 +25,8 @@ const headerLen = 8 + 5*4
 
 // Save writes the checkpoint of m to w.
 func (m *Model) Save(w io.Writer) error {
-	if err := m.Config.Validate(); err != nil {
+	if err := m.Validate(); err != nil {
 		return err
-	}
-	if len(m.Params) != m.Config.NumParams() {
-		return fmt.Errorf("%w: %d parameters, config needs %d", ErrShape, len(m.Params), m.Config.NumParams())
 	}
 	buf := make([]byte, headerLen+4*len(m.Params))
 	copy(buf, magic[:])

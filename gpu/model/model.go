@@ -178,6 +178,18 @@ func (m *Model) Clone() *Model {
 	return &Model{Config: m.Config, Params: append([]float32(nil), m.Params...)}
 }
 
+// Validate reports whether m's config is valid and its parameter vector
+// has the length the config needs (ErrShape).
+func (m *Model) Validate() error {
+	if err := m.Config.Validate(); err != nil {
+		return err
+	}
+	if len(m.Params) != m.Config.NumParams() {
+		return fmt.Errorf("%w: %d parameters, config needs %d", ErrShape, len(m.Params), m.Config.NumParams())
+	}
+	return nil
+}
+
 // Views returns the named views of m.Params.
 func (m *Model) Views() Views { return m.Config.ViewsOf(m.Params) }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/trajflow/trajflow/connectors/state"
@@ -152,18 +153,15 @@ func (s *Stage) Process(ctx context.Context, m pipeline.Message) (pipeline.Resul
 		} else if seen {
 			s.asm.Remember(r.GroupID) // Add counts it late
 		}
-		before := s.asm.Stats()
+		before := s.asm.Stats().Added
 		group, done := s.asm.Add(r)
-		after := s.asm.Stats()
-		if after.Added > before.Added {
-			if !held {
-				held = true
-			}
-			s.msgGroups[m.Ref]++
-			if len(s.groupMsgs[r.GroupID]) == 0 || s.groupMsgs[r.GroupID][len(s.groupMsgs[r.GroupID])-1] != m.Ref {
-				s.groupMsgs[r.GroupID] = append(s.groupMsgs[r.GroupID], m.Ref)
-			} else {
-				s.msgGroups[m.Ref]-- // one hold per (message, group)
+		if s.asm.Stats().Added > before {
+			held = true
+			// One hold per (message, group): the message is released when
+			// every group it feeds has been emitted.
+			if refs := s.groupMsgs[r.GroupID]; len(refs) == 0 || refs[len(refs)-1] != m.Ref {
+				s.groupMsgs[r.GroupID] = append(refs, m.Ref)
+				s.msgGroups[m.Ref]++
 			}
 			if _, ok := s.opened[r.GroupID]; !ok {
 				s.opened[r.GroupID] = s.cfg.Now()
@@ -175,10 +173,15 @@ func (s *Stage) Process(ctx context.Context, m pipeline.Message) (pipeline.Resul
 			}
 		}
 	}
-	if !held {
+	switch {
+	case !held:
 		// Every row was a duplicate or belongs to an emitted group: nothing
 		// to hold.
 		res.Hold = false
+	case s.msgGroups[m.Ref] > 0:
+		// A group of m was emitted in this call but another still holds m:
+		// m must not be released with the emitted group's members.
+		res.Release = slices.DeleteFunc(res.Release, func(r pipeline.Ref) bool { return r == m.Ref })
 	}
 	return res, nil
 }

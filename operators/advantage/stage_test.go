@@ -75,3 +75,45 @@ func TestStageHoldsScoresAndQuarantines(t *testing.T) {
 		t.Fatalf("unscorable group: outputs %v releases %v", n, res.Release)
 	}
 }
+
+// TestStageKeepsMessageHeldForItsOpenGroup: one message carries a member
+// that completes group g1 and the first member of g2; g1's emission must
+// not release the message, which g2 still needs.
+func TestStageKeepsMessageHeldForItsOpenGroup(t *testing.T) {
+	topics, _ := pipeline.TopicsFor("r")
+	st, err := advantage.NewStage(advantage.StageConfig{Topics: topics, Options: advantage.Options{
+		Estimator: advantage.GRPO, NormalizeStd: true, StdMode: advantage.StdSample, Epsilon: 1e-6,
+		Gamma: 1, Lambda: 1, ZeroVariance: advantage.ZeroVarKeep, MinGroupSize: 2,
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	enc := func(off int64, rows ...schemas.Rewarded) pipeline.Message {
+		b, err := schemas.RewardedTrajectories.Encode(nil, rows)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return pipeline.Message{Ref: pipeline.Ref{Topic: topics.Rewarded, Offset: off}, Value: b}
+	}
+	g1, g2 := groupOf("g1", 1, 0), groupOf("g2", 0, 1)
+	ctx := context.Background()
+	if _, err := st.Process(ctx, enc(0, g1[0])); err != nil {
+		t.Fatal(err)
+	}
+	res, err := st.Process(ctx, enc(1, g1[1], g2[0]))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range res.Release {
+		if r.Offset == 1 {
+			t.Fatalf("message 1 released while g2 still holds it: %v", res.Release)
+		}
+	}
+	if !res.Hold || len(res.Release) != 1 {
+		t.Fatalf("hold=%v release=%v, want held and only message 0 released", res.Hold, res.Release)
+	}
+	res, err = st.Process(ctx, enc(2, g2[1]))
+	if err != nil || len(res.Release) != 2 {
+		t.Fatalf("g2 complete: release=%v err=%v, want messages 1 and 2", res.Release, err)
+	}
+}
