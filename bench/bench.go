@@ -24,6 +24,7 @@ import (
 	"log/slog"
 	"os"
 	"runtime"
+	"runtime/pprof"
 	"sort"
 	"strconv"
 	"strings"
@@ -234,9 +235,15 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	if len(cfg.Brokers) == 0 {
 		// Retention bounds the embedded broker's memory: the closed loop
 		// keeps every consumer far less than this behind.
-		b, err := kafka.StartBroker(ctx, kafka.BrokerConfig{
-			MaxMessageBytes: c.Topics.MaxMessageBytes,
-			Retention:       kafka.RetentionPolicy{Bytes: retentionBytes(), CheckInterval: 250 * time.Millisecond, SegmentBytes: 2 << 20},
+		// The broker's goroutines inherit the label: a CPU profile tells its
+		// share apart (go tool pprof -tagfocus role=broker).
+		var b *kafka.Broker
+		var err error
+		pprof.Do(ctx, pprof.Labels("role", "broker"), func(ctx context.Context) {
+			b, err = kafka.StartBroker(ctx, kafka.BrokerConfig{
+				MaxMessageBytes: c.Topics.MaxMessageBytes,
+				Retention:       kafka.RetentionPolicy{Bytes: retentionBytes(), CheckInterval: 250 * time.Millisecond, SegmentBytes: 2 << 20},
+			})
 		})
 		if err != nil {
 			return nil, fmt.Errorf("bench: start broker: %w", err)
@@ -299,7 +306,10 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 
 	// Baseline first, on a quiet broker.
 	if cfg.Baseline > 0 {
-		bl, err := r.baseline(ctx, base.Name, cfg.Baseline)
+		var bl *Baseline
+		pprof.Do(ctx, pprof.Labels("role", "baseline"), func(ctx context.Context) {
+			bl, err = r.baseline(ctx, base.Name, cfg.Baseline)
+		})
 		if err != nil {
 			return nil, err
 		}
@@ -370,7 +380,7 @@ func (r *run) pipeline(ctx context.Context, rep *Report) error {
 			}
 			r.stages = append(r.stages, inst)
 			opWG.Add(1)
-			go func() {
+			go pprof.Do(opCtx, pprof.Labels("role", name), func(opCtx context.Context) {
 				defer opWG.Done()
 				err := op.Run(opCtx)
 				if cl, ok := st.(io.Closer); ok {
@@ -379,7 +389,7 @@ func (r *run) pipeline(ctx context.Context, rep *Report) error {
 				if err != nil && !errors.Is(err, pipeline.ErrStopped) {
 					opErr <- fmt.Errorf("bench: operator %s: %w", inst.id, err)
 				}
-			}()
+			})
 		}
 	}
 	defer func() { stopOps(); opWG.Wait() }()
@@ -402,7 +412,7 @@ func (r *run) pipeline(ctx context.Context, rep *Report) error {
 	sinkErr := make(chan error, 1)
 	r.acct = newAccounting()
 	sinkReady := make(chan struct{})
-	go func() { sinkErr <- r.sink(sinkCtx, sinkReady) }()
+	go pprof.Do(sinkCtx, pprof.Labels("role", "sink"), func(ctx context.Context) { sinkErr <- r.sink(ctx, sinkReady) })
 	select {
 	case <-sinkReady:
 	case err := <-sinkErr:
@@ -411,7 +421,7 @@ func (r *run) pipeline(ctx context.Context, rep *Report) error {
 	srcCtx, stopSrc := context.WithCancel(ctx)
 	defer stopSrc()
 	srcErr := make(chan error, 1)
-	go func() { srcErr <- r.source(srcCtx) }()
+	go pprof.Do(srcCtx, pprof.Labels("role", "source"), func(ctx context.Context) { srcErr <- r.source(ctx) })
 
 	fail := func() error {
 		select {

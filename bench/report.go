@@ -6,6 +6,7 @@ import (
 	"io"
 	"math"
 	"os"
+	"runtime/metrics"
 	"sort"
 	"strconv"
 	"strings"
@@ -153,6 +154,11 @@ type RSSSample struct {
 	Phase string  `json:"phase"`
 	AtS   float64 `json:"at_s"`
 	MB    float64 `json:"mb"`
+	// Go heap at the same moment (runtime/metrics): live objects, the
+	// collector's goal, and free heap not yet returned to the OS.
+	HeapObjectsMB float64 `json:"heap_objects_mb"`
+	HeapGoalMB    float64 `json:"heap_goal_mb"`
+	HeapFreeMB    float64 `json:"heap_free_mb"`
 }
 
 // accounting accumulates the fates decided in one phase.
@@ -530,7 +536,16 @@ func (s *rssSampler) sample(phase string) {
 		return
 	}
 	s.last = now
-	s.samples = append(s.samples, RSSSample{Phase: phase, AtS: now.Sub(s.start).Seconds(), MB: statusMB("VmRSS:")})
+	ms := []metrics.Sample{{Name: "/memory/classes/heap/objects:bytes"}, {Name: "/gc/heap/goal:bytes"}, {Name: "/memory/classes/heap/free:bytes"}}
+	metrics.Read(ms)
+	mb := func(i int) float64 {
+		if ms[i].Value.Kind() != metrics.KindUint64 {
+			return 0
+		}
+		return float64(ms[i].Value.Uint64()) / (1 << 20)
+	}
+	s.samples = append(s.samples, RSSSample{Phase: phase, AtS: now.Sub(s.start).Seconds(), MB: statusMB("VmRSS:"),
+		HeapObjectsMB: mb(0), HeapGoalMB: mb(1), HeapFreeMB: mb(2)})
 }
 
 // peakRSSMB is the process's peak resident set size (VmHWM).

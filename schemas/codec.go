@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"reflect"
 	"strconv"
+	"sync"
 	"unsafe"
 
 	"github.com/apache/arrow-go/v18/arrow"
@@ -30,9 +31,10 @@ import (
 //
 // List columns: a non-nullable list that is empty decodes as a nil slice;
 // a nullable list (ref_logprobs) decodes null as nil and an empty list as
-// an empty non-nil slice. Decoded rows never alias the input bytes, and
-// the list slices of one column share one backing array (each sub-slice
-// has its capacity capped at its length, so appending copies).
+// an empty non-nil slice. Decoded rows never alias the input bytes (except
+// with DecodeShared), and the list slices of one column share one backing
+// array (each sub-slice has its capacity capped at its length, so
+// appending copies).
 //
 // Every method taking an allocator accepts nil for memory.DefaultAllocator.
 // A Codec is safe for concurrent use.
@@ -40,6 +42,9 @@ type Codec[T any] struct {
 	kind   Kind
 	schema *arrow.Schema
 	cols   []col
+	// frame is the encoded schema message of schema, written once and
+	// copied at the start of every stream Encode writes.
+	frame func() ([]byte, error)
 }
 
 func orDefault(mem memory.Allocator) memory.Allocator {
@@ -56,7 +61,11 @@ func newCodec[T any](kind Kind) *Codec[T] {
 		[]string{MetaKind, MetaVersion},
 		[]string{string(kind), strconv.Itoa(Versions[kind])},
 	)
-	return &Codec[T]{kind: kind, schema: arrow.NewSchema(fieldsOf(cols), &md), cols: cols}
+	return codecOf[T](kind, arrow.NewSchema(fieldsOf(cols), &md), cols)
+}
+
+func codecOf[T any](kind Kind, schema *arrow.Schema, cols []col) *Codec[T] {
+	return &Codec[T]{kind: kind, schema: schema, cols: cols, frame: sync.OnceValues(func() ([]byte, error) { return schemaFrame(schema) })}
 }
 
 // Kind is the record kind of the codec.
@@ -70,8 +79,10 @@ func (c *Codec[T]) Version() int { return Versions[c.kind] }
 func (c *Codec[T]) Schema() *arrow.Schema { return c.schema }
 
 // ToRecord builds one record batch holding rows. The caller releases it.
-// Large list values may share memory with rows: rows must not be modified
-// while the record is alive.
+// List values may share memory with rows: when the non-empty slices of a
+// fixed-width list column lie back to back in memory in row order (as
+// DecodeShared and Decode leave them), the column's values buffer is that
+// memory, not a copy. Rows must not be modified while the record is alive.
 func (c *Codec[T]) ToRecord(mem memory.Allocator, rows []T) (arrow.RecordBatch, error) {
 	b := &builder{mem: orDefault(mem)}
 	cols := make([]arrow.Array, len(c.cols))
@@ -102,7 +113,11 @@ func (c *Codec[T]) Encode(mem memory.Allocator, rows []T) ([]byte, error) {
 		return nil, err
 	}
 	defer rec.Release()
-	return writeStream(mem, c.kind, rec)
+	frame, err := c.frame()
+	if err != nil {
+		return nil, fmt.Errorf("schemas: encode %s: schema: %w", c.kind, err)
+	}
+	return writeBatch(mem, c.kind, frame, rec)
 }
 
 // FromRecord reads the rows of rec. The schema metadata of rec must name
@@ -112,45 +127,86 @@ func (c *Codec[T]) FromRecord(rec arrow.RecordBatch) ([]T, error) {
 	if err := checkKind(c.kind, rec.Schema()); err != nil {
 		return nil, err
 	}
-	return c.readRecord(rec)
+	return c.readRecord(rec, false)
 }
 
 // Decode reads the rows of one IPC stream written by Encode.
 func (c *Codec[T]) Decode(mem memory.Allocator, b []byte) ([]T, error) {
+	return c.decode(mem, b, false)
+}
+
+// DecodeShared is Decode without the copy of fixed-width list values
+// (token ids, log-probs, masks): the rows' list slices point into b, so b
+// must not be modified while the rows are in use. Values of a misaligned
+// buffer are still copied. Encoding such rows again in their decoded order
+// shares the same memory (see ToRecord), so a stage that forwards columns
+// unchanged moves their bytes once, into the output stream.
+func (c *Codec[T]) DecodeShared(mem memory.Allocator, b []byte) ([]T, error) {
+	return c.decode(mem, b, true)
+}
+
+func (c *Codec[T]) decode(mem memory.Allocator, b []byte, share bool) ([]T, error) {
+	if frame, err := c.frame(); err == nil && len(b) >= len(frame) && bytes.Equal(b[:len(frame)], frame) {
+		// The codec's own schema message: load the batch against the
+		// known schema instead of parsing the schema again.
+		_, batch, err := splitStream(b)
+		if err != nil {
+			return nil, fmt.Errorf("%w: %s: %w", ErrDecode, c.kind, err)
+		}
+		n, datas, err := loadBatch(c.schema, batch)
+		if err != nil {
+			return nil, fmt.Errorf("%w: %s: record batch: %w", ErrDecode, c.kind, err)
+		}
+		defer func() {
+			for _, d := range datas {
+				d.Release()
+			}
+		}()
+		return c.readColumns(n, datas, share)
+	}
 	mem = orDefault(mem)
 	var rows []T
 	err := readStream(mem, c.kind, b, func(rec arrow.RecordBatch) error {
 		var err error
-		rows, err = c.readRecord(rec)
+		rows, err = c.readRecord(rec, share)
 		return err
 	})
 	return rows, err
 }
 
-func (c *Codec[T]) readRecord(rec arrow.RecordBatch) ([]T, error) {
-	n := rec.NumRows()
+// readRecord finds the codec's columns in rec by name (extra columns are
+// ignored) and reads them.
+func (c *Codec[T]) readRecord(rec arrow.RecordBatch, share bool) ([]T, error) {
+	datas := make([]arrow.ArrayData, len(c.cols))
+	for i := range c.cols {
+		name := c.cols[i].name
+		idx := rec.Schema().FieldIndices(name)
+		if len(idx) != 1 {
+			return nil, fmt.Errorf("%w: %s: column %q found %d times", ErrDecode, c.kind, name, len(idx))
+		}
+		datas[i] = rec.Column(idx[0]).Data()
+	}
+	return c.readColumns(rec.NumRows(), datas, share)
+}
+
+// readColumns checks the structure of one ArrayData per codec column
+// (n rows each) and reads the rows.
+func (c *Codec[T]) readColumns(n int64, datas []arrow.ArrayData, share bool) ([]T, error) {
 	if n < 0 || n > 1<<40 {
 		return nil, fmt.Errorf("%w: %s: %d rows", ErrDecode, c.kind, n)
 	}
-	datas := make([]arrow.ArrayData, len(c.cols))
 	for i := range c.cols {
-		f := c.cols[i].field()
-		idx := rec.Schema().FieldIndices(f.Name)
-		if len(idx) != 1 {
-			return nil, fmt.Errorf("%w: %s: column %q found %d times", ErrDecode, c.kind, f.Name, len(idx))
-		}
-		d := rec.Column(idx[0]).Data()
+		f, d := c.cols[i].field(), datas[i]
 		if d.Len() != int(n) {
 			return nil, fmt.Errorf("%w: %s: column %q has %d values for %d rows", ErrDecode, c.kind, f.Name, d.Len(), n)
 		}
 		if err := checkData(d, f.Type, f.Nullable, f.Name); err != nil {
 			return nil, fmt.Errorf("%w: %s: %w", ErrDecode, c.kind, err)
 		}
-		datas[i] = d
 	}
 	rows := make([]T, n)
 	for i := range c.cols {
-		c.cols[i].read(datas[i], 0, int(n), func(k int) unsafe.Pointer { return unsafe.Pointer(&rows[k]) })
+		c.cols[i].read(datas[i], 0, int(n), func(k int) unsafe.Pointer { return unsafe.Pointer(&rows[k]) }, share)
 	}
 	return rows, nil
 }
@@ -189,6 +245,53 @@ func writeStream(mem memory.Allocator, kind Kind, rec arrow.RecordBatch) ([]byte
 	if err := w.Close(); err != nil {
 		return nil, fmt.Errorf("schemas: encode %s: %w", kind, err)
 	}
+	return out.Bytes(), nil
+}
+
+// schemaFrame is the schema message the IPC stream writer writes first for
+// schema (continuation marker, length, flatbuffer metadata, padding).
+func schemaFrame(schema *arrow.Schema) ([]byte, error) {
+	rec := array.NewRecordBatch(schema, emptyColumns(schema), 0)
+	defer rec.Release()
+	b, err := writeStream(memory.DefaultAllocator, "", rec)
+	if err != nil {
+		return nil, err
+	}
+	_, end, _, err := readFrame(b, 0)
+	if err != nil {
+		return nil, err
+	}
+	return b[:end:end], nil
+}
+
+// emptyColumns are zero-length arrays of the schema's fields (the caller
+// owns them through the record it builds).
+func emptyColumns(schema *arrow.Schema) []arrow.Array {
+	cols := make([]arrow.Array, schema.NumFields())
+	for i, f := range schema.Fields() {
+		cols[i] = array.MakeArrayOfNull(memory.DefaultAllocator, f.Type, 0)
+	}
+	return cols
+}
+
+// ipcEOS is the end-of-stream marker: continuation, zero-length metadata.
+var ipcEOS = []byte{0xFF, 0xFF, 0xFF, 0xFF, 0, 0, 0, 0}
+
+// writeBatch writes the same stream as writeStream when frame is rec's
+// schema message, without serializing the schema again.
+func writeBatch(mem memory.Allocator, kind Kind, frame []byte, rec arrow.RecordBatch) ([]byte, error) {
+	p, err := ipc.GetRecordBatchPayload(rec, ipc.WithAllocator(mem))
+	if err != nil {
+		return nil, fmt.Errorf("schemas: encode %s: %w", kind, err)
+	}
+	defer p.Release()
+	var out bytes.Buffer
+	out.Grow(streamSizeHint(rec) + len(frame))
+	out.Write(frame)
+	if _, err := p.WritePayload(&out); err != nil {
+		return nil, fmt.Errorf("schemas: encode %s: %w", kind, err)
+	}
+	out.Write(ipcEOS)
 	return out.Bytes(), nil
 }
 

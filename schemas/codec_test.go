@@ -1,11 +1,13 @@
 package schemas
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"math"
 	"reflect"
 	"testing"
+	"unsafe"
 
 	"github.com/apache/arrow-go/v18/arrow"
 	"github.com/apache/arrow-go/v18/arrow/memory"
@@ -166,6 +168,36 @@ func roundTrip[T any](t *testing.T, c *Codec[T], rows []T) {
 	} else {
 		assertSame(t, "Decode", got, rows)
 	}
+	// Encode reuses a cached schema message: its stream must be the one
+	// Arrow's own stream writer produces.
+	func() {
+		rec, err := c.ToRecord(mem, rows)
+		if err != nil {
+			t.Fatalf("to record: %v", err)
+		}
+		defer rec.Release()
+		want, err := writeStream(mem, c.kind, rec)
+		if err != nil {
+			t.Fatalf("arrow stream writer: %v", err)
+		}
+		if !bytes.Equal(b, want) {
+			t.Fatalf("Encode wrote %d bytes that differ from the %d of Arrow's stream writer", len(b), len(want))
+		}
+	}()
+	shared, err := c.DecodeShared(mem, b)
+	if err != nil {
+		t.Fatalf("decode shared: %v", err)
+	}
+	if len(rows) > 0 {
+		assertSame(t, "DecodeShared", shared, rows)
+	}
+	again, err := c.Encode(mem, shared)
+	if err != nil {
+		t.Fatalf("encode shared rows: %v", err)
+	}
+	if !bytes.Equal(again, b) {
+		t.Fatalf("re-encoding shared rows gives %d bytes that differ from the %d decoded", len(again), len(b))
+	}
 	clear(b) // decoded rows must not alias the stream
 	if len(rows) > 0 {
 		assertSame(t, "Decode after clearing the input", got, rows)
@@ -311,7 +343,7 @@ func TestPackedBatchErrors(t *testing.T) {
 // withMeta returns a copy of c whose schema carries the given metadata.
 func withMeta[T any](c *Codec[T], keys, vals []string) *Codec[T] {
 	md := arrow.NewMetadata(keys, vals)
-	return &Codec[T]{kind: c.kind, schema: arrow.NewSchema(c.schema.Fields(), &md), cols: c.cols}
+	return codecOf[T](c.kind, arrow.NewSchema(c.schema.Fields(), &md), c.cols)
 }
 
 func TestKindAndVersionErrors(t *testing.T) {
@@ -436,5 +468,96 @@ func TestNilAllocator(t *testing.T) {
 	}
 	if _, err := PackedBatches.Decode(nil, pb); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// listRow is a row type with top-level fixed-width lists for the sharing
+// tests below.
+type listRow struct {
+	ID  string    `json:"id"`
+	IDs []int32   `json:"ids"`
+	LP  []float32 `json:"lp"`
+}
+
+// valuesAddr is the address of the values buffer of list column i.
+func valuesAddr(rec arrow.RecordBatch, i int) uintptr {
+	b := rec.Column(i).Data().Children()[0].Buffers()[1].Bytes()
+	return uintptr(unsafe.Pointer(unsafe.SliceData(b)))
+}
+
+func TestToRecordSharesContiguousLists(t *testing.T) {
+	c := newCodec[listRow]("list_row")
+	ids := []int32{1, 2, 3, 4, 5, 6}
+	lps := []float32{0.5, 0.25, 0.125, 1, 2, 3}
+	base := uintptr(unsafe.Pointer(&ids[0]))
+	tests := []struct {
+		name  string
+		rows  []listRow
+		share bool // the ids buffer is ids itself
+	}{
+		{"back to back", []listRow{{"a", ids[0:2], lps[0:2]}, {"b", nil, nil}, {"c", ids[2:6], lps[2:6]}}, true},
+		{"gap", []listRow{{"a", ids[0:2], lps[0:2]}, {"c", ids[3:6], lps[3:6]}}, false},
+		{"reordered", []listRow{{"c", ids[2:6], lps[2:6]}, {"a", ids[0:2], lps[0:2]}}, false},
+		{"one row", []listRow{{"a", ids[1:4], lps[1:4]}}, false}, // shares ids[1:], not ids[0:]
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			mem := newMem(t)
+			rec, err := c.ToRecord(mem, tt.rows)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer rec.Release()
+			if got := valuesAddr(rec, 1) == base; got != tt.share {
+				t.Errorf("ids buffer shares the rows' memory: %v, want %v", got, tt.share)
+			}
+			got, err := c.FromRecord(rec)
+			if err != nil {
+				t.Fatal(err)
+			}
+			assertSame(t, "FromRecord", got, tt.rows)
+		})
+	}
+}
+
+func TestDecodeSharedAliasesInput(t *testing.T) {
+	c := newCodec[listRow]("list_row")
+	rows := []listRow{{"a", []int32{7, 8}, []float32{1, 2}}, {"b", []int32{9}, []float32{3}}}
+	b, err := c.Encode(nil, rows)
+	if err != nil {
+		t.Fatal(err)
+	}
+	copied, err := c.Decode(nil, b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	shared, err := c.DecodeShared(nil, b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	assertSame(t, "DecodeShared", shared, rows)
+	// The values of "ids" lie in b: clearing b clears them in the shared
+	// rows only (strings are always copied).
+	clear(b)
+	assertSame(t, "Decode after clearing the input", copied, rows)
+	if shared[0].ID != "a" || shared[0].IDs[0] != 0 || shared[1].IDs[0] != 0 || shared[1].LP[0] != 0 {
+		t.Fatalf("shared rows do not alias the input: %+v", shared)
+	}
+	// Re-encoding shared rows in order shares their memory again.
+	b2, err := c.Encode(nil, rows)
+	if err != nil {
+		t.Fatal(err)
+	}
+	shared, err = c.DecodeShared(nil, b2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec, err := c.ToRecord(nil, shared)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rec.Release()
+	if valuesAddr(rec, 1) != uintptr(unsafe.Pointer(&shared[0].IDs[0])) {
+		t.Fatal("encoding shared rows copied the ids values")
 	}
 }

@@ -260,16 +260,22 @@ func (c *col) build(b *builder, n int, row at) arrow.ArrayData {
 }
 
 // buildFixedList copies every row's values once into one contiguous
-// buffer; when a single row holds all values, the buffer shares that row's
-// memory instead.
+// buffer; when the non-empty rows already lie back to back in memory, in
+// row order, the buffer is that memory instead (no copy).
 func (c *col) buildFixedList(b *builder, n int, ptr at) arrow.ArrayData {
 	offs, total := offsetsBuf(b, n, func(i int) int { return (*sliceHeader)(ptr(i)).len })
 	var valid *memory.Buffer
-	nulls, nonEmpty, last := 0, 0, -1
+	nulls, first, contiguous := 0, -1, true
+	var next unsafe.Pointer // where the next non-empty row must start to be contiguous
 	for i := range n {
 		s := (*sliceHeader)(ptr(i))
 		if s.len > 0 {
-			nonEmpty, last = nonEmpty+1, i
+			if first < 0 {
+				first = i
+			} else if s.data != next {
+				contiguous = false
+			}
+			next = unsafe.Add(s.data, s.len*c.width)
 		}
 		if c.nullable && s.data == nil {
 			if valid == nil {
@@ -283,9 +289,9 @@ func (c *col) buildFixedList(b *builder, n int, ptr at) arrow.ArrayData {
 	var values *memory.Buffer
 	if b.err != nil {
 		values, total = memory.NewBufferBytes(nil), 0
-	} else if nonEmpty == 1 {
-		s := (*sliceHeader)(ptr(last))
-		values = memory.NewBufferBytes(rawBytes(s.data, s.len*c.width))
+	} else if first >= 0 && contiguous {
+		s := (*sliceHeader)(ptr(first))
+		values = memory.NewBufferBytes(rawBytes(s.data, total*c.width))
 	} else {
 		values = newBuf(b.mem, total*c.width)
 		pos := 0
@@ -323,7 +329,9 @@ func isNull(d arrow.ArrayData, i int) bool {
 
 // read stores logical elements [start, start+n) of d, which passed
 // checkData against c, into rows 0..n-1.
-func (c *col) read(d arrow.ArrayData, start, n int, row at) {
+// With share, fixed-width list values are not copied: rows point into
+// d's buffers when they are aligned for the element type.
+func (c *col) read(d arrow.ArrayData, start, n int, row at, share bool) {
 	if n == 0 {
 		return
 	}
@@ -344,7 +352,7 @@ func (c *col) read(d arrow.ArrayData, start, n int, row at) {
 			*(*string)(ptr(i)) = string(data[offsetAt(d, start+i):offsetAt(d, start+i+1)])
 		}
 	case kindFixedList:
-		c.readFixedList(d, start, n, ptr)
+		c.readFixedList(d, start, n, ptr, share)
 	case kindList:
 		first, end := offsetAt(d, start), offsetAt(d, start+n)
 		if end == first {
@@ -354,7 +362,7 @@ func (c *col) read(d arrow.ArrayData, start, n int, row at) {
 		base := all.UnsafePointer()
 		c.elem.read(d.Children()[0], first, end-first, func(k int) unsafe.Pointer {
 			return unsafe.Add(base, uintptr(k)*c.elemSize)
-		})
+		}, share)
 		for i := range n {
 			lo, hi := offsetAt(d, start+i), offsetAt(d, start+i+1)
 			if hi > lo {
@@ -363,21 +371,28 @@ func (c *col) read(d arrow.ArrayData, start, n int, row at) {
 		}
 	case kindStruct:
 		for j := range c.fields {
-			c.fields[j].read(d.Children()[j], d.Offset()+start, n, ptr)
+			c.fields[j].read(d.Children()[j], d.Offset()+start, n, ptr, share)
 		}
 	}
 }
 
 // readFixedList copies the column's values once into one Go allocation
-// and points each row's slice into it, capacity capped at its length.
-func (c *col) readFixedList(d arrow.ArrayData, start, n int, ptr at) {
+// (or, with share, uses d's aligned values buffer in place) and points
+// each row's slice into it, capacity capped at its length.
+func (c *col) readFixedList(d arrow.ArrayData, start, n int, ptr at, share bool) {
 	child := d.Children()[0]
 	first, end := offsetAt(d, start), offsetAt(d, start+n)
 	size := (end - first) * c.width
-	// Allocated as uint64 so the values are aligned for any element type.
-	all := unsafeBytes(make([]uint64, (size+7)/8))[:size]
 	childOff := child.Offset() + first
-	copy(all, bufBytes(child, 1)[childOff*c.width:childOff*c.width+size])
+	src := bufBytes(child, 1)[childOff*c.width : childOff*c.width+size]
+	var all []byte
+	if share && size > 0 && uintptr(unsafe.Pointer(unsafe.SliceData(src)))%uintptr(c.width) == 0 {
+		all = src
+	} else {
+		// Allocated as uint64 so the values are aligned for any element type.
+		all = unsafeBytes(make([]uint64, (size+7)/8))[:size]
+		copy(all, src)
+	}
 	for i := range n {
 		lo, hi := offsetAt(d, start+i), offsetAt(d, start+i+1)
 		switch {

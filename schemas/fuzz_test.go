@@ -5,6 +5,7 @@ import (
 	"reflect"
 	"testing"
 
+	"github.com/apache/arrow-go/v18/arrow"
 	"github.com/apache/arrow-go/v18/arrow/memory"
 )
 
@@ -43,6 +44,25 @@ func fuzzCodec[T any](f *testing.F, c *Codec[T], samples []T) {
 		if err != nil {
 			checkDecodeError(t, err)
 			return
+		}
+		// Streams that start with the codec's schema message take the
+		// loader of ipcload.go: whatever it accepts, Arrow's reader must
+		// accept with the same rows; DecodeShared must agree too.
+		var viaArrow []T
+		err = readStream(mem, c.kind, data, func(rec arrow.RecordBatch) error {
+			var err error
+			viaArrow, err = c.readRecord(rec, false)
+			return err
+		})
+		if err != nil {
+			t.Fatalf("decoded, but Arrow's reader refuses the stream: %v", err)
+		}
+		shared, err := c.DecodeShared(mem, data)
+		if err != nil {
+			t.Fatalf("Decode accepts the stream, DecodeShared refuses it: %v", err)
+		}
+		if len(rows) > 0 && (!same(reflect.ValueOf(rows), reflect.ValueOf(viaArrow)) || !same(reflect.ValueOf(rows), reflect.ValueOf(shared))) {
+			t.Fatalf("the decoders disagree on the rows")
 		}
 		again, err := c.Encode(mem, rows)
 		if err != nil {

@@ -35,9 +35,12 @@ func DecodeRefusal(err error) *pipeline.Refusal {
 }
 
 // Decode decodes m.Value with codec, turning every failure (and an empty
-// stream) into a refusal.
+// stream) into a refusal. The rows' token and log-prob slices point into
+// m.Value (schemas.Codec.DecodeShared), which the runtime never modifies:
+// stages must not modify them in place either (they are also the original
+// bytes a refusal quarantines).
 func Decode[T any](c *schemas.Codec[T], m pipeline.Message) ([]T, error) {
-	rows, err := c.Decode(nil, m.Value)
+	rows, err := c.DecodeShared(nil, m.Value)
 	if err != nil {
 		return nil, DecodeRefusal(err)
 	}
