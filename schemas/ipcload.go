@@ -21,8 +21,8 @@ import (
 
 // batchLoader walks the nodes and buffers of one record batch message.
 type batchLoader struct {
-	meta          []byte
-	body          []byte
+	meta         []byte
+	body         []byte
 	nodes, bufs  fbVector
 	nextN, nextB int
 	limit        int64
