@@ -22,8 +22,10 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"os"
 	"runtime"
+	"runtime/debug"
 	"runtime/pprof"
 	"sort"
 	"strconv"
@@ -326,6 +328,9 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		return nil, err
 	}
 	rep.PeakRSSMB = peakRSSMB()
+	if l := debug.SetMemoryLimit(-1); l < math.MaxInt64 {
+		rep.MemoryLimitMB = float64(l) / (1 << 20)
+	}
 	rep.finish()
 	return rep, nil
 }
@@ -645,7 +650,7 @@ func (r *run) sink(ctx context.Context, ready chan<- struct{}) error {
 		Dialer: r.dialer, MinBytes: 1, MaxBytes: r.cfg.Contract.Topics.MaxMessageBytes + (1 << 20),
 		MaxWait: 50 * time.Millisecond, StartOffset: kafkago.FirstOffset, SessionTimeout: 10 * time.Second,
 		HeartbeatInterval: time.Second, JoinGroupBackoff: 200 * time.Millisecond,
-		QueueCapacity: 16, // batches are large: a short queue bounds what is read ahead
+		QueueCapacity: 4, // batches are large: a short queue bounds what is read ahead
 	})
 	defer rd.Close()
 	close(ready)

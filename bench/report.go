@@ -82,6 +82,7 @@ type Report struct {
 	CPUCores         float64      `json:"cpu_cores"`
 	E2ETokensPerCPUS float64      `json:"e2e_tokens_per_cpu_s"`
 	PeakRSSMB        float64      `json:"peak_rss_mb"`
+	MemoryLimitMB    float64      `json:"memory_limit_mb"` // Go soft memory limit (0: none)
 	RSS              []RSSSample  `json:"rss"`
 	DrainS           float64      `json:"drain_s"`
 	Accounting       audit.Counts `json:"accounting"`
@@ -400,7 +401,11 @@ func (rep *Report) WriteTable(w io.Writer) error {
 	p("policy lag       generated %s   admitted %s\n", lagString(rep.LagGenerated), lagString(rep.LagAdmitted))
 	p("source           ceiling %s tokens/s (busy %.0f%% of the window), %.1f bytes/token\n",
 		human(rep.Source.CeilingPerS), 100*rep.Source.BusyShare, rep.Source.BytesPerToken)
-	p("process          %.2f cores (%s end-to-end tokens per CPU-second), peak RSS %.0f MB\n", rep.CPUCores, human(rep.E2ETokensPerCPUS), rep.PeakRSSMB)
+	limit := "none"
+	if rep.MemoryLimitMB > 0 {
+		limit = fmt.Sprintf("%.0f MB", rep.MemoryLimitMB)
+	}
+	p("process          %.2f cores (%s end-to-end tokens per CPU-second), peak RSS %.0f MB (Go memory limit %s)\n", rep.CPUCores, human(rep.E2ETokensPerCPUS), rep.PeakRSSMB, limit)
 	c := rep.Accounting
 	verdict := "OK"
 	if !rep.Correct {

@@ -158,12 +158,24 @@ func FuzzDecodeCensus(f *testing.F) {
 	if err != nil {
 		f.Fatal(err)
 	}
-	addSeeds(f, b)
+	plain, err := EncodeCensus(CensusEvent{EventID: "e", RunID: "r", AttemptID: "a", Kind: CensusAdmitted, Stage: "pack", Tokens: 12, At: -3})
+	if err != nil {
+		f.Fatal(err)
+	}
+	addSeeds(f, b, plain)
 	f.Fuzz(func(t *testing.T, data []byte) {
 		e, err := DecodeCensus(data)
 		if err != nil {
 			checkDecodeError(t, err)
 			return
+		}
+		// The canonical fast path accepts only what encoding/json reads
+		// to the same event.
+		if fast, ok := decodeCensusCanonical(data); ok {
+			slow, err := decodeDoc[CensusEvent](KindCensusEvent, data)
+			if err != nil || slow != fast {
+				t.Fatalf("fast census decoder read %+v, encoding/json %+v (%v)", fast, slow, err)
+			}
 		}
 		again, err := EncodeCensus(e)
 		if err != nil {

@@ -73,10 +73,3 @@ func EncodeRelease(r PolicyRelease) ([]byte, error) { return encodeDoc(KindPolic
 func DecodeRelease(b []byte) (PolicyRelease, error) {
 	return decodeDoc[PolicyRelease](KindPolicyRelease, b)
 }
-
-// EncodeCensus returns the JSON document of a census event. A NaN or
-// infinite Reward cannot be written as JSON and is an error.
-func EncodeCensus(e CensusEvent) ([]byte, error) { return encodeDoc(KindCensusEvent, &e) }
-
-// DecodeCensus reads a document written by EncodeCensus.
-func DecodeCensus(b []byte) (CensusEvent, error) { return decodeDoc[CensusEvent](KindCensusEvent, b) }

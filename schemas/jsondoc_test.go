@@ -1,10 +1,14 @@
 package schemas
 
 import (
+	"bytes"
 	"errors"
+	"fmt"
 	"math"
+	"math/rand/v2"
 	"strings"
 	"testing"
+	"unicode/utf8"
 )
 
 func sampleRelease() PolicyRelease {
@@ -84,3 +88,54 @@ func TestJSONErrors(t *testing.T) {
 
 func decodeRelease(b []byte) error { _, err := DecodeRelease(b); return err }
 func decodeCensus(b []byte) error  { _, err := DecodeCensus(b); return err }
+
+// TestCensusFastPathMatchesEncodingJSON checks, over random events, that
+// EncodeCensus writes the bytes encoding/json writes and that the
+// canonical decoder reads them back (or defers to encoding/json).
+func TestCensusFastPathMatchesEncodingJSON(t *testing.T) {
+	r := rand.New(rand.NewPCG(1, 2))
+	strs := []string{"", "a", "run-1", "ünï", "a\"b", `back\slash`, "<&>", "tab\there", "\x01", "\xff", "plain id 0123456789abcdef"}
+	nums := []int64{0, 1, -1, 7, 1 << 40, -(1 << 62), 9223372036854775807}
+	plain := []string{"", "a", "run-1", "plain id 0123456789abcdef"}
+	var pick func() string
+	num := func() int64 { return nums[r.IntN(len(nums))] }
+	fast := 0
+	for i := range 5000 {
+		// Half the events use plain strings only: the canonical decoder's case.
+		pick = func() string { return strs[r.IntN(len(strs))] }
+		if i%2 == 0 {
+			pick = func() string { return plain[r.IntN(len(plain))] }
+		}
+		e := CensusEvent{EventID: pick(), RunID: pick(), AttemptID: pick(), TaskID: pick(), GroupID: pick(), Kind: pick(),
+			Stage: pick(), Reason: pick(), Infra: r.IntN(2) == 0, BatchID: pick(), Update: num(), PolicyVersion: num(),
+			Tokens: num(), LatencyUS: num(), At: num()}
+		if i%2 == 1 && r.IntN(2) == 0 {
+			e.Reward = r.NormFloat64()
+		}
+		got, err := EncodeCensus(e)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want, err := encodeDoc(KindCensusEvent, &e)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(got, want) {
+			t.Fatalf("event %d: EncodeCensus wrote\n%s\nencoding/json\n%s", i, got, want)
+		}
+		back, err := DecodeCensus(got)
+		valid := utf8.ValidString(fmt.Sprint(e)) // JSON replaces invalid UTF-8 with U+FFFD
+		if err != nil || (valid && back != e) {
+			t.Fatalf("event %d: decoded %+v (%v), want %+v", i, back, err, e)
+		}
+		if _, ok := decodeCensusCanonical(got); ok {
+			fast++
+		}
+	}
+	if fast < 2000 {
+		t.Fatalf("the canonical decoder read only %d of 5000 events", fast)
+	}
+	if _, err := EncodeCensus(CensusEvent{Reward: math.NaN()}); err == nil {
+		t.Fatal("NaN reward encoded")
+	}
+}
