@@ -153,22 +153,34 @@ func Pack(segs []Segment, budget int) ([]schemas.PackedRow, Stats) {
 	segW := make([]float32, n)
 	segTrunc := make([]bool, n)
 
+	// Each column's values of all rows lie back to back in one array, in
+	// row order, so encoding the batch shares them instead of copying
+	// (schemas.Codec.ToRecord).
+	packed := 0
+	for _, rl := range rowTok {
+		packed += rl
+	}
+	i32 := make([]int32, 5*packed)
+	f32 := make([]float32, 3*packed)
+	mask := make([]uint8, packed)
+	col32 := func(c, off, rl int) []int32 { return i32[c*packed+off : c*packed+off+rl : c*packed+off+rl] }
+	colF := func(c, off, rl int) []float32 { return f32[c*packed+off : c*packed+off+rl : c*packed+off+rl] }
 	out := make([]schemas.PackedRow, rows)
+	off := 0
 	for r := range out {
 		rl := rowTok[r]
 		sl, sh := int(segStart[r]), int(segStart[r+1])
 		row := &out[r]
-		i32 := make([]int32, 5*rl)
-		f32 := make([]float32, 3*rl)
-		row.InputIDs = i32[:rl:rl]
-		row.PositionIDs = i32[rl : 2*rl : 2*rl]
-		row.SegmentIDs = i32[2*rl : 3*rl : 3*rl]
-		row.TurnIDs = i32[3*rl : 4*rl : 4*rl]
-		row.PolicyVersions = i32[4*rl:]
-		row.OldLogprobs = f32[:rl:rl]
-		row.Advantages = f32[rl : 2*rl : 2*rl]
-		row.ValueTargets = f32[2*rl:]
-		row.ActionMask = make([]uint8, rl)
+		row.InputIDs = col32(0, off, rl)
+		row.PositionIDs = col32(1, off, rl)
+		row.SegmentIDs = col32(2, off, rl)
+		row.TurnIDs = col32(3, off, rl)
+		row.PolicyVersions = col32(4, off, rl)
+		row.OldLogprobs = colF(0, off, rl)
+		row.Advantages = colF(1, off, rl)
+		row.ValueTargets = colF(2, off, rl)
+		row.ActionMask = mask[off : off+rl : off+rl]
+		off += rl
 		row.SegTrajectoryIDs = segTraj[sl:sh:sh]
 		row.SegGroupIDs = segGroup[sl:sh:sh]
 		row.SegPolicyVersions = segVer[sl:sh:sh]

@@ -5,6 +5,7 @@ import (
 	"math/rand/v2"
 	"reflect"
 	"testing"
+	"unsafe"
 
 	"github.com/trajflow/trajflow/schemas"
 )
@@ -126,6 +127,29 @@ func TestPackTies(t *testing.T) {
 	}
 	if st.Rows != 3 || st.Tokens != 26 || st.Efficiency != 26.0/30 {
 		t.Fatalf("stats %+v", st)
+	}
+}
+
+// TestPackColumnsBackToBack checks that each token column of consecutive
+// rows is one run of memory, which lets the batch encoder share it
+// instead of copying 17 MB per batch.
+func TestPackColumnsBackToBack(t *testing.T) {
+	seg := func(id string, n int) Segment {
+		return Segment{TrajectoryID: id, Tokens: make([]int32, n), Logprobs: make([]float32, n), Weight: 1, OldestVersion: -1}
+	}
+	rows, _ := Pack([]Segment{seg("a", 6), seg("b", 6), seg("c", 5), seg("d", 3)}, 10)
+	if len(rows) < 2 {
+		t.Fatalf("%d rows, want several", len(rows))
+	}
+	for r := 1; r < len(rows); r++ {
+		prev, cur := &rows[r-1], &rows[r]
+		end := func(p unsafe.Pointer, n int, size uintptr) uintptr { return uintptr(p) + uintptr(n)*size }
+		n := len(prev.InputIDs)
+		if end(unsafe.Pointer(&prev.InputIDs[0]), n, 4) != uintptr(unsafe.Pointer(&cur.InputIDs[0])) ||
+			end(unsafe.Pointer(&prev.Advantages[0]), n, 4) != uintptr(unsafe.Pointer(&cur.Advantages[0])) ||
+			end(unsafe.Pointer(&prev.ActionMask[0]), n, 1) != uintptr(unsafe.Pointer(&cur.ActionMask[0])) {
+			t.Fatalf("row %d does not continue row %d in memory", r, r-1)
+		}
 	}
 }
 
