@@ -70,6 +70,10 @@ type Config struct {
 	// Synth is the rollout distribution; its RunID, ContractHash,
 	// GroupSize and MaxTurns are taken from the contract.
 	Synth synth.Config
+	// MemoryLimit is the Go soft memory limit set for the run (bytes);
+	// 0 derives it from the embedded broker's retention unless GOMEMLIMIT
+	// is set; negative leaves the process's limit as it is.
+	MemoryLimit int64
 	// InFlightGroups bounds the groups produced but not yet decided
 	// (the source waits): a closed loop, so the broker's backlog and the
 	// process's memory stay bounded however long the run.
@@ -233,6 +237,9 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	}
 	rep := &Report{Contract: c.RunID, ContractHash: c.Hash(), Started: time.Now().UTC(), GOMAXPROCS: runtime.GOMAXPROCS(0)}
 
+	if cfg.MemoryLimit > 0 {
+		defer debug.SetMemoryLimit(debug.SetMemoryLimit(cfg.MemoryLimit))
+	}
 	runID := c.RunID
 	if len(cfg.Brokers) == 0 {
 		// Retention bounds the embedded broker's memory: the closed loop
@@ -241,10 +248,20 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		// share apart (go tool pprof -tagfocus role=broker).
 		var b *kafka.Broker
 		var err error
+		retention := r.retentionBytes()
+		rep.RetentionMB = float64(retention) / (1 << 20)
+		if cfg.MemoryLimit == 0 && os.Getenv("GOMEMLIMIT") == "" {
+			// The heap's goal otherwise follows the transient copies of the
+			// large batch messages, so its peak creeps up over a long run.
+			// The broker's retained segments are most of the live heap
+			// (grown by doubling, up to 2x their size); twice that, plus
+			// the working set, bounds it.
+			defer debug.SetMemoryLimit(debug.SetMemoryLimit(3*r.brokerBound(retention) + 768<<20))
+		}
 		pprof.Do(ctx, pprof.Labels("role", "broker"), func(ctx context.Context) {
 			b, err = kafka.StartBroker(ctx, kafka.BrokerConfig{
 				MaxMessageBytes: c.Topics.MaxMessageBytes,
-				Retention:       kafka.RetentionPolicy{Bytes: retentionBytes(), CheckInterval: 250 * time.Millisecond, SegmentBytes: 2 << 20},
+				Retention:       kafka.RetentionPolicy{Bytes: retention, CheckInterval: 250 * time.Millisecond, SegmentBytes: segmentBytes},
 			})
 		})
 		if err != nil {
@@ -287,9 +304,9 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	rep.Partitions = base.Partitions
 	if len(cfg.Brokers) == 0 {
 		// One batch is many MB: give the single batches partition room for
-		// several, so retention never deletes a batch the trainer side has
-		// not read yet.
-		if err := r.setRetentionBytes(ctx, r.topics.Batches, 4*batchBytesEstimate(c)); err != nil {
+		// the batches the closed loop can leave unread, so retention never
+		// deletes a batch the trainer side has not read yet.
+		if err := r.setRetentionBytes(ctx, r.topics.Batches, r.batchesRetention()); err != nil {
 			return nil, err
 		}
 		// Low-rate topics would otherwise fill up to the broker-wide bound
@@ -728,11 +745,42 @@ func (r *run) instances(stage string) []*instance {
 	return out
 }
 
-func retentionBytes() int64 {
+// segmentBytes is the embedded broker's log segment size.
+const segmentBytes = 2 << 20
+
+// retentionBytes is the embedded broker's retention per partition. The
+// closed loop keeps at most InFlightGroups group messages unread on a
+// topic, spread over its partitions by key; four times that share (with
+// the pre-clip mean length, so larger than the mean message) and a
+// segment is never reached by a consumer that keeps up, and never less
+// than 24 MiB. TRAJFLOW_BENCH_RETENTION overrides it.
+func (r *run) retentionBytes() int64 {
 	if v, err := strconv.ParseInt(os.Getenv("TRAJFLOW_BENCH_RETENTION"), 10, 64); err == nil {
 		return v
 	}
-	return 24 << 20
+	c := r.cfg.Contract
+	groupBytes := float64(c.Sampler.GroupSize) * r.cfg.Synth.MeanTokens * 9
+	share := 4 * float64(r.cfg.InFlightGroups) * groupBytes / float64(max(c.Topics.Partitions, 1))
+	return max(24<<20, int64(share)+segmentBytes)
+}
+
+// brokerBound bounds what the embedded broker retains while the pipeline
+// runs (the baseline's topic is deleted before): four data topics, the
+// batches topic and the low-rate topics (see the retention settings in
+// Run).
+func (r *run) brokerBound(retention int64) int64 {
+	data := 4 * int64(max(r.cfg.Contract.Topics.Partitions, 1)) * (retention + segmentBytes)
+	return data + r.batchesRetention() + (8+3*2)<<20
+}
+
+// batchesRetention is the batches topic's retention: room for twice the
+// batches the in-flight groups fill (all of them may sit there unread),
+// at least four.
+func (r *run) batchesRetention() int64 {
+	c := r.cfg.Contract
+	tokens := float64(r.cfg.InFlightGroups) * float64(c.Sampler.GroupSize) * r.cfg.Synth.MeanTokens
+	n := max(4, 2*int64(math.Ceil(tokens/float64(max(c.Packing.BatchTokens, 1)))))
+	return n * batchBytesEstimate(c)
 }
 
 // batchBytesEstimate bounds one packed batch's encoded size: ~33 bytes per

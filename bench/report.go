@@ -83,6 +83,7 @@ type Report struct {
 	E2ETokensPerCPUS float64      `json:"e2e_tokens_per_cpu_s"`
 	PeakRSSMB        float64      `json:"peak_rss_mb"`
 	MemoryLimitMB    float64      `json:"memory_limit_mb"` // Go soft memory limit (0: none)
+	RetentionMB      float64      `json:"retention_mb"`    // embedded broker's retention per partition
 	RSS              []RSSSample  `json:"rss"`
 	DrainS           float64      `json:"drain_s"`
 	Accounting       audit.Counts `json:"accounting"`
@@ -406,6 +407,9 @@ func (rep *Report) WriteTable(w io.Writer) error {
 		limit = fmt.Sprintf("%.0f MB", rep.MemoryLimitMB)
 	}
 	p("process          %.2f cores (%s end-to-end tokens per CPU-second), peak RSS %.0f MB (Go memory limit %s)\n", rep.CPUCores, human(rep.E2ETokensPerCPUS), rep.PeakRSSMB, limit)
+	if rep.RetentionMB > 0 {
+		p("                 embedded broker retention %.0f MB per partition\n", rep.RetentionMB)
+	}
 	c := rep.Accounting
 	verdict := "OK"
 	if !rep.Correct {

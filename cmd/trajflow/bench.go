@@ -7,7 +7,6 @@ import (
 	"io"
 	"os"
 	"runtime"
-	"runtime/debug"
 	"runtime/pprof"
 	"strings"
 	"time"
@@ -42,18 +41,16 @@ func cmdBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	plotPath := fs.String("plot", "", "write throughput per stage and the latency distribution to this PNG")
 	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the whole run to this file")
 	memProfile := fs.String("memprofile", "", "write a heap profile taken at the end of the measurement window to this file")
-	memLimit := fs.Int64("memory-limit-mib", 2048, "Go soft memory limit of the bench process in MiB: broker, operators, source and sink share one heap (0: none; GOMEMLIMIT in the environment takes precedence)")
+	memLimit := fs.Int64("memory-limit-mib", 0, "Go soft memory limit of the bench process in MiB (broker, operators, source and sink share one heap); 0: derived from the embedded broker's retention unless GOMEMLIMIT is set; -1: leave it as it is")
 	logLevel := fs.String("log-level", "error", "operator log level (logs go to stderr)")
 	if _, err := parseFlags(fs, args); err != nil {
 		return err
 	}
-	if *memLimit < 0 {
+	if *memLimit < -1 {
 		return fmt.Errorf("%w: --memory-limit-mib %d", errUsage, *memLimit)
 	}
-	if *memLimit > 0 && os.Getenv("GOMEMLIMIT") == "" {
-		// The heap's goal otherwise follows the transient copies of the
-		// large batch messages, so the peak creeps up over a long run.
-		debug.SetMemoryLimit(*memLimit << 20)
+	if *memLimit > 0 {
+		*memLimit <<= 20
 	}
 	c, err := contract.Load(*contractPath)
 	if err != nil {
@@ -68,7 +65,7 @@ func cmdBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	}
 	cfg := bench.Config{
 		Contract: c, Warmup: *warmup, Duration: *duration, Tokens: *tokens, Baseline: *baseline,
-		Instances: inst, InFlightGroups: *inflight, Logger: newLogger(stderr, *logLevel), BatchTimeout: *linger,
+		Instances: inst, InFlightGroups: *inflight, MemoryLimit: *memLimit, Logger: newLogger(stderr, *logLevel), BatchTimeout: *linger,
 	}
 	s := synth.Bench()
 	s.MeanTokens, s.MaxTokens = *meanTokens, *maxTokens
