@@ -253,10 +253,13 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		if cfg.MemoryLimit == 0 && os.Getenv("GOMEMLIMIT") == "" {
 			// The heap's goal otherwise follows the transient copies of the
 			// large batch messages, so its peak creeps up over a long run.
-			// The broker's retained segments are most of the live heap
-			// (grown by doubling, up to 2x their size); twice that, plus
-			// the working set, bounds it.
-			defer debug.SetMemoryLimit(debug.SetMemoryLimit(3*r.brokerBound(retention) + 768<<20))
+			// The broker's retained segments are most of the live heap;
+			// twice their bound (the collector's headroom at GOGC 100)
+			// plus 1 GiB for the operators, the source, the sink and the
+			// segments' slack is about the heap's natural peak in the
+			// first seconds, so the limit holds it there without adding
+			// collections.
+			defer debug.SetMemoryLimit(debug.SetMemoryLimit(2*r.brokerBound(retention) + 1<<30))
 		}
 		pprof.Do(ctx, pprof.Labels("role", "broker"), func(ctx context.Context) {
 			b, err = kafka.StartBroker(ctx, kafka.BrokerConfig{
@@ -481,12 +484,12 @@ func (r *run) pipeline(ctx context.Context, rep *Report) error {
 			case <-ctx.Done():
 				return ctx.Err()
 			case now := <-tick.C:
-				rss.sample(phase)
 				if dt := now.Sub(lastT); dt >= time.Second {
 					tok := r.decidedToks.Load()
 					rate = float64(tok-lastTok) / dt.Seconds()
 					lastTok, lastT = tok, now
 				}
+				rss.sample(phase, rate)
 				if cfg.Progress != nil {
 					cfg.Progress(Progress{Phase: phase, Elapsed: el, Total: d, TokensPerS: rate, Decided: r.decidedToks.Load()})
 				}
@@ -683,7 +686,7 @@ func (r *run) sink(ctx context.Context, ready chan<- struct{}) error {
 		t0 := now
 		switch m.Topic {
 		case r.topics.Batches:
-			b, err := schemas.PackedBatches.Decode(nil, m.Value)
+			b, err := schemas.PackedBatches.DecodeShared(nil, m.Value)
 			if err != nil {
 				return fmt.Errorf("batch at %d: %w", m.Offset, err)
 			}

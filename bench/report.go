@@ -161,6 +161,8 @@ type RSSSample struct {
 	HeapObjectsMB float64 `json:"heap_objects_mb"`
 	HeapGoalMB    float64 `json:"heap_goal_mb"`
 	HeapFreeMB    float64 `json:"heap_free_mb"`
+	// TokensPerS is the end-to-end rate over the last second or so.
+	TokensPerS float64 `json:"tokens_per_s"`
 }
 
 // accounting accumulates the fates decided in one phase.
@@ -536,7 +538,7 @@ type rssSampler struct {
 	samples []RSSSample
 }
 
-func (s *rssSampler) sample(phase string) {
+func (s *rssSampler) sample(phase string, tokensPerS float64) {
 	now := time.Now()
 	if s.start.IsZero() {
 		s.start = now
@@ -554,7 +556,7 @@ func (s *rssSampler) sample(phase string) {
 		return float64(ms[i].Value.Uint64()) / (1 << 20)
 	}
 	s.samples = append(s.samples, RSSSample{Phase: phase, AtS: now.Sub(s.start).Seconds(), MB: statusMB("VmRSS:"),
-		HeapObjectsMB: mb(0), HeapGoalMB: mb(1), HeapFreeMB: mb(2)})
+		HeapObjectsMB: mb(0), HeapGoalMB: mb(1), HeapFreeMB: mb(2), TokensPerS: tokensPerS})
 }
 
 // peakRSSMB is the process's peak resident set size (VmHWM).

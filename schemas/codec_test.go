@@ -284,6 +284,11 @@ func TestPackedBatchRoundTrip(t *testing.T) {
 				t.Fatal(err)
 			}
 			assertSame(t, "Decode", got, in)
+			shared, err := PackedBatches.DecodeShared(mem, b)
+			if err != nil {
+				t.Fatal(err)
+			}
+			assertSame(t, "DecodeShared", shared, in)
 			clear(b)
 			assertSame(t, "Decode after clearing the input", got, in)
 

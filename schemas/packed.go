@@ -106,6 +106,17 @@ func (p *PackedBatchCodec) Decode(mem memory.Allocator, data []byte) (PackedBatc
 	return assemble(es)
 }
 
+// DecodeShared is Decode with the rows' token columns pointing into data
+// (see Codec.DecodeShared): data must not be modified while the batch is
+// in use, and the batch's values must not be modified in place.
+func (p *PackedBatchCodec) DecodeShared(mem memory.Allocator, data []byte) (PackedBatch, error) {
+	es, err := p.codec.DecodeShared(mem, data)
+	if err != nil {
+		return PackedBatch{}, err
+	}
+	return assemble(es)
+}
+
 // assemble checks that the batch-level columns are constant and builds the
 // batch.
 func assemble(es []packedEntry) (PackedBatch, error) {

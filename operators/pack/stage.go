@@ -141,7 +141,7 @@ func (s *Stage) Start(ctx context.Context, env *pipeline.Env) error {
 	s.admitted = st.IDSet(seenPrefix, s.cfg.DedupHorizon)
 	batches := 0
 	err = pipeline.ScanTail(ctx, env.Config, s.cfg.Topics.Batches, s.cfg.RebuildScan, func(m pipeline.Message) error {
-		b, err := schemas.PackedBatches.Decode(nil, m.Value)
+		b, err := schemas.PackedBatches.DecodeShared(nil, m.Value)
 		if err != nil {
 			return fmt.Errorf("pack: batches topic at %s: %w", m.Ref, err)
 		}
