@@ -266,16 +266,16 @@ func (c *col) buildFixedList(b *builder, n int, ptr at) arrow.ArrayData {
 	offs, total := offsetsBuf(b, n, func(i int) int { return (*sliceHeader)(ptr(i)).len })
 	var valid *memory.Buffer
 	nulls, first, contiguous := 0, -1, true
-	var next unsafe.Pointer // where the next non-empty row must start to be contiguous
+	var next uintptr // address where the next non-empty row must start (compared only)
 	for i := range n {
 		s := (*sliceHeader)(ptr(i))
 		if s.len > 0 {
 			if first < 0 {
 				first = i
-			} else if s.data != next {
+			} else if uintptr(s.data) != next {
 				contiguous = false
 			}
-			next = unsafe.Add(s.data, s.len*c.width)
+			next = uintptr(s.data) + uintptr(s.len*c.width)
 		}
 		if c.nullable && s.data == nil {
 			if valid == nil {
