@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"runtime/debug"
 	"testing"
 )
 
@@ -21,14 +22,18 @@ func TestBenchCommand(t *testing.T) {
 		"--baseline", "1s", "--instances", "validate=2", "--mean-tokens", "400", "--max-tokens", "8000",
 		"--json", "--plot", png}
 	var stdout, stderr bytes.Buffer
+	limit := debug.SetMemoryLimit(-1)
 	if code := run(context.Background(), args, &stdout, &stderr); code != 0 {
 		t.Fatalf("exit %d: %s", code, stderr.String())
+	}
+	if got := debug.SetMemoryLimit(-1); got != limit {
+		t.Errorf("the bench left the Go memory limit at %d, it was %d", got, limit)
 	}
 	var rep map[string]any
 	if err := json.Unmarshal(stdout.Bytes(), &rep); err != nil {
 		t.Fatalf("report is not JSON: %v\n%s", err, stdout.String())
 	}
-	positive := []string{"e2e_tokens_per_s", "baseline_mb_s", "pipeline_mb_s", "ratio_to_baseline", "packing_efficiency", "yield", "peak_rss_mb", "e2e_records_per_s"}
+	positive := []string{"e2e_tokens_per_s", "baseline_mb_s", "pipeline_mb_s", "ratio_to_baseline", "packing_efficiency", "yield", "peak_rss_mb", "e2e_records_per_s", "memory_limit_mb", "retention_mb"}
 	for _, k := range positive {
 		v, ok := rep[k].(float64)
 		if !ok || v <= 0 {
