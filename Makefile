@@ -25,14 +25,10 @@ lint:
 bench:
 	$(GO) test -run '^$$' -bench . -benchmem $(PKGS)
 
-# Bounded fuzzing of every decoder and the contract parser.
+# Bounded fuzzing of every decoder and the contract parser (scripts/fuzz.sh).
 FUZZTIME ?= 10s
 fuzz:
-	@for spec in $$(grep -rl --include='*_test.go' '^func Fuzz' . | xargs -n1 dirname | sort -u); do \
-	  for f in $$(grep -h '^func Fuzz' $$spec/*_test.go | sed 's/func \(Fuzz[A-Za-z0-9_]*\).*/\1/'); do \
-	    echo "fuzz $$spec $$f"; $(GO) test -run '^$$' -fuzz "^$$f$$" -fuzztime $(FUZZTIME) $$spec || exit 1; \
-	  done; \
-	done
+	GO=$(GO) FUZZTIME=$(FUZZTIME) scripts/fuzz.sh
 
 # Real Apache Kafka (KRaft, single node, 127.0.0.1:19092; SASL_SSL on 19093)
 # fetched from Maven Central into build/kafka; see deploy/local/kafka.sh.
