@@ -469,7 +469,7 @@ func (r *run) pipeline(ctx context.Context, rep *Report) error {
 		start := time.Now()
 		tick := time.NewTicker(250 * time.Millisecond)
 		defer tick.Stop()
-		var lastTok int64
+		lastTok := r.decidedToks.Load()
 		lastT := start
 		rate := 0.0
 		for {

@@ -14,8 +14,9 @@ import (
 
 // WritePlot draws the report to a PNG file: throughput per stage (million
 // tokens/s, with the end-to-end rate), bytes through the broker (per stage,
-// the pipeline's total and the raw kafka-go baseline) and the distribution
-// of record latency from production to batch.
+// the pipeline's total and the raw kafka-go baseline), the distribution
+// of record latency from production to batch, and the resident set size
+// and end-to-end rate over the measurement window (one sample a second).
 func WritePlot(rep *Report, path string) error {
 	tp := plot.New()
 	tp.Title.Text = "Throughput (M tokens/s)"
@@ -82,14 +83,20 @@ func WritePlot(rep *Report, path string) error {
 	line.Width = vg.Points(1.5)
 	lp.Add(line)
 
-	img := vgimg.New(vg.Points(1400), vg.Points(380))
+	op, err := overTime(rep)
+	if err != nil {
+		return err
+	}
+
+	img := vgimg.New(vg.Points(1800), vg.Points(380))
 	dc := draw.New(img)
-	tiles := draw.Tiles{Rows: 1, Cols: 3, PadX: vg.Millimeter * 4, PadY: vg.Millimeter * 2, PadTop: vg.Millimeter * 2,
+	tiles := draw.Tiles{Rows: 1, Cols: 4, PadX: vg.Millimeter * 4, PadY: vg.Millimeter * 2, PadTop: vg.Millimeter * 2,
 		PadBottom: vg.Millimeter * 2, PadLeft: vg.Millimeter * 2, PadRight: vg.Millimeter * 2}
-	canvases := plot.Align([][]*plot.Plot{{tp, bp, lp}}, tiles, dc)
+	canvases := plot.Align([][]*plot.Plot{{tp, bp, lp, op}}, tiles, dc)
 	tp.Draw(canvases[0][0])
 	bp.Draw(canvases[0][1])
 	lp.Draw(canvases[0][2])
+	op.Draw(canvases[0][3])
 	f, err := os.Create(path)
 	if err != nil {
 		return fmt.Errorf("bench plot: %w", err)
@@ -99,4 +106,49 @@ func WritePlot(rep *Report, path string) error {
 		return fmt.Errorf("bench plot: write %s: %w", path, err)
 	}
 	return f.Close()
+}
+
+// overTime plots RSS (GB) and the end-to-end rate (M tokens/s) over the
+// measurement window, so a long run shows whether memory stays flat.
+func overTime(rep *Report) (*plot.Plot, error) {
+	p := plot.New()
+	p.Title.Text = fmt.Sprintf("Over the window (peak RSS %.0f MB)", rep.PeakRSSMB)
+	p.X.Label.Text = "s"
+	p.Y.Min = 0
+	var rss, rate plotter.XYs
+	var start float64
+	for _, s := range rep.RSS {
+		if s.Phase != "measure" {
+			continue
+		}
+		if len(rss) == 0 {
+			start = s.AtS
+		}
+		rss = append(rss, plotter.XY{X: s.AtS - start, Y: s.MB / 1024})
+		rate = append(rate, plotter.XY{X: s.AtS - start, Y: s.TokensPerS / 1e6})
+	}
+	if len(rss) == 0 {
+		rss = append(rss, plotter.XY{})
+		rate = append(rate, plotter.XY{})
+	}
+	for _, l := range []struct {
+		name string
+		pts  plotter.XYs
+		c    color.RGBA
+	}{
+		{"RSS (GB)", rss, color.RGBA{R: 120, G: 60, B: 160, A: 255}},
+		{"end to end (M tokens/s)", rate, color.RGBA{R: 60, G: 110, B: 180, A: 255}},
+	} {
+		line, err := plotter.NewLine(l.pts)
+		if err != nil {
+			return nil, fmt.Errorf("bench plot: %w", err)
+		}
+		line.Color = l.c
+		line.Width = vg.Points(1.5)
+		p.Add(line)
+		p.Legend.Add(l.name, line)
+	}
+	p.Legend.Top = true
+	p.Legend.Left = true
+	return p, nil
 }
