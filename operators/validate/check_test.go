@@ -368,3 +368,21 @@ func BenchmarkCheck(b *testing.B) {
 	}
 	b.ReportMetric(float64(b.N*tokens)/b.Elapsed().Seconds(), "tokens/s")
 }
+
+// TestIsFinite32 checks the bit test against math.IsNaN and math.IsInf on
+// the edge values and on every exponent with a few mantissas.
+func TestIsFinite32(t *testing.T) {
+	vals := []float32{0, float32(math.Copysign(0, -1)), 1, -1, math.MaxFloat32, -math.MaxFloat32, math.SmallestNonzeroFloat32,
+		float32(math.Inf(1)), float32(math.Inf(-1)), float32(math.NaN()), math.Float32frombits(0x7fc00001), math.Float32frombits(0xff800001)}
+	for exp := uint32(0); exp < 256; exp++ {
+		for _, mant := range []uint32{0, 1, 0x400000, 0x7fffff} {
+			vals = append(vals, math.Float32frombits(exp<<23|mant), math.Float32frombits(1<<31|exp<<23|mant))
+		}
+	}
+	for _, v := range vals {
+		want := !math.IsNaN(float64(v)) && !math.IsInf(float64(v), 0)
+		if got := isFinite32(v); got != want {
+			t.Errorf("isFinite32(%v, bits %#x) = %v, want %v", v, math.Float32bits(v), got, want)
+		}
+	}
+}

@@ -220,8 +220,11 @@ func reject(reason, format string, args ...any) Verdict {
 	return Verdict{Class: ClassOf(reason), Reason: reason, Detail: fmt.Sprintf(format, args...)}
 }
 
+// isFinite32 reports whether f is neither NaN nor infinite: its exponent
+// bits are not all ones (IEEE 754 binary32). This runs once per action
+// token, so it avoids the conversions of math.IsNaN and math.IsInf.
 func isFinite32(f float32) bool {
-	return !math.IsNaN(float64(f)) && !math.IsInf(float64(f), 0)
+	return math.Float32bits(f)&0x7f800000 != 0x7f800000
 }
 
 func isFinite(f float64) bool { return !math.IsNaN(f) && !math.IsInf(f, 0) }
