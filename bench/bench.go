@@ -244,23 +244,23 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	if len(cfg.Brokers) == 0 {
 		// Retention bounds the embedded broker's memory: the closed loop
 		// keeps every consumer far less than this behind.
-		// The broker's goroutines inherit the label: a CPU profile tells its
-		// share apart (go tool pprof -tagfocus role=broker).
-		var b *kafka.Broker
-		var err error
 		retention := r.retentionBytes()
 		rep.RetentionMB = float64(retention) / (1 << 20)
 		if cfg.MemoryLimit == 0 && os.Getenv("GOMEMLIMIT") == "" {
 			// The heap's goal otherwise follows the transient copies of the
-			// large batch messages, so its peak creeps up over a long run.
-			// The broker's retained segments are most of the live heap;
-			// twice their bound (the collector's headroom at GOGC 100)
-			// plus 1 GiB for the operators, the source, the sink and the
-			// segments' slack is about the heap's natural peak in the
-			// first seconds, so the limit holds it there without adding
-			// collections.
+			// large batch messages and the slowly filling deduplication
+			// memory, so its peak creeps up over a long run. The broker's
+			// retained segments are most of the live heap; twice their
+			// bound (the collector's headroom at GOGC 100) plus 1 GiB is
+			// about the heap's peak in the first seconds. The limit holds
+			// it there; once the live heap has grown, the collector runs
+			// more often (bench/RESULTS.md measures the cost).
 			defer debug.SetMemoryLimit(debug.SetMemoryLimit(2*r.brokerBound(retention) + 1<<30))
 		}
+		// The broker's goroutines inherit the label: a CPU profile tells its
+		// share apart (go tool pprof -tagfocus role=broker).
+		var b *kafka.Broker
+		var err error
 		pprof.Do(ctx, pprof.Labels("role", "broker"), func(ctx context.Context) {
 			b, err = kafka.StartBroker(ctx, kafka.BrokerConfig{
 				MaxMessageBytes: c.Topics.MaxMessageBytes,
@@ -313,13 +313,8 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 			return nil, err
 		}
 		// Low-rate topics would otherwise fill up to the broker-wide bound
-		// only after minutes (memory creeping up long after the warm-up):
-		// the census is read promptly by the accounting reader, the rest is
-		// never read back during a bench.
-		for _, t := range []struct {
-			topic string
-			bytes int64
-		}{{r.topics.Census, 8 << 20}, {r.topics.Quarantine, 2 << 20}, {r.topics.Windows, 2 << 20}, {r.topics.Incidents, 2 << 20}} {
+		// only after minutes (memory creeping up long after the warm-up).
+		for _, t := range r.lowRateRetention() {
 			if err := r.setRetentionBytes(ctx, t.topic, t.bytes); err != nil {
 				return nil, err
 			}
@@ -761,9 +756,8 @@ func (r *run) retentionBytes() int64 {
 	if v, err := strconv.ParseInt(os.Getenv("TRAJFLOW_BENCH_RETENTION"), 10, 64); err == nil {
 		return v
 	}
-	c := r.cfg.Contract
-	groupBytes := float64(c.Sampler.GroupSize) * r.cfg.Synth.MeanTokens * 9
-	share := 4 * float64(r.cfg.InFlightGroups) * groupBytes / float64(max(c.Topics.Partitions, 1))
+	// ~9 bytes per token on the wire (8.1 measured for the bench source).
+	share := 4 * r.inflightTokens() * 9 / float64(max(r.cfg.Contract.Topics.Partitions, 1))
 	return max(24<<20, int64(share)+segmentBytes)
 }
 
@@ -772,8 +766,30 @@ func (r *run) retentionBytes() int64 {
 // batches topic and the low-rate topics (see the retention settings in
 // Run).
 func (r *run) brokerBound(retention int64) int64 {
-	data := 4 * int64(max(r.cfg.Contract.Topics.Partitions, 1)) * (retention + segmentBytes)
-	return data + r.batchesRetention() + (8+3*2)<<20
+	bound := 4*int64(max(r.cfg.Contract.Topics.Partitions, 1))*(retention+segmentBytes) + r.batchesRetention()
+	for _, t := range r.lowRateRetention() {
+		bound += t.bytes
+	}
+	return bound
+}
+
+// topicRetention is a retention in bytes set on one topic.
+type topicRetention struct {
+	topic string
+	bytes int64
+}
+
+// lowRateRetention is the retention of the low-rate topics: the census is
+// read promptly by the accounting reader, the rest is never read back
+// during a bench.
+func (r *run) lowRateRetention() []topicRetention {
+	return []topicRetention{{r.topics.Census, 8 << 20}, {r.topics.Quarantine, 2 << 20}, {r.topics.Windows, 2 << 20}, {r.topics.Incidents, 2 << 20}}
+}
+
+// inflightTokens is the tokens of the groups the closed loop keeps in
+// flight, at the pre-clip mean length.
+func (r *run) inflightTokens() float64 {
+	return float64(r.cfg.InFlightGroups) * float64(r.cfg.Contract.Sampler.GroupSize) * r.cfg.Synth.MeanTokens
 }
 
 // batchesRetention is the batches topic's retention: room for twice the
@@ -781,8 +797,7 @@ func (r *run) brokerBound(retention int64) int64 {
 // at least four.
 func (r *run) batchesRetention() int64 {
 	c := r.cfg.Contract
-	tokens := float64(r.cfg.InFlightGroups) * float64(c.Sampler.GroupSize) * r.cfg.Synth.MeanTokens
-	n := max(4, 2*int64(math.Ceil(tokens/float64(max(c.Packing.BatchTokens, 1)))))
+	n := max(4, 2*int64(math.Ceil(r.inflightTokens()/float64(max(c.Packing.BatchTokens, 1)))))
 	return n * batchBytesEstimate(c)
 }
 

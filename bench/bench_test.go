@@ -5,7 +5,7 @@ import (
 	"testing"
 
 	"github.com/trajflow/trajflow/internal/audit"
-	"github.com/trajflow/trajflow/pipeline/contract"
+	"github.com/trajflow/trajflow/internal/testkit"
 )
 
 func TestParseInstances(t *testing.T) {
@@ -115,13 +115,7 @@ func TestLossCategories(t *testing.T) {
 // rows): the closed loop's unread bytes must never reach the retention.
 func TestRetentionFollowsInFlight(t *testing.T) {
 	t.Setenv("TRAJFLOW_BENCH_RETENTION", "")
-	c, err := contract.Load("../testdata/contracts/bench.yaml")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := c.Resolve(); err != nil {
-		t.Fatal(err)
-	}
+	c := testkit.LoadContract(t, "../testdata/contracts/bench.yaml")
 	batch := int64(521000+32768) * 40 // batchBytesEstimate
 	cases := []struct {
 		inflight  int

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/trajflow/trajflow/bench/synth"
+	"github.com/trajflow/trajflow/internal/testkit"
 	"github.com/trajflow/trajflow/operators"
 	"github.com/trajflow/trajflow/operators/advantage"
 	"github.com/trajflow/trajflow/operators/pack"
@@ -20,13 +21,7 @@ import (
 // tokens, tail to 32k) of the bench contract, validated and rewarded.
 func coreInput(tb testing.TB) (*contract.Contract, [][]schemas.Rewarded, int64) {
 	tb.Helper()
-	c, err := contract.Load("../testdata/contracts/bench.yaml")
-	if err != nil {
-		tb.Fatal(err)
-	}
-	if err := c.Resolve(); err != nil {
-		tb.Fatal(err)
-	}
+	c := testkit.LoadContract(tb, "../testdata/contracts/bench.yaml")
 	s := synth.Default() // no loss shares: every trajectory is scored and packed
 	s.RunID, s.ContractHash, s.GroupSize, s.MaxTurns = c.RunID, c.Hash(), c.Sampler.GroupSize, c.Sampler.MaxTurns
 	s.PolicyVersion, s.MeanLag = 0, 0

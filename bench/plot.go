@@ -18,49 +18,32 @@ import (
 // of record latency from production to batch, and the resident set size
 // and end-to-end rate over the measurement window (one sample a second).
 func WritePlot(rep *Report, path string) error {
-	tp := plot.New()
-	tp.Title.Text = "Throughput (M tokens/s)"
-	var vals plotter.Values
-	var names []string
-	vals = append(vals, rep.Source.TokensPerS/1e6)
-	names = append(names, "source")
+	names := []string{"source"}
+	vals := plotter.Values{rep.Source.TokensPerS / 1e6}
 	for _, s := range rep.Stages {
 		vals = append(vals, s.TokensPerS/1e6)
 		names = append(names, s.Name)
 	}
-	vals = append(vals, rep.E2ETokensPerS/1e6)
-	names = append(names, "e2e")
-	bars, err := plotter.NewBarChart(vals, vg.Points(24))
+	tp, err := barPlot("Throughput (M tokens/s)", append(names, "e2e"), append(vals, rep.E2ETokensPerS/1e6),
+		color.RGBA{R: 60, G: 110, B: 180, A: 255})
 	if err != nil {
-		return fmt.Errorf("bench plot: %w", err)
+		return err
 	}
-	bars.Color = color.RGBA{R: 60, G: 110, B: 180, A: 255}
-	bars.LineStyle.Width = 0
-	tp.Add(bars)
-	tp.NominalX(names...)
-	tp.Y.Min = 0
 
 	// Bytes through the broker: each stage's input, the pipeline's total
 	// over all hops, and the raw kafka-go baseline of one hop.
-	bp := plot.New()
-	bp.Title.Text = fmt.Sprintf("Through the broker (MB/s), ratio %.2f", rep.RatioToBaseline)
 	var mb plotter.Values
 	var mbNames []string
 	for _, s := range rep.Stages {
 		mb = append(mb, s.InMBPerS)
 		mbNames = append(mbNames, s.Name)
 	}
-	mb = append(mb, rep.PipelineMBPerS, rep.BaselineMBPerS)
-	mbNames = append(mbNames, "pipeline", "raw kafka")
-	mbBars, err := plotter.NewBarChart(mb, vg.Points(24))
+	bp, err := barPlot(fmt.Sprintf("Through the broker (MB/s), ratio %.2f", rep.RatioToBaseline),
+		append(mbNames, "pipeline", "raw kafka"), append(mb, rep.PipelineMBPerS, rep.BaselineMBPerS),
+		color.RGBA{R: 90, G: 150, B: 90, A: 255})
 	if err != nil {
-		return fmt.Errorf("bench plot: %w", err)
+		return err
 	}
-	mbBars.Color = color.RGBA{R: 90, G: 150, B: 90, A: 255}
-	mbBars.LineStyle.Width = 0
-	bp.Add(mbBars)
-	bp.NominalX(mbNames...)
-	bp.Y.Min = 0
 
 	lp := plot.New()
 	lp.Title.Text = fmt.Sprintf("Latency production → batch (p50 %.0f ms, p99 %.0f ms)", rep.LatencyMS.P50, rep.LatencyMS.P99)
@@ -150,5 +133,21 @@ func overTime(rep *Report) (*plot.Plot, error) {
 	}
 	p.Legend.Top = true
 	p.Legend.Left = true
+	return p, nil
+}
+
+// barPlot is a bar chart of vals, one bar per name, from zero.
+func barPlot(title string, names []string, vals plotter.Values, c color.RGBA) (*plot.Plot, error) {
+	p := plot.New()
+	p.Title.Text = title
+	bars, err := plotter.NewBarChart(vals, vg.Points(24))
+	if err != nil {
+		return nil, fmt.Errorf("bench plot: %w", err)
+	}
+	bars.Color = c
+	bars.LineStyle.Width = 0
+	p.Add(bars)
+	p.NominalX(names...)
+	p.Y.Min = 0
 	return p, nil
 }

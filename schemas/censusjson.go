@@ -3,6 +3,7 @@ package schemas
 import (
 	"bytes"
 	"encoding/json"
+	"math"
 	"strconv"
 )
 
@@ -61,58 +62,58 @@ func plainJSON(s string) bool {
 // EncodeCensus returns the JSON document of a census event. A NaN or
 // infinite Reward cannot be written as JSON and is an error.
 func EncodeCensus(e CensusEvent) ([]byte, error) {
+	if math.IsNaN(e.Reward) || math.IsInf(e.Reward, 0) {
+		return encodeDoc(KindCensusEvent, &e) // its error: not representable in JSON
+	}
 	b := make([]byte, 0, 320)
 	b = append(b, censusPrefix...)
 	first := true
 	for i := range censusFields {
 		f := &censusFields[i]
-		var val []byte
-		switch f.kind {
-		case 's':
-			s := *f.str(&e)
-			if f.omit && s == "" {
-				continue
-			}
-			if !plainJSON(s) {
-				q, err := json.Marshal(s)
-				if err != nil {
-					return encodeDoc(KindCensusEvent, &e)
-				}
-				val = q
-			} else {
-				val = append(append(append(make([]byte, 0, len(s)+2), '"'), s...), '"')
-			}
-		case 'i':
-			n := *f.num(&e)
-			if f.omit && n == 0 {
-				continue
-			}
-			val = strconv.AppendInt(nil, n, 10)
-		case 'b':
-			if !e.Infra {
-				continue
-			}
-			val = []byte("true")
-		case 'f':
-			if e.Reward == 0 {
-				continue
-			}
-			q, err := json.Marshal(e.Reward)
-			if err != nil {
-				return encodeDoc(KindCensusEvent, &e) // NaN, Inf: its error
-			}
-			val = q
+		if f.omit && f.empty(&e) {
+			continue
 		}
 		if !first {
 			b = append(b, ',')
 		}
 		first = false
-		b = append(b, '"')
-		b = append(b, f.key...)
-		b = append(b, `":`...)
-		b = append(b, val...)
+		b = append(append(append(b, '"'), f.key...), `":`...)
+		b = f.appendValue(b, &e)
 	}
 	return append(b, "}}"...), nil
+}
+
+// empty reports whether the field holds its zero value (omitted).
+func (f *censusField) empty(e *CensusEvent) bool {
+	switch f.kind {
+	case 's':
+		return *f.str(e) == ""
+	case 'i':
+		return *f.num(e) == 0
+	case 'b':
+		return !e.Infra
+	default:
+		return e.Reward == 0
+	}
+}
+
+// appendValue appends the field's value as encoding/json writes it.
+func (f *censusField) appendValue(b []byte, e *CensusEvent) []byte {
+	switch f.kind {
+	case 's':
+		if s := *f.str(e); plainJSON(s) {
+			return append(append(append(b, '"'), s...), '"')
+		}
+		q, _ := json.Marshal(*f.str(e)) // a string always encodes
+		return append(b, q...)
+	case 'i':
+		return strconv.AppendInt(b, *f.num(e), 10)
+	case 'b':
+		return strconv.AppendBool(b, e.Infra)
+	default:
+		q, _ := json.Marshal(e.Reward) // finite: checked by EncodeCensus
+		return append(b, q...)
+	}
 }
 
 // DecodeCensus reads a document written by EncodeCensus.

@@ -147,9 +147,10 @@ func (c *Codec[T]) DecodeShared(mem memory.Allocator, b []byte) ([]T, error) {
 
 func (c *Codec[T]) decode(mem memory.Allocator, b []byte, share bool) ([]T, error) {
 	if frame, err := c.frame(); err == nil && len(b) >= len(frame) && bytes.Equal(b[:len(frame)], frame) {
-		// The codec's own schema message: load the batch against the
-		// known schema instead of parsing the schema again.
-		_, batch, err := splitStream(b)
+		// The codec's own schema message, known to be valid: check the
+		// rest of the framing and load the batch against the known schema
+		// instead of parsing the schema again.
+		batch, err := batchAndEnd(b, len(frame))
 		if err != nil {
 			return nil, fmt.Errorf("%w: %s: %w", ErrDecode, c.kind, err)
 		}
@@ -251,7 +252,11 @@ func writeStream(mem memory.Allocator, kind Kind, rec arrow.RecordBatch) ([]byte
 // schemaFrame is the schema message the IPC stream writer writes first for
 // schema (continuation marker, length, flatbuffer metadata, padding).
 func schemaFrame(schema *arrow.Schema) ([]byte, error) {
-	rec := array.NewRecordBatch(schema, emptyColumns(schema), 0)
+	cols := emptyColumns(schema)
+	rec := array.NewRecordBatch(schema, cols, 0)
+	for _, c := range cols {
+		c.Release() // the record holds them
+	}
 	defer rec.Release()
 	b, err := writeStream(memory.DefaultAllocator, "", rec)
 	if err != nil {
@@ -264,8 +269,8 @@ func schemaFrame(schema *arrow.Schema) ([]byte, error) {
 	return b[:end:end], nil
 }
 
-// emptyColumns are zero-length arrays of the schema's fields (the caller
-// owns them through the record it builds).
+// emptyColumns are zero-length arrays of the schema's fields; the caller
+// releases them.
 func emptyColumns(schema *arrow.Schema) []arrow.Array {
 	cols := make([]arrow.Array, schema.NumFields())
 	for i, f := range schema.Fields() {

@@ -101,27 +101,34 @@ func splitStream(b []byte) (schema, batch ipcMessage, err error) {
 	if eos || schema.typ != msgSchema {
 		return schema, batch, fmt.Errorf("stream does not start with a schema message")
 	}
-	batch, pos, eos, err = readFrame(b, pos)
+	batch, err = batchAndEnd(b, pos)
+	return schema, batch, err
+}
+
+// batchAndEnd checks that b[pos:] is exactly one record batch and the
+// end-of-stream marker.
+func batchAndEnd(b []byte, pos int) (batch ipcMessage, err error) {
+	batch, pos, eos, err := readFrame(b, pos)
 	if err != nil {
-		return schema, batch, err
+		return batch, err
 	}
 	if eos {
-		return schema, batch, fmt.Errorf("stream has no record batch")
+		return batch, fmt.Errorf("stream has no record batch")
 	}
 	if batch.typ != msgRecordBatch {
-		return schema, batch, fmt.Errorf("second message is not a record batch")
+		return batch, fmt.Errorf("second message is not a record batch")
 	}
 	_, pos, eos, err = readFrame(b, pos)
 	if err != nil {
-		return schema, batch, err
+		return batch, err
 	}
 	if !eos {
-		return schema, batch, fmt.Errorf("stream has more than one record batch")
+		return batch, fmt.Errorf("stream has more than one record batch")
 	}
 	if pos != len(b) {
-		return schema, batch, fmt.Errorf("%d bytes after the end-of-stream marker", len(b)-pos)
+		return batch, fmt.Errorf("%d bytes after the end-of-stream marker", len(b)-pos)
 	}
-	return schema, batch, nil
+	return batch, nil
 }
 
 func checkSchemaFB(t fbTable) error {
@@ -333,18 +340,24 @@ func (l *messageList) release() {
 	}
 }
 
+// aligned8 returns b, or an 8-byte aligned copy of b when b is not aligned,
+// so Arrow buffers in it may be viewed as typed slices.
+func aligned8(b []byte) []byte {
+	if len(b) == 0 || uintptr(unsafe.Pointer(unsafe.SliceData(b)))%8 == 0 {
+		return b
+	}
+	c := unsafeBytes(make([]uint64, (len(b)+7)/8))[:len(b)]
+	copy(c, b)
+	return c
+}
+
 // newMessageList wraps framed messages without copying their bytes, except
 // a body that is not 8-byte aligned, which is copied so Arrow may view its
 // buffers as typed slices.
 func newMessageList(ms ...ipcMessage) *messageList {
 	l := &messageList{}
 	for _, m := range ms {
-		body := m.body
-		if len(body) > 0 && uintptr(unsafe.Pointer(unsafe.SliceData(body)))%8 != 0 {
-			aligned := make([]uint64, (len(body)+7)/8)
-			body = unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(aligned))), len(body))
-			copy(body, m.body)
-		}
+		body := aligned8(m.body)
 		meta := m.meta
 		if uintptr(unsafe.Pointer(unsafe.SliceData(meta)))%8 != 0 {
 			meta = append([]byte(nil), meta...)

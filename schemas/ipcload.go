@@ -3,7 +3,6 @@ package schemas
 import (
 	"encoding/binary"
 	"fmt"
-	"unsafe"
 
 	"github.com/apache/arrow-go/v18/arrow"
 	"github.com/apache/arrow-go/v18/arrow/array"
@@ -44,7 +43,7 @@ func loadBatch(schema *arrow.Schema, m ipcMessage) (int64, []arrow.ArrayData, er
 	if err != nil {
 		return 0, nil, err
 	}
-	l := &batchLoader{meta: m.meta, body: m.body, limit: 1 << 40}
+	l := &batchLoader{meta: m.meta, body: aligned8(m.body), limit: 1 << 40}
 	if l.nodes, err = header.vector(1, 16); err != nil {
 		return 0, nil, fmt.Errorf("field nodes: %w", err)
 	}
@@ -53,12 +52,6 @@ func loadBatch(schema *arrow.Schema, m ipcMessage) (int64, []arrow.ArrayData, er
 	}
 	if n < 0 || n > l.limit {
 		return 0, nil, fmt.Errorf("record batch of %d rows", n)
-	}
-	if len(l.body) > 0 && uintptr(unsafe.Pointer(unsafe.SliceData(l.body)))%8 != 0 {
-		aligned := make([]uint64, (len(l.body)+7)/8)
-		body := unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(aligned))), len(l.body))
-		copy(body, l.body)
-		l.body = body
 	}
 	datas := make([]arrow.ArrayData, 0, schema.NumFields())
 	release := func() {

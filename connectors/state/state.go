@@ -73,8 +73,11 @@ func Open(dir string, o Options) (*Store, error) {
 	return &Store{db: db}, nil
 }
 
-// Close flushes and closes the store.
+// Close flushes and closes the store; on a nil Store it does nothing.
 func (s *Store) Close() error {
+	if s == nil {
+		return nil
+	}
 	if err := s.db.Close(); err != nil {
 		return fmt.Errorf("state: close: %w", err)
 	}

@@ -100,3 +100,11 @@ func TestIDSetSurvivesReopenAndKeepsPrefixesApart(t *testing.T) {
 		t.Fatalf("id lost across reopen: %v %v", ok, err)
 	}
 }
+
+// TestNilStoreClose: a stage that never opened its store can close it.
+func TestNilStoreClose(t *testing.T) {
+	var s *Store
+	if err := s.Close(); err != nil {
+		t.Fatalf("Close on a nil Store: %v", err)
+	}
+}

@@ -141,9 +141,9 @@ func TestPackColumnsBackToBack(t *testing.T) {
 	if len(rows) < 2 {
 		t.Fatalf("%d rows, want several", len(rows))
 	}
+	end := func(p unsafe.Pointer, n int, size uintptr) uintptr { return uintptr(p) + uintptr(n)*size }
 	for r := 1; r < len(rows); r++ {
 		prev, cur := &rows[r-1], &rows[r]
-		end := func(p unsafe.Pointer, n int, size uintptr) uintptr { return uintptr(p) + uintptr(n)*size }
 		n := len(prev.InputIDs)
 		if end(unsafe.Pointer(&prev.InputIDs[0]), n, 4) != uintptr(unsafe.Pointer(&cur.InputIDs[0])) ||
 			end(unsafe.Pointer(&prev.Advantages[0]), n, 4) != uintptr(unsafe.Pointer(&cur.Advantages[0])) ||

@@ -190,13 +190,8 @@ func (s *Stage) admittedBefore(id string) (bool, error) {
 	return s.admitted.Has(id)
 }
 
-// Close releases the state store.
-func (s *Stage) Close() error {
-	if s.store == nil {
-		return nil
-	}
-	return s.store.Close()
-}
+// Close releases the state store (none when the stage never started).
+func (s *Stage) Close() error { return s.store.Close() }
 
 // Process implements pipeline.Stage.
 func (s *Stage) Process(ctx context.Context, m pipeline.Message) (pipeline.Result, error) {
