@@ -298,6 +298,16 @@ func TestFleet(t *testing.T) { fleet(t, 4, 0) }
 // those of the uninterrupted in-process demo.
 func TestFleetTrainerCrash(t *testing.T) { fleet(t, 5, 2) }
 
+// trainerStarted reports whether the trainer's state directory exists
+// (always true without a crash).
+func trainerStarted(crashAt int64, stateDir string) bool {
+	if crashAt <= 0 {
+		return true
+	}
+	_, err := os.Stat(stateDir)
+	return err == nil
+}
+
 // fleet runs `rounds` rounds as separate processes; when crashAt > 0 the
 // trainer is killed and restarted once version crashAt is released.
 func fleet(t *testing.T, rounds int, crashAt int64) {
@@ -399,7 +409,11 @@ func fleet(t *testing.T, rounds int, crashAt int64) {
 			crashed = true
 			t.Logf("trainer killed at version %d and restarted", version)
 		}
-		if crashed && decided == rounds*16 && version == int64(batches) {
+		// A restarted trainer must be past its start (its state directory,
+		// removed with the crash, exists again) before it is signalled:
+		// when the poll sees the crash version late, all work may already
+		// be done, and a SIGINT during process start would kill it.
+		if crashed && decided == rounds*16 && version == int64(batches) && trainerStarted(crashAt, filepath.Join(dir, "state", "train")) {
 			break
 		}
 		if ctx.Err() != nil {
