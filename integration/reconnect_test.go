@@ -1,7 +1,10 @@
 package integration
 
 import (
+	"math/rand/v2"
 	"net"
+	"os"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -16,13 +19,8 @@ func TestOperatorsWaitForBroker(t *testing.T) {
 		t.Skip("starts processes; run without -short")
 	}
 	start := time.Now()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	port := ln.Addr().(*net.TCPAddr).Port
-	ln.Close()
-	addr := ln.Addr().String()
+	port := portBelowEphemeral(t)
+	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
 	path, c := runContract(t, uniqueRun("late"), "")
 	f := newFleet(t, addr, path)
 	for _, n := range []string{"validate", "reward", "advantage", "pack"} {
@@ -45,4 +43,22 @@ func TestOperatorsWaitForBroker(t *testing.T) {
 		Counts: counts, Reasons: reasons(rep.Quarantined), Elapsed: time.Since(start)})
 	checkCounts(t, run, counts, rep)
 	checkNoneRefused(t, counts, rep)
+}
+
+// portBelowEphemeral returns a free port below Linux's ephemeral range
+// (32768 and up), so that no listener on port 0 elsewhere in a parallel
+// test run can take it in the seconds before the broker binds it.
+func portBelowEphemeral(t *testing.T) int {
+	t.Helper()
+	r := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), uint64(os.Getpid())))
+	for range 200 {
+		port := 21000 + r.IntN(11000)
+		ln, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(port)))
+		if err == nil {
+			ln.Close()
+			return port
+		}
+	}
+	t.Fatal("no free port in 21000-31999")
+	return 0
 }
