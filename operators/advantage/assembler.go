@@ -39,6 +39,10 @@ type AssemblerStats struct {
 	Late       int64 // its group was already emitted or closed (remembered); ignored
 	Rejected   int64 // CheckMember failed with ErrInvalid; ignored
 	Infra      int64 // StatusInfra: retried upstream, never contributes; ignored
+
+	// Declared counts member slots declared absent (Absent) that now count
+	// toward their group's completion; declarations are not records.
+	Declared int64
 }
 
 // OpenGroup describes a group still waiting for members.
@@ -53,7 +57,11 @@ type openGroup struct {
 	expected int32
 	first    uint64
 	members  []schemas.Rewarded
+	absent   []int32 // member slots declared never to arrive
 }
+
+// filled reports whether every member slot is present or declared absent.
+func (g *openGroup) filled() bool { return int32(len(g.members)+len(g.absent)) >= g.expected }
 
 // Assembler collects rewarded trajectories into groups by GroupID (the Kafka
 // key of every record of a group, so one instance sees the whole group). It
@@ -63,9 +71,11 @@ type openGroup struct {
 // open groups through Add.
 //
 // A group is complete when GroupSize distinct members (by Member index) have
-// arrived. The first record for a Member slot wins; a later record with the
-// same RecordID is a redelivery (counted in Duplicates), one with another
-// RecordID is a conflict (Conflicts). Both are ignored.
+// arrived, or some have and the rest were declared absent (Absent). The
+// first record or declaration for a Member slot wins; a later record with
+// the same RecordID is a redelivery (counted in Duplicates), one with
+// another RecordID or for a declared slot is a conflict (Conflicts). Both
+// are ignored.
 //
 // Groups that were emitted (complete) or closed are remembered, up to the
 // capacity given to NewAssembler, oldest forgotten first; a record of a
@@ -132,13 +142,39 @@ func (a *Assembler) Add(r schemas.Rewarded) (group []schemas.Rewarded, done bool
 			return nil, false
 		}
 	}
+	if slices.Contains(g.absent, r.Member) {
+		a.stats.Conflicts++
+		return nil, false
+	}
 	g.members = append(g.members, r)
 	a.buffered++
 	a.stats.Added++
-	if int32(len(g.members)) < g.expected {
+	if !g.filled() {
 		return nil, false
 	}
 	return a.finish(r.GroupID, g), true
+}
+
+// Absent declares that member slot member of the open group groupID will
+// never arrive: it was refused upstream (validate or reward quarantined
+// it). When the members present and the declared slots fill the group,
+// Absent ends it and returns its members sorted like Close, with done =
+// true, for ScoreGroup to score or filter under the partial-group policy
+// at once rather than after the partial-group timeout. A declaration for a
+// group that is not open, for a slot outside [0, GroupSize), or for a slot
+// already held by a member or declared, changes nothing.
+func (a *Assembler) Absent(groupID string, member int32) (group []schemas.Rewarded, done bool) {
+	g := a.open[groupID]
+	if g == nil || member < 0 || member >= g.expected || slices.Contains(g.absent, member) ||
+		slices.ContainsFunc(g.members, func(m schemas.Rewarded) bool { return m.Member == member }) {
+		return nil, false
+	}
+	g.absent = append(g.absent, member)
+	a.stats.Declared++
+	if !g.filled() {
+		return nil, false
+	}
+	return a.finish(groupID, g), true
 }
 
 // Close ends an open group before it is complete (the partial-group timeout

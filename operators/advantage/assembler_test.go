@@ -185,3 +185,58 @@ func TestCheckMember(t *testing.T) {
 		}
 	}
 }
+
+// TestAssemblerAbsent: declared slots count toward completion; the first
+// record or declaration for a slot wins; declarations for unknown groups,
+// slots out of range, held or already declared slots change nothing.
+func TestAssemblerAbsent(t *testing.T) {
+	a := advantage.NewAssembler(16)
+	type step struct {
+		add      *schemas.Rewarded // else a declaration
+		group    string
+		member   int32
+		done     bool
+		want     []string
+		declared int64
+	}
+	r := func(group string, size, member int32, id string) *schemas.Rewarded {
+		x := rec(group, size, member, id)
+		return &x
+	}
+	steps := []step{
+		{group: "A", member: 1},                     // A not open: ignored
+		{add: r("A", 4, 0, "a0")},                   // opens A
+		{group: "A", member: 4},                     // out of range
+		{group: "A", member: -1},                    // out of range
+		{group: "A", member: 0},                     // held by a0
+		{group: "A", member: 2, declared: 1},        // declared
+		{group: "A", member: 2, declared: 1},        // declared twice: no change
+		{add: r("A", 4, 2, "a2-late"), declared: 1}, // record for a declared slot: conflict
+		{add: r("A", 4, 3, "a3"), declared: 1},
+		{group: "A", member: 1, declared: 2, done: true, want: []string{"0:a0", "3:a3"}},
+		{group: "A", member: 1, declared: 2}, // A emitted: not open
+		{add: r("A", 4, 1, "a1"), declared: 2},
+	}
+	for i, s := range steps {
+		var g []schemas.Rewarded
+		var done bool
+		if s.add != nil {
+			g, done = a.Add(*s.add)
+		} else {
+			g, done = a.Absent(s.group, s.member)
+		}
+		if done != s.done || !slices.Equal(members(g), s.want) {
+			t.Fatalf("step %d: got %v, %v; want %v, %v", i, members(g), done, s.want, s.done)
+		}
+		if d := a.Stats().Declared; d != s.declared {
+			t.Fatalf("step %d: declared %d, want %d", i, d, s.declared)
+		}
+	}
+	want := advantage.AssemblerStats{Added: 2, Conflicts: 1, Late: 1, Declared: 2}
+	if got := a.Stats(); got != want {
+		t.Fatalf("stats %+v, want %+v", got, want)
+	}
+	if a.Pending() != 0 || a.Buffered() != 0 {
+		t.Fatalf("pending %d buffered %d after the group closed", a.Pending(), a.Buffered())
+	}
+}

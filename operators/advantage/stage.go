@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"time"
 
@@ -139,6 +140,10 @@ func (s *Stage) Process(ctx context.Context, m pipeline.Message) (pipeline.Resul
 			return pipeline.Result{}, pipeline.Refuse("bad_group_member", "row %d: %v", i, err)
 		}
 	}
+	absent, err := stagekit.AbsentOf(&m)
+	if err != nil {
+		return pipeline.Result{}, err
+	}
 	var res pipeline.Result
 	res.Hold = true
 	held := false
@@ -165,6 +170,17 @@ func (s *Stage) Process(ctx context.Context, m pipeline.Message) (pipeline.Resul
 		if done {
 			if err := s.emit(&res, r.GroupID, group); err != nil {
 				return pipeline.Result{}, err
+			}
+		}
+	}
+	// Members refused upstream close their groups now (pipeline §9,
+	// declared partial-group policy), in group order for determinism.
+	for _, g := range slices.Sorted(maps.Keys(absent)) {
+		for _, member := range absent[g] {
+			if group, done := s.asm.Absent(g, member); done {
+				if err := s.emit(&res, g, group); err != nil {
+					return pipeline.Result{}, err
+				}
 			}
 		}
 	}

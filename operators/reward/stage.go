@@ -70,6 +70,11 @@ func (s *Stage) Process(ctx context.Context, m pipeline.Message) (pipeline.Resul
 	if err != nil {
 		return pipeline.Result{}, err
 	}
+	// Members refused upstream stay declared; this stage's refusals join them.
+	absent, err := stagekit.AbsentOf(&m)
+	if err != nil {
+		return pipeline.Result{}, err
+	}
 	var res pipeline.Result
 	out := make([]schemas.Rewarded, 0, len(rows))
 	var ids []string
@@ -92,13 +97,14 @@ func (s *Stage) Process(ctx context.Context, m pipeline.Message) (pipeline.Resul
 			return pipeline.Result{}, err
 		}
 		res.Outputs = append(res.Outputs, outs...)
+		absent.Add(t.GroupID, t.Member, t.GroupSize)
 	}
 	if len(out) > 0 {
 		o, err := stagekit.Encode(schemas.RewardedTrajectories, s.cfg.Topics.Rewarded, string(m.Key), stagekit.MessageID(s.Name(), ids...), out)
 		if err != nil {
 			return pipeline.Result{}, err
 		}
-		res.Outputs = append(res.Outputs, o)
+		res.Outputs = append(res.Outputs, stagekit.WithAbsent(o, absent))
 	}
 	return res, nil
 }

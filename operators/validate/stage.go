@@ -45,6 +45,7 @@ func (s *Stage) Process(_ context.Context, m pipeline.Message) (pipeline.Result,
 	var res pipeline.Result
 	valid := make([]schemas.Trajectory, 0, len(rows))
 	var ids []string
+	absent := stagekit.Absent{}
 	now := s.cfg.Now().UnixMicro()
 	for i := range rows {
 		t := &rows[i]
@@ -62,6 +63,7 @@ func (s *Stage) Process(_ context.Context, m pipeline.Message) (pipeline.Result,
 			return pipeline.Result{}, err
 		}
 		res.Outputs = append(res.Outputs, outs...)
+		absent.Add(t.GroupID, t.Member, t.GroupSize)
 	}
 	switch {
 	case len(valid) == len(rows):
@@ -76,7 +78,9 @@ func (s *Stage) Process(_ context.Context, m pipeline.Message) (pipeline.Result,
 		if err != nil {
 			return pipeline.Result{}, err
 		}
-		res.Outputs = append(res.Outputs, out)
+		// The refused members never reach advantage: declare them, so their
+		// groups close without waiting for the partial-group timeout.
+		res.Outputs = append(res.Outputs, stagekit.WithAbsent(out, absent))
 	}
 	return res, nil
 }
