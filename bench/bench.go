@@ -120,7 +120,7 @@ func (c *Config) defaults() error {
 		c.Baseline = max(c.Duration/3, 2*time.Second)
 	}
 	if c.InFlightGroups <= 0 {
-		c.InFlightGroups = 256
+		c.InFlightGroups = 192
 	}
 	if c.PartialGroupTimeout <= 0 {
 		c.PartialGroupTimeout = time.Second
@@ -581,9 +581,13 @@ func (r *run) source(ctx context.Context) error {
 		BatchBytes: kafka.WriterBatchBytes(r.cfg.Contract.Topics.MaxMessageBytes), Transport: r.trans(),
 	}
 	var werr atomic.Value
-	w.Completion = func(_ []kafkago.Message, err error) {
+	w.Completion = func(msgs []kafkago.Message, err error) {
 		if err != nil {
 			werr.Store(err)
+			return
+		}
+		for _, m := range msgs {
+			m.WriterData.(func())() // the pooled buffer is written: recycle it
 		}
 	}
 	trainer := r.cfg.Synth.PolicyVersion
@@ -607,7 +611,7 @@ func (r *run) source(ctx context.Context) error {
 		}
 		t0 := time.Now()
 		rows := r.gen.Group(g)
-		b, err := schemas.Trajectories.Encode(nil, rows)
+		b, release, err := schemas.Trajectories.EncodePooled(nil, rows)
 		if err != nil {
 			w.Close()
 			return fmt.Errorf("bench: encode group %d: %w", g, err)
@@ -633,7 +637,7 @@ func (r *run) source(ctx context.Context) error {
 		r.genBytes.Add(int64(len(b)))
 		// Launched attempts must be produced: the write is not tied to ctx
 		// (the async writer only enqueues; Close flushes).
-		if err := w.WriteMessages(context.Background(), kafkago.Message{Key: []byte(rows[0].GroupID), Value: b}); err != nil {
+		if err := w.WriteMessages(context.Background(), kafkago.Message{Key: []byte(rows[0].GroupID), Value: b, WriterData: release}); err != nil {
 			w.Close()
 			return fmt.Errorf("bench: produce: %w", err)
 		}

@@ -89,6 +89,7 @@ type ackGroup struct {
 	remaining int
 	refs      []Ref
 	bytes     int64
+	release   []func() // the outputs' Release, called when all are acknowledged
 }
 
 // Operator runs one stage.
@@ -374,6 +375,9 @@ func (o *Operator) submitFor(ctx context.Context, res Result, self []Ref, src *M
 	for i, out := range outs {
 		n := int64(len(out.Value) + len(out.Key))
 		g.bytes += n
+		if out.Release != nil {
+			g.release = append(g.release, out.Release)
+		}
 		msgs[i] = kafka.Message{Topic: out.Topic, Key: out.Key, Value: out.Value, WriterData: g}
 		if len(out.Headers) > 0 {
 			msgs[i].Headers = make([]kafka.Header, len(out.Headers))
@@ -420,6 +424,10 @@ func (o *Operator) completion(msgs []kafka.Message, err error) {
 		if finished {
 			for _, r := range g.refs {
 				o.track.complete(r)
+			}
+			// The writer is done with every value of the group.
+			for _, f := range g.release {
+				f()
 			}
 		}
 	}

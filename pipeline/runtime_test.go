@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -337,5 +338,58 @@ func TestHealthAndMetrics(t *testing.T) {
 	hs.SetDraining()
 	if code, _ := get("/readyz"); code != http.StatusServiceUnavailable {
 		t.Fatalf("/readyz while draining = %d, want 503", code)
+	}
+}
+
+// poisoner writes each output from its own buffer and, when the runtime
+// releases it, overwrites the buffer: an output released before its write
+// completed would reach the topic corrupted.
+type poisoner struct {
+	mu       sync.Mutex
+	released map[string]int
+}
+
+func (*poisoner) Name() string     { return "poisoner" }
+func (*poisoner) Topics() []string { return []string{"in"} }
+func (p *poisoner) Process(_ context.Context, m Message) (Result, error) {
+	buf := bytes.Repeat(m.Value, 64)
+	key := string(m.Value)
+	return Result{Outputs: []Output{{Topic: "out", Key: m.Key, Value: buf, Release: func() {
+		for i := range buf {
+			buf[i] = 'X'
+		}
+		p.mu.Lock()
+		p.released[key]++
+		p.mu.Unlock()
+	}}}}, nil
+}
+
+func TestOperatorReleasesOutputsAfterTheirWrite(t *testing.T) {
+	addr := startCluster(t, "in", "out", "quarantine")
+	var vals [][]byte
+	for i := 0; i < 300; i++ {
+		vals = append(vals, []byte(fmt.Sprintf("rec-%03d", i)))
+	}
+	produce(t, addr, "in", vals...)
+	st := &poisoner{released: map[string]int{}}
+	op, err := NewOperator(testConfig(addr), st)
+	if err != nil {
+		t.Fatal(err)
+	}
+	runUntil(t, op, func() bool { return lastOffsets(t, addr, "out") >= 300 })
+	for _, m := range drain(t, addr, "out", 300) {
+		if want := bytes.Repeat(m.Value[:7], 64); !bytes.HasPrefix(m.Value, []byte("rec-")) || !bytes.Equal(m.Value, want) {
+			t.Fatalf("output corrupted by an early release: %q...", m.Value[:min(len(m.Value), 40)])
+		}
+	}
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	if len(st.released) != 300 {
+		t.Fatalf("%d outputs released, want 300", len(st.released))
+	}
+	for k, n := range st.released {
+		if n != 1 {
+			t.Fatalf("output %s released %d times", k, n)
+		}
 	}
 }

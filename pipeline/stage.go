@@ -58,6 +58,11 @@ type Output struct {
 	Key     []byte
 	Value   []byte
 	Headers []Header
+	// Release, when set, is called once the broker has acknowledged the
+	// record: nothing references Value any more (it lets a stage recycle
+	// the buffer, e.g. schemas.Codec.EncodePooled). It is not called for
+	// a record whose write failed or that was never written.
+	Release func()
 }
 
 // Result is what a stage returns for one input (or one tick).

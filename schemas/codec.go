@@ -107,17 +107,32 @@ func (c *Codec[T]) ToRecord(mem memory.Allocator, rows []T) (arrow.RecordBatch, 
 // intermediate Arrow arrays come from an internal buffer pool; mem serves
 // the IPC writer.
 func (c *Codec[T]) Encode(mem memory.Allocator, rows []T) ([]byte, error) {
+	b, _, err := c.encode(mem, rows, false)
+	return b, err
+}
+
+// EncodePooled is Encode into a buffer from the package's buffer pool,
+// which spares the allocation (and zeroing) of a fresh output for every
+// message. release hands the buffer back: call it at most once, when
+// nothing references b any more (for a Kafka output, once its write has
+// completed: pipeline.Output.Release). Not calling it is safe; the buffer
+// is then garbage collected.
+func (c *Codec[T]) EncodePooled(mem memory.Allocator, rows []T) (b []byte, release func(), err error) {
+	return c.encode(mem, rows, true)
+}
+
+func (c *Codec[T]) encode(mem memory.Allocator, rows []T, pooled bool) ([]byte, func(), error) {
 	mem = orDefault(mem)
 	rec, err := c.ToRecord(scratchAllocator{}, rows)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	defer rec.Release()
 	frame, err := c.frame()
 	if err != nil {
-		return nil, fmt.Errorf("schemas: encode %s: schema: %w", c.kind, err)
+		return nil, nil, fmt.Errorf("schemas: encode %s: schema: %w", c.kind, err)
 	}
-	return writeBatch(mem, c.kind, frame, rec)
+	return writeBatch(mem, c.kind, frame, rec, pooled)
 }
 
 // FromRecord reads the rows of rec. The schema metadata of rec must name
@@ -283,21 +298,32 @@ func emptyColumns(schema *arrow.Schema) []arrow.Array {
 var ipcEOS = []byte{0xFF, 0xFF, 0xFF, 0xFF, 0, 0, 0, 0}
 
 // writeBatch writes the same stream as writeStream when frame is rec's
-// schema message, without serializing the schema again.
-func writeBatch(mem memory.Allocator, kind Kind, frame []byte, rec arrow.RecordBatch) ([]byte, error) {
+// schema message, without serializing the schema again. With pooled, the
+// output comes from the output pool and release returns it there.
+func writeBatch(mem memory.Allocator, kind Kind, frame []byte, rec arrow.RecordBatch, pooled bool) ([]byte, func(), error) {
 	p, err := ipc.GetRecordBatchPayload(rec, ipc.WithAllocator(mem))
 	if err != nil {
-		return nil, fmt.Errorf("schemas: encode %s: %w", kind, err)
+		return nil, nil, fmt.Errorf("schemas: encode %s: %w", kind, err)
 	}
 	defer p.Release()
-	var out bytes.Buffer
-	out.Grow(streamSizeHint(rec) + len(frame))
+	size := streamSizeHint(rec) + len(frame) // an upper bound
+	var dst []byte
+	if pooled {
+		dst = outputs.get(size)
+	}
+	out := bytes.NewBuffer(dst)
+	out.Grow(size)
 	out.Write(frame)
-	if _, err := p.WritePayload(&out); err != nil {
-		return nil, fmt.Errorf("schemas: encode %s: %w", kind, err)
+	if _, err := p.WritePayload(out); err != nil {
+		return nil, nil, fmt.Errorf("schemas: encode %s: %w", kind, err)
 	}
 	out.Write(ipcEOS)
-	return out.Bytes(), nil
+	b := out.Bytes()
+	release := func() {}
+	if pooled && unsafe.SliceData(b) == unsafe.SliceData(dst[:1]) {
+		release = func() { outputs.put(dst) }
+	}
+	return b, release, nil
 }
 
 // streamSizeHint estimates the encoded size of rec so the output buffer is

@@ -88,6 +88,15 @@ func (p *PackedBatchCodec) Encode(mem memory.Allocator, b PackedBatch) ([]byte, 
 	return p.codec.Encode(mem, es)
 }
 
+// EncodePooled is Encode into a pooled buffer (see Codec.EncodePooled).
+func (p *PackedBatchCodec) EncodePooled(mem memory.Allocator, b PackedBatch) ([]byte, func(), error) {
+	es, err := p.entries(b)
+	if err != nil {
+		return nil, nil, err
+	}
+	return p.codec.EncodePooled(mem, es)
+}
+
 // FromRecord reads a packed batch from rec (see Codec.FromRecord).
 func (p *PackedBatchCodec) FromRecord(rec arrow.RecordBatch) (PackedBatch, error) {
 	es, err := p.codec.FromRecord(rec)

@@ -33,7 +33,7 @@ func cmdBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	baseline := fs.Duration("baseline", 0, "raw kafka-go baseline duration (0: a third of --duration, at least 2s; negative: skip)")
 	instances := fs.String("instances", "", "instances per stage in one consumer group, e.g. validate=2,reward=2")
 	linger := fs.Duration("linger", 0, "operators' producer batch timeout (0: the runtime default)")
-	inflight := fs.Int("inflight-groups", 256, "groups produced but not yet decided (closed loop)")
+	inflight := fs.Int("inflight-groups", 192, "groups produced but not yet decided (closed loop)")
 	meanTokens := fs.Float64("mean-tokens", 1000, "mean tokens per trajectory (log-normal)")
 	maxTokens := fs.Int("max-tokens", 32768, "tail of the token-length distribution")
 	asJSON := fs.Bool("json", false, "print the report as JSON")

@@ -334,13 +334,13 @@ func (s *Stage) close(res *pipeline.Result, by string) error {
 		}
 	}
 	if len(batch.Rows) > 0 {
-		b, err := schemas.PackedBatches.Encode(nil, batch)
+		b, release, err := schemas.PackedBatches.EncodePooled(nil, batch)
 		if err != nil {
 			return fmt.Errorf("pack: encode batch %d: %w", index, err)
 		}
 		res.Outputs = append(res.Outputs, pipeline.Output{
 			Topic: s.cfg.Topics.Batches, Key: []byte(batch.BatchID), Value: b,
-			Headers: stagekit.Headers(schemas.KindPackedBatch, batch.BatchID),
+			Headers: stagekit.Headers(schemas.KindPackedBatch, batch.BatchID), Release: release,
 		})
 		s.nextIndex++
 	} else {

@@ -63,11 +63,11 @@ func Headers(kind schemas.Kind, id string) []pipeline.Header {
 // Encode encodes rows with codec into one output record for topic, keyed by
 // key, with id in its headers.
 func Encode[T any](c *schemas.Codec[T], topic, key, id string, rows []T) (pipeline.Output, error) {
-	b, err := c.Encode(nil, rows)
+	b, release, err := c.EncodePooled(nil, rows)
 	if err != nil {
 		return pipeline.Output{}, fmt.Errorf("encode %s for %s: %w", c.Kind(), topic, err)
 	}
-	return pipeline.Output{Topic: topic, Key: []byte(key), Value: b, Headers: Headers(c.Kind(), id)}, nil
+	return pipeline.Output{Topic: topic, Key: []byte(key), Value: b, Headers: Headers(c.Kind(), id), Release: release}, nil
 }
 
 // Census builds a census output keyed by attempt id. The event id is
