@@ -693,6 +693,9 @@ func (r *run) sink(ctx context.Context, ready chan<- struct{}) error {
 			r.batchesSeen.Add(1)
 			r.mu.Lock()
 			r.acct.batch(&b)
+			if !m.Time.IsZero() {
+				r.acct.batchHop.add(float64(now.Sub(m.Time).Microseconds()) / 1e3)
+			}
 			r.mu.Unlock()
 			for _, f := range r.stream.Batch(&b) {
 				r.decided(f, now)

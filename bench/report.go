@@ -72,6 +72,9 @@ type Report struct {
 	LagAdmitted  map[string]int64 `json:"lag_admitted"`
 
 	Stages []StageReport `json:"stages"`
+	// TrainerHopMS is the batches topic's hop: a packed batch's production
+	// (its Kafka timestamp) to its read on the trainer side.
+	TrainerHopMS *Latency `json:"trainer_hop_ms,omitempty"`
 	Source SourceReport  `json:"source"`
 	// SinkCPUShare is the share of the window the accounting reader spent
 	// decoding batches and census events (bench overhead, not pipeline).
@@ -173,12 +176,13 @@ type accounting struct {
 	reasons                         map[string]int64
 	lagGen, lagAdm                  map[int64]int64
 	lat                             *histogram
+	batchHop                        *histogram // a batch's production → read by the trainer side
 	batches, rows, segTokens, slots int64
 }
 
 func newAccounting() *accounting {
 	return &accounting{lossAct: map[string]int64{}, reasons: map[string]int64{},
-		lagGen: map[int64]int64{}, lagAdm: map[int64]int64{}, lat: newHistogram()}
+		lagGen: map[int64]int64{}, lagAdm: map[int64]int64{}, lat: newHistogram(), batchHop: newHistogram()}
 }
 
 // Loss categories (systems §4 "Track losses from").
@@ -279,6 +283,9 @@ func (rep *Report) fill(a *accounting, s0, s1 snapshot, window time.Duration, r 
 	rep.LagGenerated, rep.LagAdmitted = lagMap(a.lagGen), lagMap(a.lagAdm)
 	rep.latencyHist = a.lat
 	rep.LatencyMS = a.lat.summary()
+	th := a.batchHop.summary()
+	th.Buckets, th.Counts = nil, nil
+	rep.TrainerHopMS = &th
 
 	var hops int64
 	for _, name := range Stages {
@@ -390,6 +397,16 @@ func (rep *Report) WriteTable(w io.Writer) error {
 	}
 	p("latency (ms)     p50 %.1f  p90 %.1f  p99 %.1f  max %.1f  (production → batch, %d records)\n",
 		rep.LatencyMS.P50, rep.LatencyMS.P90, rep.LatencyMS.P99, rep.LatencyMS.Max, rep.LatencyMS.Count)
+	p("hops (ms)        p50/p99 ")
+	for _, s := range rep.Stages {
+		if s.HopMS != nil {
+			p(" %s %.1f/%.1f", s.Name, s.HopMS.P50, s.HopMS.P99)
+		}
+	}
+	if rep.TrainerHopMS != nil {
+		p(" trainer %.1f/%.1f", rep.TrainerHopMS.P50, rep.TrainerHopMS.P99)
+	}
+	p("  (production → read, per topic)\n")
 	p("packing          efficiency %.2f%% (padding %.2f%%)\n", 100*rep.PackingEfficiency, 100*rep.PaddingShare)
 	p("yield            %.2f%% of generated action tokens admitted; losses:", 100*rep.Yield)
 	keys := make([]string, 0, len(rep.Losses))
