@@ -40,10 +40,14 @@ func TestStagesEndToEnd(t *testing.T) {
 // TestBadInputQuarantined produces garbage bytes, a wrong schema version, a
 // token/log-prob length mismatch and a NaN log-prob onto the trajectories
 // topic between good groups: each lands in quarantine with its reason and
-// source coordinates, and the good groups still flow to batches.
+// source coordinates, and the good groups still flow to batches. The
+// advantage stage runs without a partial-group timeout: the groups that
+// lost a member close only through validate's declaration of the refused
+// member, carried through the broker in the record headers.
 func TestBadInputQuarantined(t *testing.T) {
 	c := testkit.LoadContract(t, "../testdata/contracts/conformance.yaml")
 	run := testkit.StartRun(t, c, "")
+	run.PartialGroupTimeout = -1
 	s := run.Synth(300, 3000)
 	good := run.Produce(t, s, 0, 4)
 
@@ -81,8 +85,9 @@ func TestBadInputQuarantined(t *testing.T) {
 		t.Errorf("quarantine holds %d records, want 4", len(q))
 	}
 	// The 7 valid members of the mismatch and NaN groups are scored as
-	// incomplete groups (min_group_size = group size) once the partial
-	// timeout closes them: filtered with a reason, never lost.
+	// incomplete groups (min_group_size = group size) once validate's
+	// declaration of the refused member closes them: filtered with a
+	// reason, never lost.
 	rest := []string{}
 	for i, tr := range mismatch {
 		if i != 2 {

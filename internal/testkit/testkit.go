@@ -28,6 +28,10 @@ type Run struct {
 	Contract *contract.Contract
 	Topics   pipeline.Topics
 	Addr     string
+	// PartialGroupTimeout is the advantage stage's partial-group timeout
+	// for StartOperator: 0 means 5 s, negative none (a group closes only
+	// when complete or when its absent members are declared).
+	PartialGroupTimeout time.Duration
 }
 
 // LoadContract loads and resolves a contract file.
@@ -158,7 +162,14 @@ func (r *Run) WaitAccounted(t testing.TB, launched []string, timeout time.Durati
 // function is called; stop returns Run's error (nil after a graceful stop).
 func (r *Run) StartOperator(t testing.TB, name, stateDir string) (stop func() error) {
 	t.Helper()
-	st, err := operators.New(name, operators.Deps{Contract: r.Contract, Topics: r.Topics, VocabSize: 32000, WindowMaxWait: time.Second, PartialGroupTimeout: 5 * time.Second})
+	partial := r.PartialGroupTimeout
+	switch {
+	case partial == 0:
+		partial = 5 * time.Second
+	case partial < 0:
+		partial = 0 // off
+	}
+	st, err := operators.New(name, operators.Deps{Contract: r.Contract, Topics: r.Topics, VocabSize: 32000, WindowMaxWait: time.Second, PartialGroupTimeout: partial})
 	if err != nil {
 		t.Fatalf("stage %s: %v", name, err)
 	}
