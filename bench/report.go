@@ -74,8 +74,8 @@ type Report struct {
 	Stages []StageReport `json:"stages"`
 	// TrainerHopMS is the batches topic's hop: a packed batch's production
 	// (its Kafka timestamp) to its read on the trainer side.
-	TrainerHopMS *Latency `json:"trainer_hop_ms,omitempty"`
-	Source SourceReport  `json:"source"`
+	TrainerHopMS *Latency     `json:"trainer_hop_ms,omitempty"`
+	Source       SourceReport `json:"source"`
 	// SinkCPUShare is the share of the window the accounting reader spent
 	// decoding batches and census events (bench overhead, not pipeline).
 	SinkCPUShare float64 `json:"sink_busy_share"`
