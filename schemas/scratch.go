@@ -3,6 +3,7 @@ package schemas
 import (
 	"math/bits"
 	"sync"
+	"unsafe"
 )
 
 // scratchAllocator serves the Arrow buffers that Encode builds and releases
@@ -23,10 +24,14 @@ func scratchClass(size int) int {
 	return bits.Len(uint(size - 1))
 }
 
+// The pools hold the start of each free buffer as an unsafe.Pointer (its
+// length is the class size): a pointer goes into an interface without an
+// allocation, where a slice would cost one per Free.
+
 func (scratchAllocator) Allocate(size int) []byte {
 	class := scratchClass(size)
-	if p, ok := scratchPools[class].Get().(*[]byte); ok {
-		return (*p)[:size]
+	if p, ok := scratchPools[class].Get().(unsafe.Pointer); ok {
+		return unsafe.Slice((*byte)(p), 1<<class)[:size]
 	}
 	// Allocated as uint64 words: aligned for any fixed-width view.
 	words := make([]uint64, (1<<class)/8)
@@ -36,8 +41,7 @@ func (scratchAllocator) Allocate(size int) []byte {
 func (scratchAllocator) Free(b []byte) {
 	class := scratchClass(cap(b))
 	if cap(b) == 1<<class {
-		b = b[:cap(b)]
-		scratchPools[class].Put(&b)
+		scratchPools[class].Put(unsafe.Pointer(unsafe.SliceData(b[:cap(b)])))
 	}
 }
 
