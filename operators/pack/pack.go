@@ -51,6 +51,31 @@ type Stats struct {
 // The columns of a row share backing arrays; every slice is capped at its
 // length, so appending to one never writes into another.
 func Pack(segs []Segment, budget int) ([]schemas.PackedRow, Stats) {
+	return PackInto(nil, segs, budget)
+}
+
+// Columns keeps the token-aligned backing arrays of packed batches for
+// reuse: a packed batch of many MB is then not allocated (and zeroed) for
+// every window.
+type Columns struct {
+	i32  []int32
+	f32  []float32
+	mask []uint8
+}
+
+// reuse returns s resized to n when its capacity suffices (reused: true),
+// else a fresh zeroed slice.
+func reuse[E any](s []E, n int) ([]E, bool) {
+	if cap(s) >= n {
+		return s[:n], true
+	}
+	return make([]E, n), false
+}
+
+// PackInto is Pack with the token-aligned columns built in c's arrays
+// (nil c: fresh arrays, as Pack). The rows of the previous batch packed
+// into c are overwritten: the caller must be done with them.
+func PackInto(c *Columns, segs []Segment, budget int) ([]schemas.PackedRow, Stats) {
 	st := Stats{Budget: budget, Segments: len(segs)}
 	if budget <= 0 {
 		panic(fmt.Sprintf("pack: budget %d must be positive", budget))
@@ -160,9 +185,28 @@ func Pack(segs []Segment, budget int) ([]schemas.PackedRow, Stats) {
 	for _, rl := range rowTok {
 		packed += rl
 	}
-	i32 := make([]int32, 5*packed)
-	f32 := make([]float32, 3*packed)
-	mask := make([]uint8, packed)
+	var i32 []int32
+	var f32 []float32
+	var mask []uint8
+	if c == nil {
+		i32, f32, mask = make([]int32, 5*packed), make([]float32, 3*packed), make([]uint8, packed)
+	} else {
+		// The columns that expand leaves at zero (mask, log-probs,
+		// advantages, value targets of context entries) and the first
+		// segment's segment ids must start at zero; the others are
+		// written in full.
+		var again bool
+		if i32, again = reuse(c.i32, 5*packed); again {
+			clear(i32[2*packed : 3*packed])
+		}
+		if f32, again = reuse(c.f32, 3*packed); again {
+			clear(f32)
+		}
+		if mask, again = reuse(c.mask, packed); again {
+			clear(mask)
+		}
+		c.i32, c.f32, c.mask = i32, f32, mask
+	}
 	col32 := func(c, off, rl int) []int32 { return i32[c*packed+off : c*packed+off+rl : c*packed+off+rl] }
 	colF := func(c, off, rl int) []float32 { return f32[c*packed+off : c*packed+off+rl : c*packed+off+rl] }
 	out := make([]schemas.PackedRow, rows)

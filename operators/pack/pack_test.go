@@ -228,3 +228,32 @@ func TestPackFFDEfficiency(t *testing.T) {
 		t.Fatalf("efficiency %.4f below the first-fit floor %.4f", st.Efficiency, floor)
 	}
 }
+
+// TestPackIntoReusedColumns: packing into the arrays of earlier batches
+// (a large one first, then smaller ones, with masked-stale context and
+// multi-segment rows) gives the same rows as packing into fresh arrays:
+// nothing of the earlier batch shows through.
+func TestPackIntoReusedColumns(t *testing.T) {
+	const budget, tv = 2048, 10
+	r := rand.New(rand.NewPCG(3, 9))
+	o := Options{TokenBudget: budget, BatchTokens: 1, Overflow: OverflowTruncate, MaxLag: 1, StalePolicy: StaleMaskTurns}
+	var cols Columns
+	for round, n := range []int{200, 60, 120, 5} {
+		var segs []Segment
+		for i := 0; i < n; i++ {
+			s := randomScored(r, idOf(round*1000+i), idOf(i/4), logNormalLength(r, 200, 1.2, 1, budget), tv)
+			seg, f, err := Reconstruct(&s, tv, o)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if f == FilterNone {
+				segs = append(segs, seg)
+			}
+		}
+		want, wantSt := Pack(segs, budget)
+		got, gotSt := PackInto(&cols, segs, budget)
+		if !reflect.DeepEqual(got, want) || gotSt != wantSt {
+			t.Fatalf("round %d (%d segments): rows packed into reused columns differ from fresh ones", round, len(segs))
+		}
+	}
+}

@@ -108,6 +108,7 @@ func NewStage(cfg StageConfig) (*Stage, error) {
 		return nil, err
 	}
 	w.CountDecidedGroups(cfg.CountDecidedGroups)
+	w.ReuseColumns() // close encodes each batch before the next window closes
 	if cfg.RebuildScan <= 0 {
 		cfg.RebuildScan = 1000
 	}

@@ -101,7 +101,14 @@ type Window struct {
 	decided        map[string]struct{} // groups with an admitted or filtered member in the open batch
 	countDecided   bool
 	tokens         int
+	cols           *Columns // ReuseColumns: the closed batches' arrays
 }
+
+// ReuseColumns makes Close build each batch's token-aligned columns in the
+// arrays of the previous batch: a closed batch's rows are then valid only
+// until the next Close (the pack stage encodes a batch before it closes
+// the next window).
+func (w *Window) ReuseColumns() { w.cols = &Columns{} }
 
 // NewWindow returns an empty window that judges lag against
 // trainerVersion.
@@ -286,7 +293,7 @@ func (w *Window) Close(batchIndex int64, runID, contractHash string, trainerVers
 		}
 		kept = append(kept, segs[i])
 	}
-	rows, st := Pack(kept, w.opts.TokenBudget)
+	rows, st := PackInto(w.cols, kept, w.opts.TokenBudget)
 	closed.Stats = st
 	closed.Admitted = make([]Admission, len(kept))
 	index := make(map[string]int, len(kept))
