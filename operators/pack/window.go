@@ -97,6 +97,7 @@ type Window struct {
 	trainerVersion int64
 	seen           map[string]struct{}
 	pending        []Segment
+	pendingIDs     map[string]struct{} // the record ids of pending
 	groups         map[string]struct{} // groups with an admitted member in the open batch
 	decided        map[string]struct{} // groups with an admitted or filtered member in the open batch
 	countDecided   bool
@@ -120,6 +121,7 @@ func NewWindow(opts Options, trainerVersion int64) (*Window, error) {
 		opts:           opts,
 		trainerVersion: trainerVersion,
 		seen:           make(map[string]struct{}),
+		pendingIDs:     make(map[string]struct{}),
 		groups:         make(map[string]struct{}),
 		decided:        make(map[string]struct{}),
 	}, nil
@@ -188,6 +190,7 @@ func (w *Window) Add(s schemas.Scored) (Result, error) {
 		return Result{Outcome: Filtered, Filter: f, Ready: w.Ready()}, nil
 	}
 	w.pending = append(w.pending, seg)
+	w.pendingIDs[seg.TrajectoryID] = struct{}{}
 	w.tokens += seg.Len()
 	w.groups[seg.GroupID] = struct{}{}
 	return Result{
@@ -265,7 +268,7 @@ func (w *Window) MarkSeen(ids ...string) {
 // of the open batch stays decided until Close.
 func (w *Window) Forget(ids ...string) {
 	for _, id := range ids {
-		if !slices.ContainsFunc(w.pending, func(s Segment) bool { return s.TrajectoryID == id }) {
+		if _, open := w.pendingIDs[id]; !open {
 			delete(w.seen, id)
 		}
 	}
@@ -325,6 +328,7 @@ func (w *Window) Close(batchIndex int64, runID, contractHash string, trainerVers
 		Rows:           rows,
 	}
 	w.pending = nil
+	clear(w.pendingIDs)
 	w.tokens = 0
 	clear(w.groups)
 	clear(w.decided)

@@ -75,6 +75,12 @@ func TestWindowDedup(t *testing.T) {
 	if res, _ := w.Add(small("p", "g", 5, 2)); res.Outcome != Duplicate {
 		t.Fatalf("forgot an id of the open batch: %+v", res)
 	}
+	// Once its batch is closed, the id can be forgotten.
+	w.Close(0, "run", "hash", 5)
+	w.Forget("p")
+	if w.Seen("p") {
+		t.Fatal("Forget kept an id of a closed batch")
+	}
 	// Restored memory.
 	w2, _ := NewWindow(o, 5)
 	w2.MarkSeen("a")
