@@ -104,8 +104,9 @@ func (c *Codec[T]) ToRecord(mem memory.Allocator, rows []T) (arrow.RecordBatch, 
 
 // Encode returns rows as one Arrow IPC stream (schema, one record batch,
 // end-of-stream marker). An empty slice encodes a batch of zero rows. The
-// intermediate Arrow arrays come from an internal buffer pool; mem serves
-// the IPC writer.
+// stream is written straight from the rows (ipcwrite.go), byte for byte
+// what Arrow's stream writer writes for ToRecord's record; mem is not used
+// (no Arrow arrays are built).
 func (c *Codec[T]) Encode(mem memory.Allocator, rows []T) ([]byte, error) {
 	b, _, err := c.encode(mem, rows, false)
 	return b, err
@@ -121,18 +122,12 @@ func (c *Codec[T]) EncodePooled(mem memory.Allocator, rows []T) (b []byte, relea
 	return c.encode(mem, rows, true)
 }
 
-func (c *Codec[T]) encode(mem memory.Allocator, rows []T, pooled bool) ([]byte, func(), error) {
-	mem = orDefault(mem)
-	rec, err := c.ToRecord(scratchAllocator{}, rows)
-	if err != nil {
-		return nil, nil, err
-	}
-	defer rec.Release()
+func (c *Codec[T]) encode(_ memory.Allocator, rows []T, pooled bool) ([]byte, func(), error) {
 	frame, err := c.frame()
 	if err != nil {
 		return nil, nil, fmt.Errorf("schemas: encode %s: schema: %w", c.kind, err)
 	}
-	return writeBatch(mem, c.kind, frame, rec, pooled)
+	return writeRows(c.kind, frame, c.cols, len(rows), func(k int) unsafe.Pointer { return unsafe.Pointer(&rows[k]) }, pooled)
 }
 
 // FromRecord reads the rows of rec. The schema metadata of rec must name
@@ -296,35 +291,6 @@ func emptyColumns(schema *arrow.Schema) []arrow.Array {
 
 // ipcEOS is the end-of-stream marker: continuation, zero-length metadata.
 var ipcEOS = []byte{0xFF, 0xFF, 0xFF, 0xFF, 0, 0, 0, 0}
-
-// writeBatch writes the same stream as writeStream when frame is rec's
-// schema message, without serializing the schema again. With pooled, the
-// output comes from the output pool and release returns it there.
-func writeBatch(mem memory.Allocator, kind Kind, frame []byte, rec arrow.RecordBatch, pooled bool) ([]byte, func(), error) {
-	p, err := ipc.GetRecordBatchPayload(rec, ipc.WithAllocator(mem))
-	if err != nil {
-		return nil, nil, fmt.Errorf("schemas: encode %s: %w", kind, err)
-	}
-	defer p.Release()
-	size := streamSizeHint(rec) + len(frame) // an upper bound
-	var dst []byte
-	if pooled {
-		dst = outputs.get(size)
-	}
-	out := bytes.NewBuffer(dst)
-	out.Grow(size)
-	out.Write(frame)
-	if _, err := p.WritePayload(out); err != nil {
-		return nil, nil, fmt.Errorf("schemas: encode %s: %w", kind, err)
-	}
-	out.Write(ipcEOS)
-	b := out.Bytes()
-	release := func() {}
-	if pooled && unsafe.SliceData(b) == unsafe.SliceData(dst[:1]) {
-		release = func() { outputs.put(dst) }
-	}
-	return b, release, nil
-}
 
 // streamSizeHint estimates the encoded size of rec so the output buffer is
 // allocated once.

@@ -279,6 +279,26 @@ func TestPackedBatchRoundTrip(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
+			// The direct encoder writes the stream Arrow's writer writes
+			// for the same record (nulls in ref_logprobs included).
+			func() {
+				es, err := PackedBatches.entries(in)
+				if err != nil {
+					t.Fatal(err)
+				}
+				rec, err := PackedBatches.codec.ToRecord(mem, es)
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer rec.Release()
+				want, err := writeStream(mem, KindPackedBatch, rec)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if !bytes.Equal(b, want) {
+					t.Fatalf("Encode wrote %d bytes that differ from the %d of Arrow's stream writer", len(b), len(want))
+				}
+			}()
 			got, err := PackedBatches.Decode(mem, b)
 			if err != nil {
 				t.Fatal(err)
@@ -564,6 +584,38 @@ func TestDecodeSharedAliasesInput(t *testing.T) {
 	defer rec.Release()
 	if valuesAddr(rec, 1) != uintptr(unsafe.Pointer(&shared[0].IDs[0])) {
 		t.Fatal("encoding shared rows copied the ids values")
+	}
+}
+
+// TestEncodePooledDirtyBuffers: pooled buffers are not zeroed; a pooled
+// encode into buffers full of ones writes the bytes of a fresh encode
+// (validity bitmaps, padding and all).
+func TestEncodePooledDirtyBuffers(t *testing.T) {
+	b := samplePackedBatch()
+	for i := range b.Rows { // large enough for the pool, with null and empty lists
+		big := samplePackedRow(40000, int32(i), nil)
+		big.RefLogprobs = b.Rows[i].RefLogprobs
+		b.Rows[i] = big
+	}
+	want, err := PackedBatches.Encode(nil, b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dirty := make([]byte, outClass(len(want)))
+	for i := range dirty {
+		dirty[i] = 0xFF
+	}
+	outputs.put(dirty)
+	got, release, err := PackedBatches.EncodePooled(nil, b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer release()
+	if unsafe.SliceData(got) != unsafe.SliceData(dirty) {
+		t.Fatal("the pooled encode did not use the dirty buffer")
+	}
+	if !bytes.Equal(got, want) {
+		t.Fatal("a pooled encode into a dirty buffer differs from a fresh encode")
 	}
 }
 
