@@ -319,9 +319,12 @@ func bufBytes(d arrow.ArrayData, i int) []byte {
 	return bufs[i].Bytes()
 }
 
-func offsetAt(d arrow.ArrayData, i int) int {
-	return int(int32(binary.LittleEndian.Uint32(bufBytes(d, 1)[(d.Offset()+i)*4:])))
-}
+// offsetsOf is the offsets buffer of list or string data d from its
+// logical row 0, for offAt: the buffer is looked up once per column rather
+// than once per value.
+func offsetsOf(d arrow.ArrayData) []byte { return bufBytes(d, 1)[d.Offset()*4:] }
+
+func offAt(offs []byte, i int) int { return int(int32(binary.LittleEndian.Uint32(offs[i*4:]))) }
 
 func isNull(d arrow.ArrayData, i int) bool {
 	return d.NullN() != 0 && !bitutil.BitIsSet(bufBytes(d, 0), d.Offset()+i)
@@ -347,14 +350,15 @@ func (c *col) read(d arrow.ArrayData, start, n int, row at, share bool) {
 			*(*bool)(ptr(i)) = bitutil.BitIsSet(bufBytes(d, 1), d.Offset()+start+i)
 		}
 	case kindString:
-		data := bufBytes(d, 2)
+		data, offs := bufBytes(d, 2), offsetsOf(d)
 		for i := range n {
-			*(*string)(ptr(i)) = string(data[offsetAt(d, start+i):offsetAt(d, start+i+1)])
+			*(*string)(ptr(i)) = string(data[offAt(offs, start+i):offAt(offs, start+i+1)])
 		}
 	case kindFixedList:
 		c.readFixedList(d, start, n, ptr, share)
 	case kindList:
-		first, end := offsetAt(d, start), offsetAt(d, start+n)
+		offs := offsetsOf(d)
+		first, end := offAt(offs, start), offAt(offs, start+n)
 		if end == first {
 			return // every row keeps its nil slice
 		}
@@ -364,7 +368,7 @@ func (c *col) read(d arrow.ArrayData, start, n int, row at, share bool) {
 			return unsafe.Add(base, uintptr(k)*c.elemSize)
 		}, share)
 		for i := range n {
-			lo, hi := offsetAt(d, start+i), offsetAt(d, start+i+1)
+			lo, hi := offAt(offs, start+i), offAt(offs, start+i+1)
 			if hi > lo {
 				*(*sliceHeader)(ptr(i)) = sliceHeader{unsafe.Add(base, uintptr(lo-first)*c.elemSize), hi - lo, hi - lo}
 			}
@@ -381,7 +385,8 @@ func (c *col) read(d arrow.ArrayData, start, n int, row at, share bool) {
 // each row's slice into it, capacity capped at its length.
 func (c *col) readFixedList(d arrow.ArrayData, start, n int, ptr at, share bool) {
 	child := d.Children()[0]
-	first, end := offsetAt(d, start), offsetAt(d, start+n)
+	offs := offsetsOf(d)
+	first, end := offAt(offs, start), offAt(offs, start+n)
 	size := (end - first) * c.width
 	childOff := child.Offset() + first
 	src := bufBytes(child, 1)[childOff*c.width : childOff*c.width+size]
@@ -393,10 +398,11 @@ func (c *col) readFixedList(d arrow.ArrayData, start, n int, ptr at, share bool)
 		all = unsafeBytes(make([]uint64, (size+7)/8))[:size]
 		copy(all, src)
 	}
+	nulls := d.NullN() != 0
 	for i := range n {
-		lo, hi := offsetAt(d, start+i), offsetAt(d, start+i+1)
+		lo, hi := offAt(offs, start+i), offAt(offs, start+i+1)
 		switch {
-		case isNull(d, start+i), hi == lo && !c.nullable:
+		case nulls && isNull(d, start+i), hi == lo && !c.nullable:
 			// nil: the zero value of the freshly made row
 		case hi == lo:
 			*(*sliceHeader)(ptr(i)) = sliceHeader{unsafe.Pointer(&emptyArray), 0, 0}
@@ -500,12 +506,13 @@ func checkOffsets(d arrow.ArrayData, limit int, path string) error {
 	if len(b) < (off+n+1)*4 {
 		return fmt.Errorf("column %s: offsets buffer too short", path)
 	}
-	prev := offsetAt(d, 0)
+	offs := b[off*4:]
+	prev := offAt(offs, 0)
 	if prev < 0 || prev > limit {
 		return fmt.Errorf("column %s: offset %d out of range [0,%d]", path, prev, limit)
 	}
 	for i := 1; i <= n; i++ {
-		cur := offsetAt(d, i)
+		cur := offAt(offs, i)
 		if cur < prev || cur > limit {
 			return fmt.Errorf("column %s: offset %d at %d out of range [%d,%d]", path, cur, i, prev, limit)
 		}
