@@ -610,12 +610,20 @@ func TestEncodePooledDirtyBuffers(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer release()
 	if unsafe.SliceData(got) != unsafe.SliceData(dirty) {
 		t.Fatal("the pooled encode did not use the dirty buffer")
 	}
 	if !bytes.Equal(got, want) {
 		t.Fatal("a pooled encode into a dirty buffer differs from a fresh encode")
+	}
+	release()
+	release() // a second call is a no-op: the buffer is pooled once
+	c1, r1, _ := PackedBatches.EncodePooled(nil, b)
+	c2, r2, _ := PackedBatches.EncodePooled(nil, b)
+	defer r1()
+	defer r2()
+	if unsafe.SliceData(c1) == unsafe.SliceData(c2) {
+		t.Fatal("one released buffer served two encodes")
 	}
 }
 
@@ -653,8 +661,8 @@ func TestEncodePooled(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer release()
 	if !bytes.Equal(gotB, wantB) {
 		t.Fatal("pooled packed batch differs from Encode")
 	}
+	release()
 }

@@ -261,7 +261,13 @@ func writeRows(kind Kind, frame []byte, cols []col, n int, row at, pooled bool) 
 	copy(out[p+body:], ipcEOS)
 	release := func() {}
 	if pooled {
-		release = func() { outputs.put(out) }
+		buf := out
+		release = func() { // a second call must not hand the buffer out twice
+			if buf != nil {
+				outputs.put(buf)
+				buf = nil
+			}
+		}
 	}
 	return out, release, nil
 }
