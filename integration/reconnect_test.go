@@ -12,8 +12,11 @@ import (
 
 // TestOperatorsWaitForBroker starts the four operators before their broker
 // exists: each fails to connect, restarts in place with backoff (`trajflow
-// run --restarts`), and once `trajflow broker` comes up on the address the
-// run completes with nothing lost or duplicated.
+// run --restarts`). Once `trajflow broker` comes up on the address, the
+// operators reach it before the run's topics exist (validate and reward
+// wait for their input topics rather than join their groups with nothing to
+// consume); the topics are created, and the run completes with nothing lost
+// or duplicated.
 func TestOperatorsWaitForBroker(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts processes; run without -short")
@@ -32,6 +35,16 @@ func TestOperatorsWaitForBroker(t *testing.T) {
 	}
 	if got := startBrokerProcessOn(t, port); got != addr {
 		t.Fatalf("broker on %s, want %s", got, addr)
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for _, stage := range []string{"validate", "reward"} {
+		for !strings.Contains(f.logs(), "waiting for input topics to be created\" run="+c.RunID+" stage="+stage) &&
+			!strings.Contains(f.logs(), "msg=\"waiting for input topics to be created\" stage="+stage) {
+			if time.Now().After(deadline) {
+				t.Fatalf("%s did not wait for its input topic:\n%s", stage, f.logs())
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
 	}
 	run := startRun(t, c, addr)
 	ids := run.Produce(t, synthFor(run, 120), 0, 30)

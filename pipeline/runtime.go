@@ -157,6 +157,9 @@ func (o *Operator) Run(ctx context.Context) error {
 			return fmt.Errorf("pipeline: start %s: %w", o.stage.Name(), err)
 		}
 	}
+	if err := o.waitTopics(ctx, log); err != nil {
+		return err
+	}
 	o.reader = kafka.NewReader(kafka.ReaderConfig{
 		Brokers:           cfg.Brokers,
 		GroupID:           cfg.GroupID,
@@ -472,4 +475,57 @@ func (o *Operator) commit(ctx context.Context) error {
 	o.m.commitLatency.Observe(time.Since(start).Seconds())
 	o.track.markCommitted(cs)
 	return nil
+}
+
+// waitTopics returns once every input topic exists. A consumer group
+// member that joins while its topic is missing keeps the empty assignment
+// after the topic is created (kafka-go computes it once per generation),
+// so an operator started before `trajflow topics create` would never
+// consume; it waits here instead, polling the metadata without creating
+// anything. A broker that cannot be reached is an error (the operator is
+// restarted).
+func (o *Operator) waitTopics(ctx context.Context, log *slog.Logger) error {
+	dialer := o.cfg.Dialer
+	if dialer == nil {
+		dialer = &kafka.Dialer{Timeout: 10 * time.Second}
+	}
+	logged := false
+	for {
+		missing, err := missingTopics(ctx, dialer, o.cfg.Brokers[0], o.stage.Topics())
+		if err != nil {
+			return fmt.Errorf("pipeline: %s: input topics: %w", o.stage.Name(), err)
+		}
+		if len(missing) == 0 {
+			return nil
+		}
+		if !logged {
+			log.Warn("waiting for input topics to be created", "missing", missing)
+			logged = true
+		}
+		select {
+		case <-ctx.Done():
+			return ErrStopped
+		case <-time.After(500 * time.Millisecond):
+		}
+	}
+}
+
+// missingTopics lists the topics the broker at addr does not have.
+func missingTopics(ctx context.Context, dialer *kafka.Dialer, addr string, topics []string) ([]string, error) {
+	conn, err := dialer.DialContext(ctx, "tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("dial: %w", err)
+	}
+	defer conn.Close()
+	var missing []string
+	for _, t := range topics {
+		parts, err := conn.ReadPartitions(t)
+		switch {
+		case errors.Is(err, kafka.UnknownTopicOrPartition), err == nil && len(parts) == 0:
+			missing = append(missing, t)
+		case err != nil:
+			return nil, fmt.Errorf("partitions of %s: %w", t, err)
+		}
+	}
+	return missing, nil
 }
