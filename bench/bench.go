@@ -611,7 +611,7 @@ func (r *run) source(ctx context.Context) error {
 		}
 		t0 := time.Now()
 		rows := r.gen.Group(g)
-		b, release, err := schemas.Trajectories.EncodePooled(nil, rows)
+		b, release, err := schemas.Trajectories.EncodePooled(rows)
 		if err != nil {
 			w.Close()
 			return fmt.Errorf("bench: encode group %d: %w", g, err)

@@ -283,9 +283,7 @@ func (rep *Report) fill(a *accounting, s0, s1 snapshot, window time.Duration, r 
 	rep.LagGenerated, rep.LagAdmitted = lagMap(a.lagGen), lagMap(a.lagAdm)
 	rep.latencyHist = a.lat
 	rep.LatencyMS = a.lat.summary()
-	th := a.batchHop.summary()
-	th.Buckets, th.Counts = nil, nil
-	rep.TrainerHopMS = &th
+	rep.TrainerHopMS = a.batchHop.brief()
 
 	var hops int64
 	for _, name := range Stages {
@@ -299,15 +297,11 @@ func (rep *Report) fill(a *accounting, s0, s1 snapshot, window time.Duration, r 
 			ir := instReport(in.id, d, w)
 			h := in.resetWait()
 			hop.merge(h)
-			l := h.summary()
-			l.Buckets, l.Counts = nil, nil
-			ir.HopMS = &l
+			ir.HopMS = h.brief()
 			sr.Instances = append(sr.Instances, ir)
 		}
 		sr.InstanceReport = instReport("", tot, w)
-		l := hop.summary()
-		l.Buckets, l.Counts = nil, nil
-		sr.HopMS = &l
+		sr.HopMS = hop.brief()
 		if len(insts) == 1 {
 			sr.Instances = nil
 		}
@@ -546,6 +540,13 @@ func (h *histogram) summary() Latency {
 		l.Counts = append(l.Counts, h.counts[i])
 	}
 	return l
+}
+
+// brief is summary without the buckets (per-hop latencies in the report).
+func (h *histogram) brief() *Latency {
+	l := h.summary()
+	l.Buckets, l.Counts = nil, nil
+	return &l
 }
 
 // rssSampler records the resident set size over the run.

@@ -73,6 +73,14 @@ func (c *Config) defaults() {
 	}
 }
 
+// dialer is the configured Dialer, or a plaintext one.
+func (c *Config) dialer() *kafka.Dialer {
+	if c.Dialer != nil {
+		return c.Dialer
+	}
+	return &kafka.Dialer{Timeout: 10 * time.Second}
+}
+
 // Env is what a Starter may use to rebuild its state.
 type Env struct {
 	Config *Config
@@ -485,10 +493,7 @@ func (o *Operator) commit(ctx context.Context) error {
 // anything. A broker that cannot be reached is an error (the operator is
 // restarted).
 func (o *Operator) waitTopics(ctx context.Context, log *slog.Logger) error {
-	dialer := o.cfg.Dialer
-	if dialer == nil {
-		dialer = &kafka.Dialer{Timeout: 10 * time.Second}
-	}
+	dialer := o.cfg.dialer()
 	logged := false
 	for {
 		missing, err := missingTopics(ctx, dialer, o.cfg.Brokers[0], o.stage.Topics())

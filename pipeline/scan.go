@@ -15,10 +15,7 @@ import (
 // rebuild state from their own output topic (for example the set of ids
 // already admitted) when their local state is lost.
 func ScanTail(ctx context.Context, cfg *Config, topic string, last int64, fn func(Message) error) error {
-	dialer := cfg.Dialer
-	if dialer == nil {
-		dialer = &kafka.Dialer{Timeout: 10 * time.Second}
-	}
+	dialer := cfg.dialer()
 	conn, err := dialer.DialContext(ctx, "tcp", cfg.Brokers[0])
 	if err != nil {
 		return fmt.Errorf("pipeline: scan %s: dial: %w", topic, err)

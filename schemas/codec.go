@@ -107,8 +107,8 @@ func (c *Codec[T]) ToRecord(mem memory.Allocator, rows []T) (arrow.RecordBatch, 
 // stream is written straight from the rows (ipcwrite.go), byte for byte
 // what Arrow's stream writer writes for ToRecord's record; mem is not used
 // (no Arrow arrays are built).
-func (c *Codec[T]) Encode(mem memory.Allocator, rows []T) ([]byte, error) {
-	b, _, err := c.encode(mem, rows, false)
+func (c *Codec[T]) Encode(_ memory.Allocator, rows []T) ([]byte, error) {
+	b, _, err := c.encode(rows, false)
 	return b, err
 }
 
@@ -118,11 +118,11 @@ func (c *Codec[T]) Encode(mem memory.Allocator, rows []T) ([]byte, error) {
 // nothing references b any more (for a Kafka output, once its write has
 // completed: pipeline.Output.Release). Not calling it is safe; the buffer
 // is then garbage collected.
-func (c *Codec[T]) EncodePooled(mem memory.Allocator, rows []T) (b []byte, release func(), err error) {
-	return c.encode(mem, rows, true)
+func (c *Codec[T]) EncodePooled(rows []T) (b []byte, release func(), err error) {
+	return c.encode(rows, true)
 }
 
-func (c *Codec[T]) encode(_ memory.Allocator, rows []T, pooled bool) ([]byte, func(), error) {
+func (c *Codec[T]) encode(rows []T, pooled bool) ([]byte, func(), error) {
 	frame, err := c.frame()
 	if err != nil {
 		return nil, nil, fmt.Errorf("schemas: encode %s: schema: %w", c.kind, err)
@@ -247,7 +247,6 @@ func checkVersion(kind Kind, gotKind, gotVersion string) error {
 // writeStream writes rec as one IPC stream.
 func writeStream(mem memory.Allocator, kind Kind, rec arrow.RecordBatch) ([]byte, error) {
 	var out bytes.Buffer
-	out.Grow(streamSizeHint(rec))
 	w := ipc.NewWriter(&out, ipc.WithSchema(rec.Schema()), ipc.WithAllocator(mem))
 	if err := w.Write(rec); err != nil {
 		w.Close()
@@ -291,28 +290,6 @@ func emptyColumns(schema *arrow.Schema) []arrow.Array {
 
 // ipcEOS is the end-of-stream marker: continuation, zero-length metadata.
 var ipcEOS = []byte{0xFF, 0xFF, 0xFF, 0xFF, 0, 0, 0, 0}
-
-// streamSizeHint estimates the encoded size of rec so the output buffer is
-// allocated once.
-func streamSizeHint(rec arrow.RecordBatch) int {
-	size := 4096 + 256*int(rec.NumCols())
-	var add func(d arrow.ArrayData)
-	add = func(d arrow.ArrayData) {
-		for _, b := range d.Buffers() {
-			if b != nil {
-				size += (b.Len() + 63) &^ 63
-			}
-		}
-		size += 64
-		for _, c := range d.Children() {
-			add(c)
-		}
-	}
-	for _, col := range rec.Columns() {
-		add(col.Data())
-	}
-	return size
-}
 
 // readStream checks the framing of b, the kind and version in its schema,
 // and hands its single record batch to use. The record is released when

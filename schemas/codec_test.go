@@ -606,7 +606,7 @@ func TestEncodePooledDirtyBuffers(t *testing.T) {
 		dirty[i] = 0xFF
 	}
 	outputs.put(dirty)
-	got, release, err := PackedBatches.EncodePooled(nil, b)
+	got, release, err := PackedBatches.EncodePooled(b)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -618,8 +618,8 @@ func TestEncodePooledDirtyBuffers(t *testing.T) {
 	}
 	release()
 	release() // a second call is a no-op: the buffer is pooled once
-	c1, r1, _ := PackedBatches.EncodePooled(nil, b)
-	c2, r2, _ := PackedBatches.EncodePooled(nil, b)
+	c1, r1, _ := PackedBatches.EncodePooled(b)
+	c2, r2, _ := PackedBatches.EncodePooled(b)
 	defer r1()
 	defer r2()
 	if unsafe.SliceData(c1) == unsafe.SliceData(c2) {
@@ -637,7 +637,7 @@ func TestEncodePooled(t *testing.T) {
 		t.Fatal(err)
 	}
 	for i := range 3 {
-		got, release, err := ScoredTrajectories.EncodePooled(nil, rows[:len(rows)-i%2])
+		got, release, err := ScoredTrajectories.EncodePooled(rows[:len(rows)-i%2])
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -657,7 +657,7 @@ func TestEncodePooled(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	gotB, release, err := PackedBatches.EncodePooled(nil, b)
+	gotB, release, err := PackedBatches.EncodePooled(b)
 	if err != nil {
 		t.Fatal(err)
 	}

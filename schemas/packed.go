@@ -89,12 +89,12 @@ func (p *PackedBatchCodec) Encode(mem memory.Allocator, b PackedBatch) ([]byte, 
 }
 
 // EncodePooled is Encode into a pooled buffer (see Codec.EncodePooled).
-func (p *PackedBatchCodec) EncodePooled(mem memory.Allocator, b PackedBatch) ([]byte, func(), error) {
+func (p *PackedBatchCodec) EncodePooled(b PackedBatch) ([]byte, func(), error) {
 	es, err := p.entries(b)
 	if err != nil {
 		return nil, nil, err
 	}
-	return p.codec.EncodePooled(mem, es)
+	return p.codec.EncodePooled(es)
 }
 
 // FromRecord reads a packed batch from rec (see Codec.FromRecord).

@@ -179,8 +179,8 @@ func PackInto(c *Columns, segs []Segment, budget int) ([]schemas.PackedRow, Stat
 	segTrunc := make([]bool, n)
 
 	// Each column's values of all rows lie back to back in one array, in
-	// row order, so encoding the batch shares them instead of copying
-	// (schemas.Codec.ToRecord).
+	// row order: one array per column to reuse for the next batch
+	// (PackInto), and ToRecord shares it instead of copying.
 	packed := 0
 	for _, rl := range rowTok {
 		packed += rl

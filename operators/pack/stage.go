@@ -335,7 +335,7 @@ func (s *Stage) close(res *pipeline.Result, by string) error {
 		}
 	}
 	if len(batch.Rows) > 0 {
-		b, release, err := schemas.PackedBatches.EncodePooled(nil, batch)
+		b, release, err := schemas.PackedBatches.EncodePooled(batch)
 		if err != nil {
 			return fmt.Errorf("pack: encode batch %d: %w", index, err)
 		}

@@ -40,15 +40,6 @@ func (a Absent) Add(groupID string, member, size int32) {
 	}
 }
 
-// Merge adds every slot of b to a.
-func (a Absent) Merge(b Absent) {
-	for g, ms := range b {
-		for _, m := range ms {
-			a.Add(g, m, m+1)
-		}
-	}
-}
-
 // Header returns the HeaderAbsent header for a, and false when a is empty.
 func (a Absent) Header() (pipeline.Header, bool) {
 	if len(a) == 0 {

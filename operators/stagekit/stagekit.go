@@ -63,7 +63,7 @@ func Headers(kind schemas.Kind, id string) []pipeline.Header {
 // Encode encodes rows with codec into one output record for topic, keyed by
 // key, with id in its headers.
 func Encode[T any](c *schemas.Codec[T], topic, key, id string, rows []T) (pipeline.Output, error) {
-	b, release, err := c.EncodePooled(nil, rows)
+	b, release, err := c.EncodePooled(rows)
 	if err != nil {
 		return pipeline.Output{}, fmt.Errorf("encode %s for %s: %w", c.Kind(), topic, err)
 	}
