@@ -148,6 +148,24 @@ func newMem(t testing.TB) *memory.CheckedAllocator {
 	return mem
 }
 
+// assertArrowBytes checks that b, the encoding of rows, is the stream
+// Arrow's own writer produces for the record ToRecord builds of rows.
+func assertArrowBytes[T any](t *testing.T, mem memory.Allocator, c *Codec[T], rows []T, b []byte) {
+	t.Helper()
+	rec, err := c.ToRecord(mem, rows)
+	if err != nil {
+		t.Fatalf("to record: %v", err)
+	}
+	defer rec.Release()
+	want, err := writeStream(mem, c.kind, rec)
+	if err != nil {
+		t.Fatalf("arrow stream writer: %v", err)
+	}
+	if !bytes.Equal(b, want) {
+		t.Fatalf("Encode wrote %d bytes that differ from the %d of Arrow's stream writer", len(b), len(want))
+	}
+}
+
 // roundTrip checks Encode/Decode and ToRecord/FromRecord of rows, and
 // that the decoded rows do not alias the encoded bytes.
 func roundTrip[T any](t *testing.T, c *Codec[T], rows []T) {
@@ -170,20 +188,7 @@ func roundTrip[T any](t *testing.T, c *Codec[T], rows []T) {
 	}
 	// Encode reuses a cached schema message: its stream must be the one
 	// Arrow's own stream writer produces.
-	func() {
-		rec, err := c.ToRecord(mem, rows)
-		if err != nil {
-			t.Fatalf("to record: %v", err)
-		}
-		defer rec.Release()
-		want, err := writeStream(mem, c.kind, rec)
-		if err != nil {
-			t.Fatalf("arrow stream writer: %v", err)
-		}
-		if !bytes.Equal(b, want) {
-			t.Fatalf("Encode wrote %d bytes that differ from the %d of Arrow's stream writer", len(b), len(want))
-		}
-	}()
+	assertArrowBytes(t, mem, c, rows, b)
 	shared, err := c.DecodeShared(mem, b)
 	if err != nil {
 		t.Fatalf("decode shared: %v", err)
@@ -281,24 +286,11 @@ func TestPackedBatchRoundTrip(t *testing.T) {
 			}
 			// The direct encoder writes the stream Arrow's writer writes
 			// for the same record (nulls in ref_logprobs included).
-			func() {
-				es, err := PackedBatches.entries(in)
-				if err != nil {
-					t.Fatal(err)
-				}
-				rec, err := PackedBatches.codec.ToRecord(mem, es)
-				if err != nil {
-					t.Fatal(err)
-				}
-				defer rec.Release()
-				want, err := writeStream(mem, KindPackedBatch, rec)
-				if err != nil {
-					t.Fatal(err)
-				}
-				if !bytes.Equal(b, want) {
-					t.Fatalf("Encode wrote %d bytes that differ from the %d of Arrow's stream writer", len(b), len(want))
-				}
-			}()
+			es, err := PackedBatches.entries(in)
+			if err != nil {
+				t.Fatal(err)
+			}
+			assertArrowBytes(t, mem, PackedBatches.codec, es, b)
 			got, err := PackedBatches.Decode(mem, b)
 			if err != nil {
 				t.Fatal(err)

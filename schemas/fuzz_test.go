@@ -1,7 +1,6 @@
 package schemas
 
 import (
-	"bytes"
 	"errors"
 	"reflect"
 	"testing"
@@ -71,18 +70,7 @@ func fuzzCodec[T any](f *testing.F, c *Codec[T], samples []T) {
 		}
 		// The direct encoder writes what Arrow's writer writes for the
 		// record ToRecord builds of the same rows.
-		rec, err := c.ToRecord(mem, rows)
-		if err != nil {
-			t.Fatalf("to record: %v", err)
-		}
-		want, err := writeStream(mem, c.kind, rec)
-		rec.Release()
-		if err != nil {
-			t.Fatalf("arrow stream writer: %v", err)
-		}
-		if !bytes.Equal(again, want) {
-			t.Fatalf("Encode wrote %d bytes that differ from the %d of Arrow's stream writer", len(again), len(want))
-		}
+		assertArrowBytes(t, mem, c, rows, again)
 		rows2, err := c.Decode(mem, again)
 		if err != nil {
 			t.Fatalf("decode of re-encoding: %v", err)
