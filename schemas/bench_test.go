@@ -3,6 +3,7 @@ package schemas
 import (
 	"testing"
 
+	"github.com/apache/arrow-go/v18/arrow"
 	"github.com/apache/arrow-go/v18/arrow/memory"
 )
 
@@ -90,4 +91,39 @@ func BenchmarkTrajectoryRoundTrip(b *testing.B) {
 			b.Fatal(err)
 		}
 	}
+}
+
+// BenchmarkScoredDecode decodes one message of scored trajectories two
+// ways in the same run: the codec's loader (the batch mapped straight onto
+// the known schema) and Arrow's IPC reader followed by the same column
+// readers (the path of streams written by other tools).
+func BenchmarkScoredDecode(b *testing.B) {
+	rows := sampleScored()
+	mem := memory.NewGoAllocator()
+	enc, err := ScoredTrajectories.Encode(mem, rows)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Run("loader", func(b *testing.B) {
+		b.SetBytes(int64(len(enc)))
+		b.ReportAllocs()
+		for b.Loop() {
+			if _, err := ScoredTrajectories.DecodeShared(mem, enc); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("arrow-reader", func(b *testing.B) {
+		b.SetBytes(int64(len(enc)))
+		b.ReportAllocs()
+		for b.Loop() {
+			err := readStream(mem, KindScored, enc, func(rec arrow.RecordBatch) error {
+				_, err := ScoredTrajectories.readRecord(rec, true)
+				return err
+			})
+			if err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
 }

@@ -168,11 +168,6 @@ func (c *Codec[T]) decode(mem memory.Allocator, b []byte, share bool) ([]T, erro
 		if err != nil {
 			return nil, fmt.Errorf("%w: %s: record batch: %w", ErrDecode, c.kind, err)
 		}
-		defer func() {
-			for _, d := range datas {
-				d.Release()
-			}
-		}()
 		return c.readColumns(n, datas, share)
 	}
 	mem = orDefault(mem)
@@ -188,28 +183,28 @@ func (c *Codec[T]) decode(mem memory.Allocator, b []byte, share bool) ([]T, erro
 // readRecord finds the codec's columns in rec by name (extra columns are
 // ignored) and reads them.
 func (c *Codec[T]) readRecord(rec arrow.RecordBatch, share bool) ([]T, error) {
-	datas := make([]arrow.ArrayData, len(c.cols))
+	datas := make([]colData, len(c.cols))
 	for i := range c.cols {
 		name := c.cols[i].name
 		idx := rec.Schema().FieldIndices(name)
 		if len(idx) != 1 {
 			return nil, fmt.Errorf("%w: %s: column %q found %d times", ErrDecode, c.kind, name, len(idx))
 		}
-		datas[i] = rec.Column(idx[0]).Data()
+		datas[i] = fromArrow(rec.Column(idx[0]).Data(), 0)
 	}
 	return c.readColumns(rec.NumRows(), datas, share)
 }
 
-// readColumns checks the structure of one ArrayData per codec column
-// (n rows each) and reads the rows.
-func (c *Codec[T]) readColumns(n int64, datas []arrow.ArrayData, share bool) ([]T, error) {
+// readColumns checks the structure of one column per codec column (n rows
+// each) and reads the rows.
+func (c *Codec[T]) readColumns(n int64, datas []colData, share bool) ([]T, error) {
 	if n < 0 || n > 1<<40 {
 		return nil, fmt.Errorf("%w: %s: %d rows", ErrDecode, c.kind, n)
 	}
 	for i := range c.cols {
-		f, d := c.cols[i].field(), datas[i]
-		if d.Len() != int(n) {
-			return nil, fmt.Errorf("%w: %s: column %q has %d values for %d rows", ErrDecode, c.kind, f.Name, d.Len(), n)
+		f, d := c.cols[i].field(), &datas[i]
+		if d.len != int(n) {
+			return nil, fmt.Errorf("%w: %s: column %q has %d values for %d rows", ErrDecode, c.kind, f.Name, d.len, n)
 		}
 		if err := checkData(d, f.Type, f.Nullable, f.Name); err != nil {
 			return nil, fmt.Errorf("%w: %s: %w", ErrDecode, c.kind, err)
@@ -217,7 +212,7 @@ func (c *Codec[T]) readColumns(n int64, datas []arrow.ArrayData, share bool) ([]
 	}
 	rows := make([]T, n)
 	for i := range c.cols {
-		c.cols[i].read(datas[i], 0, int(n), func(k int) unsafe.Pointer { return unsafe.Pointer(&rows[k]) }, share)
+		c.cols[i].read(&datas[i], 0, int(n), func(k int) unsafe.Pointer { return unsafe.Pointer(&rows[k]) }, share)
 	}
 	return rows, nil
 }

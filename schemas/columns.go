@@ -310,47 +310,37 @@ func (c *col) buildFixedList(b *builder, n int, ptr at) arrow.ArrayData {
 // Readers of validated data. Values are copied as bytes, so input of any
 // alignment is safe.
 
-// bufBytes is the content of buffer i of d (nil when absent).
-func bufBytes(d arrow.ArrayData, i int) []byte {
-	bufs := d.Buffers()
-	if i >= len(bufs) || bufs[i] == nil {
-		return nil
-	}
-	return bufs[i].Bytes()
-}
-
 // offsetsOf is the offsets buffer of list or string data d from its
-// logical row 0, for offAt: the buffer is looked up once per column rather
-// than once per value.
-func offsetsOf(d arrow.ArrayData) []byte { return bufBytes(d, 1)[d.Offset()*4:] }
+// logical row 0, for offAt.
+func offsetsOf(d *colData) []byte { return d.bufs[1][d.off*4:] }
 
 func offAt(offs []byte, i int) int { return int(int32(binary.LittleEndian.Uint32(offs[i*4:]))) }
 
-func isNull(d arrow.ArrayData, i int) bool {
-	return d.NullN() != 0 && !bitutil.BitIsSet(bufBytes(d, 0), d.Offset()+i)
+func isNull(d *colData, i int) bool {
+	return d.nulls != 0 && !bitutil.BitIsSet(d.bufs[0], d.off+i)
 }
 
 // read stores logical elements [start, start+n) of d, which passed
 // checkData against c, into rows 0..n-1.
 // With share, fixed-width list values are not copied: rows point into
 // d's buffers when they are aligned for the element type.
-func (c *col) read(d arrow.ArrayData, start, n int, row at, share bool) {
+func (c *col) read(d *colData, start, n int, row at, share bool) {
 	if n == 0 {
 		return
 	}
 	ptr := func(i int) unsafe.Pointer { return unsafe.Add(row(i), c.off) }
 	switch c.kind {
 	case kindFixed:
-		src := bufBytes(d, 1)[(d.Offset()+start)*c.width:]
+		src := d.bufs[1][(d.off+start)*c.width:]
 		for i := range n {
 			copy(rawBytes(ptr(i), c.width), src[i*c.width:])
 		}
 	case kindBool:
 		for i := range n {
-			*(*bool)(ptr(i)) = bitutil.BitIsSet(bufBytes(d, 1), d.Offset()+start+i)
+			*(*bool)(ptr(i)) = bitutil.BitIsSet(d.bufs[1], d.off+start+i)
 		}
 	case kindString:
-		data, offs := bufBytes(d, 2), offsetsOf(d)
+		data, offs := d.bufs[2], offsetsOf(d)
 		for i := range n {
 			*(*string)(ptr(i)) = string(data[offAt(offs, start+i):offAt(offs, start+i+1)])
 		}
@@ -364,7 +354,7 @@ func (c *col) read(d arrow.ArrayData, start, n int, row at, share bool) {
 		}
 		all := reflect.MakeSlice(reflect.SliceOf(c.elemType), end-first, end-first)
 		base := all.UnsafePointer()
-		c.elem.read(d.Children()[0], first, end-first, func(k int) unsafe.Pointer {
+		c.elem.read(&d.children[0], first, end-first, func(k int) unsafe.Pointer {
 			return unsafe.Add(base, uintptr(k)*c.elemSize)
 		}, share)
 		for i := range n {
@@ -375,7 +365,7 @@ func (c *col) read(d arrow.ArrayData, start, n int, row at, share bool) {
 		}
 	case kindStruct:
 		for j := range c.fields {
-			c.fields[j].read(d.Children()[j], d.Offset()+start, n, ptr, share)
+			c.fields[j].read(&d.children[j], d.off+start, n, ptr, share)
 		}
 	}
 }
@@ -383,13 +373,13 @@ func (c *col) read(d arrow.ArrayData, start, n int, row at, share bool) {
 // readFixedList copies the column's values once into one Go allocation
 // (or, with share, uses d's aligned values buffer in place) and points
 // each row's slice into it, capacity capped at its length.
-func (c *col) readFixedList(d arrow.ArrayData, start, n int, ptr at, share bool) {
-	child := d.Children()[0]
+func (c *col) readFixedList(d *colData, start, n int, ptr at, share bool) {
+	child := &d.children[0]
 	offs := offsetsOf(d)
 	first, end := offAt(offs, start), offAt(offs, start+n)
 	size := (end - first) * c.width
-	childOff := child.Offset() + first
-	src := bufBytes(child, 1)[childOff*c.width : childOff*c.width+size]
+	childOff := child.off + first
+	src := child.bufs[1][childOff*c.width : childOff*c.width+size]
 	var all []byte
 	if share && size > 0 && uintptr(unsafe.Pointer(unsafe.SliceData(src)))%uintptr(c.width) == 0 {
 		all = src
@@ -398,7 +388,7 @@ func (c *col) readFixedList(d arrow.ArrayData, start, n int, ptr at, share bool)
 		all = unsafeBytes(make([]uint64, (size+7)/8))[:size]
 		copy(all, src)
 	}
-	nulls := d.NullN() != 0
+	nulls := d.nulls != 0
 	for i := range n {
 		lo, hi := offAt(offs, start+i), offAt(offs, start+i+1)
 		switch {
@@ -419,73 +409,59 @@ func (c *col) readFixedList(d arrow.ArrayData, start, n int, ptr at, share bool)
 // index out of bounds. Null entries are allowed only where nullable. Names
 // of list elements and nullability flags in the type are not compared:
 // what matters is the data.
-func checkData(d arrow.ArrayData, want arrow.DataType, nullable bool, path string) error {
-	got := d.DataType()
-	if got.ID() != want.ID() {
-		return fmt.Errorf("column %s: type %s, want %s", path, got, want)
+func checkData(d *colData, want arrow.DataType, nullable bool, path string) error {
+	if d.dt.ID() != want.ID() {
+		return fmt.Errorf("column %s: type %s, want %s", path, d.dt, want)
 	}
-	off, n := d.Offset(), d.Len()
+	off, n := d.off, d.len
 	if off < 0 || n < 0 || off > 1<<40 || n > 1<<40 {
 		return fmt.Errorf("column %s: offset %d length %d out of range", path, off, n)
 	}
-	bufs := d.Buffers()
-	nbufs := map[arrow.Type]int{arrow.STRING: 3, arrow.STRUCT: 1}[want.ID()]
-	if nbufs == 0 {
-		nbufs = 2
+	if need := bufferCount(want.ID()); d.nbufs < need {
+		return fmt.Errorf("column %s: %d buffers, want %d", path, d.nbufs, need)
 	}
-	if len(bufs) < nbufs {
-		return fmt.Errorf("column %s: %d buffers, want %d", path, len(bufs), nbufs)
-	}
-	bufLen := func(i int) int {
-		if bufs[i] == nil {
-			return 0
-		}
-		return bufs[i].Len()
-	}
-	if nulls := d.NullN(); nulls != 0 {
+	if nulls := d.nulls; nulls != 0 {
 		if !nullable {
 			return fmt.Errorf("column %s: %d nulls in a non-nullable column", path, nulls)
 		}
-		if nulls < 0 || nulls > n || bufLen(0) < int(bitutil.BytesForBits(int64(off+n))) {
+		if nulls < 0 || nulls > n || len(d.bufs[0]) < int(bitutil.BytesForBits(int64(off+n))) {
 			return fmt.Errorf("column %s: bad validity bitmap", path)
 		}
 	}
 	switch want.ID() {
 	case arrow.INT32, arrow.INT64, arrow.FLOAT32, arrow.FLOAT64, arrow.UINT8:
 		w := want.(arrow.FixedWidthDataType).BitWidth() / 8
-		if bufLen(1) < (off+n)*w {
-			return fmt.Errorf("column %s: values buffer of %d bytes for %d values", path, bufLen(1), off+n)
+		if len(d.bufs[1]) < (off+n)*w {
+			return fmt.Errorf("column %s: values buffer of %d bytes for %d values", path, len(d.bufs[1]), off+n)
 		}
 	case arrow.BOOL:
-		if bufLen(1) < int(bitutil.BytesForBits(int64(off+n))) {
+		if len(d.bufs[1]) < int(bitutil.BytesForBits(int64(off+n))) {
 			return fmt.Errorf("column %s: bitmap too short", path)
 		}
 	case arrow.STRING:
-		return checkOffsets(d, bufLen(2), path)
+		return checkOffsets(d, len(d.bufs[2]), path)
 	case arrow.LIST:
-		children := d.Children()
-		if len(children) != 1 {
+		if len(d.children) != 1 {
 			return fmt.Errorf("column %s: list without values", path)
 		}
-		if err := checkOffsets(d, children[0].Len(), path); err != nil {
+		if err := checkOffsets(d, d.children[0].len, path); err != nil {
 			return err
 		}
-		return checkData(children[0], want.(*arrow.ListType).Elem(), false, path+".item")
+		return checkData(&d.children[0], want.(*arrow.ListType).Elem(), false, path+".item")
 	case arrow.STRUCT:
 		st := want.(*arrow.StructType)
-		gst, ok := got.(*arrow.StructType)
-		children := d.Children()
-		if !ok || len(children) != st.NumFields() || gst.NumFields() != st.NumFields() {
-			return fmt.Errorf("column %s: struct has %d fields, want %d", path, len(children), st.NumFields())
+		gst, ok := d.dt.(*arrow.StructType)
+		if !ok || len(d.children) != st.NumFields() || gst.NumFields() != st.NumFields() {
+			return fmt.Errorf("column %s: struct has %d fields, want %d", path, len(d.children), st.NumFields())
 		}
 		for i, f := range st.Fields() {
 			if gst.Field(i).Name != f.Name {
 				return fmt.Errorf("column %s: field %d is %q, want %q", path, i, gst.Field(i).Name, f.Name)
 			}
-			if children[i].Len() < off+n {
-				return fmt.Errorf("column %s.%s: %d values, want %d", path, f.Name, children[i].Len(), off+n)
+			if d.children[i].len < off+n {
+				return fmt.Errorf("column %s.%s: %d values, want %d", path, f.Name, d.children[i].len, off+n)
 			}
-			if err := checkData(children[i], f.Type, f.Nullable, path+"."+f.Name); err != nil {
+			if err := checkData(&d.children[i], f.Type, f.Nullable, path+"."+f.Name); err != nil {
 				return err
 			}
 		}
@@ -497,9 +473,9 @@ func checkData(d arrow.ArrayData, want arrow.DataType, nullable bool, path strin
 
 // checkOffsets verifies the int32 offsets of a list or string array:
 // present, non-decreasing, and within [0, limit].
-func checkOffsets(d arrow.ArrayData, limit int, path string) error {
-	off, n := d.Offset(), d.Len()
-	b := bufBytes(d, 1)
+func checkOffsets(d *colData, limit int, path string) error {
+	off, n := d.off, d.len
+	b := d.bufs[1]
 	if n == 0 && len(b) == 0 {
 		return nil
 	}

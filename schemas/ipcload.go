@@ -5,8 +5,6 @@ import (
 	"fmt"
 
 	"github.com/apache/arrow-go/v18/arrow"
-	"github.com/apache/arrow-go/v18/arrow/array"
-	"github.com/apache/arrow-go/v18/arrow/memory"
 )
 
 // This file loads the record batch of a stream whose schema message is
@@ -18,6 +16,50 @@ import (
 // what is present; the column checks of readColumns (checkData) then
 // bound every offset, as for batches from the Arrow reader.
 
+// colData is one column of a record batch as the readers need it: its
+// field node (length, null count, offset), its buffers in the IPC order
+// (0: validity bitmap, nil without nulls; 1: values or offsets; 2: string
+// bytes) and its children. It views the memory it was loaded from: the
+// message body, or the buffers of Arrow array data (fromArrow).
+type colData struct {
+	dt              arrow.DataType
+	len, nulls, off int
+	nbufs           int // buffers present
+	bufs            [3][]byte
+	children        []colData
+}
+
+// bufferCount is the number of buffers of a node of type id.
+func bufferCount(id arrow.Type) int {
+	switch id {
+	case arrow.STRING:
+		return 3
+	case arrow.STRUCT:
+		return 1
+	}
+	return 2
+}
+
+// fromArrow views Arrow array data as colData, children to the depth a
+// codec's schema can reach (checkData never looks deeper).
+func fromArrow(d arrow.ArrayData, depth int) colData {
+	c := colData{dt: d.DataType(), len: d.Len(), nulls: d.NullN(), off: d.Offset()}
+	bufs := d.Buffers()
+	c.nbufs = min(len(bufs), len(c.bufs))
+	for i := range c.nbufs {
+		if bufs[i] != nil {
+			c.bufs[i] = bufs[i].Bytes()
+		}
+	}
+	if kids := d.Children(); len(kids) > 0 && depth < maxSchemaDepth {
+		c.children = make([]colData, len(kids))
+		for i, k := range kids {
+			c.children[i] = fromArrow(k, depth+1)
+		}
+	}
+	return c
+}
+
 // batchLoader walks the nodes and buffers of one record batch message.
 type batchLoader struct {
 	meta         []byte
@@ -25,12 +67,13 @@ type batchLoader struct {
 	nodes, bufs  fbVector
 	nextN, nextB int
 	limit        int64
+	cols         []colData // one per field node, handed out in order
 }
 
-// loadBatch returns the row count and one ArrayData per field of schema.
+// loadBatch returns the row count and one colData per field of schema.
 // The data views the message body (an 8-byte aligned copy when the body
-// is not aligned); the caller releases it.
-func loadBatch(schema *arrow.Schema, m ipcMessage) (int64, []arrow.ArrayData, error) {
+// is not aligned).
+func loadBatch(schema *arrow.Schema, m ipcMessage) (int64, []colData, error) {
 	root, err := fbRoot(m.meta)
 	if err != nil {
 		return 0, nil, err
@@ -53,26 +96,48 @@ func loadBatch(schema *arrow.Schema, m ipcMessage) (int64, []arrow.ArrayData, er
 	if n < 0 || n > l.limit {
 		return 0, nil, fmt.Errorf("record batch of %d rows", n)
 	}
-	datas := make([]arrow.ArrayData, 0, schema.NumFields())
-	release := func() {
-		for _, d := range datas {
-			d.Release()
-		}
+	// Every node of the batch in one allocation, sized by the schema (a
+	// batch with more nodes is refused below).
+	l.cols = make([]colData, 0, min(l.nodes.n, nodeCount(schema.Fields())))
+	fields, err := l.take(schema.NumFields())
+	if err != nil {
+		return 0, nil, err
 	}
-	for _, f := range schema.Fields() {
-		d, err := l.load(f.Type, 0)
-		if err != nil {
-			release()
+	for i, f := range schema.Fields() {
+		if err := l.load(f.Type, 0, &fields[i]); err != nil {
 			return 0, nil, fmt.Errorf("column %s: %w", f.Name, err)
 		}
-		datas = append(datas, d)
 	}
 	if l.nextN != l.nodes.n || l.nextB != l.bufs.n {
-		release()
 		return 0, nil, fmt.Errorf("record batch has %d field nodes and %d buffers, the schema uses %d and %d",
 			l.nodes.n, l.bufs.n, l.nextN, l.nextB)
 	}
-	return n, datas, nil
+	return n, fields, nil
+}
+
+// nodeCount is the number of field nodes of a batch of fields.
+func nodeCount(fields []arrow.Field) int {
+	n := 0
+	for _, f := range fields {
+		n++
+		switch t := f.Type.(type) {
+		case *arrow.ListType:
+			n += nodeCount([]arrow.Field{t.ElemField()})
+		case *arrow.StructType:
+			n += nodeCount(t.Fields())
+		}
+	}
+	return n
+}
+
+// take hands out the next k nodes' places.
+func (l *batchLoader) take(k int) ([]colData, error) {
+	if k > cap(l.cols)-len(l.cols) {
+		return nil, fmt.Errorf("fewer field nodes than fields")
+	}
+	at := len(l.cols)
+	l.cols = l.cols[:at+k]
+	return l.cols[at : at+k : at+k], nil
 }
 
 func (l *batchLoader) node() (length, nulls int64, err error) {
@@ -90,7 +155,7 @@ func (l *batchLoader) node() (length, nulls int64, err error) {
 }
 
 // buffer returns the next buffer, nil when it is empty.
-func (l *batchLoader) buffer() (*memory.Buffer, error) {
+func (l *batchLoader) buffer() ([]byte, error) {
 	if l.nextB >= l.bufs.n {
 		return nil, fmt.Errorf("fewer buffers than the schema needs")
 	}
@@ -104,67 +169,42 @@ func (l *batchLoader) buffer() (*memory.Buffer, error) {
 	if size == 0 {
 		return nil, nil
 	}
-	return memory.NewBufferBytes(l.body[off : off+size : off+size]), nil
+	return l.body[off : off+size : off+size], nil
 }
 
-func (l *batchLoader) buffers(k int) ([]*memory.Buffer, error) {
-	bufs := make([]*memory.Buffer, k)
-	for i := range bufs {
-		var err error
-		if bufs[i], err = l.buffer(); err != nil {
-			return nil, err
-		}
-	}
-	return bufs, nil
-}
-
-// load reads the node, buffers and children of one field of type dt.
-func (l *batchLoader) load(dt arrow.DataType, depth int) (arrow.ArrayData, error) {
+// load reads the node, buffers and children of one field of type dt into d.
+func (l *batchLoader) load(dt arrow.DataType, depth int, d *colData) error {
 	if depth > maxSchemaDepth {
-		return nil, fmt.Errorf("nested deeper than %d", maxSchemaDepth)
+		return fmt.Errorf("nested deeper than %d", maxSchemaDepth)
 	}
 	n, nulls, err := l.node()
 	if err != nil {
-		return nil, err
+		return err
 	}
-	nbufs := 2
-	switch dt.ID() {
-	case arrow.STRING:
-		nbufs = 3
-	case arrow.STRUCT:
-		nbufs = 1
-	}
-	bufs, err := l.buffers(nbufs)
-	if err != nil {
-		return nil, err
+	*d = colData{dt: dt, len: int(n), nulls: int(nulls), nbufs: bufferCount(dt.ID())}
+	for i := range d.nbufs {
+		if d.bufs[i], err = l.buffer(); err != nil {
+			return err
+		}
 	}
 	if nulls == 0 {
-		bufs[0] = nil // as the Arrow reader: no bitmap without nulls
-	}
-	var children []arrow.ArrayData
-	releaseChildren := func() {
-		for _, c := range children {
-			c.Release()
-		}
+		d.bufs[0] = nil // as the Arrow reader: no bitmap without nulls
 	}
 	switch t := dt.(type) {
 	case *arrow.ListType:
-		c, err := l.load(t.Elem(), depth+1)
-		if err != nil {
-			return nil, err
+		if d.children, err = l.take(1); err != nil {
+			return err
 		}
-		children = append(children, c)
+		return l.load(t.Elem(), depth+1, &d.children[0])
 	case *arrow.StructType:
-		for _, f := range t.Fields() {
-			c, err := l.load(f.Type, depth+1)
-			if err != nil {
-				releaseChildren()
-				return nil, err
+		if d.children, err = l.take(t.NumFields()); err != nil {
+			return err
+		}
+		for i, f := range t.Fields() {
+			if err := l.load(f.Type, depth+1, &d.children[i]); err != nil {
+				return err
 			}
-			children = append(children, c)
 		}
 	}
-	d := array.NewData(dt, int(n), bufs, children, int(nulls), 0)
-	releaseChildren()
-	return d, nil
+	return nil
 }
