@@ -42,6 +42,7 @@ type Codec[T any] struct {
 	kind   Kind
 	schema *arrow.Schema
 	cols   []col
+	nodes  int // field nodes of a record batch of schema
 	// frame is the encoded schema message of schema, written once and
 	// copied at the start of every stream Encode writes.
 	frame func() ([]byte, error)
@@ -65,7 +66,7 @@ func newCodec[T any](kind Kind) *Codec[T] {
 }
 
 func codecOf[T any](kind Kind, schema *arrow.Schema, cols []col) *Codec[T] {
-	return &Codec[T]{kind: kind, schema: schema, cols: cols, frame: sync.OnceValues(func() ([]byte, error) { return schemaFrame(schema) })}
+	return &Codec[T]{kind: kind, schema: schema, cols: cols, nodes: nodeCount(schema), frame: sync.OnceValues(func() ([]byte, error) { return schemaFrame(schema) })}
 }
 
 // Kind is the record kind of the codec.
@@ -164,7 +165,7 @@ func (c *Codec[T]) decode(mem memory.Allocator, b []byte, share bool) ([]T, erro
 		if err != nil {
 			return nil, fmt.Errorf("%w: %s: %w", ErrDecode, c.kind, err)
 		}
-		n, datas, err := loadBatch(c.schema, batch)
+		n, datas, err := loadBatch(c.schema, c.nodes, batch)
 		if err != nil {
 			return nil, fmt.Errorf("%w: %s: record batch: %w", ErrDecode, c.kind, err)
 		}
@@ -206,7 +207,7 @@ func (c *Codec[T]) readColumns(n int64, datas []colData, share bool) ([]T, error
 		if d.len != int(n) {
 			return nil, fmt.Errorf("%w: %s: column %q has %d values for %d rows", ErrDecode, c.kind, f.Name, d.len, n)
 		}
-		if err := checkData(d, f.Type, f.Nullable, f.Name); err != nil {
+		if err := under(f.Name, checkData(d, f.Type, f.Nullable)); err != nil {
 			return nil, fmt.Errorf("%w: %s: %w", ErrDecode, c.kind, err)
 		}
 	}

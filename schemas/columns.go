@@ -409,90 +409,117 @@ func (c *col) readFixedList(d *colData, start, n int, ptr at, share bool) {
 // index out of bounds. Null entries are allowed only where nullable. Names
 // of list elements and nullability flags in the type are not compared:
 // what matters is the data.
-func checkData(d *colData, want arrow.DataType, nullable bool, path string) error {
+func checkData(d *colData, want arrow.DataType, nullable bool) error {
 	if d.dt.ID() != want.ID() {
-		return fmt.Errorf("column %s: type %s, want %s", path, d.dt, want)
+		return columnErr("type %s, want %s", d.dt, want)
 	}
 	off, n := d.off, d.len
 	if off < 0 || n < 0 || off > 1<<40 || n > 1<<40 {
-		return fmt.Errorf("column %s: offset %d length %d out of range", path, off, n)
+		return columnErr("offset %d length %d out of range", off, n)
 	}
 	if need := bufferCount(want.ID()); d.nbufs < need {
-		return fmt.Errorf("column %s: %d buffers, want %d", path, d.nbufs, need)
+		return columnErr("%d buffers, want %d", d.nbufs, need)
 	}
 	if nulls := d.nulls; nulls != 0 {
 		if !nullable {
-			return fmt.Errorf("column %s: %d nulls in a non-nullable column", path, nulls)
+			return columnErr("%d nulls in a non-nullable column", nulls)
 		}
 		if nulls < 0 || nulls > n || len(d.bufs[0]) < int(bitutil.BytesForBits(int64(off+n))) {
-			return fmt.Errorf("column %s: bad validity bitmap", path)
+			return columnErr("bad validity bitmap")
 		}
 	}
 	switch want.ID() {
 	case arrow.INT32, arrow.INT64, arrow.FLOAT32, arrow.FLOAT64, arrow.UINT8:
 		w := want.(arrow.FixedWidthDataType).BitWidth() / 8
 		if len(d.bufs[1]) < (off+n)*w {
-			return fmt.Errorf("column %s: values buffer of %d bytes for %d values", path, len(d.bufs[1]), off+n)
+			return columnErr("values buffer of %d bytes for %d values", len(d.bufs[1]), off+n)
 		}
 	case arrow.BOOL:
 		if len(d.bufs[1]) < int(bitutil.BytesForBits(int64(off+n))) {
-			return fmt.Errorf("column %s: bitmap too short", path)
+			return columnErr("bitmap too short")
 		}
 	case arrow.STRING:
-		return checkOffsets(d, len(d.bufs[2]), path)
+		return checkOffsets(d, len(d.bufs[2]))
 	case arrow.LIST:
 		if len(d.children) != 1 {
-			return fmt.Errorf("column %s: list without values", path)
+			return columnErr("list without values")
 		}
-		if err := checkOffsets(d, d.children[0].len, path); err != nil {
+		if err := checkOffsets(d, d.children[0].len); err != nil {
 			return err
 		}
-		return checkData(&d.children[0], want.(*arrow.ListType).Elem(), false, path+".item")
+		return under("item", checkData(&d.children[0], want.(*arrow.ListType).Elem(), false))
 	case arrow.STRUCT:
 		st := want.(*arrow.StructType)
 		gst, ok := d.dt.(*arrow.StructType)
 		if !ok || len(d.children) != st.NumFields() || gst.NumFields() != st.NumFields() {
-			return fmt.Errorf("column %s: struct has %d fields, want %d", path, len(d.children), st.NumFields())
+			return columnErr("struct has %d fields, want %d", len(d.children), st.NumFields())
 		}
-		for i, f := range st.Fields() {
+		for i := range st.NumFields() {
+			f := st.Field(i)
 			if gst.Field(i).Name != f.Name {
-				return fmt.Errorf("column %s: field %d is %q, want %q", path, i, gst.Field(i).Name, f.Name)
+				return columnErr("field %d is %q, want %q", i, gst.Field(i).Name, f.Name)
 			}
 			if d.children[i].len < off+n {
-				return fmt.Errorf("column %s.%s: %d values, want %d", path, f.Name, d.children[i].len, off+n)
+				return under(f.Name, columnErr("%d values, want %d", d.children[i].len, off+n))
 			}
-			if err := checkData(&d.children[i], f.Type, f.Nullable, path+"."+f.Name); err != nil {
-				return err
+			if err := checkData(&d.children[i], f.Type, f.Nullable); err != nil {
+				return under(f.Name, err)
 			}
 		}
 	default:
-		return fmt.Errorf("column %s: unsupported type %s", path, want)
+		return columnErr("unsupported type %s", want)
 	}
 	return nil
 }
 
 // checkOffsets verifies the int32 offsets of a list or string array:
 // present, non-decreasing, and within [0, limit].
-func checkOffsets(d *colData, limit int, path string) error {
+func checkOffsets(d *colData, limit int) error {
 	off, n := d.off, d.len
 	b := d.bufs[1]
 	if n == 0 && len(b) == 0 {
 		return nil
 	}
 	if len(b) < (off+n+1)*4 {
-		return fmt.Errorf("column %s: offsets buffer too short", path)
+		return columnErr("offsets buffer too short")
 	}
 	offs := b[off*4:]
 	prev := offAt(offs, 0)
 	if prev < 0 || prev > limit {
-		return fmt.Errorf("column %s: offset %d out of range [0,%d]", path, prev, limit)
+		return columnErr("offset %d out of range [0,%d]", prev, limit)
 	}
 	for i := 1; i <= n; i++ {
 		cur := offAt(offs, i)
 		if cur < prev || cur > limit {
-			return fmt.Errorf("column %s: offset %d at %d out of range [%d,%d]", path, cur, i, prev, limit)
+			return columnErr("offset %d at %d out of range [%d,%d]", cur, i, prev, limit)
 		}
 		prev = cur
 	}
 	return nil
+}
+
+// columnError is a structural error of the column at path (dotted from
+// the top-level column; the names are joined as the error returns through
+// the nesting, so a valid batch builds no path at all).
+type columnError struct {
+	path string
+	msg  string
+}
+
+func (e *columnError) Error() string { return "column " + e.path + ": " + e.msg }
+
+func columnErr(format string, args ...any) error {
+	return &columnError{msg: fmt.Sprintf(format, args...)}
+}
+
+// under puts err, when it is a columnError, under the column or field name.
+func under(name string, err error) error {
+	if ce, ok := err.(*columnError); ok {
+		if ce.path == "" {
+			ce.path = name
+		} else {
+			ce.path = name + "." + ce.path
+		}
+	}
+	return err
 }

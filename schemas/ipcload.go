@@ -70,10 +70,10 @@ type batchLoader struct {
 	cols         []colData // one per field node, handed out in order
 }
 
-// loadBatch returns the row count and one colData per field of schema.
-// The data views the message body (an 8-byte aligned copy when the body
-// is not aligned).
-func loadBatch(schema *arrow.Schema, m ipcMessage) (int64, []colData, error) {
+// loadBatch returns the row count and one colData per field of schema,
+// which has nodes field nodes (nodeCount). The data views the message body
+// (an 8-byte aligned copy when the body is not aligned).
+func loadBatch(schema *arrow.Schema, nodes int, m ipcMessage) (int64, []colData, error) {
 	root, err := fbRoot(m.meta)
 	if err != nil {
 		return 0, nil, err
@@ -98,12 +98,13 @@ func loadBatch(schema *arrow.Schema, m ipcMessage) (int64, []colData, error) {
 	}
 	// Every node of the batch in one allocation, sized by the schema (a
 	// batch with more nodes is refused below).
-	l.cols = make([]colData, 0, min(l.nodes.n, nodeCount(schema.Fields())))
+	l.cols = make([]colData, 0, min(l.nodes.n, nodes))
 	fields, err := l.take(schema.NumFields())
 	if err != nil {
 		return 0, nil, err
 	}
-	for i, f := range schema.Fields() {
+	for i := range fields {
+		f := schema.Field(i)
 		if err := l.load(f.Type, 0, &fields[i]); err != nil {
 			return 0, nil, fmt.Errorf("column %s: %w", f.Name, err)
 		}
@@ -115,19 +116,27 @@ func loadBatch(schema *arrow.Schema, m ipcMessage) (int64, []colData, error) {
 	return n, fields, nil
 }
 
-// nodeCount is the number of field nodes of a batch of fields.
-func nodeCount(fields []arrow.Field) int {
+// nodeCount is the number of field nodes of a record batch of schema.
+func nodeCount(schema *arrow.Schema) int {
 	n := 0
-	for _, f := range fields {
-		n++
-		switch t := f.Type.(type) {
-		case *arrow.ListType:
-			n += nodeCount([]arrow.Field{t.ElemField()})
-		case *arrow.StructType:
-			n += nodeCount(t.Fields())
-		}
+	for i := range schema.NumFields() {
+		n += typeNodes(schema.Field(i).Type)
 	}
 	return n
+}
+
+func typeNodes(dt arrow.DataType) int {
+	switch t := dt.(type) {
+	case *arrow.ListType:
+		return 1 + typeNodes(t.Elem())
+	case *arrow.StructType:
+		n := 1
+		for i := range t.NumFields() {
+			n += typeNodes(t.Field(i).Type)
+		}
+		return n
+	}
+	return 1
 }
 
 // take hands out the next k nodes' places.
@@ -200,8 +209,8 @@ func (l *batchLoader) load(dt arrow.DataType, depth int, d *colData) error {
 		if d.children, err = l.take(t.NumFields()); err != nil {
 			return err
 		}
-		for i, f := range t.Fields() {
-			if err := l.load(f.Type, depth+1, &d.children[i]); err != nil {
+		for i := range d.children {
+			if err := l.load(t.Field(i).Type, depth+1, &d.children[i]); err != nil {
 				return err
 			}
 		}
