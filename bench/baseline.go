@@ -30,11 +30,14 @@ type Baseline struct {
 	// shared machine).
 	CPUCores  float64 `json:"cpu_cores"`
 	MBPerCPUS float64 `json:"mb_per_cpu_s"`
+	// PacedRate is the producer's pace in messages per second (0: unpaced).
+	PacedRate float64 `json:"paced_msgs_per_s,omitempty"`
 }
 
 // baseline measures kafka-go produce→consume of pre-encoded trajectory
-// messages (the bytes the source produces) on topic for d.
-func (r *run) baseline(ctx context.Context, topic string, d time.Duration) (*Baseline, error) {
+// messages (the bytes the source produces) on topic for d, the producer
+// paced to rate messages per second when rate > 0.
+func (r *run) baseline(ctx context.Context, topic string, d time.Duration, rate float64) (*Baseline, error) {
 	type msg struct {
 		key, value []byte
 		tokens     int64
@@ -91,11 +94,18 @@ func (r *run) baseline(ctx context.Context, topic string, d time.Duration) (*Bas
 	wg.Add(3)
 	go func() { // producer
 		defer wg.Done()
+		next := time.Now()
 		for i := 0; ; i++ {
 			select {
 			case <-cctx.Done():
 				return
 			case slots <- struct{}{}:
+			}
+			if rate > 0 {
+				next = next.Add(time.Duration(float64(time.Second) / rate))
+				if err := sleepUntil(cctx, next); err != nil {
+					return
+				}
 			}
 			if err, _ := werr.Load().(error); err != nil {
 				errc <- fmt.Errorf("bench: baseline produce: %w", err)
@@ -189,6 +199,22 @@ func (r *run) baseline(ctx context.Context, topic string, d time.Duration) (*Bas
 		Seconds: secs, Messages: m1 - m0, Bytes: b1 - b0,
 		MBPerS: float64(b1-b0) / secs / 1e6, RecordsPerS: float64(m1-m0) / secs,
 		MeanMsgBytes: mean, TokensPerS: float64(k1-k0) / secs,
-		CPUCores: cpu / secs, MBPerCPUS: float64(b1-b0) / max(cpu, 1e-9) / 1e6,
+		CPUCores: cpu / secs, MBPerCPUS: float64(b1-b0) / max(cpu, 1e-9) / 1e6, PacedRate: max(rate, 0),
 	}, nil
+}
+
+// sleepUntil waits for t or the end of ctx.
+func sleepUntil(ctx context.Context, t time.Time) error {
+	d := time.Until(t)
+	if d <= 0 {
+		return ctx.Err()
+	}
+	tm := time.NewTimer(d)
+	defer tm.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-tm.C:
+		return nil
+	}
 }

@@ -64,6 +64,12 @@ type Config struct {
 	// Baseline is how long the raw kafka-go baseline runs (0: a third of
 	// Duration, at least 2 s; negative: skipped).
 	Baseline time.Duration
+	// BaselineRate paces the baseline's producer to this many messages per
+	// second (0: as fast as the broker takes them). The Kafka side's cost
+	// per byte depends on the message rate of a hop (fewer records per
+	// produce request and per fetch at lower rates); a paced baseline at
+	// the pipeline's per-hop rate measures that cost alone.
+	BaselineRate float64
 	// Instances per stage (default 1 each). The pack stage is the single
 	// writer of the batch sequence and runs exactly once.
 	Instances map[string]int
@@ -136,6 +142,9 @@ func (c *Config) defaults() error {
 	}
 	if c.Synth.GroupSize == 0 {
 		c.Synth = synth.Bench()
+	}
+	if c.BaselineRate < 0 || math.IsNaN(c.BaselineRate) || math.IsInf(c.BaselineRate, 0) {
+		return fmt.Errorf("bench: --baseline-rate %v: want messages per second >= 0", c.BaselineRate)
 	}
 	for name, n := range c.Instances {
 		if !isStage(name) {
@@ -325,7 +334,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	if cfg.Baseline > 0 {
 		var bl *Baseline
 		pprof.Do(ctx, pprof.Labels("role", "baseline"), func(ctx context.Context) {
-			bl, err = r.baseline(ctx, base.Name, cfg.Baseline)
+			bl, err = r.baseline(ctx, base.Name, cfg.Baseline, cfg.BaselineRate)
 		})
 		if err != nil {
 			return nil, err

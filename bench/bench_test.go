@@ -40,20 +40,23 @@ func TestConfigRejects(t *testing.T) {
 	cases := []struct {
 		name string
 		inst map[string]int
+		rate float64
 	}{
-		{"unknown stage", map[string]int{"train": 2}},
-		{"zero instances", map[string]int{"validate": 0}},
-		{"two packs", map[string]int{"pack": 2}},
+		{"unknown stage", map[string]int{"train": 2}, 0},
+		{"zero instances", map[string]int{"validate": 0}, 0},
+		{"two packs", map[string]int{"pack": 2}, 0},
+		{"negative baseline rate", nil, -1},
+		{"NaN baseline rate", nil, math.NaN()},
 	}
 	for _, tc := range cases {
-		c := Config{Contract: nil, Instances: tc.inst}
+		c := Config{Contract: nil, Instances: tc.inst, BaselineRate: tc.rate}
 		if err := c.defaults(); err == nil {
 			t.Errorf("%s: accepted without a contract", tc.name)
 		}
 	}
 	c, _, _ := coreInput(t)
 	for _, tc := range cases {
-		cfg := Config{Contract: c, Instances: tc.inst}
+		cfg := Config{Contract: c, Instances: tc.inst, BaselineRate: tc.rate}
 		if err := cfg.defaults(); err == nil {
 			t.Errorf("%s: accepted", tc.name)
 		}

@@ -386,7 +386,11 @@ func (rep *Report) WriteTable(w io.Writer) error {
 	p("through broker   pipeline %.1f MB/s   raw kafka-go baseline %.1f MB/s   ratio %.2f\n",
 		rep.PipelineMBPerS, rep.BaselineMBPerS, rep.RatioToBaseline)
 	if rep.Baseline != nil {
-		p("                 baseline: %.0f msgs/s of %.0f KB, %s tokens/s, %.2f cores\n", rep.Baseline.RecordsPerS, rep.Baseline.MeanMsgBytes/1e3, human(rep.Baseline.TokensPerS), rep.Baseline.CPUCores)
+		paced := ""
+		if rep.Baseline.PacedRate > 0 {
+			paced = fmt.Sprintf(" (producer paced to %.0f msgs/s)", rep.Baseline.PacedRate)
+		}
+		p("                 baseline: %.0f msgs/s of %.0f KB, %s tokens/s, %.2f cores%s\n", rep.Baseline.RecordsPerS, rep.Baseline.MeanMsgBytes/1e3, human(rep.Baseline.TokensPerS), rep.Baseline.CPUCores, paced)
 		p("per CPU-second   pipeline %.1f MB   baseline %.1f MB   ratio %.2f\n", rep.PipelineMBPerCPUS, rep.Baseline.MBPerCPUS, rep.RatioToBaselineCPU)
 	}
 	p("latency (ms)     p50 %.1f  p90 %.1f  p99 %.1f  max %.1f  (production → batch, %d records)\n",

@@ -31,6 +31,7 @@ func cmdBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	warmup := fs.Duration("warmup", 3*time.Second, "warm-up before the measurement")
 	tokens := fs.Int64("tokens", 0, "end the measurement after this many generated tokens are decided (0: --duration only)")
 	baseline := fs.Duration("baseline", 0, "raw kafka-go baseline duration (0: a third of --duration, at least 2s; negative: skip)")
+	baselineRate := fs.Float64("baseline-rate", 0, "pace the baseline's producer to this many messages/s (0: unpaced); at the pipeline's per-hop message rate it measures the Kafka side's cost per byte at that rate")
 	instances := fs.String("instances", "", "instances per stage in one consumer group, e.g. validate=2,reward=2")
 	linger := fs.Duration("linger", 0, "operators' producer batch timeout (0: the runtime default)")
 	inflight := fs.Int("inflight-groups", 192, "groups produced but not yet decided (closed loop)")
@@ -64,7 +65,7 @@ func cmdBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return fmt.Errorf("%w: %v", errUsage, err)
 	}
 	cfg := bench.Config{
-		Contract: c, Warmup: *warmup, Duration: *duration, Tokens: *tokens, Baseline: *baseline,
+		Contract: c, Warmup: *warmup, Duration: *duration, Tokens: *tokens, Baseline: *baseline, BaselineRate: *baselineRate,
 		Instances: inst, InFlightGroups: *inflight, MemoryLimit: *memLimit, Logger: newLogger(stderr, *logLevel), BatchTimeout: *linger,
 	}
 	s := synth.Bench()

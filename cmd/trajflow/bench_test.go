@@ -104,3 +104,32 @@ func TestBenchRejectsPackInstances(t *testing.T) {
 		t.Fatalf("exit %d, stderr %q: want a refusal of pack=2", code, stderr.String())
 	}
 }
+
+// TestBenchPacedBaseline: with --baseline-rate the baseline's producer
+// keeps to the pace (the consumer can only read what was produced) and
+// the report says so.
+func TestBenchPacedBaseline(t *testing.T) {
+	const rate = 40
+	args := []string{"bench", "--contract", "../../testdata/contracts/bench.yaml", "--duration", "1s", "--warmup", "0s",
+		"--baseline", "2s", "--baseline-rate", "40", "--mean-tokens", "400", "--max-tokens", "8000", "--json"}
+	var stdout, stderr bytes.Buffer
+	if code := run(context.Background(), args, &stdout, &stderr); code != 0 {
+		t.Fatalf("exit %d: %s", code, stderr.String())
+	}
+	var rep struct {
+		Baseline struct {
+			RecordsPerS float64 `json:"records_per_s"`
+			PacedRate   float64 `json:"paced_msgs_per_s"`
+		} `json:"baseline"`
+	}
+	if err := json.Unmarshal(stdout.Bytes(), &rep); err != nil {
+		t.Fatalf("report is not JSON: %v\n%s", err, stdout.String())
+	}
+	if rep.Baseline.PacedRate != rate {
+		t.Errorf("paced_msgs_per_s = %v, want %d", rep.Baseline.PacedRate, rate)
+	}
+	// Unpaced, the same broker moves thousands of these messages a second.
+	if r := rep.Baseline.RecordsPerS; r <= 0 || r > rate*1.25 {
+		t.Errorf("baseline read %.1f messages/s, want at most the pace of %d (+25%%)", r, rate)
+	}
+}
