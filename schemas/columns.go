@@ -340,9 +340,15 @@ func (c *col) read(d *colData, start, n int, row at, share bool) {
 			*(*bool)(ptr(i)) = bitutil.BitIsSet(d.bufs[1], d.off+start+i)
 		}
 	case kindString:
+		// Consecutive equal values (a group's ids, run ids, statuses) share
+		// one string.
 		data, offs := d.bufs[2], offsetsOf(d)
+		prev := ""
 		for i := range n {
-			*(*string)(ptr(i)) = string(data[offAt(offs, start+i):offAt(offs, start+i+1)])
+			if b := data[offAt(offs, start+i):offAt(offs, start+i+1)]; string(b) != prev {
+				prev = string(b)
+			}
+			*(*string)(ptr(i)) = prev
 		}
 	case kindFixedList:
 		c.readFixedList(d, start, n, ptr, share)
