@@ -80,7 +80,7 @@ func (r *run) baseline(ctx context.Context, topic string, d time.Duration, rate 
 	}
 	rd := kafkago.NewReader(kafkago.ReaderConfig{
 		Brokers: r.addr, GroupID: topic + ".consumer", GroupTopics: []string{topic}, Dialer: r.dialer,
-		MinBytes: 1, MaxBytes: r.cfg.Contract.Topics.MaxMessageBytes + (1 << 20), MaxWait: 100 * time.Millisecond,
+		MinBytes: 1, MaxBytes: r.cfg.Contract.Topics.MaxMessageBytes + (1 << 20), MaxWait: kafka.FetchMaxWait,
 		StartOffset: kafkago.FirstOffset, SessionTimeout: 10 * time.Second, HeartbeatInterval: time.Second,
 		JoinGroupBackoff: 200 * time.Millisecond,
 	})

@@ -676,7 +676,7 @@ func (r *run) sink(ctx context.Context, ready chan<- struct{}) error {
 	rd := kafkago.NewReader(kafkago.ReaderConfig{
 		Brokers: r.addr, GroupID: r.runID + ".bench-sink", GroupTopics: []string{r.topics.Batches, r.topics.Census},
 		Dialer: r.dialer, MinBytes: 1, MaxBytes: r.cfg.Contract.Topics.MaxMessageBytes + (1 << 20),
-		MaxWait: 50 * time.Millisecond, StartOffset: kafkago.FirstOffset, SessionTimeout: 10 * time.Second,
+		MaxWait: kafka.FetchMaxWait, StartOffset: kafkago.FirstOffset, SessionTimeout: 10 * time.Second,
 		HeartbeatInterval: time.Second, JoinGroupBackoff: 200 * time.Millisecond,
 		QueueCapacity: 4, // batches are large: a short queue bounds what is read ahead
 	})

@@ -175,7 +175,7 @@ func (o *Operator) Run(ctx context.Context) error {
 		Dialer:            cfg.Dialer,
 		MinBytes:          1,
 		MaxBytes:          cfg.MaxMessageBytes + (1 << 20),
-		MaxWait:           100 * time.Millisecond,
+		MaxWait:           tfkafka.FetchMaxWait,
 		StartOffset:       kafka.FirstOffset,
 		CommitInterval:    0, // commits are explicit and synchronous
 		HeartbeatInterval: time.Second,

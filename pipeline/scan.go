@@ -58,7 +58,7 @@ func scanPartition(ctx context.Context, cfg *Config, dialer *kafka.Dialer, topic
 	}
 	r := kafka.NewReader(kafka.ReaderConfig{
 		Brokers: cfg.Brokers, Topic: topic, Partition: partition, Dialer: cfg.Dialer,
-		MinBytes: 1, MaxBytes: maxInt(cfg.MaxMessageBytes, 1<<20) + (1 << 20), MaxWait: 100 * time.Millisecond,
+		MinBytes: 1, MaxBytes: maxInt(cfg.MaxMessageBytes, 1<<20) + (1 << 20), MaxWait: scanMaxWait,
 	})
 	defer r.Close()
 	if err := r.SetOffset(start); err != nil {
@@ -84,6 +84,12 @@ func scanPartition(ctx context.Context, cfg *Config, dialer *kafka.Dialer, topic
 		}
 	}
 }
+
+// scanMaxWait is the MaxWait of a scan's reader. A scan stops at the end
+// offset it read first, so no fetch of it waits for new records but the
+// reader's read-ahead after the last one, which Close waits for; unlike a
+// long-running consumer (tfkafka.FetchMaxWait) it keeps that wait short.
+const scanMaxWait = 100 * time.Millisecond
 
 func maxInt(a, b int) int {
 	if a > b {

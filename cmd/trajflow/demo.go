@@ -183,7 +183,7 @@ func (e *evaluator) success(ctx context.Context, pol *model.Policy) (float64, er
 // until ctx ends.
 func tail(ctx context.Context, brokers []string, topic string, out chan<- kafkago.Message) {
 	for ctx.Err() == nil {
-		r := kafkago.NewReader(kafkago.ReaderConfig{Brokers: brokers, Topic: topic, Partition: 0, MinBytes: 1, MaxBytes: 64 << 20, MaxWait: 50 * time.Millisecond})
+		r := kafkago.NewReader(kafkago.ReaderConfig{Brokers: brokers, Topic: topic, Partition: 0, MinBytes: 1, MaxBytes: 64 << 20, MaxWait: kafka.FetchMaxWait})
 		for {
 			m, err := r.FetchMessage(ctx)
 			if err != nil {

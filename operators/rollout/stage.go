@@ -10,6 +10,7 @@ import (
 
 	"github.com/segmentio/kafka-go"
 
+	tfkafka "github.com/trajflow/trajflow/connectors/kafka"
 	"github.com/trajflow/trajflow/gpu/model"
 	"github.com/trajflow/trajflow/operators/stagekit"
 	"github.com/trajflow/trajflow/pipeline"
@@ -120,7 +121,7 @@ func (s *Stage) watch(ctx context.Context, cfg *pipeline.Config, log *slog.Logge
 	for ctx.Err() == nil {
 		r := kafka.NewReader(kafka.ReaderConfig{
 			Brokers: cfg.Brokers, Topic: s.cfg.Topics.Policy, Partition: 0, Dialer: cfg.Dialer,
-			MinBytes: 1, MaxBytes: 16 << 20, MaxWait: 100 * time.Millisecond,
+			MinBytes: 1, MaxBytes: 16 << 20, MaxWait: tfkafka.FetchMaxWait,
 		})
 		err := r.SetOffset(kafka.FirstOffset)
 		for err == nil {
