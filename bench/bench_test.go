@@ -114,7 +114,7 @@ func TestLossCategories(t *testing.T) {
 
 // TestRetentionFollowsInFlight checks the embedded broker's retention and
 // memory bound against hand-computed values for the bench contract (8
-// trajectories per group, 4 partitions, 521000-token batches of 32768-token
+// trajectories per group, 2 partitions, 521000-token batches of 32768-token
 // rows): the closed loop's unread bytes must never reach the retention.
 func TestRetentionFollowsInFlight(t *testing.T) {
 	t.Setenv("TRAJFLOW_BENCH_RETENTION", "")
@@ -126,11 +126,11 @@ func TestRetentionFollowsInFlight(t *testing.T) {
 		retention int64 // per data partition
 		batches   int64 // batches the batches topic keeps
 	}{
-		// 4 * 256 groups * 8 * 1000 tokens * 9 bytes / 4 partitions = 18.4 MB + 2 MiB < 24 MiB floor;
-		// 256*8*1000 = 2.05 M tokens = 3.9 batches -> 2 * 4 = 8.
-		{256, 1000, 24 << 20, 8},
-		// 4 * 1024 * 8 * 1000 * 9 / 4 = 73,728,000 + 2 MiB; 8.19 M tokens = 15.7 batches -> 32.
-		{1024, 1000, 73728000 + 2<<20, 32},
+		// 4 * 256 groups * 8 * 1000 tokens * 9 bytes / 2 partitions = 36,864,000 + 2 MiB (above
+		// the 24 MiB floor); 256*8*1000 = 2.05 M tokens = 3.9 batches -> 2 * 4 = 8.
+		{256, 1000, 36864000 + 2<<20, 8},
+		// 4 * 1024 * 8 * 1000 * 9 / 2 = 147,456,000 + 2 MiB; 8.19 M tokens = 15.7 batches -> 32.
+		{1024, 1000, 147456000 + 2<<20, 32},
 		// short trajectories: the floor and the minimum of four batches.
 		{16, 400, 24 << 20, 4},
 	}
@@ -143,7 +143,8 @@ func TestRetentionFollowsInFlight(t *testing.T) {
 		if got := r.batchesRetention(); got != tc.batches*batch {
 			t.Errorf("inflight %d: batches retention %d (%d batches), want %d batches", tc.inflight, got, got/batch, tc.batches)
 		}
-		want := 4*4*(tc.retention+segmentBytes) + tc.batches*batch + 14<<20
+		// four data topics of two partitions, the batches, 14 MiB of low-rate topics
+		want := 4*2*(tc.retention+segmentBytes) + tc.batches*batch + 14<<20
 		if got := r.brokerBound(tc.retention); got != want {
 			t.Errorf("inflight %d: broker bound %d, want %d", tc.inflight, got, want)
 		}
