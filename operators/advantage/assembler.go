@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 
+	"github.com/trajflow/trajflow/internal/idset"
 	"github.com/trajflow/trajflow/schemas"
 )
 
@@ -87,8 +88,8 @@ type Assembler struct {
 	seq      uint64
 	stats    AssemblerStats
 
-	done     map[string]struct{}
-	doneRing []string // FIFO of remembered group ids; len <= capacity
+	done     *idset.Set  // remembered group ids (not scanned by the collector)
+	doneRing []idset.Key // FIFO of remembered group ids; len <= capacity
 	doneHead int
 	capacity int
 }
@@ -98,7 +99,7 @@ type Assembler struct {
 func NewAssembler(remember int) *Assembler {
 	return &Assembler{
 		open:     make(map[string]*openGroup),
-		done:     make(map[string]struct{}),
+		done:     idset.New(),
 		capacity: max(remember, 0),
 	}
 }
@@ -118,7 +119,7 @@ func (a *Assembler) Add(r schemas.Rewarded) (group []schemas.Rewarded, done bool
 		}
 		return nil, false
 	}
-	if _, ok := a.done[r.GroupID]; ok {
+	if a.done.Has(r.GroupID) {
 		a.stats.Late++
 		return nil, false
 	}
@@ -206,14 +207,16 @@ func (a *Assembler) remember(id string) {
 	if a.capacity == 0 {
 		return
 	}
+	if len(a.doneRing) == a.capacity {
+		a.done.Delete(a.doneRing[a.doneHead])
+	}
+	k := a.done.Add(id)
 	if len(a.doneRing) < a.capacity {
-		a.doneRing = append(a.doneRing, id)
+		a.doneRing = append(a.doneRing, k)
 	} else {
-		delete(a.done, a.doneRing[a.doneHead])
-		a.doneRing[a.doneHead] = id
+		a.doneRing[a.doneHead] = k
 		a.doneHead = (a.doneHead + 1) % a.capacity
 	}
-	a.done[id] = struct{}{}
 }
 
 // Open lists the open groups ordered by FirstSeq (oldest first), then
@@ -246,7 +249,7 @@ func (a *Assembler) Stats() AssemblerStats { return a.stats }
 // records of it are counted Late and ignored. A stage calls it while
 // rebuilding from its output topic after losing its local state.
 func (a *Assembler) Remember(groupID string) {
-	if _, ok := a.done[groupID]; ok {
+	if a.done.Has(groupID) {
 		return
 	}
 	a.remember(groupID)
@@ -257,6 +260,5 @@ func (a *Assembler) Known(groupID string) bool {
 	if _, ok := a.open[groupID]; ok {
 		return true
 	}
-	_, ok := a.done[groupID]
-	return ok
+	return a.done.Has(groupID)
 }

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/trajflow/trajflow/connectors/state"
+	"github.com/trajflow/trajflow/internal/idset"
 	"github.com/trajflow/trajflow/operators/stagekit"
 	"github.com/trajflow/trajflow/pipeline"
 	"github.com/trajflow/trajflow/schemas"
@@ -93,7 +94,7 @@ type Stage struct {
 	held      map[pipeline.Ref]struct{}
 	opened    time.Time
 	// bounded deduplication memory (see remember)
-	recent     []string
+	recent     []idset.Key
 	recentHead int
 	// statistics of the records decided in the open window
 	records   int
@@ -173,12 +174,13 @@ func (s *Stage) Start(ctx context.Context, env *pipeline.Env) error {
 // committed long ago, so they are not redelivered; ids read back from the
 // batches topic at a start stay in the local state for DedupHorizon).
 func (s *Stage) remember(id string) {
+	k := idset.KeyOf(id)
 	if len(s.recent) < s.cfg.DedupMemory {
-		s.recent = append(s.recent, id)
+		s.recent = append(s.recent, k)
 		return
 	}
-	s.win.Forget(s.recent[s.recentHead])
-	s.recent[s.recentHead] = id
+	s.win.ForgetKey(s.recent[s.recentHead])
+	s.recent[s.recentHead] = k
 	s.recentHead = (s.recentHead + 1) % len(s.recent)
 }
 

@@ -6,6 +6,7 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/trajflow/trajflow/internal/idset"
 	"github.com/trajflow/trajflow/schemas"
 )
 
@@ -95,11 +96,11 @@ type Closed struct {
 type Window struct {
 	opts           Options
 	trainerVersion int64
-	seen           map[string]struct{}
+	seen           *idset.Set // decided ids (not scanned by the collector)
 	pending        []Segment
-	pendingIDs     map[string]struct{} // the record ids of pending
-	groups         map[string]struct{} // groups with an admitted member in the open batch
-	decided        map[string]struct{} // groups with an admitted or filtered member in the open batch
+	pendingIDs     map[idset.Key]struct{} // the record ids of pending
+	groups         map[string]struct{}    // groups with an admitted member in the open batch
+	decided        map[string]struct{}    // groups with an admitted or filtered member in the open batch
 	countDecided   bool
 	tokens         int
 	cols           *Columns // ReuseColumns: the closed batches' arrays
@@ -120,8 +121,8 @@ func NewWindow(opts Options, trainerVersion int64) (*Window, error) {
 	return &Window{
 		opts:           opts,
 		trainerVersion: trainerVersion,
-		seen:           make(map[string]struct{}),
-		pendingIDs:     make(map[string]struct{}),
+		seen:           idset.New(),
+		pendingIDs:     make(map[idset.Key]struct{}),
 		groups:         make(map[string]struct{}),
 		decided:        make(map[string]struct{}),
 	}, nil
@@ -171,7 +172,7 @@ func (w *Window) Add(s schemas.Scored) (Result, error) {
 	if id == "" {
 		return Result{}, fmt.Errorf("%w: record without id (group %s)", ErrMalformed, s.GroupID)
 	}
-	if _, ok := w.seen[id]; ok {
+	if w.seen.Has(id) {
 		return Result{Outcome: Duplicate, Ready: w.Ready()}, nil
 	}
 	if !w.Accepts(s.GroupID) {
@@ -180,17 +181,17 @@ func (w *Window) Add(s schemas.Scored) (Result, error) {
 	seg, f, err := Reconstruct(&s, w.trainerVersion, w.opts)
 	if err != nil {
 		if !errors.Is(err, ErrOptions) {
-			w.seen[id] = struct{}{}
+			w.seen.Add(id)
 		}
 		return Result{Ready: w.Ready()}, fmt.Errorf("pack window: %w", err)
 	}
-	w.seen[id] = struct{}{}
+	key := w.seen.Add(id)
 	w.decided[s.GroupID] = struct{}{}
 	if f != FilterNone {
 		return Result{Outcome: Filtered, Filter: f, Ready: w.Ready()}, nil
 	}
 	w.pending = append(w.pending, seg)
-	w.pendingIDs[seg.TrajectoryID] = struct{}{}
+	w.pendingIDs[key] = struct{}{}
 	w.tokens += seg.Len()
 	w.groups[seg.GroupID] = struct{}{}
 	return Result{
@@ -249,16 +250,13 @@ func (w *Window) Pending() []string {
 }
 
 // Seen reports whether id was already decided.
-func (w *Window) Seen(id string) bool {
-	_, ok := w.seen[id]
-	return ok
-}
+func (w *Window) Seen(id string) bool { return w.seen.Has(id) }
 
 // MarkSeen records ids as decided (restoring deduplication memory after a
 // restart); later Adds of them are Duplicates.
 func (w *Window) MarkSeen(ids ...string) {
 	for _, id := range ids {
-		w.seen[id] = struct{}{}
+		w.seen.Add(id)
 	}
 }
 
@@ -268,9 +266,14 @@ func (w *Window) MarkSeen(ids ...string) {
 // of the open batch stays decided until Close.
 func (w *Window) Forget(ids ...string) {
 	for _, id := range ids {
-		if _, open := w.pendingIDs[id]; !open {
-			delete(w.seen, id)
-		}
+		w.ForgetKey(idset.KeyOf(id))
+	}
+}
+
+// ForgetKey is Forget for the id of key k (idset.KeyOf).
+func (w *Window) ForgetKey(k idset.Key) {
+	if _, open := w.pendingIDs[k]; !open {
+		w.seen.Delete(k)
 	}
 }
 

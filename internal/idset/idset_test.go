@@ -1,0 +1,145 @@
+package idset
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"reflect"
+	"runtime"
+	"testing"
+	"time"
+)
+
+func derived(i int) string {
+	sum := sha256.Sum256([]byte(fmt.Sprint(i)))
+	return hex.EncodeToString(sum[:16])
+}
+
+func TestKeyOf(t *testing.T) {
+	id := derived(1)
+	cases := []struct {
+		name  string
+		id    string
+		other bool
+	}{
+		{"derived id", id, false},
+		{"all digits", "01234567890123456789012345678901", false},
+		{"upper case hex", "0123456789ABCDEF0123456789ABCDEF", true},
+		{"31 digits", id[:31], true},
+		{"33 digits", id + "0", true},
+		{"not hex", "g" + id[1:], true},
+		{"empty", "", true},
+		{"free text", "task-7/member-3", true},
+	}
+	for _, tc := range cases {
+		k := KeyOf(tc.id)
+		if k.other != tc.other {
+			t.Errorf("%s: other = %v, want %v", tc.name, k.other, tc.other)
+		}
+		if !tc.other && hex.EncodeToString(k.b[:]) != tc.id {
+			t.Errorf("%s: key %x does not spell %s", tc.name, k.b, tc.id)
+		}
+	}
+}
+
+func TestSet(t *testing.T) {
+	s := New()
+	a, b := derived(1), derived(2)
+	upper := "0123456789ABCDEF0123456789ABCDEF"
+	lower := "0123456789abcdef0123456789abcdef"
+	for _, id := range []string{a, "free text", upper} {
+		s.Add(id)
+	}
+	for _, tc := range []struct {
+		id   string
+		want bool
+	}{
+		{a, true}, {b, false}, {"free text", true}, {"free text ", false}, {upper, true},
+		{lower, false}, // same bytes as upper when decoded, a different id
+	} {
+		if got := s.Has(tc.id); got != tc.want {
+			t.Errorf("Has(%q) = %v, want %v", tc.id, got, tc.want)
+		}
+	}
+	if s.Len() != 3 {
+		t.Errorf("Len = %d, want 3", s.Len())
+	}
+	s.Delete(KeyOf(a))
+	s.Delete(KeyOf("free text"))
+	s.Delete(KeyOf(b)) // absent: no effect
+	if s.Has(a) || s.Has("free text") || !s.Has(upper) || s.Len() != 1 {
+		t.Errorf("after deletes: Has(a)=%v Has(free text)=%v Has(upper)=%v Len=%d", s.Has(a), s.Has("free text"), s.Has(upper), s.Len())
+	}
+	if k := s.Add(b); !s.HasKey(k, b) {
+		t.Error("HasKey with the key Add returned is false")
+	}
+}
+
+// TestKeysHoldNoPointers: the point of the package is memory the garbage
+// collector does not scan.
+func TestKeysHoldNoPointers(t *testing.T) {
+	for _, typ := range []reflect.Type{reflect.TypeFor[Key](), reflect.TypeFor[map[[16]byte]struct{}]().Key()} {
+		if hasPointers(typ) {
+			t.Errorf("%v holds pointers", typ)
+		}
+	}
+}
+
+func hasPointers(t reflect.Type) bool {
+	switch t.Kind() {
+	case reflect.Array:
+		return hasPointers(t.Elem())
+	case reflect.Struct:
+		for i := range t.NumField() {
+			if hasPointers(t.Field(i).Type) {
+				return true
+			}
+		}
+		return false
+	case reflect.Bool, reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64,
+		reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64, reflect.Uintptr,
+		reflect.Float32, reflect.Float64, reflect.Complex64, reflect.Complex128:
+		return false
+	}
+	return true
+}
+
+// BenchmarkCollectWithIDs reports how long a full collection takes with a
+// million derived ids remembered, kept as a set of strings with a FIFO of
+// strings (as before) or as a Set with a FIFO of Keys.
+func BenchmarkCollectWithIDs(b *testing.B) {
+	const n = 1 << 20
+	b.Run("strings", func(b *testing.B) {
+		set := make(map[string]struct{}, n)
+		ring := make([]string, n)
+		for i := range n {
+			id := derived(i)
+			set[id] = struct{}{}
+			ring[i] = id
+		}
+		benchCollect(b)
+		runtime.KeepAlive(set)
+		runtime.KeepAlive(ring)
+	})
+	b.Run("idset", func(b *testing.B) {
+		set := New()
+		ring := make([]Key, n)
+		for i := range n {
+			ring[i] = set.Add(derived(i))
+		}
+		benchCollect(b)
+		runtime.KeepAlive(set)
+		runtime.KeepAlive(ring)
+	})
+}
+
+func benchCollect(b *testing.B) {
+	runtime.GC()
+	var total time.Duration
+	for b.Loop() {
+		t0 := time.Now()
+		runtime.GC()
+		total += time.Since(t0)
+	}
+	b.ReportMetric(float64(total.Microseconds())/float64(b.N), "µs/GC")
+}
