@@ -52,11 +52,15 @@ func Decode[T any](c *schemas.Codec[T], m pipeline.Message) ([]T, error) {
 
 // Headers builds the standard headers of a data-plane record.
 func Headers(kind schemas.Kind, id string) []pipeline.Header {
+	return headers(kind, id, TraceParent(id))
+}
+
+func headers(kind schemas.Kind, id, traceparent string) []pipeline.Header {
 	return []pipeline.Header{
 		{Key: schemas.HeaderKind, Value: []byte(kind)},
 		{Key: schemas.HeaderVersion, Value: []byte(strconv.Itoa(schemas.Versions[kind]))},
 		{Key: schemas.HeaderID, Value: []byte(id)},
-		{Key: schemas.HeaderTrace, Value: []byte(TraceParent(id))},
+		{Key: schemas.HeaderTrace, Value: []byte(traceparent)},
 	}
 }
 
@@ -72,7 +76,8 @@ func Encode[T any](c *schemas.Codec[T], topic, key, id string, rows []T) (pipeli
 
 // Census builds a census output keyed by attempt id. The event id is
 // derived from the attempt, the kind and the stage, so a redelivered event
-// has the same id and the census can count distinct events.
+// has the same id and the census can count distinct events. Its
+// traceparent joins the attempt's trace, with a span of its own.
 func Census(topic string, ev schemas.CensusEvent) (pipeline.Output, error) {
 	if ev.EventID == "" {
 		ev.EventID = schemas.DerivedID("census/"+ev.Kind+"/"+ev.Stage+"/"+ev.Reason, ev.AttemptID)
@@ -81,17 +86,25 @@ func Census(topic string, ev schemas.CensusEvent) (pipeline.Output, error) {
 	if err != nil {
 		return pipeline.Output{}, fmt.Errorf("encode census event: %w", err)
 	}
-	return pipeline.Output{Topic: topic, Key: []byte(ev.AttemptID), Value: b, Headers: Headers(schemas.KindCensusEvent, ev.EventID)}, nil
+	trace := TraceParent(ev.EventID)
+	if ev.AttemptID != "" {
+		trace = traceParent(ev.AttemptID, ev.EventID)
+	}
+	return pipeline.Output{Topic: topic, Key: []byte(ev.AttemptID), Value: b, Headers: headers(schemas.KindCensusEvent, ev.EventID, trace)}, nil
 }
 
 // TraceParent derives a W3C traceparent from a record id: the trace id is
 // the attempt's id (32 hex digits), so every record of one attempt shares a
 // trace across stages (systems §15).
-func TraceParent(id string) string {
-	trace := schemas.DerivedID("trace", id)
-	span := trace[:16]
-	if len(id) == 32 {
-		trace = id
+func TraceParent(id string) string { return traceParent(id, id) }
+
+// traceParent is a traceparent in the trace of traceID (the id itself when
+// it has 32 digits, else derived from it) with a span derived from spanID.
+func traceParent(traceID, spanID string) string {
+	span := schemas.DerivedID("trace", spanID)[:16]
+	trace := traceID
+	if len(trace) != 32 {
+		trace = schemas.DerivedID("trace", traceID)
 	}
 	return "00-" + trace + "-" + span + "-01"
 }

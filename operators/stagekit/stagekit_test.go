@@ -1,0 +1,58 @@
+package stagekit
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/trajflow/trajflow/pipeline"
+	"github.com/trajflow/trajflow/schemas"
+)
+
+func header(hs []pipeline.Header, key string) string {
+	for _, h := range hs {
+		if h.Key == key {
+			return string(h.Value)
+		}
+	}
+	return ""
+}
+
+// TestTraceParents: every record of an attempt, its census events
+// included, is in the attempt's trace (systems §15), each with a span of
+// its own; ids that are not 32 digits get a derived trace.
+func TestTraceParents(t *testing.T) {
+	attempt := schemas.DerivedID("attempt", "a")
+	parse := func(tp string) (trace, span string) {
+		parts := strings.Split(tp, "-")
+		if len(parts) != 4 || parts[0] != "00" || len(parts[1]) != 32 || len(parts[2]) != 16 || parts[3] != "01" {
+			t.Fatalf("traceparent %q is not 00-<32>-<16>-01", tp)
+		}
+		return parts[1], parts[2]
+	}
+	recTrace, recSpan := parse(TraceParent(attempt))
+	if recTrace != attempt {
+		t.Errorf("record trace %s, want the attempt id %s", recTrace, attempt)
+	}
+	var spans []string
+	for _, kind := range []string{schemas.CensusAdmitted, schemas.CensusFiltered} {
+		out, err := Census("census", schemas.CensusEvent{RunID: "r", AttemptID: attempt, Kind: kind, Stage: "pack"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		trace, span := parse(header(out.Headers, schemas.HeaderTrace))
+		if trace != attempt {
+			t.Errorf("%s event: trace %s, want the attempt id %s", kind, trace, attempt)
+		}
+		if want := schemas.DerivedID("trace", header(out.Headers, schemas.HeaderID))[:16]; span != want {
+			t.Errorf("%s event: span %s, want %s (derived from the event id)", kind, span, want)
+		}
+		spans = append(spans, span)
+	}
+	if spans[0] == spans[1] || spans[0] == recSpan {
+		t.Errorf("spans %v and the record's %s are not distinct", spans, recSpan)
+	}
+	trace, _ := parse(TraceParent("task-7"))
+	if trace != schemas.DerivedID("trace", "task-7") {
+		t.Errorf("short id: trace %s, want one derived from it", trace)
+	}
+}
