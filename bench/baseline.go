@@ -199,7 +199,7 @@ func (r *run) baseline(ctx context.Context, topic string, d time.Duration, rate 
 		Seconds: secs, Messages: m1 - m0, Bytes: b1 - b0,
 		MBPerS: float64(b1-b0) / secs / 1e6, RecordsPerS: float64(m1-m0) / secs,
 		MeanMsgBytes: mean, TokensPerS: float64(k1-k0) / secs,
-		CPUCores: cpu / secs, MBPerCPUS: float64(b1-b0) / max(cpu, 1e-9) / 1e6, PacedRate: max(rate, 0),
+		CPUCores: cpu / secs, MBPerCPUS: float64(b1-b0) / max(cpu, 1e-9) / 1e6, PacedRate: rate,
 	}, nil
 }
 

@@ -107,3 +107,27 @@ func (s *Set) Delete(k Key) {
 
 // Len is the number of ids in the set.
 func (s *Set) Len() int { return len(s.derived) + len(s.other) }
+
+// Ring is a FIFO of at most a fixed number of keys: the order in which a
+// bounded memory forgets its oldest ids.
+type Ring struct {
+	keys []Key
+	head int
+	n    int
+}
+
+// NewRing returns an empty ring of capacity n (at least 1).
+func NewRing(n int) *Ring { return &Ring{n: max(n, 1)} }
+
+// Push appends k. When the ring was full it drops its oldest key and
+// returns it with dropped = true.
+func (r *Ring) Push(k Key) (oldest Key, dropped bool) {
+	if len(r.keys) < r.n {
+		r.keys = append(r.keys, k)
+		return Key{}, false
+	}
+	oldest = r.keys[r.head]
+	r.keys[r.head] = k
+	r.head = (r.head + 1) % r.n
+	return oldest, true
+}

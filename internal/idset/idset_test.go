@@ -143,3 +143,24 @@ func benchCollect(b *testing.B) {
 	}
 	b.ReportMetric(float64(total.Microseconds())/float64(b.N), "µs/GC")
 }
+
+// TestRing: a full ring drops its oldest key for each new one, in order.
+func TestRing(t *testing.T) {
+	r := NewRing(3)
+	keys := make([]Key, 6)
+	for i := range keys {
+		keys[i] = KeyOf(derived(i))
+	}
+	for i, k := range keys {
+		oldest, dropped := r.Push(k)
+		if want := i >= 3; dropped != want {
+			t.Fatalf("push %d: dropped = %v, want %v", i, dropped, want)
+		}
+		if dropped && oldest != keys[i-3] {
+			t.Fatalf("push %d dropped %x, want %x (the oldest)", i, oldest.b, keys[i-3].b)
+		}
+	}
+	if _, dropped := NewRing(0).Push(keys[0]); dropped {
+		t.Fatal("a ring of capacity 0 holds one key (capacity at least 1)")
+	}
+}

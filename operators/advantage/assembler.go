@@ -89,8 +89,7 @@ type Assembler struct {
 	stats    AssemblerStats
 
 	done     *idset.Set  // remembered group ids (not scanned by the collector)
-	doneRing []idset.Key // FIFO of remembered group ids; len <= capacity
-	doneHead int
+	doneRing *idset.Ring // the order in which they are forgotten
 	capacity int
 }
 
@@ -100,6 +99,7 @@ func NewAssembler(remember int) *Assembler {
 	return &Assembler{
 		open:     make(map[string]*openGroup),
 		done:     idset.New(),
+		doneRing: idset.NewRing(remember),
 		capacity: max(remember, 0),
 	}
 }
@@ -207,16 +207,10 @@ func (a *Assembler) remember(id string) {
 	if a.capacity == 0 {
 		return
 	}
-	if len(a.doneRing) == a.capacity {
-		a.done.Delete(a.doneRing[a.doneHead])
+	if oldest, dropped := a.doneRing.Push(idset.KeyOf(id)); dropped {
+		a.done.Delete(oldest)
 	}
-	k := a.done.Add(id)
-	if len(a.doneRing) < a.capacity {
-		a.doneRing = append(a.doneRing, k)
-	} else {
-		a.doneRing[a.doneHead] = k
-		a.doneHead = (a.doneHead + 1) % a.capacity
-	}
+	a.done.Add(id)
 }
 
 // Open lists the open groups ordered by FirstSeq (oldest first), then

@@ -94,8 +94,7 @@ type Stage struct {
 	held      map[pipeline.Ref]struct{}
 	opened    time.Time
 	// bounded deduplication memory (see remember)
-	recent     []idset.Key
-	recentHead int
+	recent *idset.Ring
 	// statistics of the records decided in the open window
 	records   int
 	rewardSum float64
@@ -122,7 +121,7 @@ func NewStage(cfg StageConfig) (*Stage, error) {
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
-	return &Stage{cfg: cfg, win: w, held: map[pipeline.Ref]struct{}{}}, nil
+	return &Stage{cfg: cfg, win: w, held: map[pipeline.Ref]struct{}{}, recent: idset.NewRing(cfg.DedupMemory)}, nil
 }
 
 // Name implements pipeline.Stage.
@@ -174,14 +173,9 @@ func (s *Stage) Start(ctx context.Context, env *pipeline.Env) error {
 // committed long ago, so they are not redelivered; ids read back from the
 // batches topic at a start stay in the local state for DedupHorizon).
 func (s *Stage) remember(id string) {
-	k := idset.KeyOf(id)
-	if len(s.recent) < s.cfg.DedupMemory {
-		s.recent = append(s.recent, k)
-		return
+	if oldest, dropped := s.recent.Push(idset.KeyOf(id)); dropped {
+		s.win.Forget(oldest)
 	}
-	s.win.ForgetKey(s.recent[s.recentHead])
-	s.recent[s.recentHead] = k
-	s.recentHead = (s.recentHead + 1) % len(s.recent)
 }
 
 // admittedBefore reports whether id was admitted to a batch before this

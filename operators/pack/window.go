@@ -260,18 +260,12 @@ func (w *Window) MarkSeen(ids ...string) {
 	}
 }
 
-// Forget drops ids from the deduplication memory, which otherwise grows by
-// one entry per decided record. Call it only for ids that can no longer be
-// redelivered (for example beyond the runtime's redelivery horizon); an id
-// of the open batch stays decided until Close.
-func (w *Window) Forget(ids ...string) {
-	for _, id := range ids {
-		w.ForgetKey(idset.KeyOf(id))
-	}
-}
-
-// ForgetKey is Forget for the id of key k (idset.KeyOf).
-func (w *Window) ForgetKey(k idset.Key) {
+// Forget drops the id of key k (idset.KeyOf) from the deduplication
+// memory, which otherwise grows by one entry per decided record. Call it
+// only for ids that can no longer be redelivered (for example beyond the
+// runtime's redelivery horizon); an id of the open batch stays decided
+// until Close.
+func (w *Window) Forget(k idset.Key) {
 	if _, open := w.pendingIDs[k]; !open {
 		w.seen.Delete(k)
 	}

@@ -7,6 +7,7 @@ import (
 	"slices"
 	"testing"
 
+	"github.com/trajflow/trajflow/internal/idset"
 	"github.com/trajflow/trajflow/schemas"
 )
 
@@ -64,20 +65,20 @@ func TestWindowDedup(t *testing.T) {
 		t.Fatalf("record without id: %v", err)
 	}
 	// Forgotten ids can be admitted again; an id of the open batch cannot.
-	w.Forget("a")
+	w.Forget(idset.KeyOf("a"))
 	if w.Seen("a") {
 		t.Fatal("Forget kept the id")
 	}
 	if res, _ := w.Add(small("p", "g", 5, 2)); res.Outcome != Admitted {
 		t.Fatalf("add p: %+v", res)
 	}
-	w.Forget("p")
+	w.Forget(idset.KeyOf("p"))
 	if res, _ := w.Add(small("p", "g", 5, 2)); res.Outcome != Duplicate {
 		t.Fatalf("forgot an id of the open batch: %+v", res)
 	}
 	// Once its batch is closed, the id can be forgotten.
 	w.Close(0, "run", "hash", 5)
-	w.Forget("p")
+	w.Forget(idset.KeyOf("p"))
 	if w.Seen("p") {
 		t.Fatal("Forget kept an id of a closed batch")
 	}
