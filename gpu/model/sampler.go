@@ -50,6 +50,13 @@ type Request struct {
 	Context  []int32
 	Settings Settings
 	Seed     uint64
+	// ID names the request (the turn id): a policy server's request id and
+	// logs. The built-in policy ignores it.
+	ID string
+	// Affinity groups requests that share a prefix (the group id): a
+	// gateway over several replicas sends them to one replica, so its prefix
+	// cache serves them. The built-in policy ignores it.
+	Affinity string
 }
 
 // Finish reasons of a Sample.

@@ -138,10 +138,13 @@ func (r *Registry) RunEpisodes(ctx context.Context, pol Policy, atts []schemas.T
 			}
 			ctxIDs := append(append(make([]int32, 0, len(e.stream)+len(e.prompt)), e.stream...), e.prompt...)
 			idx = append(idx, i)
+			tid := schemas.TurnID(atts[i].AttemptID, turn)
 			reqs = append(reqs, model.Request{
 				Context:  ctxIDs,
 				Settings: s,
-				Seed:     schemas.SeedFor(lim.ContractSeed, schemas.TurnID(atts[i].AttemptID, turn), "sample"),
+				Seed:     schemas.SeedFor(lim.ContractSeed, tid, "sample"),
+				ID:       tid,
+				Affinity: atts[i].GroupID,
 			})
 		}
 		if len(idx) == 0 {
