@@ -395,15 +395,14 @@ func (r *run) pipeline(ctx context.Context, rep *Report) error {
 				inst.policyTopic, inst.policySeen = r.topics.Policy, make(chan struct{})
 				packReady = inst.policySeen
 			}
-			wrapped := inst.wrap(st)
 			pc := pipeline.Config{
 				Brokers: r.addr, GroupID: r.runID + "." + name, QuarantineTopic: r.topics.Quarantine,
 				Dialer: r.dialer, Transport: r.trans(),
 				MaxMessageBytes: c.Topics.MaxMessageBytes, StateDir: fmt.Sprintf("%s/%s", stateRoot, inst.id),
 				Logger: cfg.Logger, Metrics: metrics, Instance: inst.id,
-				BatchTimeout: cfg.BatchTimeout,
+				BatchTimeout: cfg.BatchTimeout, Hooks: []pipeline.Hook{inst.hook()},
 			}
-			op, err := pipeline.NewOperator(pc, wrapped)
+			op, err := pipeline.NewOperator(pc, st)
 			if err != nil {
 				return fmt.Errorf("bench: operator %s: %w", inst.id, err)
 			}
@@ -412,9 +411,6 @@ func (r *run) pipeline(ctx context.Context, rep *Report) error {
 			go pprof.Do(opCtx, pprof.Labels("role", name), func(opCtx context.Context) {
 				defer opWG.Done()
 				err := op.Run(opCtx)
-				if cl, ok := st.(io.Closer); ok {
-					cl.Close()
-				}
 				if err != nil && !errors.Is(err, pipeline.ErrStopped) {
 					opErr <- fmt.Errorf("bench: operator %s: %w", inst.id, err)
 				}

@@ -3,7 +3,6 @@ package bench
 import (
 	"bytes"
 	"context"
-	"io"
 	"testing"
 	"time"
 
@@ -41,12 +40,11 @@ func BenchmarkStageChain(b *testing.B) {
 		}
 		if sr, ok := st.(pipeline.Starter); ok {
 			cfg := run.Config(name, b.TempDir())
-			if err := sr.Start(ctx, &pipeline.Env{Config: &cfg, Logger: cfg.Logger}); err != nil {
+			env := pipeline.NewEnv(pipeline.EnvConfig{Logger: cfg.Logger, Scanner: pipeline.KafkaScanner(&cfg), StateDir: cfg.StateDir})
+			if err := sr.Start(ctx, env); err != nil {
 				b.Fatal(err)
 			}
-		}
-		if cl, ok := st.(io.Closer); ok {
-			b.Cleanup(func() { cl.Close() })
+			b.Cleanup(func() { env.Close() })
 		}
 		for _, t := range st.Topics() {
 			byTopic[t] = i

@@ -102,29 +102,8 @@ func (t *Trainer) Policy() *model.Policy { return model.NewPolicy(t.m, t.version
 // Behavior is the behavior distribution the trainer optimizes.
 func (t *Trainer) Behavior() model.Behavior { return t.behavior }
 
-// Metrics of one update (pipeline §13, §14, §20).
-type Metrics struct {
-	// Stats are the objective's statistics over the whole batch: loss,
-	// policy loss, KL, entropy, ratio mean/min/max, approximate KL to the
-	// behavior policy, clip fractions by advantage sign, trained tokens and
-	// sequences.
-	objective.Stats
-	// Lag stratifies ratio and KL by policy lag (trainer version before the
-	// update minus behavior version).
-	Lag []objective.LagStat `json:"lag"`
-	// GradNorm is the global L2 norm of the gradient before clipping;
-	// GradScale the factor clipping applied (1 when not clipped).
-	GradNorm  float64 `json:"grad_norm"`
-	GradScale float64 `json:"grad_scale"`
-	// Rows, Segments and InputTokens describe the batch.
-	Rows        int   `json:"rows"`
-	Segments    int   `json:"segments"`
-	InputTokens int64 `json:"input_tokens"`
-	// FromVersion is the policy version the gradient was computed at;
-	// Version the version the update produced (FromVersion + 1).
-	FromVersion int64 `json:"from_version"`
-	Version     int64 `json:"version"`
-}
+// Metrics of one update (pipeline §13, §14, §20): schemas.UpdateMetrics.
+type Metrics = schemas.UpdateMetrics
 
 // checkRow validates the shapes of one packed row.
 func checkRow(r *schemas.PackedRow) error {
@@ -213,9 +192,9 @@ func (t *Trainer) Step(batch schemas.PackedBatch, opts objective.Options, adam A
 			return Metrics{}, fmt.Errorf("gpu: batch %s row %d: %w", batch.BatchID, ri, err)
 		}
 		if first {
-			met.Stats, first = t.res.Stats, false
+			met.ObjectiveStats, first = t.res.Stats, false
 		} else {
-			met.Stats = met.Stats.Merge(t.res.Stats)
+			met.ObjectiveStats = met.ObjectiveStats.Merge(t.res.Stats)
 		}
 		ls, err := objective.LagStats(t.res.CurLogprobs, row.OldLogprobs, row.PolicyVersions, row.ActionMask, t.version)
 		if err != nil {

@@ -32,25 +32,28 @@ func CheckpointName(version int64) string { return fmt.Sprintf("policy-v%08d.ckp
 // ManifestName is the file name of the manifest of a policy version.
 func ManifestName(version int64) string { return fmt.Sprintf("policy-v%08d.json", version) }
 
-// Release publishes the current policy under dir (systems §8 "Publication
-// protocol"): the checkpoint is written to a temporary file in dir, fsynced,
-// hashed (sha256 of its bytes) and renamed atomically to
-// CheckpointName(version); the directory is fsynced; then the manifest is
-// written the same way to ManifestName(version), with Ready = true. A
-// reader that sees the manifest therefore sees a complete checkpoint. The
-// returned release is the manifest.
-func (t *Trainer) Release(dir string, meta ReleaseMeta) (schemas.PolicyRelease, error) {
+// Files is where a trainer keeps its release files (pipeline.ReleaseStore
+// implements it): Write is atomic (temporary file, fsync, rename,
+// directory fsync), so a reader sees a whole file or none.
+type Files interface {
+	Write(name string, data []byte) (uri string, err error)
+	Read(nameOrURI string) ([]byte, error)
+}
+
+// Release publishes the current policy in files (systems §8 "Publication
+// protocol"): the checkpoint is written atomically under
+// CheckpointName(version) and hashed (sha256 of its bytes), then the
+// manifest, with Ready = true, under ManifestName(version). A reader that
+// sees the manifest therefore sees a complete checkpoint. The returned
+// release is the manifest.
+func (t *Trainer) Release(files Files, meta ReleaseMeta) (schemas.PolicyRelease, error) {
 	b, err := t.m.Bytes()
 	if err != nil {
 		return schemas.PolicyRelease{}, fmt.Errorf("%w: %w", ErrRelease, err)
 	}
-	abs, err := filepath.Abs(dir)
+	uri, err := files.Write(CheckpointName(t.version), b)
 	if err != nil {
 		return schemas.PolicyRelease{}, fmt.Errorf("%w: %w", ErrRelease, err)
-	}
-	ckpt := filepath.Join(abs, CheckpointName(t.version))
-	if err := writeAtomic(ckpt, b); err != nil {
-		return schemas.PolicyRelease{}, err
 	}
 	now := meta.Now
 	if now == nil {
@@ -60,7 +63,7 @@ func (t *Trainer) Release(dir string, meta ReleaseMeta) (schemas.PolicyRelease, 
 		PolicyVersion:    t.version,
 		TrainingStep:     t.steps,
 		CheckpointHash:   model.HashBytes(b),
-		CheckpointURI:    "file://" + filepath.ToSlash(ckpt),
+		CheckpointURI:    uri,
 		ModelConfigHash:  t.m.Config.Hash(),
 		TokenizerHash:    meta.TokenizerHash,
 		ChatTemplateHash: meta.ChatTemplateHash,
@@ -73,49 +76,10 @@ func (t *Trainer) Release(dir string, meta ReleaseMeta) (schemas.PolicyRelease, 
 	if err != nil {
 		return schemas.PolicyRelease{}, fmt.Errorf("%w: %w", ErrRelease, err)
 	}
-	if err := writeAtomic(filepath.Join(abs, ManifestName(t.version)), js); err != nil {
-		return schemas.PolicyRelease{}, err
+	if _, err := files.Write(ManifestName(t.version), js); err != nil {
+		return schemas.PolicyRelease{}, fmt.Errorf("%w: %w", ErrRelease, err)
 	}
 	return rel, nil
-}
-
-// writeAtomic writes b to a temporary file beside path, fsyncs it, renames
-// it to path and fsyncs the directory.
-func writeAtomic(path string, b []byte) (err error) {
-	dir := filepath.Dir(path)
-	f, err := os.CreateTemp(dir, "."+filepath.Base(path)+".*.tmp")
-	if err != nil {
-		return fmt.Errorf("%w: %w", ErrRelease, err)
-	}
-	tmp := f.Name()
-	defer func() {
-		if err != nil {
-			os.Remove(tmp)
-		}
-	}()
-	if _, err = f.Write(b); err != nil {
-		f.Close()
-		return fmt.Errorf("%w: write %s: %w", ErrRelease, tmp, err)
-	}
-	if err = f.Sync(); err != nil {
-		f.Close()
-		return fmt.Errorf("%w: fsync %s: %w", ErrRelease, tmp, err)
-	}
-	if err = f.Close(); err != nil {
-		return fmt.Errorf("%w: close %s: %w", ErrRelease, tmp, err)
-	}
-	if err = os.Rename(tmp, path); err != nil {
-		return fmt.Errorf("%w: rename to %s: %w", ErrRelease, path, err)
-	}
-	d, err := os.Open(dir)
-	if err != nil {
-		return fmt.Errorf("%w: open dir %s: %w", ErrRelease, dir, err)
-	}
-	defer d.Close()
-	if err = d.Sync(); err != nil {
-		return fmt.Errorf("%w: fsync dir %s: %w", ErrRelease, dir, err)
-	}
-	return nil
 }
 
 // LoadRelease loads the policy of a release into a new snapshot (a
@@ -125,13 +89,29 @@ func writeAtomic(path string, b []byte) (err error) {
 // an error wrapping ErrRelease and nothing is returned; the caller keeps
 // serving its current version.
 func LoadRelease(rel schemas.PolicyRelease) (*model.Policy, error) {
-	if !rel.Ready {
-		return nil, fmt.Errorf("%w: version %d is not ready", ErrRelease, rel.PolicyVersion)
-	}
 	path := strings.TrimPrefix(rel.CheckpointURI, "file://")
 	b, err := os.ReadFile(filepath.FromSlash(path))
 	if err != nil {
 		return nil, fmt.Errorf("%w: version %d: %w", ErrRelease, rel.PolicyVersion, err)
+	}
+	return PolicyFromRelease(rel, b)
+}
+
+// PolicyFromRelease makes the policy snapshot of a release from the bytes
+// of its checkpoint, checking what LoadRelease checks.
+func PolicyFromRelease(rel schemas.PolicyRelease, b []byte) (*model.Policy, error) {
+	m, err := ModelFromRelease(rel, b)
+	if err != nil {
+		return nil, err
+	}
+	return model.NewPolicy(m, rel.PolicyVersion), nil
+}
+
+// ModelFromRelease verifies a release's checkpoint bytes (ready manifest,
+// checkpoint hash, model config hash) and returns its model.
+func ModelFromRelease(rel schemas.PolicyRelease, b []byte) (*model.Model, error) {
+	if !rel.Ready {
+		return nil, fmt.Errorf("%w: version %d is not ready", ErrRelease, rel.PolicyVersion)
 	}
 	m, err := model.LoadVerified(b, rel.CheckpointHash)
 	if err != nil {
@@ -140,5 +120,5 @@ func LoadRelease(rel schemas.PolicyRelease) (*model.Policy, error) {
 	if h := m.Config.Hash(); h != rel.ModelConfigHash {
 		return nil, fmt.Errorf("%w: version %d: model config hash %s, manifest says %s", ErrRelease, rel.PolicyVersion, h, rel.ModelConfigHash)
 	}
-	return model.NewPolicy(m, rel.PolicyVersion), nil
+	return m, nil
 }

@@ -19,6 +19,7 @@ import (
 	"github.com/trajflow/trajflow/gpu/objective"
 	"github.com/trajflow/trajflow/operators/advantage"
 	"github.com/trajflow/trajflow/operators/pack"
+	"github.com/trajflow/trajflow/pipeline"
 	"github.com/trajflow/trajflow/schemas"
 )
 
@@ -112,7 +113,7 @@ func TestRatioOneBeforeFirstUpdate(t *testing.T) {
 				t.Fatalf("ratio [%v %v] mean %v, approx KL %v before the first update", met.RatioMin, met.RatioMax, met.RatioMean, met.ApproxKLOld)
 			}
 			if met.ClippedPos+met.ClippedNeg != 0 || int(met.Tokens) != trained {
-				t.Fatalf("metrics %+v, %d trained tokens", met.Stats, trained)
+				t.Fatalf("metrics %+v, %d trained tokens", met.ObjectiveStats, trained)
 			}
 			if len(met.Lag) != 1 || met.Lag[0].Lag != 0 || met.Lag[0].K3 != 0 || met.Lag[0].Tokens != met.Tokens {
 				t.Fatalf("lag stats %+v", met.Lag)
@@ -280,8 +281,12 @@ func TestReleaseAndLoad(t *testing.T) {
 		t.Fatal(err)
 	}
 	dir := t.TempDir()
+	files, err := pipeline.NewDirReleases(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
 	at := time.Date(2026, 11, 30, 8, 0, 0, 0, time.UTC)
-	rel, err := h.tr.Release(dir, ReleaseMeta{TokenizerHash: "tok", ChatTemplateHash: "tpl", SamplerContract: cfg.Settings.ID(),
+	rel, err := h.tr.Release(files, ReleaseMeta{TokenizerHash: "tok", ChatTemplateHash: "tpl", SamplerContract: cfg.Settings.ID(),
 		ContractHash: "contract", Now: func() time.Time { return at }})
 	if err != nil {
 		t.Fatal(err)

@@ -190,7 +190,7 @@ func badInputScenario(t *testing.T, addr, broker string) {
 	for key, bc := range want {
 		hs := got[key]
 		for _, h := range hs {
-			seen[h[pipeline.HeaderReason]]++
+			seen[h[schemas.HeaderReason]]++
 		}
 		switch {
 		case len(hs) == 0:
@@ -200,11 +200,11 @@ func badInputScenario(t *testing.T, addr, broker string) {
 		default:
 			h := hs[0]
 			topic := strings.Split(key, "/")[1]
-			if h[pipeline.HeaderReason] == "" || h[pipeline.HeaderStage] == "" || h[pipeline.HeaderSourceTopic] != topic {
+			if h[schemas.HeaderReason] == "" || h[schemas.HeaderStage] == "" || h[schemas.HeaderSourceTopic] != topic {
 				t.Errorf("%s: quarantine headers %v", key, h)
 			}
-			if bc.reason != "" && h[pipeline.HeaderReason] != bc.reason {
-				t.Errorf("%s: reason %q (%s), want %q", key, h[pipeline.HeaderReason], h[pipeline.HeaderDetail], bc.reason)
+			if bc.reason != "" && h[schemas.HeaderReason] != bc.reason {
+				t.Errorf("%s: reason %q (%s), want %q", key, h[schemas.HeaderReason], h[schemas.HeaderDetail], bc.reason)
 			}
 		}
 	}

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"hash/fnv"
-	"io"
 	"sync"
 	"testing"
 	"time"
@@ -24,11 +23,7 @@ func startOp(t testing.TB, run *testkit.Run, name string, deps operators.Deps) {
 		deps.VocabSize = 32000
 	}
 	deps.PartialGroupTimeout, deps.WindowMaxWait = 5*time.Second, time.Second
-	st, err := operators.New(name, deps)
-	if err != nil {
-		t.Fatalf("stage %s: %v", name, err)
-	}
-	op, err := pipeline.NewOperator(run.Config(name, t.TempDir()), st)
+	op, err := operators.NewOperator(name, deps, run.Config(name, t.TempDir()))
 	if err != nil {
 		t.Fatalf("operator %s: %v", name, err)
 	}
@@ -39,9 +34,6 @@ func startOp(t testing.TB, run *testkit.Run, name string, deps operators.Deps) {
 		cancel()
 		if err := <-done; err != nil && !errors.Is(err, pipeline.ErrStopped) {
 			t.Errorf("operator %s: %v", name, err)
-		}
-		if c, ok := st.(io.Closer); ok {
-			c.Close()
 		}
 	})
 }

@@ -11,12 +11,12 @@ import (
 )
 
 // TestOperatorsWaitForBroker starts the four operators before their broker
-// exists: each fails to connect, restarts in place with backoff (`trajflow
-// run --restarts`). Once `trajflow broker` comes up on the address, the
-// operators reach it before the run's topics exist (validate and reward
-// wait for their input topics rather than join their groups with nothing to
-// consume); the topics are created, and the run completes with nothing lost
-// or duplicated.
+// exists: each reports the unreachable address and keeps retrying in place
+// (no restart). Once `trajflow broker` comes up on the address, the
+// operators reach it before the run's topics exist (every operator waits
+// for its input topics rather than join its group with nothing to consume
+// or scan a topic that is not there); the topics are created, and the run
+// completes with nothing lost or duplicated.
 func TestOperatorsWaitForBroker(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts processes; run without -short")
@@ -30,16 +30,19 @@ func TestOperatorsWaitForBroker(t *testing.T) {
 		f.start(n, n+"-0")
 	}
 	time.Sleep(3 * time.Second)
-	if !strings.Contains(f.logs(), "operator failed; restarting") {
-		t.Fatalf("no operator reported a failed connection and a restart:\n%s", f.logs())
+	logs := f.logs()
+	if strings.Count(logs, "brokers unreachable; retrying") < 4 || !strings.Contains(logs, addr+": failed to dial") {
+		t.Fatalf("not every operator reported the unreachable broker by address:\n%s", logs)
+	}
+	if strings.Contains(logs, "operator failed; restarting") {
+		t.Fatalf("an operator restarted instead of waiting:\n%s", logs)
 	}
 	if got := startBrokerProcessOn(t, port); got != addr {
 		t.Fatalf("broker on %s, want %s", got, addr)
 	}
 	deadline := time.Now().Add(30 * time.Second)
-	for _, stage := range []string{"validate", "reward"} {
-		for !strings.Contains(f.logs(), "waiting for input topics to be created\" run="+c.RunID+" stage="+stage) &&
-			!strings.Contains(f.logs(), "msg=\"waiting for input topics to be created\" stage="+stage) {
+	for _, stage := range []string{"validate", "reward", "advantage", "pack"} {
+		for !strings.Contains(f.logs(), "waiting for topics to be created (trajflow topics create)\" run="+c.RunID+" stage="+stage) {
 			if time.Now().After(deadline) {
 				t.Fatalf("%s did not wait for its input topic:\n%s", stage, f.logs())
 			}

@@ -70,7 +70,7 @@ func TestRefusedMembersCloseTheirGroup(t *testing.T) {
 		}
 		only(res, topics.Quarantine)
 		valid := only(res, topics.Valid)
-		if got, want := string((&pipeline.Message{Headers: valid.Headers}).Header(stagekit.HeaderAbsent)), fmt.Sprintf(`{%q:[3]}`, gid); got != want {
+		if got, want := string((&pipeline.Message{Headers: valid.Headers}).Header(schemas.HeaderAbsent)), fmt.Sprintf(`{%q:[3]}`, gid); got != want {
 			t.Fatalf("validate declared %q, want %q", got, want)
 		}
 		if !declared {

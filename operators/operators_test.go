@@ -10,7 +10,6 @@ import (
 	"github.com/apache/arrow-go/v18/arrow/array"
 	"github.com/apache/arrow-go/v18/arrow/ipc"
 
-	"github.com/trajflow/trajflow/pipeline"
 	"github.com/trajflow/trajflow/schemas"
 
 	"github.com/trajflow/trajflow/internal/testkit"
@@ -74,7 +73,7 @@ func TestBadInputQuarantined(t *testing.T) {
 	q := run.ReadAll(t, run.Topics.Quarantine)
 	reasons := map[string]string{}
 	for _, m := range q {
-		reasons[string(m.Header(pipeline.HeaderReason))] = string(m.Header(pipeline.HeaderSourceTopic))
+		reasons[string(m.Header(schemas.HeaderReason))] = string(m.Header(schemas.HeaderSourceTopic))
 	}
 	for _, want := range []string{"undecodable", "unknown_version", "logprob_length_mismatch", "nonfinite_logprob"} {
 		if src, ok := reasons[want]; !ok || src != run.Topics.Trajectories {

@@ -1,18 +1,23 @@
 // Package operators is the registry of every stage that `trajflow run NAME`
-// can start, and the translation of a learning contract into each stage's
-// configuration.
+// can start — one explicit list, in pipeline order — and the translation
+// of a learning contract into each stage's configuration. The stages
+// themselves live in operators/NAME and know nothing of the contract.
 package operators
 
 import (
+	"errors"
 	"fmt"
-	"sort"
-	"sync"
 	"time"
 
+	"github.com/trajflow/trajflow/gpu"
+	"github.com/trajflow/trajflow/gpu/model"
 	"github.com/trajflow/trajflow/operators/advantage"
+	"github.com/trajflow/trajflow/operators/dispatch"
 	"github.com/trajflow/trajflow/operators/pack"
 	"github.com/trajflow/trajflow/operators/reward"
 	"github.com/trajflow/trajflow/operators/rollout"
+	"github.com/trajflow/trajflow/operators/snapshot"
+	"github.com/trajflow/trajflow/operators/train"
 	"github.com/trajflow/trajflow/operators/validate"
 	"github.com/trajflow/trajflow/pipeline"
 	"github.com/trajflow/trajflow/pipeline/contract"
@@ -43,87 +48,152 @@ type Deps struct {
 	Tasks *rollout.Registry
 	// ReleaseDir is the policy releases directory the trainer writes
 	// (checkpoints, manifests, update records); rollout workers read the
-	// checkpoints the manifests name.
+	// checkpoints the manifests name. The launcher gives it to the stage
+	// as its release store.
 	ReleaseDir string
 	// Rounds is how many update rounds dispatch launches (0: until
 	// stopped).
 	Rounds int64
+	// Device selects the train stage's backend ("cpu", the default, or
+	// "cuda" in a build with the cuda tag).
+	Device string
 }
 
 // Factory builds a stage.
 type Factory func(d Deps) (pipeline.Stage, error)
 
-var (
-	mu        sync.Mutex
-	factories = map[string]Factory{}
-)
-
-// Register adds a stage factory under name; registering a name twice
-// panics.
-func Register(name string, f Factory) {
-	mu.Lock()
-	defer mu.Unlock()
-	if _, dup := factories[name]; dup {
-		panic("operators: stage registered twice: " + name)
-	}
-	factories[name] = f
+// Spec is one stage of the registry.
+type Spec struct {
+	Name string
+	Doc  string
+	New  Factory
 }
 
-// New builds the stage registered under name.
-func New(name string, d Deps) (pipeline.Stage, error) {
-	mu.Lock()
-	f, ok := factories[name]
-	mu.Unlock()
-	if !ok {
-		return nil, fmt.Errorf("operators: no stage %q (have %v)", name, Names())
-	}
-	if d.Contract == nil {
-		return nil, fmt.Errorf("operators: stage %q: no contract", name)
-	}
-	return f(d)
+// specs is every stage `trajflow run NAME` can start, in pipeline order.
+var specs = []Spec{
+	{"dispatch", "plans rounds of task attempts (curriculum, quotas, denylist) and paces them", newDispatch},
+	{"rollout", "runs the agent loop of each group on the policy (built-in or a server)", newRollout},
+	{"validate", "checks every trajectory; refusals go to quarantine with a reason", newValidate},
+	{"reward", "scores trajectories with separately kept, versioned reward components", newReward},
+	{"advantage", "assembles groups and computes returns and advantages (GRPO, RLOO, GAE)", newAdvantage},
+	{"pack", "the lag-aware admission window: reconstruction and packing into batches", newPack},
+	{"train", "trains on every batch and publishes a policy release (--releases)", newTrain},
+	{"snapshot", "writes every topic of the run to Parquet snapshots (--snapshot-dir)", newSnapshot},
 }
 
-// Names lists the registered stages.
+// Specs lists the registered stages, in pipeline order.
+func Specs() []Spec { return append([]Spec(nil), specs...) }
+
+// Names lists the registered stage names, in pipeline order.
 func Names() []string {
-	mu.Lock()
-	defer mu.Unlock()
-	out := make([]string, 0, len(factories))
-	for n := range factories {
-		out = append(out, n)
+	out := make([]string, len(specs))
+	for i, s := range specs {
+		out[i] = s.Name
 	}
-	sort.Strings(out)
 	return out
 }
 
-func init() {
-	Register("validate", func(d Deps) (pipeline.Stage, error) {
-		return validate.NewStage(validate.StageConfig{Options: ValidateOptions(d), Topics: d.Topics}), nil
-	})
-	Register("reward", func(d Deps) (pipeline.Stage, error) {
-		reg, err := RewardRegistry(d)
-		if err != nil {
-			return nil, err
+// ErrUnknownStage is wrapped by New for a name no stage has.
+var ErrUnknownStage = errors.New("operators: unknown stage")
+
+// New builds the stage registered under name.
+func New(name string, d Deps) (pipeline.Stage, error) {
+	for _, s := range specs {
+		if s.Name != name {
+			continue
 		}
-		return reward.NewStage(reward.StageConfig{
-			Components: RewardComponents(d.Contract), Registry: reg, Topics: d.Topics,
-			Retries: d.Contract.Sampler.ToolRetries,
-		})
+		if d.Contract == nil {
+			return nil, fmt.Errorf("operators: stage %q: no contract", name)
+		}
+		return s.New(d)
+	}
+	return nil, fmt.Errorf("%w %q (one of %v)", ErrUnknownStage, name, Names())
+}
+
+func newValidate(d Deps) (pipeline.Stage, error) {
+	return validate.NewStage(validate.StageConfig{Options: ValidateOptions(d), Topics: d.Topics}), nil
+}
+
+func newReward(d Deps) (pipeline.Stage, error) {
+	reg, err := RewardRegistry(d)
+	if err != nil {
+		return nil, err
+	}
+	return reward.NewStage(reward.StageConfig{
+		Components: RewardComponents(d.Contract), Registry: reg, Topics: d.Topics,
+		Check: RewardChecks(d.Contract), Retries: d.Contract.Sampler.ToolRetries,
 	})
-	Register("advantage", func(d Deps) (pipeline.Stage, error) {
-		return advantage.NewStage(advantage.StageConfig{
-			Options: d.Contract.Estimator, Topics: d.Topics, PartialTimeout: d.PartialGroupTimeout,
-		})
+}
+
+func newAdvantage(d Deps) (pipeline.Stage, error) {
+	return advantage.NewStage(advantage.StageConfig{
+		Options: d.Contract.Estimator, Topics: d.Topics, PartialTimeout: d.PartialGroupTimeout,
 	})
-	Register("pack", func(d Deps) (pipeline.Stage, error) {
-		return pack.NewStage(pack.StageConfig{
-			Options: d.Contract.Packing, Topics: d.Topics, RunID: d.Contract.RunID,
-			ContractHash: d.Contract.Hash(), MaxWait: d.WindowMaxWait,
-			// A round of groups that are all filtered must still close a
-			// window (sync: the next round waits for it; async: dispatch
-			// keeps at most max_lag+1 rounds in flight).
-			CountDecidedGroups: true,
-		})
+}
+
+func newPack(d Deps) (pipeline.Stage, error) {
+	return pack.NewStage(pack.StageConfig{
+		Options: d.Contract.Packing, Topics: d.Topics, RunID: d.Contract.RunID,
+		ContractHash: d.Contract.Hash(), MaxWait: d.WindowMaxWait,
+		// A round of groups that are all filtered must still close a
+		// window (sync: the next round waits for it; async: dispatch
+		// keeps at most max_lag+1 rounds in flight).
+		CountDecidedGroups: true,
 	})
+}
+
+func newDispatch(d Deps) (pipeline.Stage, error) {
+	p, err := Planner(d)
+	if err != nil {
+		return nil, err
+	}
+	return dispatch.NewStage(dispatch.StageConfig{
+		Planner: p, Topics: d.Topics, RunID: d.Contract.RunID, Mode: d.Contract.Dispatch.Mode,
+		MaxLag: d.Contract.Packing.MaxLag, Rounds: d.Rounds,
+	})
+}
+
+func newRollout(d Deps) (pipeline.Stage, error) {
+	reg, err := TaskRegistry(d)
+	if err != nil {
+		return nil, err
+	}
+	return rollout.NewStage(rollout.StageConfig{
+		Registry: reg, Settings: RolloutSettings(d.Contract, reg), Limits: RolloutLimits(d.Contract),
+		Topics: d.Topics, RunID: d.Contract.RunID, Load: gpu.PolicyFromRelease,
+		Retries:      d.Contract.Sampler.ToolRetries,
+		GroupTimeout: time.Duration(d.Contract.Sampler.ToolTimeoutMS) * time.Millisecond * time.Duration(max(1, d.Contract.Sampler.MaxTurns)),
+	})
+}
+
+func newTrain(d Deps) (pipeline.Stage, error) {
+	cfg, err := TrainConfig(d)
+	if err != nil {
+		return nil, err
+	}
+	return train.NewStage(cfg)
+}
+
+func newSnapshot(d Deps) (pipeline.Stage, error) {
+	if d.SnapshotDir == "" {
+		return nil, errors.New("operators: snapshot: no snapshot directory (--snapshot-dir)")
+	}
+	y, err := d.Contract.YAML()
+	if err != nil {
+		return nil, err
+	}
+	var tasks []snapshot.TaskRow
+	if d.Tasks != nil {
+		for _, t := range append(d.Tasks.Train(), d.Tasks.Eval()...) {
+			tasks = append(tasks, snapshot.TaskRow{TaskID: t.ID, TaskVersion: t.Version, Domain: t.Domain,
+				Split: t.Split, EnvVersion: t.EnvVersion, Key: t.Key})
+		}
+	}
+	return snapshot.NewStage(snapshot.Config{
+		Dir: d.SnapshotDir, Run: d.Contract.RunID, Tasks: tasks,
+		ContractHash: d.Contract.Hash(), ContractYAML: y, VocabSize: d.VocabSize,
+		RollBytes: d.SnapshotRollBytes, RollInterval: d.SnapshotRollInterval,
+	}, d.Topics)
 }
 
 // ValidateOptions derives the validate stage's options from the contract.
@@ -158,4 +228,97 @@ func RewardRegistry(d Deps) (*reward.Registry, error) {
 		}
 	}
 	return reg, nil
+}
+
+// TaskRegistry returns d.Tasks or the built-in registry.
+func TaskRegistry(d Deps) (*rollout.Registry, error) {
+	if d.Tasks != nil {
+		return d.Tasks, nil
+	}
+	return rollout.NewRegistry(rollout.DefaultRegistryConfig())
+}
+
+// Planner builds the dispatch planner over the registry's train split,
+// with the contract's seed, group shape and domain quotas, and the eval
+// denylist (the registry's own, and d.EvalDenylist).
+func Planner(d Deps) (*dispatch.Planner, error) {
+	reg, err := TaskRegistry(d)
+	if err != nil {
+		return nil, err
+	}
+	c := d.Contract
+	var tasks []dispatch.Task
+	for _, t := range reg.Train() {
+		tasks = append(tasks, dispatch.Task{ID: t.ID, Version: t.Version, Domain: t.Domain, Split: t.Split, EnvVersion: t.EnvVersion})
+	}
+	deny := func(id string) bool { return reg.IsEval(id) || (d.EvalDenylist != nil && d.EvalDenylist(id)) }
+	return dispatch.NewPlanner(dispatch.PlannerConfig{
+		RunID: c.RunID, ContractHash: c.Hash(), Seed: c.Seed, Tasks: tasks, Denylist: deny,
+		TasksPerRound: c.Dispatch.TasksPerUpdate, GroupsPerRound: c.Dispatch.GroupsPerUpdate,
+		GroupSize: int32(c.Sampler.GroupSize), DomainQuotas: c.Dispatch.DomainQuotas,
+	})
+}
+
+// RolloutSettings resolves the contract's sampler for the registry's tasks
+// (pipeline §5): temperature, top-k, top-p, min-p, the task grammar as the
+// constrained-decoding mask, actions of at most max_tokens_per_action
+// ending at a stop token.
+func RolloutSettings(c *contract.Contract, reg *rollout.Registry) model.Settings {
+	return model.Settings{
+		Behavior:  model.Behavior{Temperature: c.Sampler.Temperature, TopK: c.Sampler.TopK, TopP: c.Sampler.TopP, Grammar: reg.Grammar()},
+		MaxTokens: c.Sampler.MaxTokensPerAction,
+		Stop:      append([]int32(nil), c.Sampler.StopTokenIDs...),
+	}
+}
+
+// RolloutLimits are the contract's episode budgets and seed.
+func RolloutLimits(c *contract.Contract) rollout.Limits {
+	return rollout.Limits{MaxTurns: c.Sampler.MaxTurns, MaxEpisodeTokens: c.Sampler.MaxTokensPerEpisode, ContractSeed: c.Seed}
+}
+
+// ModelConfig is the built-in policy's architecture and the seed of its
+// initial weights (the contract seed).
+func ModelConfig(c *contract.Contract) (model.Config, uint64) {
+	return model.DefaultConfig(), uint64(c.Seed)
+}
+
+// TrainConfig derives the train stage's configuration from the contract.
+func TrainConfig(d Deps) (train.StageConfig, error) {
+	if d.ReleaseDir == "" {
+		return train.StageConfig{}, fmt.Errorf("operators: train needs a release directory (--releases)")
+	}
+	backend, err := Backend(d.Device)
+	if err != nil {
+		return train.StageConfig{}, err
+	}
+	reg, err := TaskRegistry(d)
+	if err != nil {
+		return train.StageConfig{}, err
+	}
+	c := d.Contract
+	s := RolloutSettings(c, reg)
+	mc, seed := ModelConfig(c)
+	o := c.Loss.Optimizer
+	return train.StageConfig{
+		Topics: d.Topics, RunID: c.RunID, ContractHash: c.Hash(), Behavior: s.Behavior,
+		Model: mc, ModelSeed: seed, Objective: c.Loss.Options, Backend: backend,
+		Adam:   gpu.AdamOptions{LR: o.LR, Beta1: o.Beta1, Beta2: o.Beta2, Eps: o.Eps, MaxGradNorm: o.GradClip},
+		Epochs: o.Epochs,
+		Meta:   gpu.ReleaseMeta{TokenizerHash: rollout.TokenizerHash, SamplerContract: s.ID(), ContractHash: c.Hash()},
+	}, nil
+}
+
+// RewardChecks are the reward stage's checks from the contract (pipeline
+// §9 "reward ranges and component availability"): every declared
+// component is required on every rewarded trajectory, and a component with
+// a declared raw_range must score inside it.
+func RewardChecks(c *contract.Contract) validate.RewardOptions {
+	o := validate.RewardOptions{Ranges: map[string]validate.Range{}}
+	for _, r := range c.Rewards {
+		o.Required = append(o.Required, r.Name)
+		if len(r.RawRange) == 2 {
+			o.Ranges[r.Name] = validate.Range{Min: r.RawRange[0], Max: r.RawRange[1]}
+		}
+	}
+	return o
 }

@@ -25,6 +25,8 @@ type Metrics struct {
 	lag           *prometheus.GaugeVec
 	inFlight      *prometheus.GaugeVec
 	commitLatency *prometheus.HistogramVec
+	retries       *prometheus.CounterVec
+	commits       *prometheus.CounterVec
 }
 
 // NewMetrics registers the operator collectors on reg (a new registry when
@@ -53,8 +55,12 @@ func NewMetrics(reg *prometheus.Registry) *Metrics {
 		commitLatency: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name: "trajflow_commit_seconds", Help: "Offset commit latency.",
 			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 14)}, lbl),
+		retries: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "trajflow_broker_retries_total", Help: "Transient broker failures retried in place, by operation (fetch, commit)."}, append(lbl, "op")),
+		commits: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "trajflow_commits_total", Help: "Offset commits acknowledged by the group coordinator."}, lbl),
 	}
-	reg.MustRegister(m.in, m.inBytes, m.out, m.outBytes, m.quarantined, m.lag, m.inFlight, m.commitLatency)
+	reg.MustRegister(m.in, m.inBytes, m.out, m.outBytes, m.quarantined, m.lag, m.inFlight, m.commitLatency, m.retries, m.commits)
 	return m
 }
 
@@ -65,6 +71,8 @@ type stageMetrics struct {
 	lag                   *prometheus.GaugeVec
 	inFlight              prometheus.Gauge
 	commitLatency         prometheus.Observer
+	retries               *prometheus.CounterVec
+	commits               prometheus.Counter
 }
 
 func (m *Metrics) forStage(stage, instance string) *stageMetrics {
@@ -78,6 +86,8 @@ func (m *Metrics) forStage(stage, instance string) *stageMetrics {
 		lag:           m.lag.MustCurryWith(l),
 		inFlight:      m.inFlight.With(l),
 		commitLatency: m.commitLatency.With(l),
+		retries:       m.retries.MustCurryWith(l),
+		commits:       m.commits.With(l),
 	}
 }
 

@@ -4,8 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/segmentio/kafka-go"
@@ -33,12 +35,25 @@ type Config struct {
 	CommitInterval  time.Duration
 	BatchTimeout    time.Duration
 	TickInterval    time.Duration
-	// DrainTimeout bounds a graceful shutdown.
+	// DrainTimeout bounds a graceful shutdown (the stage's Flush included).
 	DrainTimeout time.Duration
-	// StateDir is where the stage may keep local state (Badger).
+	// ProduceRetryWindow is how long the producer retries a transient
+	// write failure (a partition leader moving, a broker restarting) in
+	// place, in order, before the operator stops (default 60 s).
+	ProduceRetryWindow time.Duration
+	// StateDir is where the stage's local state store lives (Env.State);
+	// "" keeps it in memory.
 	StateDir string
-	Logger   *slog.Logger
-	Metrics  *Metrics
+	// Releases is the stage's release store (Env.Releases); nil: none.
+	Releases ReleaseStore
+	// Now is the stage's clock (Env.Now); nil: time.Now.
+	Now    func() time.Time
+	Logger *slog.Logger
+	// Metrics receives the operator's collectors; nil: a private registry.
+	Metrics *Metrics
+	// Hooks observe the operator: each is called through the hook
+	// interfaces it implements (ProcessHook).
+	Hooks []Hook
 	// Instance names this process in logs and metrics.
 	Instance string
 }
@@ -65,6 +80,12 @@ func (c *Config) defaults() {
 	if c.DrainTimeout <= 0 {
 		c.DrainTimeout = 30 * time.Second
 	}
+	if c.ProduceRetryWindow <= 0 {
+		c.ProduceRetryWindow = 60 * time.Second
+	}
+	if c.Now == nil {
+		c.Now = time.Now
+	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
@@ -81,10 +102,16 @@ func (c *Config) dialer() *kafka.Dialer {
 	return &kafka.Dialer{Timeout: 10 * time.Second}
 }
 
-// Env is what a Starter may use to rebuild its state.
-type Env struct {
-	Config *Config
-	Logger *slog.Logger
+// Hook observes an operator. The runtime calls the methods of the hook
+// interfaces a Hook implements; metrics, tracing and benchmarks attach here
+// instead of wrapping stages.
+type Hook any
+
+// ProcessHook observes every call of the stage: Process (m is the input),
+// and Tick and Flush (m is nil). res and err are what the stage returned;
+// took is the time it spent. The hook must not modify them.
+type ProcessHook interface {
+	OnProcess(stage string, m *Message, res *Result, err error, took time.Duration)
 }
 
 // ErrStopped is returned by Run after a graceful shutdown.
@@ -100,15 +127,17 @@ type ackGroup struct {
 	release   []func() // the outputs' Release, called when all are acknowledged
 }
 
-// Operator runs one stage.
+// Operator runs one stage. Run may be called once.
 type Operator struct {
-	cfg    Config
-	stage  Stage
-	reader *kafka.Reader
-	writer *kafka.Writer
-	track  *tracker
-	flow   *flowControl
-	m      *stageMetrics
+	cfg     Config
+	stage   Stage
+	env     *Env
+	reader  *kafka.Reader
+	writer  *kafka.Writer
+	track   *tracker
+	flow    *flowControl
+	m       *stageMetrics
+	process []ProcessHook
 
 	stageMu sync.Mutex // Process, Tick and Flush never run concurrently
 
@@ -116,6 +145,8 @@ type Operator struct {
 	fatal   chan error
 	ready   chan struct{}
 	readyOK sync.Once
+	// degraded counts the consecutive transient fetch failures (0: healthy).
+	degraded atomic.Int64
 }
 
 // NewOperator builds an operator for stage; Run starts it.
@@ -142,31 +173,65 @@ func NewOperator(cfg Config, stage Stage) (*Operator, error) {
 		fatal: make(chan error, 1),
 		ready: make(chan struct{}),
 	}
+	for _, h := range cfg.Hooks {
+		if p, ok := h.(ProcessHook); ok {
+			o.process = append(o.process, p)
+		}
+	}
 	return o, nil
 }
 
-// Ready is closed once the operator has joined its group and rebuilt its
-// state.
+// Ready is closed once the operator has rebuilt its state and joined its
+// group.
 func (o *Operator) Ready() <-chan struct{} { return o.ready }
+
+// Stage is the stage the operator runs.
+func (o *Operator) Stage() Stage { return o.stage }
+
+// Degraded reports whether the operator's last fetches failed with
+// transient broker errors (it keeps retrying in place).
+func (o *Operator) Degraded() bool { return o.degraded.Load() > 0 }
 
 func (o *Operator) fail(err error) {
 	o.errOnce.Do(func() { o.fatal <- err })
 }
 
+// inputTopics are the topics the operator needs before it starts: its
+// inputs and its side inputs.
+func (o *Operator) inputTopics() []string {
+	ts := append([]string(nil), o.stage.Topics()...)
+	if si, ok := o.stage.(SideInputs); ok {
+		ts = append(ts, si.SideTopics()...)
+	}
+	return ts
+}
+
 // Run consumes until ctx is cancelled (graceful: in-flight outputs are
 // drained and offsets committed, then ErrStopped is returned) or a fatal
 // error occurs (nothing more is committed; redelivery after restart
-// recovers).
-func (o *Operator) Run(ctx context.Context) error {
+// recovers). Transient broker errors — a partition leader or the group
+// coordinator moving, a broker restarting — are retried in place, keeping
+// the stage's state and group membership. Whatever the outcome, the stage
+// is closed (io.Closer) and then its state store.
+func (o *Operator) Run(ctx context.Context) (err error) {
 	cfg := &o.cfg
 	log := cfg.Logger.With("stage", o.stage.Name(), "instance", cfg.Instance)
+	o.env = NewEnv(EnvConfig{Logger: log, Now: cfg.Now, Scanner: kafkaScanner{cfg}, StateDir: cfg.StateDir, Releases: cfg.Releases})
+	defer func() {
+		if cerr := closeStage(o.stage, o.env); cerr != nil && err == nil {
+			err = cerr
+		}
+	}()
+	if err := waitTopics(ctx, cfg, o.inputTopics(), log); err != nil {
+		return err
+	}
 	if s, ok := o.stage.(Starter); ok {
-		if err := s.Start(ctx, &Env{Config: cfg, Logger: log}); err != nil {
+		if err := s.Start(ctx, o.env); err != nil {
+			if ctx.Err() != nil {
+				return ErrStopped
+			}
 			return fmt.Errorf("pipeline: start %s: %w", o.stage.Name(), err)
 		}
-	}
-	if err := o.waitTopics(ctx, log); err != nil {
-		return err
 	}
 	o.reader = kafka.NewReader(kafka.ReaderConfig{
 		Brokers:           cfg.Brokers,
@@ -186,17 +251,23 @@ func (o *Operator) Run(ctx context.Context) error {
 		ReadBackoffMax:    200 * time.Millisecond,
 		MaxAttempts:       3,
 	})
+	const writeBackoffMax = time.Second
 	o.writer = &kafka.Writer{
-		Addr:         kafka.TCP(cfg.Brokers...),
-		Balancer:     &kafka.Murmur2Balancer{},
-		RequiredAcks: kafka.RequireAll,
-		Async:        true,
-		BatchSize:    256,
-		BatchBytes:   tfkafka.WriterBatchBytes(cfg.MaxMessageBytes),
-		BatchTimeout: cfg.BatchTimeout,
-		MaxAttempts:  10,
-		Transport:    cfg.Transport,
-		Completion:   o.completion,
+		Addr:            kafka.TCP(cfg.Brokers...),
+		Balancer:        &kafka.Murmur2Balancer{},
+		RequiredAcks:    kafka.RequireAll,
+		Async:           true,
+		BatchSize:       256,
+		BatchBytes:      tfkafka.WriterBatchBytes(cfg.MaxMessageBytes),
+		BatchTimeout:    cfg.BatchTimeout,
+		WriteBackoffMin: 100 * time.Millisecond,
+		WriteBackoffMax: writeBackoffMax,
+		// kafka-go retries a failed batch in place, in order, while the
+		// error is temporary: enough attempts to ride through a leader
+		// election (about the broker session timeout) and a broker restart.
+		MaxAttempts: max(10, int(cfg.ProduceRetryWindow/writeBackoffMax)+4),
+		Transport:   cfg.Transport,
+		Completion:  o.completion,
 	}
 	if cfg.Transport == nil {
 		o.writer.Transport = &kafka.Transport{}
@@ -207,10 +278,21 @@ func (o *Operator) Run(ctx context.Context) error {
 	var wg sync.WaitGroup
 	commitDone := make(chan struct{})
 	wg.Add(1)
-	go func() { defer wg.Done(); o.commitLoop(commitDone) }()
+	go func() { defer wg.Done(); o.commitLoop(commitDone, log) }()
 	if tk, ok := o.stage.(Ticker); ok {
 		wg.Add(1)
 		go func() { defer wg.Done(); o.tickLoop(fetchCtx, tk) }()
+	}
+	if si, ok := o.stage.(SideInputs); ok {
+		for _, topic := range si.SideTopics() {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				if err := followSide(fetchCtx, cfg, topic, log, func(m Message) error { return si.Side(fetchCtx, m) }); err != nil {
+					o.fail(fmt.Errorf("pipeline: %s side input %s: %w", o.stage.Name(), topic, err))
+				}
+			}()
+		}
 	}
 	// Cancelling ctx stops fetching; the loop below then drains.
 	go func() {
@@ -225,13 +307,17 @@ func (o *Operator) Run(ctx context.Context) error {
 	loopErr := o.fetchLoop(fetchCtx, log)
 	stopFetch()
 	graceful := loopErr == nil
+	drainCtx, cancelDrain := context.WithTimeout(context.Background(), cfg.DrainTimeout)
+	defer cancelDrain()
 	if graceful {
 		if f, ok := o.stage.(Flusher); ok {
 			o.stageMu.Lock()
-			res, err := f.Flush(context.Background())
+			t0 := time.Now()
+			res, err := f.Flush(drainCtx)
+			o.observe(nil, &res, err, time.Since(t0))
 			o.stageMu.Unlock()
 			if err == nil {
-				err = o.submit(context.Background(), res, nil)
+				err = o.submit(drainCtx, res, nil)
 			}
 			if err != nil {
 				loopErr = fmt.Errorf("pipeline: flush %s: %w", o.stage.Name(), err)
@@ -248,11 +334,9 @@ func (o *Operator) Run(ctx context.Context) error {
 		case err := <-o.fatal:
 			loopErr = err
 		default:
-			cctx, cancel := context.WithTimeout(context.Background(), cfg.DrainTimeout)
-			if err := o.commit(cctx); err != nil {
+			if err := o.commit(drainCtx); err != nil {
 				loopErr = err
 			}
-			cancel()
 		}
 	}
 	rerr := o.reader.Close()
@@ -270,8 +354,31 @@ func (o *Operator) Run(ctx context.Context) error {
 	return ErrStopped
 }
 
+// closeStage closes the stage (once) and then its state store.
+func closeStage(st Stage, env *Env) error {
+	var errs []error
+	if c, ok := st.(io.Closer); ok {
+		if err := c.Close(); err != nil {
+			errs = append(errs, fmt.Errorf("pipeline: close %s: %w", st.Name(), err))
+		}
+	}
+	if env != nil {
+		if err := env.Close(); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+func (o *Operator) observe(m *Message, res *Result, err error, took time.Duration) {
+	for _, h := range o.process {
+		h.OnProcess(o.stage.Name(), m, res, err, took)
+	}
+}
+
 // fetchLoop returns nil when fetchCtx is cancelled, or the first fatal error.
 func (o *Operator) fetchLoop(fetchCtx context.Context, log *slog.Logger) error {
+	lim := logLimiter{every: 10 * time.Second}
 	for {
 		select {
 		case err := <-o.fatal:
@@ -283,21 +390,25 @@ func (o *Operator) fetchLoop(fetchCtx context.Context, log *slog.Logger) error {
 			if fetchCtx.Err() != nil {
 				return nil
 			}
-			return fmt.Errorf("pipeline: fetch: %w", err)
-		}
-		m := Message{
-			Ref:           Ref{km.Topic, km.Partition, km.Offset},
-			Key:           km.Key,
-			Value:         km.Value,
-			HighWaterMark: km.HighWaterMark,
-			Time:          km.Time,
-		}
-		if len(km.Headers) > 0 {
-			m.Headers = make([]Header, len(km.Headers))
-			for i, h := range km.Headers {
-				m.Headers[i] = Header{h.Key, h.Value}
+			if !transient(err) {
+				return fmt.Errorf("pipeline: fetch: %w", err)
 			}
+			// kafka-go's group reader heals by itself (it rejoins the group
+			// and re-dials partition leaders): wait and fetch again.
+			n := o.degraded.Add(1)
+			o.m.retries.WithLabelValues("fetch").Inc()
+			if ok, held := lim.allow(time.Now()); ok {
+				log.Warn("fetch failed; retrying in place", "err", err, "failures", n, "not_logged", held)
+			}
+			if !sleepCtx(fetchCtx, backoffRetry.Delay(int(min(n, 10)))) {
+				return nil
+			}
+			continue
 		}
+		if o.degraded.Swap(0) > 0 {
+			log.Info("fetching again")
+		}
+		m := fromKafka(&km)
 		o.track.seen(m.Ref)
 		o.m.in.Inc()
 		o.m.inBytes.Add(float64(len(m.Value)))
@@ -305,20 +416,18 @@ func (o *Operator) fetchLoop(fetchCtx context.Context, log *slog.Logger) error {
 			o.m.lag.WithLabelValues(m.Topic, itoa(m.Partition)).Set(float64(m.HighWaterMark - m.Offset - 1))
 		}
 		o.stageMu.Lock()
+		t0 := time.Now()
 		res, err := o.stage.Process(fetchCtx, m)
-		o.stageMu.Unlock()
-		if err != nil {
-			ref, ok := AsRefusal(err)
-			if !ok {
-				return fmt.Errorf("pipeline: %s at %s: %w", o.stage.Name(), m.Ref, err)
-			}
-			o.m.quarantined.WithLabelValues(ref.Reason).Inc()
-			log.Warn("record quarantined", "source", m.Ref.String(), "reason", ref.Reason, "detail", ref.Detail)
-			res = Result{Outputs: append([]Output{QuarantineRecord(o.cfg.QuarantineTopic, o.stage.Name(), m, ref.Reason, ref.Detail)}, ref.Also...)}
+		if len(o.process) > 0 {
+			o.observe(&m, &res, err, time.Since(t0))
 		}
-		var self []Ref
-		if !res.Hold {
-			self = []Ref{m.Ref}
+		o.stageMu.Unlock()
+		res, self, err := o.outcome(&m, res, err, log)
+		if err != nil {
+			if fetchCtx.Err() != nil {
+				return nil // stopping: the input is redelivered later
+			}
+			return err
 		}
 		if err := o.submitFor(fetchCtx, res, self, &m); err != nil {
 			if fetchCtx.Err() != nil {
@@ -327,6 +436,29 @@ func (o *Operator) fetchLoop(fetchCtx context.Context, log *slog.Logger) error {
 			return err
 		}
 	}
+}
+
+// outcome turns what Process returned for m into what the runtime
+// produces and completes: a refusal becomes the quarantine record (with
+// the refusal's extra outputs); an input that is not held completes with
+// its outputs. Any other error is fatal.
+func (o *Operator) outcome(m *Message, res Result, err error, log *slog.Logger) (Result, []Ref, error) {
+	if err != nil {
+		ref, ok := AsRefusal(err)
+		if !ok {
+			return Result{}, nil, fmt.Errorf("pipeline: %s at %s: %w", o.stage.Name(), m.Ref, err)
+		}
+		o.m.quarantined.WithLabelValues(ref.Reason).Inc()
+		if log != nil {
+			log.Warn("record quarantined", "source", m.Ref.String(), "reason", ref.Reason, "detail", ref.Detail)
+		}
+		res = Result{Outputs: append([]Output{QuarantineRecord(o.cfg.QuarantineTopic, o.stage.Name(), *m, ref.Reason, ref.Detail)}, ref.Also...)}
+	}
+	var self []Ref
+	if !res.Hold {
+		self = []Ref{m.Ref}
+	}
+	return res, self, nil
 }
 
 func (o *Operator) tickLoop(ctx context.Context, tk Ticker) {
@@ -338,7 +470,11 @@ func (o *Operator) tickLoop(ctx context.Context, tk Ticker) {
 			return
 		case now := <-t.C:
 			o.stageMu.Lock()
+			t0 := time.Now()
 			res, err := tk.Tick(ctx, now)
+			if len(o.process) > 0 {
+				o.observe(nil, &res, err, time.Since(t0))
+			}
 			o.stageMu.Unlock()
 			if err == nil {
 				err = o.submit(ctx, res, nil)
@@ -355,25 +491,35 @@ func (o *Operator) submit(ctx context.Context, res Result, self []Ref) error {
 	return o.submitFor(ctx, res, self, nil)
 }
 
+// oversize checks outs against the topics' size limit: an output too large
+// sends src to quarantine instead (the outputs are replaced); without a
+// source it is an error.
+func (o *Operator) oversize(outs []Output, src *Message) ([]Output, error) {
+	limit := int(tfkafka.WriterBatchBytes(o.cfg.MaxMessageBytes)) - 512 // record framing and headers
+	for i := range outs {
+		if len(outs[i].Value)+len(outs[i].Key) <= limit {
+			continue
+		}
+		if src == nil {
+			return nil, fmt.Errorf("pipeline: %s output of %d bytes to %s exceeds max message bytes %d",
+				o.stage.Name(), len(outs[i].Value), outs[i].Topic, o.cfg.MaxMessageBytes)
+		}
+		detail := fmt.Sprintf("output to %s is %d bytes, limit %d", outs[i].Topic, len(outs[i].Value), o.cfg.MaxMessageBytes)
+		o.m.quarantined.WithLabelValues("output_oversize").Inc()
+		return []Output{QuarantineRecord(o.cfg.QuarantineTopic, o.stage.Name(), *src, "output_oversize", detail)}, nil
+	}
+	return outs, nil
+}
+
 // submitFor produces res's outputs; the refs in self and res.Release
 // complete when all are acknowledged. src, when not nil, is the input the
 // outputs derive from: an output too large for the topics sends src to
 // quarantine instead.
 func (o *Operator) submitFor(ctx context.Context, res Result, self []Ref, src *Message) error {
 	refs := append(self, res.Release...)
-	outs := res.Outputs
-	limit := int(tfkafka.WriterBatchBytes(o.cfg.MaxMessageBytes)) - 512 // record framing and headers
-	for i := range outs {
-		if len(outs[i].Value)+len(outs[i].Key) > limit {
-			if src == nil {
-				return fmt.Errorf("pipeline: %s output of %d bytes to %s exceeds max message bytes %d",
-					o.stage.Name(), len(outs[i].Value), outs[i].Topic, o.cfg.MaxMessageBytes)
-			}
-			detail := fmt.Sprintf("output to %s is %d bytes, limit %d", outs[i].Topic, len(outs[i].Value), o.cfg.MaxMessageBytes)
-			o.m.quarantined.WithLabelValues("output_oversize").Inc()
-			outs = []Output{QuarantineRecord(o.cfg.QuarantineTopic, o.stage.Name(), *src, "output_oversize", detail)}
-			break
-		}
+	outs, err := o.oversize(res.Outputs, src)
+	if err != nil {
+		return err
 	}
 	if len(outs) == 0 {
 		for _, r := range refs {
@@ -446,9 +592,10 @@ func (o *Operator) completion(msgs []kafka.Message, err error) {
 	o.m.inFlight.Sub(float64(n))
 }
 
-func (o *Operator) commitLoop(done <-chan struct{}) {
+func (o *Operator) commitLoop(done <-chan struct{}, log *slog.Logger) {
 	t := time.NewTicker(o.cfg.CommitInterval)
 	defer t.Stop()
+	lim := logLimiter{every: 10 * time.Second}
 	for {
 		select {
 		case <-done:
@@ -458,9 +605,13 @@ func (o *Operator) commitLoop(done <-chan struct{}) {
 			err := o.commit(ctx)
 			cancel()
 			if err != nil {
-				// A failed commit is retried on the next tick; the records
-				// are redelivered after a crash in the meantime.
-				o.cfg.Logger.Warn("commit failed", "stage", o.stage.Name(), "err", err)
+				// A failed commit is retried on the next tick (a coordinator
+				// moving, a rebalance); the records are redelivered after a
+				// crash in the meantime.
+				o.m.retries.WithLabelValues("commit").Inc()
+				if ok, held := lim.allow(time.Now()); ok {
+					log.Warn("commit failed; retrying", "err", err, "not_logged", held)
+				}
 			}
 		}
 	}
@@ -481,56 +632,7 @@ func (o *Operator) commit(ctx context.Context) error {
 		return fmt.Errorf("pipeline: commit: %w", err)
 	}
 	o.m.commitLatency.Observe(time.Since(start).Seconds())
+	o.m.commits.Inc()
 	o.track.markCommitted(cs)
 	return nil
-}
-
-// waitTopics returns once every input topic exists. A consumer group
-// member that joins while its topic is missing keeps the empty assignment
-// after the topic is created (kafka-go computes it once per generation),
-// so an operator started before `trajflow topics create` would never
-// consume; it waits here instead, polling the metadata without creating
-// anything. A broker that cannot be reached is an error (the operator is
-// restarted).
-func (o *Operator) waitTopics(ctx context.Context, log *slog.Logger) error {
-	dialer := o.cfg.dialer()
-	logged := false
-	for {
-		missing, err := missingTopics(ctx, dialer, o.cfg.Brokers[0], o.stage.Topics())
-		if err != nil {
-			return fmt.Errorf("pipeline: %s: input topics: %w", o.stage.Name(), err)
-		}
-		if len(missing) == 0 {
-			return nil
-		}
-		if !logged {
-			log.Warn("waiting for input topics to be created", "missing", missing)
-			logged = true
-		}
-		select {
-		case <-ctx.Done():
-			return ErrStopped
-		case <-time.After(500 * time.Millisecond):
-		}
-	}
-}
-
-// missingTopics lists the topics the broker at addr does not have.
-func missingTopics(ctx context.Context, dialer *kafka.Dialer, addr string, topics []string) ([]string, error) {
-	conn, err := dialer.DialContext(ctx, "tcp", addr)
-	if err != nil {
-		return nil, fmt.Errorf("dial: %w", err)
-	}
-	defer conn.Close()
-	var missing []string
-	for _, t := range topics {
-		parts, err := conn.ReadPartitions(t)
-		switch {
-		case errors.Is(err, kafka.UnknownTopicOrPartition), err == nil && len(parts) == 0:
-			missing = append(missing, t)
-		case err != nil:
-			return nil, fmt.Errorf("partitions of %s: %w", t, err)
-		}
-	}
-	return missing, nil
 }

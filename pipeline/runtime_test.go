@@ -16,6 +16,8 @@ import (
 
 	"github.com/segmentio/kafka-go"
 	"github.com/twmb/franz-go/pkg/kfake"
+
+	"github.com/trajflow/trajflow/schemas"
 )
 
 func startCluster(t testing.TB, topics ...string) string {
@@ -187,7 +189,7 @@ func TestOperatorProducesQuarantinesAndCommits(t *testing.T) {
 		for _, h := range m.Headers {
 			hs[h.Key] = string(h.Value)
 		}
-		if !bytes.HasPrefix(m.Value, []byte("bad-")) || hs[HeaderReason] != "bad_input" || hs[HeaderSourceTopic] != "in" || hs[HeaderSourceOffset] == "" {
+		if !bytes.HasPrefix(m.Value, []byte("bad-")) || hs[schemas.HeaderReason] != "bad_input" || hs[schemas.HeaderSourceTopic] != "in" || hs[schemas.HeaderSourceOffset] == "" {
 			t.Fatalf("quarantine record %q headers %v", m.Value, hs)
 		}
 	}

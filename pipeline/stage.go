@@ -2,8 +2,22 @@
 // member of a Kafka consumer group, drives a stage's pure function,
 // produces the outputs with acks=all, and commits an input offset only after
 // every output derived from it is acknowledged (at-least-once delivery,
-// systems document §14). Stages never touch Kafka; the runtime owns
-// commits, retries, backpressure, quarantine and shutdown.
+// systems document §14).
+//
+// A stage never touches Kafka, the disk or the network itself: the runtime
+// owns commits, retries, backpressure, quarantine and shutdown, and gives
+// the stage everything else through its Env (topic tails, the local state
+// store, the release files, side inputs, a clock, a logger). The lifecycle
+// of a stage is
+//
+//	Start(ctx, env)              once, before anything else (Starter)
+//	Side(ctx, m)                 side-topic records, from their own goroutine (SideInputs)
+//	Process(ctx, m) / Tick / ...  one at a time, in fetch order
+//	Flush(ctx)                   on a graceful stop (Flusher)
+//	Close()                      once, after everything else (io.Closer)
+//
+// and the same lifecycle drives a stage offline over captured messages
+// (Drive), so `trajflow stage NAME` and `trajflow run NAME` decide alike.
 package pipeline
 
 import (
@@ -12,6 +26,8 @@ import (
 	"fmt"
 	"strconv"
 	"time"
+
+	"github.com/trajflow/trajflow/schemas"
 )
 
 // Ref identifies one input message.
@@ -95,9 +111,22 @@ type Stage interface {
 
 // Starter is implemented by stages that rebuild state before the first
 // Process call (for example a deduplication set read back from the stage's
-// output topic).
+// output topic). The Env stays valid until Close returns.
 type Starter interface {
 	Start(ctx context.Context, env *Env) error
+}
+
+// SideInputs is implemented by stages that follow topics besides their
+// inputs (the policy topic, for rollout workers that switch versions). The
+// runtime tails every side topic from its first offset, without a consumer
+// group and without committing, and calls Side with each record in offset
+// order per partition. Side runs on the runtime's side-input goroutine,
+// concurrently with Process, Tick and Flush: the stage synchronizes the
+// state they share. A record Side cannot use is the stage's to log and
+// skip; an error it returns stops the operator.
+type SideInputs interface {
+	SideTopics() []string
+	Side(ctx context.Context, m Message) error
 }
 
 // Ticker is implemented by stages that act on time as well as on input
@@ -108,10 +137,15 @@ type Ticker interface {
 }
 
 // Flusher is implemented by stages that hold state which should be emitted
-// on a graceful shutdown rather than rebuilt on the next start.
+// on a graceful shutdown rather than rebuilt on the next start. Flush's ctx
+// ends with the operator's drain timeout.
 type Flusher interface {
 	Flush(ctx context.Context) (Result, error)
 }
+
+// A stage that implements io.Closer is closed by the runtime once, after
+// its last call (graceful stop or not); then the runtime closes the stage's
+// state store. Close must be idempotent.
 
 // Refusal is a per-record rejection: the input goes to the quarantine topic
 // with Reason (a short machine-readable code) and Detail.
@@ -142,28 +176,18 @@ func AsRefusal(err error) (*Refusal, bool) {
 	return r, ok
 }
 
-// Quarantine headers.
-const (
-	HeaderReason          = "trajflow-reason"
-	HeaderDetail          = "trajflow-detail"
-	HeaderStage           = "trajflow-stage"
-	HeaderSourceTopic     = "trajflow-source-topic"
-	HeaderSourcePartition = "trajflow-source-partition"
-	HeaderSourceOffset    = "trajflow-source-offset"
-)
-
 // QuarantineRecord builds the quarantine output for m: the original key and
 // bytes, the original headers, and the reason and source coordinates.
 func QuarantineRecord(topic, stage string, m Message, reason, detail string) Output {
 	hs := make([]Header, 0, len(m.Headers)+6)
 	hs = append(hs, m.Headers...)
 	hs = append(hs,
-		Header{HeaderReason, []byte(reason)},
-		Header{HeaderDetail, []byte(detail)},
-		Header{HeaderStage, []byte(stage)},
-		Header{HeaderSourceTopic, []byte(m.Topic)},
-		Header{HeaderSourcePartition, []byte(strconv.Itoa(m.Partition))},
-		Header{HeaderSourceOffset, []byte(strconv.FormatInt(m.Offset, 10))},
+		Header{schemas.HeaderReason, []byte(reason)},
+		Header{schemas.HeaderDetail, []byte(detail)},
+		Header{schemas.HeaderStage, []byte(stage)},
+		Header{schemas.HeaderSourceTopic, []byte(m.Topic)},
+		Header{schemas.HeaderSourcePartition, []byte(strconv.Itoa(m.Partition))},
+		Header{schemas.HeaderSourceOffset, []byte(strconv.FormatInt(m.Offset, 10))},
 	)
 	return Output{Topic: topic, Key: m.Key, Value: m.Value, Headers: hs}
 }

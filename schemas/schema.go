@@ -21,6 +21,9 @@ const (
 	KindPackedBatch     Kind = "packed_batch"
 	KindPolicyRelease   Kind = "policy_release"
 	KindCensusEvent     Kind = "census_event"
+	KindWindowRecord    Kind = "window_record"
+	KindIncident        Kind = "incident"
+	KindUpdateRecord    Kind = "update_record"
 )
 
 // Current versions of each kind. A decoder accepts exactly the versions it
@@ -34,16 +37,16 @@ var Versions = map[Kind]int{
 	KindPackedBatch:     1,
 	KindPolicyRelease:   1,
 	KindCensusEvent:     1,
+	KindWindowRecord:    1,
+	KindIncident:        1,
+	KindUpdateRecord:    1,
 }
 
-// Keys under which kind and version are stored.
+// Arrow schema metadata keys under which kind and version are stored
+// (the Kafka headers are in headers.go).
 const (
-	MetaKind      = "trajflow.kind"
-	MetaVersion   = "trajflow.version"
-	HeaderKind    = "trajflow-kind"
-	HeaderVersion = "trajflow-version"
-	HeaderID      = "trajflow-id"
-	HeaderTrace   = "traceparent"
+	MetaKind    = "trajflow.kind"
+	MetaVersion = "trajflow.version"
 )
 
 // ErrDecode wraps every failure to decode bytes into records: truncated or

@@ -22,7 +22,6 @@ import (
 	"github.com/trajflow/trajflow/gpu/objective"
 	"github.com/trajflow/trajflow/internal/audit"
 	"github.com/trajflow/trajflow/operators"
-	"github.com/trajflow/trajflow/operators/pack"
 	"github.com/trajflow/trajflow/operators/rollout"
 	"github.com/trajflow/trajflow/pipeline"
 	"github.com/trajflow/trajflow/pipeline/contract"
@@ -265,6 +264,10 @@ func runDemo(ctx context.Context, o demoOptions, stdout io.Writer) (*demoSummary
 		return nil, err
 	}
 	deps.ReleaseDir, deps.Rounds = releases, int64(o.Updates)
+	files, err := pipeline.NewDirReleases(releases)
+	if err != nil {
+		return nil, err
+	}
 	deps.PartialGroupTimeout = 30 * time.Second // only matters if a member is lost to quarantine
 	reg := deps.Tasks
 	ev := &evaluator{
@@ -299,28 +302,16 @@ func runDemo(ctx context.Context, o demoOptions, stdout io.Writer) (*demoSummary
 	defer stopOps()
 	var wg sync.WaitGroup
 	errs := make(chan error, len(loopStages))
-	var closers []io.Closer
 	defer func() {
 		stopOps()
 		wg.Wait()
-		for _, cl := range closers {
-			cl.Close()
-		}
 	}()
 	for _, name := range loopStages {
-		st, err := operators.New(name, deps)
-		if err != nil {
-			return nil, err
-		}
-		if cl, ok := st.(io.Closer); ok {
-			closers = append(closers, cl)
-		}
-		op, err := pipeline.NewOperator(pipeline.Config{
-			Brokers: brokers, GroupID: c.RunID + "." + name, QuarantineTopic: topics.Quarantine,
-			MaxMessageBytes: c.Topics.MaxMessageBytes, StateDir: filepath.Join(o.Out, "state", name),
+		op, err := operators.NewOperator(name, deps, pipeline.Config{
+			Brokers: brokers, StateDir: filepath.Join(o.Out, "state", name),
 			Logger: log.With("stage", name), Instance: "demo-" + name,
 			CommitInterval: 100 * time.Millisecond, TickInterval: 50 * time.Millisecond, BatchTimeout: time.Millisecond,
-		}, st)
+		})
 		if err != nil {
 			return nil, err
 		}
@@ -351,7 +342,7 @@ func runDemo(ctx context.Context, o demoOptions, stdout io.Writer) (*demoSummary
 
 	wantGroups := o.Updates * c.Dispatch.GroupsPerUpdate
 	decided, batches := 0, 0
-	byBatch := map[string]pack.WindowRecord{}
+	byBatch := map[string]schemas.WindowRecord{}
 	var packTokens, packCapacity int64
 	lastVersion := int64(0)
 	lastAt := time.Now()
@@ -369,8 +360,8 @@ func runDemo(ctx context.Context, o demoOptions, stdout io.Writer) (*demoSummary
 		case err := <-errs:
 			return nil, err
 		case km := <-windows:
-			var w pack.WindowRecord
-			if err := json.Unmarshal(km.Value, &w); err != nil {
+			w, err := schemas.DecodeWindow(km.Value)
+			if err != nil {
 				return nil, fmt.Errorf("demo: window record: %w", err)
 			}
 			decided += len(w.Groups)
@@ -392,7 +383,7 @@ func runDemo(ctx context.Context, o demoOptions, stdout io.Writer) (*demoSummary
 			}
 			lastRel = rel
 			lastVersion = rel.PolicyVersion
-			u, err := gpu.ReadUpdate(releases, rel.PolicyVersion)
+			u, err := gpu.ReadUpdate(files, rel.PolicyVersion)
 			if err != nil {
 				return nil, err
 			}

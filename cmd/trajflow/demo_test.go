@@ -26,7 +26,6 @@ import (
 	"github.com/trajflow/trajflow/gpu/model"
 	"github.com/trajflow/trajflow/internal/audit"
 	"github.com/trajflow/trajflow/operators"
-	"github.com/trajflow/trajflow/operators/pack"
 	"github.com/trajflow/trajflow/operators/rollout"
 	"github.com/trajflow/trajflow/pipeline"
 	"github.com/trajflow/trajflow/schemas"
@@ -83,7 +82,11 @@ func TestDemoDeterministic(t *testing.T) {
 func TestRatioOneThroughKafka(t *testing.T) {
 	out := t.TempDir()
 	demo(t, demoOptions{Updates: 1, Seed: 3, Out: out})
-	u, err := gpu.ReadUpdate(filepath.Join(out, "releases"), 1)
+	files, err := pipeline.NewDirReleases(filepath.Join(out, "releases"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	u, err := gpu.ReadUpdate(files, 1)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -268,11 +271,8 @@ func TestEvalTaskNeverTrains(t *testing.T) {
 	}
 	incidents := 0
 	err = pipeline.ScanTail(ctx, cfg, topics.Incidents, 0, func(m pipeline.Message) error {
-		var inc struct {
-			TaskID string `json:"task_id"`
-			Reason string `json:"reason"`
-		}
-		if json.Unmarshal(m.Value, &inc) == nil && inc.TaskID == evalTask.ID && inc.Reason == "eval_task_id" {
+		inc, err := schemas.DecodeIncident(m.Value)
+		if err == nil && inc.TaskID == evalTask.ID && inc.Reason == "eval_task_id" {
 			incidents++
 		}
 		return nil
@@ -372,8 +372,8 @@ func fleet(t *testing.T, rounds int, crashAt int64) {
 	for {
 		decided, batches := 0, 0
 		err := pipeline.ScanTail(ctx, cfg, topics.Windows, 0, func(m pipeline.Message) error {
-			var w pack.WindowRecord
-			if err := json.Unmarshal(m.Value, &w); err != nil {
+			w, err := schemas.DecodeWindow(m.Value)
+			if err != nil {
 				return err
 			}
 			decided += len(w.Groups)

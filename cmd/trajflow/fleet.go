@@ -271,14 +271,7 @@ func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 // runOperatorOnce builds the stage and its operator and runs it until a
 // graceful stop (nil) or a fatal error.
 func runOperatorOnce(ctx context.Context, name string, deps operators.Deps, cfg pipeline.Config, hs *pipeline.HealthServer) error {
-	stage, err := operators.New(name, deps)
-	if err != nil {
-		return err
-	}
-	if c, ok := stage.(io.Closer); ok {
-		defer c.Close()
-	}
-	op, err := pipeline.NewOperator(cfg, stage)
+	op, err := operators.NewOperator(name, deps, cfg)
 	if err != nil {
 		return err
 	}

@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"crypto/sha256"
-	"encoding/json"
 	"fmt"
 	"io"
 	"math"
@@ -261,8 +260,8 @@ func replayPack(c *contract.Contract, snap *parquet.Run, scored map[string]schem
 	opts.BatchTokens, opts.BatchGroups = math.MaxInt, 0
 	seen := map[string]bool{}
 	for _, m := range snap.Topics["windows"] {
-		var rec pack.WindowRecord
-		if err := json.Unmarshal(m.Value, &rec); err != nil {
+		rec, err := schemas.DecodeWindow(m.Value)
+		if err != nil {
 			return fmt.Errorf("replay: window record at offset %d: %w", m.Offset, err)
 		}
 		if rec.BatchID == "" || seen[rec.BatchID] {
@@ -302,7 +301,7 @@ func (r *replayReport) fail(s string) {
 // rebuildBatch packs the records of one window as the live window did: the
 // lag rule judged against the closing trainer version, the batch a pure
 // function of the admitted set (pack.Window.Close).
-func rebuildBatch(opts pack.Options, runID string, rec pack.WindowRecord, scored map[string]schemas.Scored) ([]byte, error) {
+func rebuildBatch(opts pack.Options, runID string, rec schemas.WindowRecord, scored map[string]schemas.Scored) ([]byte, error) {
 	w, err := pack.NewWindow(opts, -1<<40) // no record is stale when added; Close judges
 	if err != nil {
 		return nil, err

@@ -80,7 +80,7 @@ func TestWriteReadRoundTrip(t *testing.T) {
 		{"batches", "batches", []Message{{Offset: 0, Key: []byte("b"), Value: batch}}},
 		{"census", "census", []Message{{Offset: 7, Key: []byte("x"), Value: census}, {Offset: 8, Value: []byte("{bad json")}}},
 		{"quarantine keeps binary values", "quarantine", []Message{{Offset: 0, Value: []byte{0, 1, 2, 255, 0}, Headers: []pipeline.Header{
-			{Key: pipeline.HeaderReason, Value: []byte("undecodable")}, {Key: pipeline.HeaderSourceOffset, Value: []byte("12")}}}}},
+			{Key: schemas.HeaderReason, Value: []byte("undecodable")}, {Key: schemas.HeaderSourceOffset, Value: []byte("12")}}}}},
 		{"windows", "windows", []Message{{Offset: 0, Value: []byte(`{"batch_id":"b","admitted":["a","b"],"filtered":[{"RecordID":"c","GroupID":"g","Filter":"stale"}]}`)}}},
 	}
 	for _, tc := range tests {

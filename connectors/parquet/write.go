@@ -23,6 +23,7 @@ import (
 	pqzstd "github.com/parquet-go/parquet-go/compress/zstd"
 
 	"github.com/trajflow/trajflow/pipeline"
+	"github.com/trajflow/trajflow/schemas"
 )
 
 // Target names what a file belongs to.
@@ -512,17 +513,17 @@ func controlRow(m *Message, kind string) (ControlRow, error) {
 	case KindQuarantine:
 		for _, h := range m.Headers {
 			switch h.Key {
-			case pipeline.HeaderReason:
+			case schemas.HeaderReason:
 				r.Reason = string(h.Value)
-			case pipeline.HeaderDetail:
+			case schemas.HeaderDetail:
 				r.Detail = string(h.Value)
-			case pipeline.HeaderStage:
+			case schemas.HeaderStage:
 				r.Stage = string(h.Value)
-			case pipeline.HeaderSourceTopic:
+			case schemas.HeaderSourceTopic:
 				r.SourceTopic = string(h.Value)
-			case pipeline.HeaderSourcePartition:
+			case schemas.HeaderSourcePartition:
 				fmt.Sscan(string(h.Value), &r.SourcePartition)
-			case pipeline.HeaderSourceOffset:
+			case schemas.HeaderSourceOffset:
 				fmt.Sscan(string(h.Value), &r.SourceOffset)
 			}
 		}
@@ -537,11 +538,8 @@ func controlRow(m *Message, kind string) (ControlRow, error) {
 	}
 	var j struct {
 		controlJSON
-		AdmittedJ []string `json:"admitted"`
-		FilteredJ []struct {
-			RecordID, GroupID string
-			Filter            string
-		} `json:"filtered"`
+		AdmittedJ []string                 `json:"admitted"`
+		FilteredJ []schemas.WindowDecision `json:"filtered"`
 	}
 	if err := json.Unmarshal(body, &j); err != nil {
 		r.DecodeError = err.Error()

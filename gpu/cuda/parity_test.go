@@ -87,7 +87,7 @@ func checkParity(t *testing.T, be func() backend) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				if err := StatsClose(got.Stats, want.Stats, 1e-5); err != nil {
+				if err := StatsClose(got.ObjectiveStats, want.ObjectiveStats, 1e-5); err != nil {
 					t.Fatalf("step %d: %v", step, err)
 				}
 				if got.Tokens != want.Tokens || got.Sequences != want.Sequences || got.ClippedPos != want.ClippedPos ||

@@ -405,7 +405,7 @@ func (t *Trainer) Step(h Handle, opts objective.Options, adam gpu.AdamOptions) (
 	if err != nil {
 		return gpu.Metrics{}, err
 	}
-	met := gpu.Metrics{Stats: stats, Rows: len(st.RowStart) - 1, Segments: st.Segments, InputTokens: int64(T), FromVersion: t.version}
+	met := gpu.Metrics{ObjectiveStats: stats, Rows: len(st.RowStart) - 1, Segments: st.Segments, InputTokens: int64(T), FromVersion: t.version}
 	var lags [][]objective.LagStat
 	oldH, maskH := st.Layout.Float32s(buf, ColOld), st.Layout.ColumnBytes(buf, ColMask)
 	for r := 0; r+1 < len(st.RowStart); r++ {

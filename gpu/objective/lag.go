@@ -4,24 +4,14 @@ import (
 	"fmt"
 	"math"
 	"sort"
+
+	"github.com/trajflow/trajflow/schemas"
 )
 
 // LagStat summarizes the masked tokens sampled Lag policy versions before
 // the trainer's version (pipeline §13: "log ... the ratio distribution by
 // policy lag"). The ratio is r = exp(cur - old), unclamped.
-type LagStat struct {
-	Lag       int64   `json:"lag"`        // trainerVersion - behavior version, >= 0
-	Tokens    int64   `json:"tokens"`     // masked tokens at this lag
-	RatioMean float64 `json:"ratio_mean"` // mean of r
-	RatioMin  float64 `json:"ratio_min"`
-	RatioMax  float64 `json:"ratio_max"`
-	// ApproxKL = 0.5 · mean (cur - old)^2 (the k2 estimator, as
-	// Stats.ApproxKLOld).
-	ApproxKL float64 `json:"approx_kl"`
-	// K3 = mean (r - 1 - log r), an unbiased, non-negative estimate of
-	// KL(behavior || current) on tokens sampled from the behavior policy.
-	K3 float64 `json:"k3"`
-}
+type LagStat = schemas.LagStat
 
 // LagStats groups the masked tokens of one row (or of Concat'ed rows) by
 // policy lag = trainerVersion - versions[i] and returns one LagStat per lag

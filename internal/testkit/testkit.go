@@ -169,11 +169,7 @@ func (r *Run) StartOperator(t testing.TB, name, stateDir string) (stop func() er
 	case partial < 0:
 		partial = 0 // off
 	}
-	st, err := operators.New(name, operators.Deps{Contract: r.Contract, Topics: r.Topics, VocabSize: 32000, WindowMaxWait: time.Second, PartialGroupTimeout: partial})
-	if err != nil {
-		t.Fatalf("stage %s: %v", name, err)
-	}
-	op, err := pipeline.NewOperator(r.Config(name, stateDir), st)
+	op, err := operators.NewOperator(name, operators.Deps{Contract: r.Contract, Topics: r.Topics, VocabSize: 32000, WindowMaxWait: time.Second, PartialGroupTimeout: partial}, r.Config(name, stateDir))
 	if err != nil {
 		t.Fatalf("operator %s: %v", name, err)
 	}
@@ -189,9 +185,6 @@ func (r *Run) StartOperator(t testing.TB, name, stateDir string) (stop func() er
 		stopped = true
 		cancel()
 		err := <-done
-		if c, ok := st.(io.Closer); ok {
-			c.Close()
-		}
 		if err == pipeline.ErrStopped {
 			err = nil
 		}

@@ -79,13 +79,13 @@ func NewStage(cfg StageConfig) (*Stage, error) {
 func (*Stage) Name() string { return "advantage" }
 
 // Topics implements pipeline.Stage.
-func (s *Stage) Topics() []string { return []string{s.cfg.Topics.Rewarded} }
+func (s *Stage) Topics() []string { return s.cfg.Topics.Names(pipeline.InputsOf(s.Name())) }
 
 const emittedPrefix = "advantage/emitted/"
 
 // Start opens the state store and loads (or rebuilds) the emitted groups.
 func (s *Stage) Start(ctx context.Context, env *pipeline.Env) error {
-	st, err := state.Open(env.Config.StateDir, state.Options{Logger: env.Logger})
+	st, err := env.State()
 	if err != nil {
 		return err
 	}
@@ -100,7 +100,7 @@ func (s *Stage) Start(ctx context.Context, env *pipeline.Env) error {
 	// members of a group whose output did reach the topic are still
 	// recognized; a re-emitted duplicate is deduplicated by pack.
 	n := 0
-	err = pipeline.ScanTail(ctx, env.Config, s.cfg.Topics.Scored, s.cfg.RebuildScan, func(m pipeline.Message) error {
+	err = env.Scan(ctx, s.cfg.Topics.Scored, s.cfg.RebuildScan, func(m pipeline.Message) error {
 		if len(m.Key) > 0 {
 			s.asm.Remember(string(m.Key))
 			n++
@@ -126,13 +126,13 @@ func (s *Stage) emittedBefore(groupID string) (bool, error) {
 	return s.emitted.Has(groupID)
 }
 
-// Close releases the state store (none when the stage never started).
-func (s *Stage) Close() error { return s.store.Close() }
-
 // Process implements pipeline.Stage.
 func (s *Stage) Process(ctx context.Context, m pipeline.Message) (pipeline.Result, error) {
 	rows, err := stagekit.Decode(schemas.RewardedTrajectories, m)
 	if err != nil {
+		return pipeline.Result{}, err
+	}
+	if err := stagekit.CheckID(&m, stagekit.MessageID("reward", recordIDs(rows)...)); err != nil {
 		return pipeline.Result{}, err
 	}
 	for i := range rows {
@@ -195,6 +195,15 @@ func (s *Stage) Process(ctx context.Context, m pipeline.Message) (pipeline.Resul
 		res.Release = slices.DeleteFunc(res.Release, func(r pipeline.Ref) bool { return r == m.Ref })
 	}
 	return res, nil
+}
+
+// recordIDs are the record ids of rows, in order.
+func recordIDs(rows []schemas.Rewarded) []string {
+	ids := make([]string, len(rows))
+	for i := range rows {
+		ids[i] = rows[i].RecordID
+	}
+	return ids
 }
 
 // emit scores a finished group and appends its output and releases to res.

@@ -2,7 +2,6 @@ package dispatch
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"reflect"
@@ -192,11 +191,11 @@ func (h *harness) window(r int64, from, to int, batch bool, v int64) []int64 {
 	for _, g := range h.s.cfg.Planner.Plan(r)[from:to] {
 		groups = append(groups, g.GroupID)
 	}
-	rec := map[string]any{"groups": groups, "trainer_version": v, "batch_id": ""}
+	rec := schemas.WindowRecord{Groups: groups, TrainerVersion: v}
 	if batch {
-		rec["batch_id"] = "b"
+		rec.BatchID = "b"
 	}
-	b, _ := json.Marshal(rec)
+	b, _ := schemas.EncodeWindow(rec)
 	return h.feed(h.topics.Windows, b)
 }
 

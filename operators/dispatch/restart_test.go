@@ -83,7 +83,7 @@ func TestDispatchRestart(t *testing.T) {
 	for g := range st.groups {
 		groups = append(groups, g)
 	}
-	win, _ := json.Marshal(map[string]any{"batch_id": "", "trainer_version": 0, "groups": groups})
+	win, _ := schemas.EncodeWindow(schemas.WindowRecord{Groups: groups})
 	produce(run.Topics.Windows, win)
 
 	run.StartOperator(t, "dispatch", t.TempDir()) // fresh local state

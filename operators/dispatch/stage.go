@@ -2,7 +2,6 @@ package dispatch
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"strconv"
 	"time"
@@ -19,7 +18,7 @@ const (
 )
 
 // HeaderRound is the header of a tasks message naming its round.
-const HeaderRound = "trajflow-round"
+const HeaderRound = schemas.HeaderRound
 
 // StageConfig configures the dispatch operator.
 type StageConfig struct {
@@ -88,14 +87,14 @@ func NewStage(cfg StageConfig) (*Stage, error) {
 func (*Stage) Name() string { return "dispatch" }
 
 // Topics implements pipeline.Stage.
-func (s *Stage) Topics() []string { return []string{s.cfg.Topics.Policy, s.cfg.Topics.Windows} }
+func (s *Stage) Topics() []string { return s.cfg.Topics.Names(pipeline.InputsOf(s.Name())) }
 
 // Next is the next round to dispatch.
 func (s *Stage) Next() int64 { return s.next }
 
 // Start rebuilds the state from the topics.
 func (s *Stage) Start(ctx context.Context, env *pipeline.Env) error {
-	err := pipeline.ScanTail(ctx, env.Config, s.cfg.Topics.Tasks, s.cfg.RebuildScan, func(m pipeline.Message) error {
+	err := env.Scan(ctx, s.cfg.Topics.Tasks, s.cfg.RebuildScan, func(m pipeline.Message) error {
 		r, err := strconv.ParseInt(string(m.Header(HeaderRound)), 10, 64)
 		if err != nil {
 			return nil // not ours
@@ -122,14 +121,20 @@ func (s *Stage) Start(ctx context.Context, env *pipeline.Env) error {
 	for _, rd := range s.rounds {
 		rd.emitted = nil
 	}
-	err = pipeline.ScanTail(ctx, env.Config, s.cfg.Topics.Windows, s.cfg.RebuildScan, func(m pipeline.Message) error {
-		s.window(m.Value)
+	bad := 0
+	err = env.Scan(ctx, s.cfg.Topics.Windows, s.cfg.RebuildScan, func(m pipeline.Message) error {
+		w, err := schemas.DecodeWindow(m.Value)
+		if err != nil {
+			bad++ // refused (quarantine and incident) when it was first consumed
+			return nil
+		}
+		s.window(w)
 		return nil
 	})
 	if err != nil {
 		return fmt.Errorf("dispatch: rebuild from windows: %w", err)
 	}
-	err = pipeline.ScanTail(ctx, env.Config, s.cfg.Topics.Policy, s.cfg.RebuildScan, func(m pipeline.Message) error {
+	err = env.Scan(ctx, s.cfg.Topics.Policy, s.cfg.RebuildScan, func(m pipeline.Message) error {
 		if rel, err := schemas.DecodeRelease(m.Value); err == nil && rel.Ready && rel.PolicyVersion > s.policy {
 			s.policy = rel.PolicyVersion
 		}
@@ -139,7 +144,7 @@ func (s *Stage) Start(ctx context.Context, env *pipeline.Env) error {
 		return fmt.Errorf("dispatch: rebuild from policy: %w", err)
 	}
 	env.Logger.Info("dispatch state restored", "next_round", s.next, "outstanding_rounds", len(s.rounds),
-		"policy_version", s.policy, "groups_to_emit_again", len(s.redo))
+		"policy_version", s.policy, "groups_to_emit_again", len(s.redo), "undecodable_window_records", bad)
 	return nil
 }
 
@@ -159,15 +164,7 @@ func (s *Stage) open(r int64) {
 }
 
 // window applies a pack window record (idempotent).
-func (s *Stage) window(b []byte) {
-	var w struct {
-		BatchID        string   `json:"batch_id"`
-		TrainerVersion int64    `json:"trainer_version"`
-		Groups         []string `json:"groups"`
-	}
-	if json.Unmarshal(b, &w) != nil {
-		return
-	}
+func (s *Stage) window(w schemas.WindowRecord) {
 	for _, g := range w.Groups {
 		r, ok := s.group[g]
 		if !ok {
@@ -239,7 +236,25 @@ func (s *Stage) Process(_ context.Context, m pipeline.Message) (pipeline.Result,
 			s.policy = rel.PolicyVersion
 		}
 	case s.cfg.Topics.Windows:
-		s.window(m.Value)
+		w, err := schemas.DecodeWindow(m.Value)
+		if err != nil {
+			// A window record dispatch cannot read could stall the loop
+			// (its groups would never be decided): refuse it loudly.
+			r := stagekit.DecodeRefusal(err)
+			inc, ierr := stagekit.IncidentOutput(s.cfg.Topics.Incidents, stagekit.Incident{
+				RunID: s.cfg.RunID, AttemptID: schemas.DerivedID("window", m.Ref.String()), Stage: s.Name(),
+				Reason: "bad_window_record", Detail: r.Detail, Source: m.Ref.String(), At: m.Time.UnixMicro(),
+			})
+			if ierr != nil {
+				return pipeline.Result{}, ierr
+			}
+			r.Also = append(r.Also, inc)
+			return pipeline.Result{}, r
+		}
+		if err := stagekit.CheckKindHeaders(&m, schemas.KindWindowRecord); err != nil {
+			return pipeline.Result{}, err
+		}
+		s.window(w)
 	}
 	return s.dispatch(m.Time)
 }

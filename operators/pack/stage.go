@@ -2,9 +2,9 @@ package pack
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/trajflow/trajflow/connectors/state"
@@ -42,44 +42,20 @@ type StageConfig struct {
 	Now                func() time.Time
 }
 
-// WindowRecord is the lineage of one closed window, produced as JSON on the
-// windows topic: what was admitted (in batch order), what was filtered and
-// why, and the trainer version the lag rule used. Replay reproduces a
-// batch from its admitted ids and trainer version.
-type WindowRecord struct {
-	BatchID        string     `json:"batch_id"`
-	BatchIndex     int64      `json:"batch_index"`
-	RunID          string     `json:"run_id"`
-	ContractHash   string     `json:"contract_hash"`
-	TrainerVersion int64      `json:"trainer_version"`
-	ClosedBy       string     `json:"closed_by"` // "full", "timeout", "flush"
-	Admitted       []string   `json:"admitted"`
-	Filtered       []Decision `json:"filtered"`
-	Tokens         int64      `json:"tokens"`
-	TrainedTokens  int64      `json:"trained_tokens"`
-	Rows           int        `json:"rows"`
-	Efficiency     float64    `json:"efficiency"`
-	// Groups are the groups with a member decided in the window (admitted
-	// or filtered when added), sorted: the dispatcher knows a round is
-	// complete when every group of it appears in some window record.
-	Groups []string `json:"groups"`
-	// Records is the number of records decided in the window (admitted or
-	// filtered when added); RewardMean their mean RewardTotal and
-	// SuccessRate the fraction with RewardTotal > 0.
-	Records     int     `json:"records"`
-	RewardMean  float64 `json:"reward_mean"`
-	SuccessRate float64 `json:"success_rate"`
-	// MaxLag is the largest policy lag (TrainerVersion minus the oldest
-	// behavior version of a segment) among the admitted segments.
-	MaxLag int64 `json:"max_lag"`
-}
+// WindowRecord is the lineage of one closed window (schemas.WindowRecord),
+// produced on the windows topic.
+type WindowRecord = schemas.WindowRecord
 
 // Stage is the pack operator: the lag-aware admission window (DESIGN.md),
 // reconstruction and packing (pipeline §11). It consumes the scored topic
-// and the policy topic (to know the trainer's version). Every admitted
-// record is held until its window closes; the batch, its lineage record
-// and the census events are then produced, and the window's inputs are
-// released together.
+// and the policy topic (to know the trainer's version). Every record the
+// open window decided — admitted or filtered — is held until the window
+// closes; the batch, its lineage record and the census events are then
+// produced, and the window's inputs are released together. Holding the
+// filtered ones too is what makes the window rebuildable: a filtered group
+// counts towards the window's decided groups, so an offset committed
+// before its window closed would leave a restarted pack unable to ever
+// fill that window again (the round would never complete).
 //
 // Deduplication: a trajectory id is admitted at most once. Admitted ids
 // are restored at start from the batches topic itself (the source of
@@ -92,7 +68,7 @@ type Stage struct {
 	admitted  state.IDSet // admitted ids read back from the batches topic
 	nextIndex int64
 	held      map[pipeline.Ref]struct{}
-	opened    time.Time
+	opened    time.Time // the open window's first decision
 	// bounded deduplication memory (see remember)
 	recent *idset.Ring
 	// statistics of the records decided in the open window
@@ -128,20 +104,20 @@ func NewStage(cfg StageConfig) (*Stage, error) {
 func (*Stage) Name() string { return "pack" }
 
 // Topics implements pipeline.Stage.
-func (s *Stage) Topics() []string { return []string{s.cfg.Topics.Scored, s.cfg.Topics.Policy} }
+func (s *Stage) Topics() []string { return s.cfg.Topics.Names(pipeline.InputsOf(s.Name())) }
 
 const seenPrefix = "pack/admitted/"
 
 // Start restores the admitted ids and the next batch index.
 func (s *Stage) Start(ctx context.Context, env *pipeline.Env) error {
-	st, err := state.Open(env.Config.StateDir, state.Options{Logger: env.Logger})
+	st, err := env.State()
 	if err != nil {
 		return err
 	}
 	s.store = st
 	s.admitted = st.IDSet(seenPrefix, s.cfg.DedupHorizon)
 	batches := 0
-	err = pipeline.ScanTail(ctx, env.Config, s.cfg.Topics.Batches, s.cfg.RebuildScan, func(m pipeline.Message) error {
+	err = env.Scan(ctx, s.cfg.Topics.Batches, s.cfg.RebuildScan, func(m pipeline.Message) error {
 		b, err := schemas.PackedBatches.DecodeShared(nil, m.Value)
 		if err != nil {
 			return fmt.Errorf("pack: batches topic at %s: %w", m.Ref, err)
@@ -187,9 +163,6 @@ func (s *Stage) admittedBefore(id string) (bool, error) {
 	return s.admitted.Has(id)
 }
 
-// Close releases the state store (none when the stage never started).
-func (s *Stage) Close() error { return s.store.Close() }
-
 // Process implements pipeline.Stage.
 func (s *Stage) Process(ctx context.Context, m pipeline.Message) (pipeline.Result, error) {
 	if m.Topic == s.cfg.Topics.Policy {
@@ -204,6 +177,9 @@ func (s *Stage) Process(ctx context.Context, m pipeline.Message) (pipeline.Resul
 	}
 	rows, err := stagekit.Decode(schemas.ScoredTrajectories, m)
 	if err != nil {
+		return pipeline.Result{}, err
+	}
+	if err := stagekit.CheckID(&m, schemas.DerivedID("advantage", rows[0].GroupID)); err != nil {
 		return pipeline.Result{}, err
 	}
 	var res pipeline.Result
@@ -258,13 +234,14 @@ func (s *Stage) Process(ctx context.Context, m pipeline.Message) (pipeline.Resul
 			if r.RewardTotal > 0 {
 				s.successes++
 			}
-		}
-		switch out.Outcome {
-		case Admitted:
+			// Held until the window is decided, admitted or filtered: the
+			// decision lives in the open window only.
 			if len(s.held) == 0 {
 				s.opened = now
 			}
 			s.held[m.Ref] = struct{}{}
+		}
+		switch out.Outcome {
 		case Filtered:
 			ev, err := s.census(r.RecordID, r.TaskID, r.GroupID, schemas.CensusFiltered, string(out.Filter), "", 0, now)
 			if err != nil {
@@ -293,7 +270,8 @@ func (s *Stage) Process(ctx context.Context, m pipeline.Message) (pipeline.Resul
 	return res, nil
 }
 
-// Tick closes a window that waited longer than MaxWait.
+// Tick closes a window whose oldest decision (admitted or filtered) is
+// older than MaxWait.
 func (s *Stage) Tick(_ context.Context, now time.Time) (pipeline.Result, error) {
 	var res pipeline.Result
 	if s.cfg.MaxWait > 0 && len(s.held) > 0 && now.Sub(s.opened) >= s.cfg.MaxWait {
@@ -306,7 +284,7 @@ func (s *Stage) Tick(_ context.Context, now time.Time) (pipeline.Result, error) 
 // close packs the open window into res.
 func (s *Stage) close(res *pipeline.Result, by string) error {
 	groups := s.win.DecidedGroups()
-	if len(s.win.Pending()) == 0 && (!s.cfg.CountDecidedGroups || len(groups) == 0) {
+	if len(s.win.Pending()) == 0 && len(groups) == 0 {
 		return nil
 	}
 	index := s.nextIndex
@@ -315,7 +293,7 @@ func (s *Stage) close(res *pipeline.Result, by string) error {
 	rec := WindowRecord{
 		BatchID: schemas.BatchID(s.cfg.RunID, index), BatchIndex: index, RunID: s.cfg.RunID,
 		ContractHash: s.cfg.ContractHash, TrainerVersion: batch.TrainerVersion, ClosedBy: by,
-		Filtered: closed.Filtered, Tokens: closed.Stats.Tokens, TrainedTokens: closed.Stats.TrainedTokens,
+		Filtered: decisions(closed.Filtered), Tokens: closed.Stats.Tokens, TrainedTokens: closed.Stats.TrainedTokens,
 		Rows: closed.Stats.Rows, Efficiency: closed.Stats.Efficiency,
 		Groups: groups, Records: s.records,
 	}
@@ -343,11 +321,13 @@ func (s *Stage) close(res *pipeline.Result, by string) error {
 	} else {
 		rec.BatchID = ""
 	}
-	lin, err := json.Marshal(rec)
+	lin, err := schemas.EncodeWindow(rec)
 	if err != nil {
 		return fmt.Errorf("pack: encode window record: %w", err)
 	}
-	res.Outputs = append(res.Outputs, pipeline.Output{Topic: s.cfg.Topics.Windows, Key: []byte(s.cfg.RunID), Value: lin})
+	wid := schemas.DerivedID("window", s.cfg.RunID+"/"+strings.Join(groups, ",")+"/"+strings.Join(rec.Admitted, ","))
+	res.Outputs = append(res.Outputs, pipeline.Output{Topic: s.cfg.Topics.Windows, Key: []byte(s.cfg.RunID), Value: lin,
+		Headers: stagekit.Headers(schemas.KindWindowRecord, wid)})
 	for _, a := range closed.Admitted {
 		ev, err := s.census(a.RecordID, "", a.GroupID, schemas.CensusAdmitted, "", batch.BatchID, int64(a.Tokens), now)
 		if err != nil {
@@ -367,6 +347,15 @@ func (s *Stage) close(res *pipeline.Result, by string) error {
 	}
 	clear(s.held)
 	return nil
+}
+
+// decisions converts the window's filtered records to the lineage form.
+func decisions(ds []Decision) []schemas.WindowDecision {
+	out := make([]schemas.WindowDecision, len(ds))
+	for i, d := range ds {
+		out[i] = schemas.WindowDecision{RecordID: d.RecordID, GroupID: d.GroupID, Filter: string(d.Filter)}
+	}
+	return out
 }
 
 // maxBehaviorVersion is the newest policy version that sampled a turn of r

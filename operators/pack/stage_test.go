@@ -2,8 +2,9 @@ package pack
 
 import (
 	"context"
-	"encoding/json"
+	"slices"
 	"testing"
+	"time"
 
 	"github.com/trajflow/trajflow/pipeline"
 	"github.com/trajflow/trajflow/schemas"
@@ -37,8 +38,8 @@ func TestStageSyncWindows(t *testing.T) {
 		var out []WindowRecord
 		for _, o := range res.Outputs {
 			if o.Topic == topics.Windows {
-				var w WindowRecord
-				if err := json.Unmarshal(o.Value, &w); err != nil {
+				w, err := schemas.DecodeWindow(o.Value)
+				if err != nil {
 					t.Fatal(err)
 				}
 				out = append(out, w)
@@ -56,9 +57,11 @@ func TestStageSyncWindows(t *testing.T) {
 		return n
 	}
 	ctx := context.Background()
-	// Round 0: two groups, every member filtered.
+	// Round 0: two groups, every member filtered. The first group's
+	// message is held until its window is decided (its offset must not be
+	// committed while the decision lives only in the open window).
 	res, err := st.Process(ctx, msg(0, zeroVar("a1", "g1", 0), zeroVar("a2", "g1", 0)))
-	if err != nil || len(windows(res)) != 0 || res.Hold {
+	if err != nil || len(windows(res)) != 0 || !res.Hold {
 		t.Fatalf("first group: %+v %v", res, err)
 	}
 	res, err = st.Process(ctx, msg(1, zeroVar("b1", "g2", 0), zeroVar("b2", "g2", 0)))
@@ -68,6 +71,9 @@ func TestStageSyncWindows(t *testing.T) {
 	ws := windows(res)
 	if len(ws) != 1 || ws[0].BatchID != "" || len(ws[0].Groups) != 2 || ws[0].Records != 4 || count(res, topics.Batches) != 0 {
 		t.Fatalf("empty round: windows %+v, %d batches", ws, count(res, topics.Batches))
+	}
+	if res.Hold || !slices.ContainsFunc(res.Release, func(r pipeline.Ref) bool { return r.Offset == 0 }) {
+		t.Fatalf("closing the empty round releases the first group's message: hold %v release %v", res.Hold, res.Release)
 	}
 	// Round 1 at behavior version 1 (the policy topic has not been read):
 	// the second group's members all join the window that the first
@@ -142,5 +148,106 @@ func TestStageTokenFullWindowClosesBeforeAdding(t *testing.T) {
 	// decided ids are forgotten, the newest are not.
 	if st.win.Seen("a") || !st.win.Seen("e") {
 		t.Fatalf("dedup memory: seen(a)=%v seen(e)=%v, want false, true", st.win.Seen("a"), st.win.Seen("e"))
+	}
+}
+
+// TestStageRestartMidWindowDecidesTheRound reproduces the pack hang of a
+// kill mid-window: part of a round reached pack (one group filtered, one
+// admitted), pack died with the window open, and a new pack instance was
+// redelivered only what the old one had not committed. Every record the
+// open window decided must be among those (held), so the restarted window
+// decides the whole round and writes its window record — otherwise the
+// round can never complete and synchronous dispatch waits forever.
+func TestStageRestartMidWindowDecidesTheRound(t *testing.T) {
+	topics, _ := pipeline.TopicsFor("r")
+	o := testOptions()
+	o.BatchTokens, o.BatchGroups = 1<<20, 3
+	cfg := StageConfig{Options: o, Topics: topics, RunID: "r", ContractHash: "h", CountDecidedGroups: true}
+	msg := func(off int64, rows ...schemas.Scored) pipeline.Message {
+		b, err := schemas.ScoredTrajectories.Encode(nil, rows)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return pipeline.Message{Ref: pipeline.Ref{Topic: topics.Scored, Offset: off}, Key: []byte(rows[0].GroupID), Value: b}
+	}
+	zeroVar := func(id, group string) schemas.Scored {
+		s := small(id, group, 0, 3)
+		s.Group.Filtered = "zero_variance"
+		return s
+	}
+	round := []pipeline.Message{
+		msg(0, zeroVar("a1", "g1"), zeroVar("a2", "g1")),         // filtered group
+		msg(1, small("b1", "g2", 0, 3), small("b2", "g2", 0, 3)), // admitted group
+		msg(2, small("c1", "g3", 0, 3), small("c2", "g3", 0, 3)), // arrives after the restart
+	}
+	drive := func(in []pipeline.Message) *pipeline.Driven {
+		st, err := NewStage(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		d, err := pipeline.Drive(context.Background(), st, in, pipeline.DriveConfig{QuarantineTopic: topics.Quarantine})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return d
+	}
+	// The first life sees two groups of three and dies with the window open:
+	// what it holds is what a restart gets redelivered.
+	first := drive(round[:2])
+	if len(first.On(topics.Windows)) != 0 {
+		t.Fatal("the window closed with two of three groups")
+	}
+	var redelivered []pipeline.Message
+	for _, ref := range first.Held {
+		redelivered = append(redelivered, round[ref.Offset])
+	}
+	if len(redelivered) != 2 {
+		t.Fatalf("held %v: every decided record of the open window must be held (the filtered group's too)", first.Held)
+	}
+	second := drive(append(redelivered, round[2]))
+	ws := second.On(topics.Windows)
+	if len(ws) != 1 {
+		t.Fatalf("after the restart %d window records, want 1: the round never completes", len(ws))
+	}
+	w, err := schemas.DecodeWindow(ws[0].Value)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(w.Groups) != 3 || len(second.Held) != 0 {
+		t.Fatalf("window groups %v, still held %v", w.Groups, second.Held)
+	}
+}
+
+// TestStageMaxWaitClosesAFilteredWindow: --window-max-wait closes a window
+// whose oldest decision is older than the wait, even when every record in
+// it was filtered (nothing admitted).
+func TestStageMaxWaitClosesAFilteredWindow(t *testing.T) {
+	topics, _ := pipeline.TopicsFor("r")
+	o := testOptions()
+	o.BatchTokens, o.BatchGroups = 1<<20, 4
+	now := time.Unix(1000, 0)
+	st, err := NewStage(StageConfig{Options: o, Topics: topics, RunID: "r", ContractHash: "h", CountDecidedGroups: true,
+		MaxWait: time.Second, Now: func() time.Time { return now }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := small("a1", "g1", 0, 3)
+	s.Group.Filtered = "zero_variance"
+	b, err := schemas.ScoredTrajectories.Encode(nil, []schemas.Scored{s})
+	if err != nil {
+		t.Fatal(err)
+	}
+	d, err := pipeline.Drive(context.Background(), st, []pipeline.Message{{Ref: pipeline.Ref{Topic: topics.Scored}, Key: []byte("g1"), Value: b}},
+		pipeline.DriveConfig{QuarantineTopic: topics.Quarantine, TickAt: now.Add(2 * time.Second)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ws := d.On(topics.Windows)
+	if len(ws) != 1 || len(d.Held) != 0 {
+		t.Fatalf("%d window records, held %v: want the filtered window closed by the wait", len(ws), d.Held)
+	}
+	w, _ := schemas.DecodeWindow(ws[0].Value)
+	if w.ClosedBy != "timeout" || w.BatchID != "" {
+		t.Fatalf("window %+v, want closed by timeout without a batch", w)
 	}
 }

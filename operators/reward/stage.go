@@ -62,7 +62,7 @@ func NewStage(cfg StageConfig) (*Stage, error) {
 func (*Stage) Name() string { return "reward" }
 
 // Topics implements pipeline.Stage.
-func (s *Stage) Topics() []string { return []string{s.cfg.Topics.Valid} }
+func (s *Stage) Topics() []string { return s.cfg.Topics.Names(pipeline.InputsOf(s.Name())) }
 
 // Process implements pipeline.Stage.
 func (s *Stage) Process(ctx context.Context, m pipeline.Message) (pipeline.Result, error) {
@@ -70,6 +70,14 @@ func (s *Stage) Process(ctx context.Context, m pipeline.Message) (pipeline.Resul
 	if err != nil {
 		return pipeline.Result{}, err
 	}
+	ids := make([]string, len(rows))
+	for i := range rows {
+		ids[i] = rows[i].RecordID
+	}
+	if err := stagekit.CheckID(&m, stagekit.MessageID("validate", ids...)); err != nil {
+		return pipeline.Result{}, err
+	}
+	ids = ids[:0]
 	// Members refused upstream stay declared; this stage's refusals join them.
 	absent, err := stagekit.AbsentOf(&m)
 	if err != nil {
@@ -77,7 +85,6 @@ func (s *Stage) Process(ctx context.Context, m pipeline.Message) (pipeline.Resul
 	}
 	var res pipeline.Result
 	out := make([]schemas.Rewarded, 0, len(rows))
-	var ids []string
 	for i := range rows {
 		t := &rows[i]
 		r, v, err := s.score(ctx, t)
@@ -109,24 +116,32 @@ func (s *Stage) Process(ctx context.Context, m pipeline.Message) (pipeline.Resul
 	return res, nil
 }
 
-// score runs the evaluators, retrying evaluator failures.
+// score runs the evaluators, retrying evaluator failures with backoff
+// (pipeline.Retry: a stop never waits for a backoff).
 func (s *Stage) score(ctx context.Context, t *schemas.Trajectory) (schemas.Rewarded, validate.Verdict, error) {
 	var r schemas.Rewarded
 	var v validate.Verdict
-	for attempt := 0; ; attempt++ {
-		var err error
-		r, err = Score(ctx, t, s.cfg.Components, s.cfg.Registry)
-		if err != nil {
-			return r, v, fmt.Errorf("reward: %s: %w", t.RecordID, err)
-		}
-		v = validate.CheckRewarded(&r, s.cfg.Check)
-		if v.OK() || v.Reason != validate.ReasonRewardUnavailable || attempt >= s.cfg.Retries {
-			return r, v, nil
-		}
-		select {
-		case <-ctx.Done():
-			return r, v, fmt.Errorf("reward: %s: %w", t.RecordID, ctx.Err())
-		case <-time.After(s.cfg.Backoff << attempt):
-		}
+	var scoreErr error
+	err := pipeline.Retry(ctx, pipeline.Backoff{Attempts: s.cfg.Retries + 1, Initial: s.cfg.Backoff, Max: 32 * s.cfg.Backoff},
+		func(ctx context.Context, _ int) error {
+			if r, scoreErr = Score(ctx, t, s.cfg.Components, s.cfg.Registry); scoreErr != nil {
+				return fmt.Errorf("%w: %w", pipeline.ErrPermanent, scoreErr)
+			}
+			if v = validate.CheckRewarded(&r, s.cfg.Check); !v.OK() && v.Reason == validate.ReasonRewardUnavailable {
+				return errRewardUnavailable
+			}
+			return nil
+		})
+	switch {
+	case err == nil, errors.Is(err, errRewardUnavailable):
+		// After the last retry an unavailable reward is the verdict.
+		return r, v, nil
+	case errors.Is(err, pipeline.ErrPermanent):
+		return r, v, fmt.Errorf("reward: %s: %w", t.RecordID, scoreErr)
+	default:
+		return r, v, fmt.Errorf("reward: %s: %w", t.RecordID, err)
 	}
 }
+
+// errRewardUnavailable marks an evaluator failure worth retrying.
+var errRewardUnavailable = errors.New("reward unavailable")

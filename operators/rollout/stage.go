@@ -8,18 +8,15 @@ import (
 	"sync"
 	"time"
 
-	"github.com/segmentio/kafka-go"
-
-	tfkafka "github.com/trajflow/trajflow/connectors/kafka"
 	"github.com/trajflow/trajflow/gpu/model"
 	"github.com/trajflow/trajflow/operators/stagekit"
 	"github.com/trajflow/trajflow/pipeline"
 	"github.com/trajflow/trajflow/schemas"
 )
 
-// Loader loads the policy of a release into a new snapshot, verifying the
-// checkpoint hash (gpu.LoadRelease).
-type Loader func(rel schemas.PolicyRelease) (*model.Policy, error)
+// Loader makes the policy snapshot of a release from its checkpoint's
+// bytes, verifying the checkpoint hash (gpu.PolicyFromRelease).
+type Loader func(rel schemas.PolicyRelease, checkpoint []byte) (*model.Policy, error)
 
 // StageConfig configures the rollout operator.
 type StageConfig struct {
@@ -49,11 +46,11 @@ type StageConfig struct {
 // attempts ask for, and emits one trajectories message per group (keyed by
 // group id) with census started/completed events.
 //
-// Policy versions (systems §8): a watcher goroutine, owned by the stage
-// (started by Start, stopped by Close), tails the policy topic and loads
-// every newer release into a shadow slot (Load verifies the checkpoint
-// hash; a release that fails to load is logged and skipped, the current
-// version keeps serving), then switches new requests to it atomically. A
+// Policy versions (systems §8): the policy topic is a side input (the
+// runtime tails it and calls Side); every newer release is loaded into a
+// shadow slot (Load verifies the checkpoint hash; a release that fails to
+// load is logged and skipped, the current version keeps serving), then new
+// requests switch to it atomically. A
 // group in flight keeps the snapshot it started with, so every token keeps
 // the version that sampled it. Process waits until a version at least as
 // new as the attempts' PolicyVersion is loaded; in stop-and-synchronize
@@ -61,12 +58,11 @@ type StageConfig struct {
 type Stage struct {
 	cfg StageConfig
 
+	env *pipeline.Env
+
 	mu      sync.Mutex
 	current *model.Policy
 	changed chan struct{} // closed and replaced on every switch
-
-	stop func()
-	done chan struct{}
 }
 
 // NewStage validates cfg and returns the stage.
@@ -90,76 +86,68 @@ func NewStage(cfg StageConfig) (*Stage, error) {
 func (*Stage) Name() string { return "rollout" }
 
 // Topics implements pipeline.Stage.
-func (s *Stage) Topics() []string { return []string{s.cfg.Topics.Tasks} }
+func (s *Stage) Topics() []string { return s.cfg.Topics.Names(pipeline.InputsOf(s.Name())) }
 
-// Start starts the policy watcher.
+// SideTopics implements pipeline.SideInputs: the policy topic.
+func (s *Stage) SideTopics() []string {
+	return s.cfg.Topics.Names(pipeline.SideInputsOf(s.Name()))
+}
+
+// Start keeps the environment (its logger and the release files).
 func (s *Stage) Start(_ context.Context, env *pipeline.Env) error {
-	ctx, cancel := context.WithCancel(context.Background())
-	s.stop = cancel
-	s.done = make(chan struct{})
-	cfg := env.Config
-	log := env.Logger
-	go func() {
-		defer close(s.done)
-		s.watch(ctx, cfg, log)
-	}()
+	s.env = env
 	return nil
 }
 
-// Close stops the policy watcher.
-func (s *Stage) Close() error {
-	if s.stop != nil {
-		s.stop()
-		<-s.done
-		s.stop = nil
+// Side implements pipeline.SideInputs: every ready release newer than the
+// current version is loaded into a shadow slot (hash verified) and then
+// switched to. A record that does not decode, or a release that fails to
+// load, is logged and skipped: the current version keeps serving.
+func (s *Stage) Side(_ context.Context, m pipeline.Message) error {
+	rel, err := schemas.DecodeRelease(m.Value)
+	if err != nil || !rel.Ready {
+		s.log().Warn("policy topic: record skipped", "source", m.Ref.String(), "err", err)
+		return nil
 	}
+	s.offer(rel)
 	return nil
 }
 
-// watch tails the policy topic until ctx ends.
-func (s *Stage) watch(ctx context.Context, cfg *pipeline.Config, log *slog.Logger) {
-	for ctx.Err() == nil {
-		r := kafka.NewReader(kafka.ReaderConfig{
-			Brokers: cfg.Brokers, Topic: s.cfg.Topics.Policy, Partition: 0, Dialer: cfg.Dialer,
-			MinBytes: 1, MaxBytes: 16 << 20, MaxWait: tfkafka.FetchMaxWait,
-		})
-		err := r.SetOffset(kafka.FirstOffset)
-		for err == nil {
-			var m kafka.Message
-			if m, err = r.FetchMessage(ctx); err != nil {
-				break
-			}
-			rel, derr := schemas.DecodeRelease(m.Value)
-			if derr != nil || !rel.Ready {
-				log.Warn("policy topic: record skipped", "offset", m.Offset, "err", derr)
-				continue
-			}
-			s.offer(rel, log)
-		}
-		r.Close()
-		if ctx.Err() == nil {
-			log.Warn("policy watcher restarting", "err", err)
-			select {
-			case <-ctx.Done():
-			case <-time.After(200 * time.Millisecond):
-			}
-		}
+func (s *Stage) log() *slog.Logger {
+	if s.env != nil {
+		return s.env.Logger
 	}
+	return slog.Default()
 }
 
 // offer loads rel into the shadow slot and switches to it if it is newer
 // than the current version.
-func (s *Stage) offer(rel schemas.PolicyRelease, log *slog.Logger) {
+func (s *Stage) offer(rel schemas.PolicyRelease) {
 	if cur := s.Policy(); cur != nil && cur.Version() >= rel.PolicyVersion {
 		return
 	}
-	p, err := s.cfg.Load(rel)
+	ckpt, err := s.readCheckpoint(rel.CheckpointURI)
+	var p *model.Policy
+	if err == nil {
+		p, err = s.cfg.Load(rel, ckpt)
+	}
 	if err != nil {
-		log.Error("policy release not loaded; keeping the current version", "version", rel.PolicyVersion, "err", err)
+		s.log().Error("policy release not loaded; keeping the current version", "version", rel.PolicyVersion, "err", err)
 		return
 	}
 	s.Switch(p)
-	log.Info("policy switched", "version", p.Version())
+	s.log().Info("policy switched", "version", p.Version())
+}
+
+// readCheckpoint reads the checkpoint a manifest names, through the
+// environment's release store when there is one.
+func (s *Stage) readCheckpoint(uri string) ([]byte, error) {
+	if s.env != nil {
+		if rs, err := s.env.Releases(); err == nil {
+			return rs.Read(uri)
+		}
+	}
+	return pipeline.ReadURI(uri)
 }
 
 // Switch makes p the policy of new requests if it is newer than the
@@ -208,6 +196,9 @@ func (s *Stage) await(ctx context.Context, v int64) (*model.Policy, error) {
 func (s *Stage) Process(ctx context.Context, m pipeline.Message) (pipeline.Result, error) {
 	atts, err := stagekit.Decode(schemas.TaskAttempts, m)
 	if err != nil {
+		return pipeline.Result{}, err
+	}
+	if err := stagekit.CheckID(&m, atts[0].GroupID); err != nil {
 		return pipeline.Result{}, err
 	}
 	now := s.cfg.Now()

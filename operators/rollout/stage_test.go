@@ -27,7 +27,7 @@ func newTestStage(t *testing.T, reg *Registry) (*Stage, pipeline.Topics) {
 	topics, _ := pipeline.TopicsFor("run")
 	st, err := NewStage(StageConfig{
 		Registry: reg, Settings: DefaultSettings(reg), Limits: fixedLimits(), Topics: topics, RunID: "run",
-		Load:    func(schemas.PolicyRelease) (*model.Policy, error) { return nil, errors.New("unused") },
+		Load:    func(schemas.PolicyRelease, []byte) (*model.Policy, error) { return nil, errors.New("unused") },
 		Retries: 1, PolicyWait: 200 * time.Millisecond,
 	})
 	if err != nil {
@@ -176,7 +176,7 @@ func BenchmarkStageGroup(b *testing.B) {
 	topics, _ := pipeline.TopicsFor("run")
 	st, err := NewStage(StageConfig{
 		Registry: reg, Settings: DefaultSettings(reg), Limits: DefaultLimits(), Topics: topics, RunID: "run",
-		Load: func(schemas.PolicyRelease) (*model.Policy, error) { return nil, errors.New("unused") },
+		Load: func(schemas.PolicyRelease, []byte) (*model.Policy, error) { return nil, errors.New("unused") },
 	})
 	if err != nil {
 		b.Fatal(err)

@@ -7,10 +7,11 @@ import (
 
 	"github.com/trajflow/trajflow/operators/stagekit"
 	"github.com/trajflow/trajflow/pipeline"
+	"github.com/trajflow/trajflow/schemas"
 )
 
 func withHeader(v string) *pipeline.Message {
-	return &pipeline.Message{Headers: []pipeline.Header{{Key: stagekit.HeaderAbsent, Value: []byte(v)}}}
+	return &pipeline.Message{Headers: []pipeline.Header{{Key: schemas.HeaderAbsent, Value: []byte(v)}}}
 }
 
 func TestAbsentRoundTrip(t *testing.T) {
@@ -22,15 +23,15 @@ func TestAbsentRoundTrip(t *testing.T) {
 	a.Add("", 1, 8)    // no group: no slot
 	a.Add("g-3", 8, 8) // out of range
 	a.Add("g-3", -1, 8)
-	h, ok := a.Header()
-	if !ok || h.Key != stagekit.HeaderAbsent || string(h.Value) != `{"g-1":[0,3],"g-2":[5]}` {
+	h, ok := stagekit.AbsentHeader(a)
+	if !ok || h.Key != schemas.HeaderAbsent || string(h.Value) != `{"g-1":[0,3],"g-2":[5]}` {
 		t.Fatalf("header %q %v", h.Value, ok)
 	}
 	got, err := stagekit.AbsentOf(&pipeline.Message{Headers: []pipeline.Header{h}})
 	if err != nil || !reflect.DeepEqual(got, a) {
 		t.Fatalf("parsed %v %v, want %v", got, err, a)
 	}
-	if _, ok := (stagekit.Absent{}).Header(); ok {
+	if _, ok := stagekit.AbsentHeader(stagekit.Absent{}); ok {
 		t.Fatal("empty declaration made a header")
 	}
 	none, err := stagekit.AbsentOf(&pipeline.Message{})
@@ -67,7 +68,7 @@ func FuzzAbsentOf(f *testing.F) {
 		if err != nil {
 			return
 		}
-		h, ok := a.Header()
+		h, ok := stagekit.AbsentHeader(a)
 		if !ok {
 			for g, ms := range a {
 				if len(ms) > 0 {

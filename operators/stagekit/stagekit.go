@@ -4,7 +4,7 @@
 package stagekit
 
 import (
-	"encoding/json"
+	"bytes"
 	"errors"
 	"fmt"
 	"strconv"
@@ -20,6 +20,9 @@ const (
 	ReasonWrongKind      = "wrong_kind"
 	ReasonUnknownVersion = "unknown_version"
 	ReasonEmpty          = "empty_message"
+	// ReasonHeaderMismatch refuses a record whose Kafka headers disagree
+	// with its body (kind, version or deterministic id).
+	ReasonHeaderMismatch = "header_mismatch"
 )
 
 // DecodeRefusal maps a decoder error to a quarantine refusal.
@@ -39,6 +42,11 @@ func DecodeRefusal(err error) *pipeline.Refusal {
 // m.Value (schemas.Codec.DecodeShared), which the runtime never modifies:
 // stages must not modify them in place either (they are also the original
 // bytes a refusal quarantines).
+//
+// The record's kind and version headers, when present, must name the
+// codec's kind and version (the body's, which decoding checked): a record
+// whose headers disagree with its body is refused with
+// ReasonHeaderMismatch.
 func Decode[T any](c *schemas.Codec[T], m pipeline.Message) ([]T, error) {
 	rows, err := c.DecodeShared(nil, m.Value)
 	if err != nil {
@@ -47,7 +55,32 @@ func Decode[T any](c *schemas.Codec[T], m pipeline.Message) ([]T, error) {
 	if len(rows) == 0 {
 		return nil, pipeline.Refuse(ReasonEmpty, "%s message with no rows", c.Kind())
 	}
+	if err := CheckKindHeaders(&m, c.Kind()); err != nil {
+		return nil, err
+	}
 	return rows, nil
+}
+
+// CheckKindHeaders refuses m (ReasonHeaderMismatch) when its kind or
+// version header is present and names another kind, or another version
+// than the current one of kind (the body's).
+func CheckKindHeaders(m *pipeline.Message, kind schemas.Kind) error {
+	if v := m.Header(schemas.HeaderKind); v != nil && string(v) != string(kind) {
+		return pipeline.Refuse(ReasonHeaderMismatch, "header %s is %q, the body is a %s", schemas.HeaderKind, v, kind)
+	}
+	if v := m.Header(schemas.HeaderVersion); v != nil && string(v) != strconv.Itoa(schemas.Versions[kind]) {
+		return pipeline.Refuse(ReasonHeaderMismatch, "header %s is %q, the body is %s version %d", schemas.HeaderVersion, v, kind, schemas.Versions[kind])
+	}
+	return nil
+}
+
+// CheckID refuses m (ReasonHeaderMismatch) when its id header is present
+// and differs from want, the id its producer derives from the body.
+func CheckID(m *pipeline.Message, want string) error {
+	if v := m.Header(schemas.HeaderID); v != nil && !bytes.Equal(v, []byte(want)) {
+		return pipeline.Refuse(ReasonHeaderMismatch, "header %s is %q, the body's id is %q", schemas.HeaderID, v, want)
+	}
+	return nil
 }
 
 // Headers builds the standard headers of a data-plane record.
@@ -109,31 +142,22 @@ func traceParent(traceID, spanID string) string {
 	return "00-" + trace + "-" + span + "-01"
 }
 
-// Incident is a safety or integrity incident (pipeline §8, §9: "trigger an
-// incident path"), produced as JSON on the incidents topic.
-type Incident struct {
-	IncidentID string `json:"incident_id"`
-	RunID      string `json:"run_id"`
-	AttemptID  string `json:"attempt_id"`
-	TaskID     string `json:"task_id"`
-	Stage      string `json:"stage"`
-	Reason     string `json:"reason"`
-	Detail     string `json:"detail"`
-	Source     string `json:"source"` // topic/partition@offset of the offending record
-	At         int64  `json:"at_us"`
-}
+// Incident is a safety or integrity incident (schemas.Incident).
+type Incident = schemas.Incident
 
-// IncidentOutput builds the incidents-topic record of inc.
+// IncidentOutput builds the incidents-topic record of inc; its id is
+// derived from the stage, the reason and the attempt, so a redelivered
+// incident has the same id.
 func IncidentOutput(topic string, inc Incident) (pipeline.Output, error) {
 	if inc.IncidentID == "" {
 		inc.IncidentID = schemas.DerivedID("incident/"+inc.Stage+"/"+inc.Reason, inc.AttemptID)
 	}
-	b, err := json.Marshal(inc)
+	b, err := schemas.EncodeIncident(inc)
 	if err != nil {
 		return pipeline.Output{}, fmt.Errorf("encode incident: %w", err)
 	}
 	return pipeline.Output{Topic: topic, Key: []byte(inc.AttemptID), Value: b,
-		Headers: []pipeline.Header{{Key: schemas.HeaderID, Value: []byte(inc.IncidentID)}}}, nil
+		Headers: headers(schemas.KindIncident, inc.IncidentID, TraceParent(inc.AttemptID))}, nil
 }
 
 // RowRefusal quarantines one row of a multi-row message: the quarantine
@@ -146,7 +170,7 @@ func RowRefusal[T any](c *schemas.Codec[T], quarantineTopic, stage string, m pip
 	}
 	single := m
 	single.Value = b
-	single.Headers = append(Headers(c.Kind(), id), pipeline.Header{Key: "trajflow-source-row", Value: []byte(strconv.Itoa(row))})
+	single.Headers = append(Headers(c.Kind(), id), pipeline.Header{Key: schemas.HeaderSourceRow, Value: []byte(strconv.Itoa(row))})
 	return pipeline.QuarantineRecord(quarantineTopic, stage, single, reason, detail), nil
 }
 

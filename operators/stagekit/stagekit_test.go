@@ -56,3 +56,46 @@ func TestTraceParents(t *testing.T) {
 		t.Errorf("short id: trace %s, want one derived from it", trace)
 	}
 }
+
+// TestHeadersMustAgreeWithBody: a valid body under a kind, version or id
+// header that names something else is refused with header_mismatch;
+// absent headers are not a mismatch.
+func TestHeadersMustAgreeWithBody(t *testing.T) {
+	rows := []schemas.TaskAttempt{{AttemptID: "a", RunID: "r", TaskID: "t", GroupID: "g", GroupSize: 1}}
+	out, err := Encode(schemas.TaskAttempts, "r.tasks", "g", "g", rows)
+	if err != nil {
+		t.Fatal(err)
+	}
+	with := func(key, value string) pipeline.Message {
+		m := pipeline.Message{Value: out.Value}
+		for _, h := range out.Headers {
+			if h.Key != key {
+				m.Headers = append(m.Headers, h)
+			}
+		}
+		if value != "" {
+			m.Headers = append(m.Headers, pipeline.Header{Key: key, Value: []byte(value)})
+		}
+		return m
+	}
+	for _, c := range []struct {
+		name       string
+		m          pipeline.Message
+		mismatched bool
+	}{
+		{"as produced", with("", ""), false},
+		{"no kind header", with(schemas.HeaderKind, ""), false},
+		{"kind of another record", with(schemas.HeaderKind, string(schemas.KindPackedBatch)), true},
+		{"unknown version", with(schemas.HeaderVersion, "99"), true},
+		{"bogus id", with(schemas.HeaderID, "not-the-group"), true},
+	} {
+		_, err := Decode(schemas.TaskAttempts, c.m)
+		if err == nil {
+			err = CheckID(&c.m, "g")
+		}
+		r, refused := pipeline.AsRefusal(err)
+		if got := refused && r.Reason == ReasonHeaderMismatch; got != c.mismatched {
+			t.Errorf("%s: %v, want mismatch %v", c.name, err, c.mismatched)
+		}
+	}
+}

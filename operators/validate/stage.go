@@ -34,12 +34,15 @@ func NewStage(cfg StageConfig) *Stage {
 func (*Stage) Name() string { return "validate" }
 
 // Topics implements pipeline.Stage.
-func (s *Stage) Topics() []string { return []string{s.cfg.Topics.Trajectories} }
+func (s *Stage) Topics() []string { return s.cfg.Topics.Names(pipeline.InputsOf(s.Name())) }
 
 // Process implements pipeline.Stage.
 func (s *Stage) Process(_ context.Context, m pipeline.Message) (pipeline.Result, error) {
 	rows, err := stagekit.Decode(schemas.Trajectories, m)
 	if err != nil {
+		return pipeline.Result{}, err
+	}
+	if err := stagekit.CheckID(&m, stagekit.MessageID("rollout", rows[0].GroupID)); err != nil {
 		return pipeline.Result{}, err
 	}
 	var res pipeline.Result

@@ -220,6 +220,12 @@ type Reward struct {
 	// Scope is schemas.ScopeTrajectory, ScopeTurn or ScopeSpan; default
 	// trajectory.
 	Scope string `yaml:"scope"`
+	// RawRange, when written, is the closed interval [lo, hi] the
+	// evaluator's raw score (before transform and weight) must lie in; a
+	// score outside it sends the trajectory to quarantine
+	// (reward_out_of_range, pipeline §9 "reward ranges"). Two finite
+	// numbers, lo <= hi; empty means unchecked.
+	RawRange []float64 `yaml:"raw_range,omitempty"`
 }
 
 // Topics declares how the data-plane topics are created (DESIGN.md, Wire

@@ -424,6 +424,9 @@ func (c *Contract) validateRewards(v *validator) {
 			v.add(p+".weight", "must be finite, got %s", g(r.Weight))
 		}
 		v.oneOf(p+".transform", r.Transform, TransformIdentity, TransformClip, TransformTanh, TransformNegate)
+		if len(r.RawRange) > 0 && (len(r.RawRange) != 2 || !finite(r.RawRange[0]) || !finite(r.RawRange[1]) || r.RawRange[0] > r.RawRange[1]) {
+			v.add(p+".raw_range", "want two finite numbers [lo, hi] with lo <= hi, got %v", r.RawRange)
+		}
 		if r.Transform == TransformClip {
 			if !finite(r.ClipMin) || !finite(r.ClipMax) || !(r.ClipMin < r.ClipMax) {
 				v.add(p+".clip_max", "transform clip needs finite clip_min < clip_max, got [%s, %s]", g(r.ClipMin), g(r.ClipMax))

@@ -1,0 +1,368 @@
+// Package train is the train operator (`trajflow run train`, pipeline
+// §12–§14, systems §8): a thin adapter that drives a gpu.Backend (the CPU
+// reference, or the CUDA backend in a build with the cuda tag) from the
+// batches topic and publishes every update as a policy release.
+package train
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/trajflow/trajflow/gpu"
+	"github.com/trajflow/trajflow/gpu/model"
+	"github.com/trajflow/trajflow/gpu/objective"
+	"github.com/trajflow/trajflow/internal/idset"
+	"github.com/trajflow/trajflow/operators/stagekit"
+	"github.com/trajflow/trajflow/pipeline"
+	"github.com/trajflow/trajflow/schemas"
+)
+
+// StageConfig configures the train operator.
+type StageConfig struct {
+	Topics       pipeline.Topics
+	RunID        string
+	ContractHash string
+	// Behavior is the sampling distribution the rollouts use (temperature,
+	// grammar, top-k/top-p); the trainer optimizes the same one.
+	Behavior model.Behavior
+	// Model and ModelSeed make the initial policy (version 0) when the
+	// policy topic has no release yet.
+	Model     model.Config
+	ModelSeed uint64
+	Objective objective.Options
+	Adam      gpu.AdamOptions
+	// Epochs is the number of optimizer steps on every batch (>= 1). An
+	// update is all of them; it produces one policy version.
+	Epochs int
+	// Backend builds the trainer (default gpu.CPUBackend).
+	Backend gpu.BackendFactory
+	Meta    gpu.ReleaseMeta
+	// RebuildScan bounds how many batches Start reads back to restore the
+	// trained trajectory ids (0: all).
+	RebuildScan int64
+	// Remember is how many trained trajectory ids are kept to mask
+	// duplicates (default 1<<20); older ones are forgotten.
+	Remember int
+	Now      func() time.Time
+}
+
+// Stage is the train operator: it consumes packed batches, recomputes
+// current log-probs on the exact stored tokens, takes Epochs optimizer
+// steps with the contract's objective, and publishes the new version:
+// checkpoint and manifest in the release store (Env.Releases), then the
+// manifest on the compacted policy topic, plus a "trained" census event
+// per trajectory.
+//
+// On its first start (no release on the policy topic) it publishes the
+// initial policy, version 0, from Model and ModelSeed, so that dispatch
+// and rollout can start.
+//
+// Exactly-once training: a batch whose index is not above the last one
+// trained is skipped (batch ids are a function of the index); a segment
+// whose trajectory id was already trained is masked out (and counted, with
+// an incident). The state is restored at Start from the latest release on
+// the policy topic, its update record, and the batches topic. The
+// optimizer state is written beside every release (gpu.OptimName), so a
+// restarted trainer continues exactly where the release left off; a batch
+// redelivered after a crash between writing a release's files and
+// producing its manifest is trained again into the same version.
+type Stage struct {
+	cfg       StageConfig
+	env       *pipeline.Env
+	files     pipeline.ReleaseStore
+	tr        gpu.Backend
+	lastIndex int64
+	trained   *idset.Set  // trained trajectory ids (bounded by recent)
+	recent    *idset.Ring // FIFO of trained ids, to forget the oldest
+	initial   bool        // version 0 still to publish
+}
+
+// NewStage validates cfg.
+func NewStage(cfg StageConfig) (*Stage, error) {
+	if err := cfg.Objective.Validate(); err != nil {
+		return nil, fmt.Errorf("train: %w", err)
+	}
+	if err := cfg.Adam.Validate(); err != nil {
+		return nil, err
+	}
+	if err := cfg.Model.Validate(); err != nil {
+		return nil, err
+	}
+	if cfg.Epochs < 1 {
+		return nil, fmt.Errorf("train: epochs %d", cfg.Epochs)
+	}
+	if cfg.Backend == nil {
+		cfg.Backend = gpu.CPUBackend
+	}
+	if cfg.Remember <= 0 {
+		cfg.Remember = 1 << 20
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	if cfg.Meta.Now == nil {
+		cfg.Meta.Now = cfg.Now
+	}
+	return &Stage{cfg: cfg, lastIndex: -1, trained: idset.New(), recent: idset.NewRing(cfg.Remember)}, nil
+}
+
+// Name implements pipeline.Stage.
+func (*Stage) Name() string { return "train" }
+
+// Topics implements pipeline.Stage.
+func (s *Stage) Topics() []string { return s.cfg.Topics.Names(pipeline.InputsOf(s.Name())) }
+
+// Version is the trainer's current policy version (-1 before Start).
+func (s *Stage) Version() int64 {
+	if s.tr == nil {
+		return -1
+	}
+	return s.tr.Version()
+}
+
+// remember marks id trained, forgetting the oldest beyond Remember.
+func (s *Stage) remember(id string) {
+	if s.trained.Has(id) {
+		return
+	}
+	k := s.trained.Add(id)
+	if oldest, dropped := s.recent.Push(k); dropped {
+		s.trained.Delete(oldest)
+	}
+}
+
+// Start restores the trainer from the latest release, or prepares the
+// initial one.
+func (s *Stage) Start(ctx context.Context, env *pipeline.Env) error {
+	s.env = env
+	files, err := env.Releases()
+	if err != nil {
+		return fmt.Errorf("train: %w", err)
+	}
+	s.files = files
+	var latest *schemas.PolicyRelease
+	err = env.Scan(ctx, s.cfg.Topics.Policy, 0, func(m pipeline.Message) error {
+		rel, err := schemas.DecodeRelease(m.Value)
+		if err != nil || !rel.Ready {
+			return nil
+		}
+		if latest == nil || rel.PolicyVersion > latest.PolicyVersion {
+			latest = &rel
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("train: rebuild from policy topic: %w", err)
+	}
+	if latest == nil {
+		m, err := gpu.InitialModel(s.cfg.Model, s.cfg.ModelSeed)
+		if err != nil {
+			return err
+		}
+		if s.tr, err = s.cfg.Backend(m, s.cfg.Behavior, 0); err != nil {
+			return err
+		}
+		s.initial = true
+		env.Logger.Info("trainer starts from the initial policy", "version", 0)
+		return nil
+	}
+	ckpt, err := files.Read(latest.CheckpointURI)
+	if err != nil {
+		return fmt.Errorf("train: %w: %w", gpu.ErrRelease, err)
+	}
+	m, err := gpu.ModelFromRelease(*latest, ckpt)
+	if err != nil {
+		return err
+	}
+	if s.tr, err = s.cfg.Backend(m, s.cfg.Behavior, latest.PolicyVersion); err != nil {
+		return err
+	}
+	s.tr.SetSteps(latest.TrainingStep)
+	if ob, err := files.Read(gpu.OptimName(latest.PolicyVersion)); err == nil {
+		if err := s.tr.SetOptimState(ob); err != nil {
+			return err
+		}
+	} else if latest.PolicyVersion > 0 {
+		env.Logger.Warn("no optimizer state beside the release; Adam restarts from zero moments", "version", latest.PolicyVersion, "err", err)
+	}
+	if latest.PolicyVersion > 0 {
+		u, err := gpu.ReadUpdate(files, latest.PolicyVersion)
+		if err != nil {
+			return err
+		}
+		s.lastIndex = u.BatchIndex
+	}
+	ids := 0
+	err = env.Scan(ctx, s.cfg.Topics.Batches, s.cfg.RebuildScan, func(m pipeline.Message) error {
+		b, err := schemas.PackedBatches.DecodeShared(nil, m.Value)
+		if err != nil || b.BatchIndex > s.lastIndex {
+			return nil
+		}
+		for _, row := range b.Rows {
+			for _, id := range row.SegTrajectoryIDs {
+				s.remember(id)
+				ids++
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("train: rebuild from batches: %w", err)
+	}
+	env.Logger.Info("trainer restored", "version", s.tr.Version(), "last_batch", s.lastIndex, "trained_ids", ids)
+	return nil
+}
+
+// Close frees the backend.
+func (s *Stage) Close() error {
+	if s.tr == nil {
+		return nil
+	}
+	err := s.tr.Close()
+	s.tr = nil
+	return err
+}
+
+// Tick publishes the initial policy once.
+func (s *Stage) Tick(_ context.Context, _ time.Time) (pipeline.Result, error) {
+	var res pipeline.Result
+	if !s.initial {
+		return res, nil
+	}
+	out, err := s.release()
+	if err != nil {
+		return res, err
+	}
+	s.initial = false
+	res.Outputs = append(res.Outputs, out)
+	return res, nil
+}
+
+// release writes the current version to the release store and returns the
+// manifest record for the policy topic.
+func (s *Stage) release() (pipeline.Output, error) {
+	rel, err := s.tr.Release(s.files, s.cfg.Meta)
+	if err != nil {
+		return pipeline.Output{}, err
+	}
+	b, err := schemas.EncodeRelease(rel)
+	if err != nil {
+		return pipeline.Output{}, fmt.Errorf("%w: %w", gpu.ErrRelease, err)
+	}
+	id := schemas.DerivedID("release", s.cfg.RunID+"/"+strconv.FormatInt(rel.PolicyVersion, 10))
+	return pipeline.Output{Topic: s.cfg.Topics.Policy, Key: []byte(s.cfg.RunID), Value: b,
+		Headers: stagekit.Headers(schemas.KindPolicyRelease, id)}, nil
+}
+
+// Process implements pipeline.Stage.
+func (s *Stage) Process(_ context.Context, m pipeline.Message) (pipeline.Result, error) {
+	var res pipeline.Result
+	if s.initial {
+		out, err := s.release()
+		if err != nil {
+			return res, err
+		}
+		s.initial = false
+		res.Outputs = append(res.Outputs, out)
+	}
+	// A refusal carries the outputs already due (the initial release).
+	refuse := func(err error) error {
+		r, ok := pipeline.AsRefusal(err)
+		if !ok {
+			return err
+		}
+		r.Also = append(r.Also, res.Outputs...)
+		return r
+	}
+	batch, err := schemas.PackedBatches.Decode(nil, m.Value)
+	if err != nil {
+		return res, refuse(stagekit.DecodeRefusal(err))
+	}
+	if err := stagekit.CheckKindHeaders(&m, schemas.KindPackedBatch); err != nil {
+		return res, refuse(err)
+	}
+	if err := stagekit.CheckID(&m, batch.BatchID); err != nil {
+		return res, refuse(err)
+	}
+	if batch.BatchIndex <= s.lastIndex {
+		return res, nil // redelivered: trained already
+	}
+	if batch.ContractHash != s.cfg.ContractHash {
+		return res, refuse(pipeline.Refuse("contract_mismatch", "batch %s of contract %s, trainer runs %s", batch.BatchID, batch.ContractHash, s.cfg.ContractHash))
+	}
+	dups := 0
+	var ids []string
+	for ri := range batch.Rows {
+		row := &batch.Rows[ri]
+		for k, id := range row.SegTrajectoryIDs {
+			if !s.trained.Has(id) {
+				ids = append(ids, id)
+				continue
+			}
+			dups++
+			for i, seg := range row.SegmentIDs {
+				if int(seg) == k {
+					row.ActionMask[i] = 0
+				}
+			}
+		}
+	}
+	if len(ids) == 0 {
+		return res, refuse(pipeline.Refuse("duplicate_batch", "every trajectory of batch %s was trained already", batch.BatchID))
+	}
+	start := time.Now()
+	met, last, err := s.tr.Update(batch, s.cfg.Objective, s.cfg.Adam, s.cfg.Epochs)
+	if err != nil {
+		if gpu.Untrainable(err) {
+			// A batch the policy cannot train on (for example a token
+			// outside the behavior distribution) goes to quarantine; the
+			// trainer is unchanged and goes on with the next batch.
+			return res, refuse(pipeline.Refuse("untrainable_batch", "batch %s: %v", batch.BatchID, err))
+		}
+		return res, fmt.Errorf("train batch %s: %w", batch.BatchID, err)
+	}
+	u := schemas.UpdateRecord{Version: s.tr.Version(), BatchID: batch.BatchID, BatchIndex: batch.BatchIndex,
+		Metrics: met, Last: last, Duplicates: dups, StepSeconds: time.Since(start).Seconds()}
+	ub, err := schemas.EncodeUpdate(u)
+	if err != nil {
+		return res, fmt.Errorf("train: update record: %w", err)
+	}
+	if _, err := s.files.Write(gpu.UpdateName(u.Version), ub); err != nil {
+		return res, err
+	}
+	if _, err := s.files.Write(gpu.OptimName(u.Version), s.tr.OptimState()); err != nil {
+		return res, err
+	}
+	out, err := s.release()
+	if err != nil {
+		return res, err
+	}
+	res.Outputs = append(res.Outputs, out)
+	s.lastIndex = batch.BatchIndex
+	at := s.cfg.Now().UnixMicro()
+	for _, id := range ids {
+		s.remember(id)
+		ev, err := stagekit.Census(s.cfg.Topics.Census, schemas.CensusEvent{
+			RunID: s.cfg.RunID, AttemptID: id, Kind: schemas.CensusTrained, Stage: s.Name(),
+			BatchID: batch.BatchID, Update: batch.BatchIndex, PolicyVersion: u.Version, At: at,
+		})
+		if err != nil {
+			return res, err
+		}
+		res.Outputs = append(res.Outputs, ev)
+	}
+	if dups > 0 {
+		inc, err := stagekit.IncidentOutput(s.cfg.Topics.Incidents, stagekit.Incident{
+			RunID: s.cfg.RunID, AttemptID: batch.BatchID, Stage: s.Name(), Reason: "duplicate_trajectory",
+			Detail: fmt.Sprintf("%d segments of batch %s were trained already and were masked out", dups, batch.BatchID),
+			Source: m.Ref.String(), At: at,
+		})
+		if err != nil {
+			return res, err
+		}
+		res.Outputs = append(res.Outputs, inc)
+	}
+	return res, nil
+}

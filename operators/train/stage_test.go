@@ -1,0 +1,217 @@
+package train_test
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"testing"
+
+	"github.com/trajflow/trajflow/gpu"
+	"github.com/trajflow/trajflow/gpu/gputest"
+	"github.com/trajflow/trajflow/gpu/model"
+	"github.com/trajflow/trajflow/operators/train"
+	"github.com/trajflow/trajflow/pipeline"
+	"github.com/trajflow/trajflow/schemas"
+)
+
+type fixture struct {
+	t      *testing.T
+	loop   *gputest.Loop
+	topics pipeline.Topics
+	cfg    train.StageConfig
+	m0     *model.Model
+}
+
+func newFixture(t *testing.T) *fixture {
+	t.Helper()
+	loop, err := gputest.Small()
+	if err != nil {
+		t.Fatal(err)
+	}
+	topics, _ := pipeline.TopicsFor(loop.RunID)
+	cfg := train.StageConfig{
+		Topics: topics, RunID: loop.RunID, ContractHash: "contract", Behavior: loop.Settings.Behavior,
+		Model: model.DefaultConfig(), ModelSeed: 7, Objective: gpu.DefaultObjective(), Adam: gpu.DefaultAdam(), Epochs: 2,
+	}
+	m0, err := gpu.InitialModel(cfg.Model, cfg.ModelSeed)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &fixture{t: t, loop: loop, topics: topics, cfg: cfg, m0: m0}
+}
+
+// batch is a batch sampled by the initial policy at version v.
+func (f *fixture) batch(index int64, v int64) schemas.PackedBatch {
+	f.t.Helper()
+	b, err := f.loop.Batch(context.Background(), model.NewPolicy(f.m0, v), index)
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	b.BatchID = schemas.BatchID(f.loop.RunID, index)
+	return b
+}
+
+func (f *fixture) msg(b schemas.PackedBatch, offset int64) pipeline.Message {
+	f.t.Helper()
+	v, err := schemas.PackedBatches.Encode(nil, b)
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	return pipeline.Message{Ref: pipeline.Ref{Topic: f.topics.Batches, Offset: offset}, Key: []byte(b.BatchID), Value: v}
+}
+
+// drive runs a new train stage over inputs, with the topics of scan as
+// what the stage reads back at start.
+func (f *fixture) drive(files pipeline.ReleaseStore, scan pipeline.MemScanner, inputs ...pipeline.Message) *pipeline.Driven {
+	f.t.Helper()
+	st, err := train.NewStage(f.cfg)
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	d, err := pipeline.Drive(context.Background(), st, inputs, pipeline.DriveConfig{
+		QuarantineTopic: f.topics.Quarantine, Env: pipeline.EnvConfig{Scanner: scan, Releases: files},
+	})
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	return d
+}
+
+func segments(b schemas.PackedBatch) int {
+	n := 0
+	for _, r := range b.Rows {
+		n += len(r.SegTrajectoryIDs)
+	}
+	return n
+}
+
+func releases(t *testing.T, outs []pipeline.Output) []schemas.PolicyRelease {
+	t.Helper()
+	var rels []schemas.PolicyRelease
+	for _, o := range outs {
+		r, err := schemas.DecodeRelease(o.Value)
+		if err != nil {
+			t.Fatal(err)
+		}
+		rels = append(rels, r)
+	}
+	return rels
+}
+
+func reasons(outs []pipeline.Output) []string {
+	var rs []string
+	for _, o := range outs {
+		for _, h := range o.Headers {
+			if h.Key == schemas.HeaderReason {
+				rs = append(rs, string(h.Value))
+			}
+		}
+	}
+	return rs
+}
+
+// TestStageTrainsOnce: a batch is trained once (release, update record,
+// census); its redelivery is skipped; a later batch made only of trained
+// trajectories is refused; a batch mixing trained and new trajectories
+// trains the new ones and raises an incident. A restarted stage rebuilds
+// its state from the policy and batches topics and the release files.
+func TestStageTrainsOnce(t *testing.T) {
+	f := newFixture(t)
+	files, err := pipeline.NewDirReleases(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	b0 := f.batch(0, 0)
+	again := b0
+	again.BatchIndex, again.BatchID = 5, schemas.BatchID(f.loop.RunID, 5)
+	d := f.drive(files, pipeline.MemScanner{}, f.msg(b0, 0), f.msg(b0, 1), f.msg(again, 2))
+
+	rels := releases(t, d.On(f.topics.Policy))
+	if len(rels) != 2 || rels[0].PolicyVersion != 0 || rels[1].PolicyVersion != 1 {
+		t.Fatalf("releases %+v, want versions 0 and 1", rels)
+	}
+	if n := len(d.On(f.topics.Census)); n != segments(b0) {
+		t.Fatalf("%d trained census events, want %d", n, segments(b0))
+	}
+	if r := reasons(d.On(f.topics.Quarantine)); !slices.Equal(r, []string{"duplicate_batch"}) {
+		t.Fatalf("quarantine reasons %v, want [duplicate_batch]", r)
+	}
+	pol, err := gpu.LoadRelease(rels[1])
+	if err != nil || pol.Version() != 1 {
+		t.Fatalf("load release: %v", err)
+	}
+	u, err := gpu.ReadUpdate(files, 1)
+	if err != nil || u.BatchID != b0.BatchID || u.Metrics.RatioMax != 1 || u.Metrics.RatioMin != 1 {
+		t.Fatalf("update record %+v %v", u, err)
+	}
+
+	// Restart: the state comes back from the topics and the release files.
+	scan := pipeline.MemScanner{
+		f.topics.Policy:  d.Messages(f.topics.Policy),
+		f.topics.Batches: []pipeline.Message{f.msg(b0, 0)},
+	}
+	mixed := f.batch(1, 1)
+	mixed.BatchIndex, mixed.BatchID = 6, schemas.BatchID(f.loop.RunID, 6)
+	mixed.Rows = append(mixed.Rows, b0.Rows...)
+	d = f.drive(files, scan, f.msg(b0, 0), f.msg(mixed, 3))
+	rels = releases(t, d.On(f.topics.Policy))
+	if len(rels) != 1 || rels[0].PolicyVersion != 2 {
+		t.Fatalf("after restart: releases %+v, want version 2 only (b0 skipped)", rels)
+	}
+	if n, want := len(d.On(f.topics.Census)), segments(mixed)-segments(b0); n != want {
+		t.Fatalf("mixed batch: %d trained census events, want %d", n, want)
+	}
+	if len(d.On(f.topics.Incidents)) != 1 {
+		t.Fatalf("mixed batch: %d incidents, want 1", len(d.On(f.topics.Incidents)))
+	}
+	if u, err := gpu.ReadUpdate(files, 2); err != nil || u.Duplicates != segments(b0) {
+		t.Fatalf("update record %+v %v", u, err)
+	}
+}
+
+// TestStageQuarantinesUntrainableBatch: a batch holding a token the
+// behavior distribution cannot produce (its log-prob is -Inf) is refused
+// with reason untrainable_batch — the trainer is unchanged, with no crash
+// loop on redelivery — and the next good batch trains.
+func TestStageQuarantinesUntrainableBatch(t *testing.T) {
+	f := newFixture(t)
+	files, err := pipeline.NewDirReleases(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	bad := f.batch(0, 0)
+	row := &bad.Rows[0]
+	for i := range row.ActionMask {
+		if row.ActionMask[i] == 1 {
+			row.InputIDs[i+1] = 0 // the padding token: never sampled, masked out by the grammar
+			break
+		}
+	}
+	good := f.batch(1, 0)
+	d := f.drive(files, pipeline.MemScanner{}, f.msg(bad, 0), f.msg(bad, 1), f.msg(good, 2))
+	if r := reasons(d.On(f.topics.Quarantine)); !slices.Equal(r, []string{"untrainable_batch", "untrainable_batch"}) {
+		t.Fatalf("quarantine reasons %v, want untrainable_batch twice", r)
+	}
+	rels := releases(t, d.On(f.topics.Policy))
+	if len(rels) != 2 || rels[1].PolicyVersion != 1 {
+		t.Fatalf("releases %+v, want 0 then 1 (the good batch)", rels)
+	}
+	u, err := gpu.ReadUpdate(files, 1)
+	if err != nil || u.BatchID != good.BatchID || u.Metrics.RatioMax != 1 {
+		t.Fatalf("the good batch must train from the untouched initial policy (ratio 1): %+v %v", u, err)
+	}
+}
+
+// TestStageNeedsReleaseStore: without a release store the stage refuses to
+// start, naming the flag.
+func TestStageNeedsReleaseStore(t *testing.T) {
+	f := newFixture(t)
+	st, err := train.NewStage(f.cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = pipeline.Drive(context.Background(), st, nil, pipeline.DriveConfig{Env: pipeline.EnvConfig{Scanner: pipeline.MemScanner{}}})
+	if !errors.Is(err, pipeline.ErrNoReleases) {
+		t.Fatalf("started without a release store: %v", err)
+	}
+}

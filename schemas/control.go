@@ -1,0 +1,218 @@
+package schemas
+
+import "math"
+
+// This file holds the control-plane documents besides releases and census
+// events: pack's window records, incidents and the trainer's update
+// records. Each is a JSON document {"kind","version","data"} (jsondoc.go).
+
+// WindowDecision is a record a pack window filtered, with the reason.
+type WindowDecision struct {
+	RecordID string `json:"record_id"`
+	GroupID  string `json:"group_id"`
+	Filter   string `json:"filter"`
+}
+
+// WindowRecord is the lineage of one closed pack window, on the windows
+// topic: what was admitted (in batch order), what was filtered and why,
+// and the trainer version the lag rule used. Replay reproduces a batch
+// from its admitted ids and trainer version; dispatch learns from Groups
+// which groups of a round were decided.
+type WindowRecord struct {
+	BatchID        string           `json:"batch_id"` // "" when every record was filtered (no batch)
+	BatchIndex     int64            `json:"batch_index"`
+	RunID          string           `json:"run_id"`
+	ContractHash   string           `json:"contract_hash"`
+	TrainerVersion int64            `json:"trainer_version"`
+	ClosedBy       string           `json:"closed_by"` // "full", "timeout", "flush"
+	Admitted       []string         `json:"admitted"`
+	Filtered       []WindowDecision `json:"filtered"`
+	Tokens         int64            `json:"tokens"`
+	TrainedTokens  int64            `json:"trained_tokens"`
+	Rows           int              `json:"rows"`
+	Efficiency     float64          `json:"efficiency"`
+	// Groups are the groups with a member decided in the window (admitted
+	// or filtered when added), sorted: the dispatcher knows a round is
+	// complete when every group of it appears in some window record.
+	Groups []string `json:"groups"`
+	// Records is the number of records decided in the window (admitted or
+	// filtered when added); RewardMean their mean RewardTotal and
+	// SuccessRate the fraction with RewardTotal > 0.
+	Records     int     `json:"records"`
+	RewardMean  float64 `json:"reward_mean"`
+	SuccessRate float64 `json:"success_rate"`
+	// MaxLag is the largest policy lag (TrainerVersion minus the oldest
+	// behavior version of a segment) among the admitted segments.
+	MaxLag int64 `json:"max_lag"`
+}
+
+// EncodeWindow returns the JSON document of a window record.
+func EncodeWindow(w WindowRecord) ([]byte, error) { return encodeDoc(KindWindowRecord, &w) }
+
+// DecodeWindow reads a document written by EncodeWindow.
+func DecodeWindow(b []byte) (WindowRecord, error) {
+	return decodeDoc[WindowRecord](KindWindowRecord, b)
+}
+
+// Incident is a safety or integrity incident (pipeline §8, §9: "trigger an
+// incident path"), on the incidents topic.
+type Incident struct {
+	IncidentID string `json:"incident_id"`
+	RunID      string `json:"run_id"`
+	AttemptID  string `json:"attempt_id"`
+	TaskID     string `json:"task_id"`
+	Stage      string `json:"stage"`
+	Reason     string `json:"reason"`
+	Detail     string `json:"detail"`
+	Source     string `json:"source"` // topic/partition@offset of the offending record
+	At         int64  `json:"at_us"`
+}
+
+// EncodeIncident returns the JSON document of an incident.
+func EncodeIncident(i Incident) ([]byte, error) { return encodeDoc(KindIncident, &i) }
+
+// DecodeIncident reads a document written by EncodeIncident.
+func DecodeIncident(b []byte) (Incident, error) { return decodeDoc[Incident](KindIncident, b) }
+
+// ObjectiveStats are the statistics of the policy objective over a batch
+// (pipeline §13): gpu/objective computes them (objective.Stats has this
+// layout).
+type ObjectiveStats struct {
+	// Loss = PolicyLoss + KLCoef*KL (only when KL is placed in the loss)
+	//        - EntropyCoef*Entropy.
+	Loss float64 `json:"loss"`
+	// PolicyLoss = -Σ_t c_t · min(r_t A_t, clip(r_t) A_t) over masked t,
+	// where c_t is the normalization weight of token t.
+	PolicyLoss float64 `json:"policy_loss"`
+	// KL = Σ_t c_t k(ref_t - cur_t) with the declared estimator; 0 without
+	// reference log-probs.
+	KL float64 `json:"kl"`
+	// Entropy = Σ_t c_t H_t of the current policy at masked positions
+	// (nats).
+	Entropy float64 `json:"entropy"`
+	// Tokens and Sequences are the masked tokens, and the sequences with at
+	// least one.
+	Tokens    int64 `json:"tokens"`
+	Sequences int64 `json:"sequences"`
+	// ApproxKLOld = 0.5 · mean over masked tokens of (cur - old)^2.
+	ApproxKLOld float64 `json:"approx_kl_old"`
+	// Ratio statistics of r = exp(clamped cur - old) over masked tokens.
+	RatioMean float64 `json:"ratio_mean"`
+	RatioMin  float64 `json:"ratio_min"`
+	RatioMax  float64 `json:"ratio_max"`
+	// LogRatioClamped counts masked tokens whose log ratio was clamped.
+	LogRatioClamped int64 `json:"log_ratio_clamped"`
+	// Clip counts and fractions by advantage sign (pipeline §13).
+	PosTokens   int64   `json:"pos_tokens"`
+	NegTokens   int64   `json:"neg_tokens"`
+	ClippedPos  int64   `json:"clipped_pos"`
+	ClippedNeg  int64   `json:"clipped_neg"`
+	ClipFracPos float64 `json:"clip_frac_pos"`
+	ClipFracNeg float64 `json:"clip_frac_neg"`
+}
+
+// Merge returns the Stats of two disjoint calls sharing one set of
+// Denominators: normalized terms and counts add, means are re-weighted by
+// Tokens, min/max combine, and clip fractions are recomputed from counts.
+func (s ObjectiveStats) Merge(o ObjectiveStats) ObjectiveStats {
+	m := ObjectiveStats{
+		Loss:            s.Loss + o.Loss,
+		PolicyLoss:      s.PolicyLoss + o.PolicyLoss,
+		KL:              s.KL + o.KL,
+		Entropy:         s.Entropy + o.Entropy,
+		Tokens:          s.Tokens + o.Tokens,
+		Sequences:       s.Sequences + o.Sequences,
+		LogRatioClamped: s.LogRatioClamped + o.LogRatioClamped,
+		PosTokens:       s.PosTokens + o.PosTokens,
+		NegTokens:       s.NegTokens + o.NegTokens,
+		ClippedPos:      s.ClippedPos + o.ClippedPos,
+		ClippedNeg:      s.ClippedNeg + o.ClippedNeg,
+	}
+	switch {
+	case s.Tokens == 0:
+		m.ApproxKLOld, m.RatioMean, m.RatioMin, m.RatioMax = o.ApproxKLOld, o.RatioMean, o.RatioMin, o.RatioMax
+	case o.Tokens == 0:
+		m.ApproxKLOld, m.RatioMean, m.RatioMin, m.RatioMax = s.ApproxKLOld, s.RatioMean, s.RatioMin, s.RatioMax
+	default:
+		ns, no, n := float64(s.Tokens), float64(o.Tokens), float64(m.Tokens)
+		m.ApproxKLOld = (s.ApproxKLOld*ns + o.ApproxKLOld*no) / n
+		m.RatioMean = (s.RatioMean*ns + o.RatioMean*no) / n
+		m.RatioMin = math.Min(s.RatioMin, o.RatioMin)
+		m.RatioMax = math.Max(s.RatioMax, o.RatioMax)
+	}
+	m.ClipFracPos = fracOf(m.ClippedPos, m.PosTokens)
+	m.ClipFracNeg = fracOf(m.ClippedNeg, m.NegTokens)
+	return m
+}
+
+func fracOf(a, b int64) float64 {
+	if b == 0 {
+		return 0
+	}
+	return float64(a) / float64(b)
+}
+
+// LagStat is the ratio and KL to the behavior policy of the masked tokens
+// at one policy lag (pipeline §18 gate E, "lag-stratified ratio/KL").
+type LagStat struct {
+	Lag       int64   `json:"lag"`    // trainer version - behavior version, >= 0
+	Tokens    int64   `json:"tokens"` // masked tokens at this lag
+	RatioMean float64 `json:"ratio_mean"`
+	RatioMin  float64 `json:"ratio_min"`
+	RatioMax  float64 `json:"ratio_max"`
+	// ApproxKL = 0.5 · mean (cur - old)^2 (the k2 estimator).
+	ApproxKL float64 `json:"approx_kl"`
+	// K3 = mean (r - 1 - log r), an unbiased, non-negative estimate of
+	// KL(behavior || current) on tokens sampled from the behavior policy.
+	K3 float64 `json:"k3"`
+}
+
+// UpdateMetrics are the metrics of one update (pipeline §13, §14, §20).
+type UpdateMetrics struct {
+	// ObjectiveStats over the whole batch.
+	ObjectiveStats
+	// Lag stratifies ratio and KL by policy lag (trainer version before the
+	// update minus behavior version).
+	Lag []LagStat `json:"lag"`
+	// GradNorm is the global L2 norm of the gradient before clipping;
+	// GradScale the factor clipping applied (1 when not clipped).
+	GradNorm  float64 `json:"grad_norm"`
+	GradScale float64 `json:"grad_scale"`
+	// Rows, Segments and InputTokens describe the batch.
+	Rows        int   `json:"rows"`
+	Segments    int   `json:"segments"`
+	InputTokens int64 `json:"input_tokens"`
+	// FromVersion is the policy version the gradient was computed at;
+	// Version the version the update produced (FromVersion + 1).
+	FromVersion int64 `json:"from_version"`
+	Version     int64 `json:"version"`
+}
+
+// UpdateRecord is written beside every release v >= 1: which batch
+// produced it and the update's metrics. It is the trainer's own record of
+// progress (the last batch index trained is restored from it) and what
+// `trajflow demo` prints.
+type UpdateRecord struct {
+	Version    int64  `json:"version"`
+	BatchID    string `json:"batch_id"`
+	BatchIndex int64  `json:"batch_index"`
+	// Metrics are those of the first optimizer step of the update, taken
+	// at the policy the batch was packed for: the ratio and KL to the
+	// behavior policy, stratified by lag. Before the first update of an
+	// on-policy run the ratio is exactly 1.
+	Metrics UpdateMetrics `json:"metrics"`
+	// Last are the objective statistics of the update's last step.
+	Last ObjectiveStats `json:"last"`
+	// Duplicates counts segments of the batch masked out because their
+	// trajectory was already trained.
+	Duplicates  int     `json:"duplicates"`
+	StepSeconds float64 `json:"step_seconds"`
+}
+
+// EncodeUpdate returns the JSON document of an update record.
+func EncodeUpdate(u UpdateRecord) ([]byte, error) { return encodeDoc(KindUpdateRecord, &u) }
+
+// DecodeUpdate reads a document written by EncodeUpdate.
+func DecodeUpdate(b []byte) (UpdateRecord, error) {
+	return decodeDoc[UpdateRecord](KindUpdateRecord, b)
+}
