@@ -6,10 +6,11 @@ import (
 	"github.com/trajflow/trajflow/pipeline/contract"
 )
 
-// TopicSpecs lists every topic of a run with the contract's partitions,
-// replication, retention and max.message.bytes. Topics that must keep a
-// single order (batches, windows, the policy log) have one partition; the
-// policy topic is compacted (systems §8: the latest release per key).
+// TopicSpecs lists every topic of the topology (pipeline.Topology) with
+// the contract's partitions, replication, retention and max.message.bytes.
+// Topics that must keep a single order (batches, windows, the policy log)
+// have one partition; the policy topic is compacted (systems §8: the
+// latest release per key).
 //
 // The scored topic has one partition too: the pack window is one logical
 // window per run (batch indexes are a single sequence), so the pack stage
@@ -17,19 +18,19 @@ import (
 // no partition and stand by, taking over on a rebalance. Validate, reward
 // and advantage scale out over the partitions of their input topics.
 func TopicSpecs(c *contract.Contract, t pipeline.Topics) []kafka.TopicSpec {
-	spec := func(name string, parts int) kafka.TopicSpec {
-		return kafka.TopicSpec{
-			Name: name, Partitions: parts, ReplicationFactor: c.Topics.Replication,
-			RetentionMs: c.Topics.RetentionMS, MaxMessageBytes: c.Topics.MaxMessageBytes,
+	var specs []kafka.TopicSpec
+	for _, info := range pipeline.Topology() {
+		s := kafka.TopicSpec{
+			Name: t.Name(info.Short), Partitions: info.Partitions, ReplicationFactor: c.Topics.Replication,
+			RetentionMs: c.Topics.RetentionMS, MaxMessageBytes: c.Topics.MaxMessageBytes, Compacted: info.Compacted,
 		}
+		if s.Partitions == 0 {
+			s.Partitions = c.Topics.Partitions
+		}
+		if s.Compacted {
+			s.RetentionMs = 0
+		}
+		specs = append(specs, s)
 	}
-	p := c.Topics.Partitions
-	policy := spec(t.Policy, 1)
-	policy.Compacted = true
-	policy.RetentionMs = 0
-	return []kafka.TopicSpec{
-		spec(t.Tasks, p), spec(t.Trajectories, p), spec(t.Valid, p), spec(t.Rewarded, p),
-		spec(t.Scored, 1), spec(t.Batches, 1), spec(t.Quarantine, p), spec(t.Census, p),
-		spec(t.Incidents, 1), policy, spec(t.Windows, 1),
-	}
+	return specs
 }

@@ -40,6 +40,9 @@ type Driven struct {
 	// Held lists the inputs still held when the drive ended (an open
 	// window or group the live operator would keep uncommitted).
 	Held []Ref
+	// Released lists every ref a Result released, in order (a held input
+	// must appear once).
+	Released []Ref
 }
 
 // On returns the outputs produced to topic.
@@ -117,6 +120,7 @@ func Drive(ctx context.Context, st Stage, inputs []Message, cfg DriveConfig) (re
 		for _, ref := range r.Release {
 			delete(held, ref)
 		}
+		d.Released = append(d.Released, r.Release...)
 		return nil
 	}
 	for i := range inputs {

@@ -5,6 +5,7 @@ import (
 
 	"github.com/apache/arrow-go/v18/arrow"
 
+	"github.com/trajflow/trajflow/pipeline"
 	"github.com/trajflow/trajflow/schemas"
 )
 
@@ -40,7 +41,9 @@ func (c batchCodec) reencode(rec arrow.RecordBatch) ([]byte, error) {
 }
 
 // Control-plane kinds (MetaSchemaKind values of files written with
-// parquet-go).
+// parquet-go): "json:<kind>" for the JSON documents of a topic of the
+// topology, KindQuarantine for the quarantine topic, KindRaw for a topic
+// the topology does not know.
 const (
 	KindCensus     = "json:census_event"
 	KindIncident   = "json:incident"
@@ -50,53 +53,50 @@ const (
 	KindRaw        = "raw"
 )
 
-// dataCodecs maps the short names of data-plane topics (pipeline.Topics)
-// to their kinds.
-var dataCodecs = map[string]dataCodec{
-	"tasks":        rowCodec[schemas.TaskAttempt]{schemas.TaskAttempts},
-	"trajectories": rowCodec[schemas.Trajectory]{schemas.Trajectories},
-	"valid":        rowCodec[schemas.Trajectory]{schemas.Trajectories},
-	"rewarded":     rowCodec[schemas.Rewarded]{schemas.RewardedTrajectories},
-	"scored":       rowCodec[schemas.Scored]{schemas.ScoredTrajectories},
-	"batches":      batchCodec{schemas.PackedBatches},
+// dataCodecs maps the data-plane record kinds to their codecs.
+var dataCodecs = map[schemas.Kind]dataCodec{
+	schemas.KindTaskAttempt: rowCodec[schemas.TaskAttempt]{schemas.TaskAttempts},
+	schemas.KindTrajectory:  rowCodec[schemas.Trajectory]{schemas.Trajectories},
+	schemas.KindRewarded:    rowCodec[schemas.Rewarded]{schemas.RewardedTrajectories},
+	schemas.KindScored:      rowCodec[schemas.Scored]{schemas.ScoredTrajectories},
+	schemas.KindPackedBatch: batchCodec{schemas.PackedBatches},
 }
 
-// controlKinds maps the short names of control-plane topics to their kinds;
-// any other topic is written as KindRaw.
-var controlKinds = map[string]string{
-	"census":     KindCensus,
-	"incidents":  KindIncident,
-	"policy":     KindPolicy,
-	"windows":    KindWindow,
-	"quarantine": KindQuarantine,
+// dataCodecOf is the codec of a data-plane topic (its short name in the
+// topology), if it is one.
+func dataCodecOf(short string) (dataCodec, bool) {
+	info, ok := pipeline.TopicInfoOf(short)
+	if !ok || info.Plane != pipeline.PlaneArrow {
+		return nil, false
+	}
+	c, ok := dataCodecs[info.Kind]
+	return c, ok
 }
 
 // KindOf returns the schema kind and version a topic's files are written
-// with, from its short name.
+// with, from its short name (the topology table says what it carries).
 func KindOf(short string) (kind string, version int) {
-	if c, ok := dataCodecs[short]; ok {
+	if c, ok := dataCodecOf(short); ok {
 		return string(c.Kind()), c.Version()
 	}
-	if k, ok := controlKinds[short]; ok {
-		switch k {
-		case KindCensus:
-			return k, schemas.Versions[schemas.KindCensusEvent]
-		case KindPolicy:
-			return k, schemas.Versions[schemas.KindPolicyRelease]
-		}
-		return k, 1
+	info, ok := pipeline.TopicInfoOf(short)
+	switch {
+	case !ok:
+		return KindRaw, 1
+	case info.Plane == pipeline.PlaneRaw:
+		return KindQuarantine, 1
 	}
-	return KindRaw, 1
+	return "json:" + string(info.Kind), schemas.Versions[info.Kind]
 }
 
 // IsDataPlane reports whether a topic's files are Arrow (pqarrow) files.
 func IsDataPlane(short string) bool {
-	_, ok := dataCodecs[short]
+	_, ok := dataCodecOf(short)
 	return ok
 }
 
 func codecFor(short string) (dataCodec, error) {
-	c, ok := dataCodecs[short]
+	c, ok := dataCodecOf(short)
 	if !ok {
 		return nil, fmt.Errorf("snapshot: topic %q is not a data-plane topic", short)
 	}

@@ -85,7 +85,7 @@ func WriteFile(t Target, partition int, msgs []Message, opts WriteOptions) (stri
 	dir := PartitionDir(t.Dir, t.Run, t.Topic, partition)
 	name := FileName(lin.FirstOffset, lin.LastOffset)
 	err := writeAtomic(dir, name, func(w io.Writer) error {
-		if c, ok := dataCodecs[short]; ok {
+		if c, ok := dataCodecOf(short); ok {
 			return writeData(w, c, &lin, msgs, opts)
 		}
 		return writeControl(w, &lin, msgs)

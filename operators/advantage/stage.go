@@ -63,9 +63,6 @@ func NewStage(cfg StageConfig) (*Stage, error) {
 	if cfg.RebuildScan <= 0 {
 		cfg.RebuildScan = 10000
 	}
-	if cfg.Now == nil {
-		cfg.Now = time.Now
-	}
 	return &Stage{
 		cfg:       cfg,
 		asm:       NewAssembler(cfg.Remember),
@@ -85,6 +82,9 @@ const emittedPrefix = "advantage/emitted/"
 
 // Start opens the state store and loads (or rebuilds) the emitted groups.
 func (s *Stage) Start(ctx context.Context, env *pipeline.Env) error {
+	if s.cfg.Now == nil {
+		s.cfg.Now = env.Now
+	}
 	st, err := env.State()
 	if err != nil {
 		return err
@@ -164,7 +164,7 @@ func (s *Stage) Process(ctx context.Context, m pipeline.Message) (pipeline.Resul
 				s.msgGroups[m.Ref]++
 			}
 			if _, ok := s.opened[r.GroupID]; !ok {
-				s.opened[r.GroupID] = s.cfg.Now()
+				s.opened[r.GroupID] = s.now()
 			}
 		}
 		if done {
@@ -224,7 +224,7 @@ func (s *Stage) emit(res *pipeline.Result, groupID string, group []schemas.Rewar
 		for i, r := range group {
 			outs, rerr := stagekit.RefuseRow(schemas.RewardedTrajectories, s.cfg.Topics, s.Name(), src, i, r, stagekit.Refused{
 				RunID: r.RunID, AttemptID: r.RecordID, TaskID: r.TaskID, GroupID: groupID,
-				Reason: "unscorable_group", Detail: err.Error(), Infra: true, At: s.cfg.Now().UnixMicro(),
+				Reason: "unscorable_group", Detail: err.Error(), Infra: true, At: s.now().UnixMicro(),
 			})
 			if rerr != nil {
 				return rerr
@@ -270,3 +270,6 @@ func (s *Stage) Tick(_ context.Context, now time.Time) (pipeline.Result, error) 
 	}
 	return res, nil
 }
+
+// now is the stage's clock (stagekit.Now).
+func (s *Stage) now() time.Time { return stagekit.Now(s.cfg.Now) }

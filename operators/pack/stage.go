@@ -94,9 +94,6 @@ func NewStage(cfg StageConfig) (*Stage, error) {
 	if cfg.DedupHorizon <= 0 {
 		cfg.DedupHorizon = 7 * 24 * time.Hour
 	}
-	if cfg.Now == nil {
-		cfg.Now = time.Now
-	}
 	return &Stage{cfg: cfg, win: w, held: map[pipeline.Ref]struct{}{}, recent: idset.NewRing(cfg.DedupMemory)}, nil
 }
 
@@ -110,6 +107,9 @@ const seenPrefix = "pack/admitted/"
 
 // Start restores the admitted ids and the next batch index.
 func (s *Stage) Start(ctx context.Context, env *pipeline.Env) error {
+	if s.cfg.Now == nil {
+		s.cfg.Now = env.Now
+	}
 	st, err := env.State()
 	if err != nil {
 		return err
@@ -183,7 +183,7 @@ func (s *Stage) Process(ctx context.Context, m pipeline.Message) (pipeline.Resul
 		return pipeline.Result{}, err
 	}
 	var res pipeline.Result
-	now := s.cfg.Now()
+	now := s.now()
 	for i := range rows {
 		r := &rows[i]
 		if !s.win.Accepts(r.GroupID) {
@@ -289,7 +289,7 @@ func (s *Stage) close(res *pipeline.Result, by string) error {
 	}
 	index := s.nextIndex
 	batch, closed := s.win.Close(index, s.cfg.RunID, s.cfg.ContractHash, s.win.TrainerVersion())
-	now := s.cfg.Now()
+	now := s.now()
 	rec := WindowRecord{
 		BatchID: schemas.BatchID(s.cfg.RunID, index), BatchIndex: index, RunID: s.cfg.RunID,
 		ContractHash: s.cfg.ContractHash, TrainerVersion: batch.TrainerVersion, ClosedBy: by,
@@ -374,3 +374,6 @@ func (s *Stage) census(id, task, group, kind, reason, batch string, tokens int64
 		Reason: reason, BatchID: batch, Tokens: tokens, PolicyVersion: s.win.TrainerVersion(), At: now.UnixMicro(),
 	})
 }
+
+// now is the stage's clock (stagekit.Now).
+func (s *Stage) now() time.Time { return stagekit.Now(s.cfg.Now) }

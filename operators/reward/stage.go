@@ -49,9 +49,6 @@ func NewStage(cfg StageConfig) (*Stage, error) {
 			return nil, fmt.Errorf("%w: component %q declared %q, evaluator %q", ErrVersionMismatch, c.Name, c.Version, e.Version())
 		}
 	}
-	if cfg.Now == nil {
-		cfg.Now = time.Now
-	}
 	if cfg.Backoff <= 0 {
 		cfg.Backoff = 50 * time.Millisecond
 	}
@@ -63,6 +60,14 @@ func (*Stage) Name() string { return "reward" }
 
 // Topics implements pipeline.Stage.
 func (s *Stage) Topics() []string { return s.cfg.Topics.Names(pipeline.InputsOf(s.Name())) }
+
+// Start takes the runtime's clock when none is configured.
+func (s *Stage) Start(_ context.Context, env *pipeline.Env) error {
+	if s.cfg.Now == nil {
+		s.cfg.Now = env.Now
+	}
+	return nil
+}
 
 // Process implements pipeline.Stage.
 func (s *Stage) Process(ctx context.Context, m pipeline.Message) (pipeline.Result, error) {
@@ -98,7 +103,7 @@ func (s *Stage) Process(ctx context.Context, m pipeline.Message) (pipeline.Resul
 		}
 		outs, err := stagekit.RefuseRow(schemas.Trajectories, s.cfg.Topics, s.Name(), m, i, *t, stagekit.Refused{
 			RunID: t.RunID, AttemptID: t.RecordID, TaskID: t.TaskID, GroupID: t.GroupID,
-			Reason: v.Reason, Detail: v.Detail, Infra: v.Infra(), At: s.cfg.Now().UnixMicro(),
+			Reason: v.Reason, Detail: v.Detail, Infra: v.Infra(), At: s.now().UnixMicro(),
 		})
 		if err != nil {
 			return pipeline.Result{}, err
@@ -145,3 +150,6 @@ func (s *Stage) score(ctx context.Context, t *schemas.Trajectory) (schemas.Rewar
 
 // errRewardUnavailable marks an evaluator failure worth retrying.
 var errRewardUnavailable = errors.New("reward unavailable")
+
+// now is the stage's clock (stagekit.Now).
+func (s *Stage) now() time.Time { return stagekit.Now(s.cfg.Now) }

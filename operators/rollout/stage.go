@@ -76,9 +76,6 @@ func NewStage(cfg StageConfig) (*Stage, error) {
 	if cfg.Limits.MaxTurns <= 0 || cfg.Limits.MaxEpisodeTokens <= 0 || cfg.Retries < 0 {
 		return nil, fmt.Errorf("rollout: stage: limits %+v, retries %d", cfg.Limits, cfg.Retries)
 	}
-	if cfg.Now == nil {
-		cfg.Now = time.Now
-	}
 	return &Stage{cfg: cfg, changed: make(chan struct{})}, nil
 }
 
@@ -96,6 +93,9 @@ func (s *Stage) SideTopics() []string {
 // Start keeps the environment (its logger and the release files).
 func (s *Stage) Start(_ context.Context, env *pipeline.Env) error {
 	s.env = env
+	if s.cfg.Now == nil {
+		s.cfg.Now = env.Now
+	}
 	return nil
 }
 
@@ -201,7 +201,7 @@ func (s *Stage) Process(ctx context.Context, m pipeline.Message) (pipeline.Resul
 	if err := stagekit.CheckID(&m, atts[0].GroupID); err != nil {
 		return pipeline.Result{}, err
 	}
-	now := s.cfg.Now()
+	now := s.now()
 	want := int64(0)
 	for _, a := range atts {
 		if a.Split == schemas.SplitEval || s.cfg.Registry.IsEval(a.TaskID) {
@@ -246,7 +246,7 @@ func (s *Stage) Process(ctx context.Context, m pipeline.Message) (pipeline.Resul
 			}
 			run[i] = a
 		}
-		start := s.cfg.Now()
+		start := s.now()
 		for _, a := range run {
 			if err := census(a, schemas.CensusStarted, "", false, 0, 0, start); err != nil {
 				return pipeline.Result{}, err
@@ -256,9 +256,13 @@ func (s *Stage) Process(ctx context.Context, m pipeline.Message) (pipeline.Resul
 		if s.cfg.GroupTimeout > 0 {
 			rctx, cancel = context.WithTimeout(ctx, s.cfg.GroupTimeout)
 		}
-		trajs, err := s.cfg.Registry.RunEpisodes(rctx, pol, run, s.cfg.Settings, s.cfg.Limits)
+		lim := s.cfg.Limits
+		if lim.Now == nil {
+			lim.Now = s.now
+		}
+		trajs, err := s.cfg.Registry.RunEpisodes(rctx, pol, run, s.cfg.Settings, lim)
 		cancel()
-		end := s.cfg.Now()
+		end := s.now()
 		if err == nil {
 			out, err := stagekit.Encode(schemas.Trajectories, s.cfg.Topics.Trajectories, run[0].GroupID,
 				stagekit.MessageID(s.Name(), run[0].GroupID), trajs)
@@ -296,3 +300,6 @@ func (s *Stage) Process(ctx context.Context, m pipeline.Message) (pipeline.Resul
 		}
 	}
 }
+
+// now is the stage's clock (stagekit.Now).
+func (s *Stage) now() time.Time { return stagekit.Now(s.cfg.Now) }

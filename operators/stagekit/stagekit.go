@@ -9,10 +9,22 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/trajflow/trajflow/pipeline"
 	"github.com/trajflow/trajflow/schemas"
 )
+
+// Now returns clock(), or time.Now() when clock is nil. A stage's clock is
+// its configured one (tests), else the runtime's (pipeline.Env.Now, set at
+// Start): offline drives pass a fixed clock so that redelivered inputs give
+// byte-identical outputs.
+func Now(clock func() time.Time) time.Time {
+	if clock == nil {
+		return time.Now()
+	}
+	return clock()
+}
 
 // Quarantine reason codes shared by every stage.
 const (

@@ -99,12 +99,6 @@ func NewStage(cfg StageConfig) (*Stage, error) {
 	if cfg.Remember <= 0 {
 		cfg.Remember = 1 << 20
 	}
-	if cfg.Now == nil {
-		cfg.Now = time.Now
-	}
-	if cfg.Meta.Now == nil {
-		cfg.Meta.Now = cfg.Now
-	}
 	return &Stage{cfg: cfg, lastIndex: -1, trained: idset.New(), recent: idset.NewRing(cfg.Remember)}, nil
 }
 
@@ -137,6 +131,12 @@ func (s *Stage) remember(id string) {
 // initial one.
 func (s *Stage) Start(ctx context.Context, env *pipeline.Env) error {
 	s.env = env
+	if s.cfg.Now == nil {
+		s.cfg.Now = env.Now
+	}
+	if s.cfg.Meta.Now == nil {
+		s.cfg.Meta.Now = s.now
+	}
 	files, err := env.Releases()
 	if err != nil {
 		return fmt.Errorf("train: %w", err)
@@ -341,7 +341,7 @@ func (s *Stage) Process(_ context.Context, m pipeline.Message) (pipeline.Result,
 	}
 	res.Outputs = append(res.Outputs, out)
 	s.lastIndex = batch.BatchIndex
-	at := s.cfg.Now().UnixMicro()
+	at := s.now().UnixMicro()
 	for _, id := range ids {
 		s.remember(id)
 		ev, err := stagekit.Census(s.cfg.Topics.Census, schemas.CensusEvent{
@@ -366,3 +366,6 @@ func (s *Stage) Process(_ context.Context, m pipeline.Message) (pipeline.Result,
 	}
 	return res, nil
 }
+
+// now is the stage's clock (stagekit.Now).
+func (s *Stage) now() time.Time { return stagekit.Now(s.cfg.Now) }

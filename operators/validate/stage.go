@@ -24,9 +24,6 @@ type Stage struct{ cfg StageConfig }
 
 // NewStage returns the stage.
 func NewStage(cfg StageConfig) *Stage {
-	if cfg.Now == nil {
-		cfg.Now = time.Now
-	}
 	return &Stage{cfg: cfg}
 }
 
@@ -35,6 +32,14 @@ func (*Stage) Name() string { return "validate" }
 
 // Topics implements pipeline.Stage.
 func (s *Stage) Topics() []string { return s.cfg.Topics.Names(pipeline.InputsOf(s.Name())) }
+
+// Start takes the runtime's clock when none is configured.
+func (s *Stage) Start(_ context.Context, env *pipeline.Env) error {
+	if s.cfg.Now == nil {
+		s.cfg.Now = env.Now
+	}
+	return nil
+}
 
 // Process implements pipeline.Stage.
 func (s *Stage) Process(_ context.Context, m pipeline.Message) (pipeline.Result, error) {
@@ -49,7 +54,7 @@ func (s *Stage) Process(_ context.Context, m pipeline.Message) (pipeline.Result,
 	valid := make([]schemas.Trajectory, 0, len(rows))
 	var ids []string
 	absent := stagekit.Absent{}
-	now := s.cfg.Now().UnixMicro()
+	now := s.now().UnixMicro()
 	for i := range rows {
 		t := &rows[i]
 		v := Check(t, s.cfg.Options)
@@ -87,3 +92,6 @@ func (s *Stage) Process(_ context.Context, m pipeline.Message) (pipeline.Result,
 	}
 	return res, nil
 }
+
+// now is the stage's clock (stagekit.Now).
+func (s *Stage) now() time.Time { return stagekit.Now(s.cfg.Now) }
