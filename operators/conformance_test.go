@@ -375,4 +375,3 @@ func sameOutputs(a, b []pipeline.Output) error {
 	}
 	return nil
 }
-
