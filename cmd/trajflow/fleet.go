@@ -251,6 +251,9 @@ func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	if err != nil {
 		return err
 	}
+	if taken := hs.TakenAddr(); taken != "" {
+		env.cfg.Logger.Warn("health address taken; serving on a free port", "taken", taken, "addr", hs.Addr())
+	}
 	hctx, stopHealth := context.WithCancel(context.Background())
 	defer stopHealth()
 	go func() { _ = hs.Serve(hctx) }()
