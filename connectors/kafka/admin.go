@@ -251,6 +251,14 @@ func retriable(err error) bool {
 	if errors.As(err, &ke) {
 		return ke.Temporary()
 	}
+	return connectionError(err)
+}
+
+// connectionError reports whether err is a failed or broken connection.
+func connectionError(err error) bool {
+	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		return false
+	}
 	var ne net.Error
 	return errors.As(err, &ne) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
 		errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE)
@@ -349,13 +357,18 @@ func createTopicsWith(ctx context.Context, client *kafkago.Client, norm []TopicS
 }
 
 // waitTopics polls until all names have metadata with a leader on every
-// partition, then describes them.
+// partition, then describes them. A broken connection is returned at once:
+// the client's cached metadata may keep routing to a dead broker, and the
+// caller retries with a fresh client.
 func waitTopics(ctx context.Context, client *kafkago.Client, names []string) (map[string]TopicSpec, error) {
 	backoff := 20 * time.Millisecond
 	for {
 		specs, err := describeTopics(ctx, client, names)
 		if err == nil {
 			return specs, nil
+		}
+		if connectionError(err) {
+			return nil, err
 		}
 		t := time.NewTimer(backoff)
 		select {
