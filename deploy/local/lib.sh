@@ -45,11 +45,14 @@ logger.org.level = info
 EOF
 }
 
-# java_args HOME LIBS XMS XMX: sets JAVA_ARGS for a JVM whose temporary
-# files (zstd and snappy natives included) live under HOME/tmp and whose
-# log4j configuration is HOME/log4j2.properties.
+# java_args HOME LIBS XMS XMX [JVM flags]: sets JAVA_ARGS for a JVM whose
+# temporary files (zstd and snappy natives included) live under HOME/tmp
+# and whose log4j configuration is HOME/log4j2.properties; the flags
+# default to -XX:+UseG1GC.
 java_args() {
-  JAVA_ARGS=(-Xms"$3" -Xmx"$4" -XX:+UseG1GC -Djava.awt.headless=true
+  local extra=(-XX:+UseG1GC)
+  if [ $# -gt 4 ]; then extra=("${@:5}"); fi
+  JAVA_ARGS=(-Xms"$3" -Xmx"$4" "${extra[@]}" -Djava.awt.headless=true
     -Djava.io.tmpdir="$1/tmp" -DZstdTempFolder="$1/tmp"
     -Dorg.xerial.snappy.tempdir="$1/tmp"
     -Dlog4j2.configurationFile="$1/log4j2.properties"
