@@ -3,7 +3,7 @@ GO      ?= go
 BIN     ?= bin/trajflow
 PKGS    ?= ./...
 
-.PHONY: build test test-short lint bench fuzz demo clean tidy-check kafka-up kafka-down test-integration cuda-headers cuda-ptx cuda-build
+.PHONY: build test test-short lint bench fuzz demo clean tidy-check kafka-up kafka-down test-integration cluster-up cluster-down test-cluster cuda-headers cuda-ptx cuda-build
 
 build:
 	$(GO) build -o $(BIN) ./cmd/trajflow
@@ -44,7 +44,25 @@ kafka-down:
 # the scenarios' counts go to integration/REPORT.md.
 test-integration: build
 	eval "$$($(KAFKA_SH) env)" && export TRAJFLOW_KAFKA TRAJFLOW_KAFKA_SASL TRAJFLOW_KAFKA_HOME && \
-	  TRAJFLOW_REPORT=$(CURDIR)/integration/REPORT.md $(GO) test -count=1 -timeout 15m -tags integration -v ./integration/
+	  TRAJFLOW_REPORT=$(CURDIR)/integration/REPORT.md $(GO) test -count=1 -timeout 15m -tags integration -skip '^TestCluster' -v ./integration/
+
+# A replicated Kafka: three KRaft nodes (broker+controller each) on
+# 127.0.0.1:19201-19203, replication 3, min.insync.replicas 2, with per-node
+# fault controls (kill, start, stop, pause, resume N); see
+# deploy/local/cluster.sh and deploy/local/README.md.
+CLUSTER_SH ?= deploy/local/cluster.sh
+cluster-up:
+	$(CLUSTER_SH) up
+
+cluster-down:
+	$(CLUSTER_SH) down
+
+# The integration scenarios that need the cluster (TestCluster*): topic
+# replication read back from the brokers, the first bootstrap broker killed
+# or paused, a partition leader killed.
+test-cluster: build
+	eval "$$($(CLUSTER_SH) env)" && export TRAJFLOW_KAFKA_CLUSTER TRAJFLOW_KAFKA_CLUSTER_HOME && \
+	  $(GO) test -count=1 -timeout 10m -tags integration -run '^TestCluster' -v ./integration/
 
 # CUDA backend (gpu/cuda, build tag cuda), built without a GPU or a CUDA
 # toolkit: headers, NVRTC and ptxas come from pinned PyPI wheels, libcuda

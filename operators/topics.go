@@ -10,7 +10,8 @@ import (
 // the contract's partitions, replication, retention and max.message.bytes.
 // Topics that must keep a single order (batches, windows, the policy log)
 // have one partition; the policy topic is compacted (systems §8: the
-// latest release per key).
+// latest release per key). `trajflow topics create` then sets the
+// replication it plans with ReplicationRequest.
 //
 // The scored topic has one partition too: the pack window is one logical
 // window per run (batch indexes are a single sequence), so the pack stage
@@ -33,4 +34,20 @@ func TopicSpecs(c *contract.Contract, t pipeline.Topics) []kafka.TopicSpec {
 		specs = append(specs, s)
 	}
 	return specs
+}
+
+// ReplicationRequest is the replication `trajflow topics create` asks
+// kafka.PlanReplication for on a cluster of brokers: factor and minInsync
+// are the command-line values (0: not given). A factor given on the
+// command line wins; otherwise the contract's topics.replication when the
+// document writes it; otherwise the cluster's size decides.
+func ReplicationRequest(c *contract.Contract, brokers, factor, minInsync int, allowUnsafe bool) kafka.ReplicationRequest {
+	r := kafka.ReplicationRequest{Brokers: brokers, MinInsync: minInsync, AllowUnsafe: allowUnsafe}
+	switch {
+	case factor > 0:
+		r.Factor, r.FactorFrom = factor, "--replication-factor"
+	case c.Written("topics.replication"):
+		r.Factor, r.FactorFrom = c.Topics.Replication, "contract topics.replication"
+	}
+	return r
 }

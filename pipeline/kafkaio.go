@@ -23,24 +23,15 @@ import (
 // broker errors into transient (retried in place) and fatal.
 
 // dialAny connects to the first bootstrap address that answers, trying
-// every one of them in order (a broker that is down never makes the others
-// unusable); the error names each address and why it failed.
+// every one of them in order (tfkafka.DialFirst): a broker that is down or
+// hung never makes the others unusable, and the error names each address
+// and why it failed.
 func dialAny(ctx context.Context, d *kafka.Dialer, brokers []string) (*kafka.Conn, error) {
-	if len(brokers) == 0 {
-		return nil, errors.New("pipeline: no brokers configured")
+	c, _, err := tfkafka.DialFirst(ctx, d, brokers)
+	if err != nil {
+		return nil, fmt.Errorf("pipeline: %w", err)
 	}
-	var errs []error
-	for _, b := range brokers {
-		c, err := d.DialContext(ctx, "tcp", b)
-		if err == nil {
-			return c, nil
-		}
-		if ctx.Err() != nil {
-			return nil, fmt.Errorf("pipeline: dial %s: %w", b, ctx.Err())
-		}
-		errs = append(errs, fmt.Errorf("%s: %w", b, err))
-	}
-	return nil, fmt.Errorf("pipeline: no broker reachable: %w", errors.Join(errs...))
+	return c, nil
 }
 
 // transient reports whether err is a broker or network failure that heals
@@ -79,7 +70,7 @@ func transient(err error) bool {
 	// leader change).
 	msg := err.Error()
 	for _, s := range []string{"connection refused", "connection reset", "broken pipe", "no broker reachable",
-		"i/o timeout", "unexpected EOF", "Group Load In Progress", "Not Coordinator", "Leader Not Available",
+		"no broker answered", "i/o timeout", "unexpected EOF", "Group Load In Progress", "Not Coordinator", "Leader Not Available",
 		"Not Leader", "Coordinator Not Available", "Rebalance In Progress"} {
 		if strings.Contains(msg, s) {
 			return true
@@ -248,6 +239,16 @@ func partitionOffsets(ctx context.Context, cfg *Config, dialer *kafka.Dialer, to
 		errs = append(errs, fmt.Errorf("%s: offsets: %w", b, err))
 	}
 	return 0, 0, fmt.Errorf("leader of %s/%d: %w", topic, partition, errors.Join(errs...))
+}
+
+// EndOffset returns the end offset (high-water mark) of a partition, from
+// its leader, found through any bootstrap address of cfg.
+func EndOffset(ctx context.Context, cfg *Config, topic string, partition int) (int64, error) {
+	_, end, err := partitionOffsets(ctx, cfg, cfg.dialer(), topic, partition)
+	if err != nil {
+		return 0, fmt.Errorf("pipeline: %w", err)
+	}
+	return end, nil
 }
 
 func scanPartition(ctx context.Context, cfg *Config, dialer *kafka.Dialer, topic string, partition int, last int64, fn func(Message) error) error {

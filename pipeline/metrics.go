@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"strconv"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -102,15 +103,31 @@ type HealthServer struct {
 	metrics  *Metrics
 	srv      *http.Server
 	ln       net.Listener
+	taken    string
 }
 
-// NewHealthServer listens on addr ("127.0.0.1:0" picks a port).
+// NewHealthServer listens on addr ("127.0.0.1:0" picks a port). When the
+// port of addr is taken, it listens on a free port of the same host
+// instead, so that an operator never fails for its health port: Addr says
+// where it listens, TakenAddr which address was taken. Any other listen
+// error (a bad address, a host that is not local) is returned.
 func NewHealthServer(addr string, m *Metrics, ops ...*Operator) (*HealthServer, error) {
 	ln, err := net.Listen("tcp", addr)
+	taken := ""
+	if errors.Is(err, syscall.EADDRINUSE) {
+		host, _, serr := net.SplitHostPort(addr)
+		if serr != nil {
+			return nil, fmt.Errorf("pipeline: health listener %s: %w", addr, err)
+		}
+		taken = addr
+		if ln, err = net.Listen("tcp", net.JoinHostPort(host, "0")); err != nil {
+			return nil, fmt.Errorf("pipeline: health listener: %s is taken and no free port on %q: %w", addr, host, err)
+		}
+	}
 	if err != nil {
 		return nil, fmt.Errorf("pipeline: health listener %s: %w", addr, err)
 	}
-	h := &HealthServer{ops: ops, metrics: m, ln: ln}
+	h := &HealthServer{ops: ops, metrics: m, ln: ln, taken: taken}
 	mux := http.NewServeMux()
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
 		w.WriteHeader(http.StatusOK)
@@ -130,6 +147,10 @@ func NewHealthServer(addr string, m *Metrics, ops ...*Operator) (*HealthServer, 
 
 // Addr is the address the server listens on.
 func (h *HealthServer) Addr() string { return h.ln.Addr().String() }
+
+// TakenAddr is the requested address when its port was taken and the
+// server listens on another port of the same host (Addr); "" otherwise.
+func (h *HealthServer) TakenAddr() string { return h.taken }
 
 // SetOperators replaces the operators whose readiness /readyz reports (an
 // operator rebuilt after a fatal error replaces the failed one).
@@ -151,6 +172,9 @@ func (h *HealthServer) isReady() (bool, string) {
 	defer h.mu.Unlock()
 	if h.draining {
 		return false, "draining"
+	}
+	if len(h.ops) == 0 {
+		return false, "starting: no operator yet"
 	}
 	for _, o := range h.ops {
 		select {

@@ -89,6 +89,9 @@ func cmdTopics(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	fs := newFlags("topics create", stderr)
 	cf := addClientFlags(fs)
 	path := fs.String("contract", "", "learning contract (default: the built-in demo contract)")
+	rf := fs.Int("replication-factor", 0, "replicas per partition (0: the contract's topics.replication when written, else 3 on 3 or more brokers, 1 on one)")
+	minISR := fs.Int("min-insync-replicas", 0, "topic min.insync.replicas (0: 2 with 3 or more replicas, else 1)")
+	unsafe := fs.Bool("allow-unsafe-replication", false, "accept replication that cannot survive the loss of one broker")
 	pos, err := parseFlags(fs, args)
 	if err != nil {
 		return err
@@ -109,11 +112,22 @@ func cmdTopics(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		return err
 	}
 	specs := operators.TopicSpecs(c, topics)
+	brokers, err := kafka.ListBrokers(ctx, cc, cc.Brokers)
+	if err != nil {
+		return err
+	}
+	repl, why, err := kafka.PlanReplication(operators.ReplicationRequest(c, len(brokers), *rf, *minISR, *unsafe))
+	if err != nil {
+		return fmt.Errorf("topics create: %w", err)
+	}
+	fmt.Fprintf(stdout, "replication: %s\n", why)
+	repl.Apply(specs)
 	if err := kafka.CreateTopics(ctx, cc, cc.Brokers, specs); err != nil {
 		return err
 	}
 	for _, s := range specs {
-		fmt.Fprintf(stdout, "%-40s partitions=%d max.message.bytes=%d compacted=%v\n", s.Name, s.Partitions, s.MaxMessageBytes, s.Compacted)
+		fmt.Fprintf(stdout, "%-40s partitions=%d replication=%d min.insync.replicas=%d max.message.bytes=%d compacted=%v\n",
+			s.Name, s.Partitions, s.ReplicationFactor, s.MinInsyncReplicas, s.MaxMessageBytes, s.Compacted)
 	}
 	return nil
 }
@@ -236,6 +250,9 @@ func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	hs, err := pipeline.NewHealthServer(*of.health, env.cfg.Metrics)
 	if err != nil {
 		return err
+	}
+	if taken := hs.TakenAddr(); taken != "" {
+		env.cfg.Logger.Warn("health address taken; serving on a free port", "taken", taken, "addr", hs.Addr())
 	}
 	hctx, stopHealth := context.WithCancel(context.Background())
 	defer stopHealth()

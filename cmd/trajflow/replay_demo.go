@@ -9,7 +9,6 @@ import (
 	"path/filepath"
 	"time"
 
-	kafkago "github.com/segmentio/kafka-go"
 
 	"github.com/trajflow/trajflow/connectors/parquet"
 	"github.com/trajflow/trajflow/operators"
@@ -116,13 +115,7 @@ func topicEnds(ctx context.Context, brokers []string, specs []struct {
 		out[spec.name] = map[int]int64{}
 		for p := range spec.parts {
 			cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-			conn, err := kafkago.DialLeader(cctx, "tcp", brokers[0], spec.name, p)
-			if err != nil {
-				cancel()
-				return nil, fmt.Errorf("snapshot: end offset of %s/%d: %w", spec.name, p, err)
-			}
-			end, err := conn.ReadLastOffset()
-			conn.Close()
+			end, err := pipeline.EndOffset(cctx, &pipeline.Config{Brokers: brokers}, spec.name, p)
 			cancel()
 			if err != nil {
 				return nil, fmt.Errorf("snapshot: end offset of %s/%d: %w", spec.name, p, err)

@@ -4,9 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"net"
 	"slices"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	kafkago "github.com/segmentio/kafka-go"
@@ -26,6 +29,11 @@ type TopicSpec struct {
 	// ReplicationFactor is the replica count; 0 means the broker default
 	// (default.replication.factor; 1 on the embedded broker).
 	ReplicationFactor int
+	// MinInsyncReplicas is the topic's min.insync.replicas: the replicas
+	// that must hold a record before an acks=all write succeeds. 0 leaves
+	// the broker default (min.insync.replicas, 1 unless configured);
+	// otherwise it must not exceed a set ReplicationFactor.
+	MinInsyncReplicas int
 	// RetentionMs is the topic's retention.ms; 0 leaves the broker
 	// default, -1 keeps records forever.
 	RetentionMs int64
@@ -53,6 +61,13 @@ func (s TopicSpec) normalized() (TopicSpec, error) {
 	}
 	if s.ReplicationFactor < 0 || s.ReplicationFactor > 32767 {
 		return s, fmt.Errorf("topic %q: bad replication factor %d", s.Name, s.ReplicationFactor)
+	}
+	switch {
+	case s.MinInsyncReplicas < 0:
+		return s, fmt.Errorf("topic %q: negative min.insync.replicas %d", s.Name, s.MinInsyncReplicas)
+	case s.ReplicationFactor > 0 && s.MinInsyncReplicas > s.ReplicationFactor:
+		return s, fmt.Errorf("topic %q: min.insync.replicas %d exceeds the replication factor %d: no acks=all write could succeed",
+			s.Name, s.MinInsyncReplicas, s.ReplicationFactor)
 	}
 	if s.RetentionMs < -1 {
 		return s, fmt.Errorf("topic %q: bad retention.ms %d", s.Name, s.RetentionMs)
@@ -96,6 +111,9 @@ func (s TopicSpec) configEntries() []kafkago.ConfigEntry {
 		{ConfigName: "cleanup.policy", ConfigValue: s.cleanupPolicy()},
 		{ConfigName: "max.message.bytes", ConfigValue: strconv.Itoa(s.MaxMessageBytes)},
 	}
+	if s.MinInsyncReplicas > 0 {
+		ce = append(ce, kafkago.ConfigEntry{ConfigName: "min.insync.replicas", ConfigValue: strconv.Itoa(s.MinInsyncReplicas)})
+	}
 	switch {
 	case s.RetentionMs != 0:
 		ce = append(ce, kafkago.ConfigEntry{ConfigName: "retention.ms", ConfigValue: strconv.FormatInt(s.RetentionMs, 10)})
@@ -111,8 +129,8 @@ func (s TopicSpec) configEntries() []kafkago.ConfigEntry {
 // differs from the declared spec; nil means compatible. Rules: the partition
 // count must be equal (keys map to partitions by count, so group_id
 // co-location depends on it); the replication factor must be equal when the
-// spec sets one; compaction must agree; retention.ms must be equal when the
-// spec sets it; max.message.bytes may be larger than declared but not
+// spec sets one, and so must min.insync.replicas; compaction must agree;
+// retention.ms must be equal when the spec sets it; max.message.bytes may be larger than declared but not
 // smaller. The spec's zero fields take their defaults first.
 func (s TopicSpec) Compatible(existing TopicSpec) []string {
 	want, err := s.normalized()
@@ -125,6 +143,9 @@ func (s TopicSpec) Compatible(existing TopicSpec) []string {
 	}
 	if want.ReplicationFactor > 0 && existing.ReplicationFactor != want.ReplicationFactor {
 		diffs = append(diffs, fmt.Sprintf("replication factor: have %d, want %d", existing.ReplicationFactor, want.ReplicationFactor))
+	}
+	if want.MinInsyncReplicas > 0 && existing.MinInsyncReplicas != want.MinInsyncReplicas {
+		diffs = append(diffs, fmt.Sprintf("min.insync.replicas: have %d, want %d", existing.MinInsyncReplicas, want.MinInsyncReplicas))
 	}
 	if existing.Compacted != want.Compacted {
 		diffs = append(diffs, fmt.Sprintf("compacted: have %t, want %t", existing.Compacted, want.Compacted))
@@ -152,28 +173,105 @@ func (e *TopicMismatchError) Error() string {
 // Unwrap returns ErrTopicMismatch.
 func (e *TopicMismatchError) Unwrap() error { return ErrTopicMismatch }
 
-// adminClient builds a kafka-go client for brokers (dial.Brokers when empty).
-func adminClient(dial ClientConfig, brokers []string) (*kafkago.Client, *kafkago.Transport, error) {
+// adminClient builds a kafka-go client for brokers (dial.Brokers when
+// empty) bootstrapped from the first of them that answers (DialFirst): a
+// kafka-go client given every address would try them in random order
+// within one shared dial timeout, so a single broker that accepts
+// connections without serving could fail the call.
+func adminClient(ctx context.Context, dial ClientConfig, brokers []string) (*kafkago.Client, *kafkago.Transport, error) {
 	if len(brokers) == 0 {
 		brokers = dial.Brokers
 	}
 	if len(brokers) == 0 {
 		return nil, nil, fmt.Errorf("%w: no broker addresses", ErrInvalidConfig)
 	}
+	d, err := dial.Dialer()
+	if err != nil {
+		return nil, nil, err
+	}
+	conn, addr, err := DialFirst(ctx, d, brokers)
+	if err != nil {
+		return nil, nil, err
+	}
+	conn.Close()
 	tr, err := dial.Transport()
 	if err != nil {
 		return nil, nil, err
 	}
-	return &kafkago.Client{Addr: kafkago.TCP(brokers...), Transport: tr}, tr, nil
+	return &kafkago.Client{Addr: kafkago.TCP(addr), Transport: tr}, tr, nil
+}
+
+// AdminRetryTimeout bounds how long an admin call (CreateTopics,
+// ListTopics, GroupGaps, ListBrokers) retries after the cluster answered
+// but a broker the call was routed to did not.
+const AdminRetryTimeout = 30 * time.Second
+
+// withAdminClient runs fn with a fresh client (adminClient), again with a
+// new one (fresh metadata) while fn fails with a retriable error, with
+// backoff, for at most AdminRetryTimeout and within ctx. The bootstrap
+// broker answered, so such an error comes from the broker kafka-go routed
+// a request to (the controller named by metadata — in KRaft a random live
+// broker —, a group coordinator, a partition leader) having just died or
+// moved. Errors of the bootstrap itself (no broker answers, TLS or SASL
+// refused) are returned at once.
+func withAdminClient(ctx context.Context, dial ClientConfig, brokers []string, fn func(*kafkago.Client) error) error {
+	start := time.Now()
+	backoff := 100 * time.Millisecond
+	for attempt := 1; ; attempt++ {
+		client, tr, err := adminClient(ctx, dial, brokers)
+		if err != nil {
+			return err
+		}
+		err = fn(client)
+		tr.CloseIdleConnections()
+		if err == nil || ctx.Err() != nil || !retriable(err) {
+			return err
+		}
+		if time.Since(start)+backoff > AdminRetryTimeout {
+			return fmt.Errorf("after %d attempts in %s: %w", attempt, time.Since(start).Round(time.Millisecond), err)
+		}
+		t := time.NewTimer(backoff)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return fmt.Errorf("%w (last: %w)", ctx.Err(), err)
+		case <-t.C:
+		}
+		backoff = min(2*backoff, 2*time.Second)
+	}
+}
+
+// retriable reports whether err is a connection failure or a Kafka error
+// marked retriable (leader or coordinator moving, not the controller, ...).
+func retriable(err error) bool {
+	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		return false
+	}
+	var ke kafkago.Error
+	if errors.As(err, &ke) {
+		return ke.Temporary()
+	}
+	return connectionError(err)
+}
+
+// connectionError reports whether err is a failed or broken connection.
+func connectionError(err error) bool {
+	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		return false
+	}
+	var ne net.Error
+	return errors.As(err, &ne) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
+		errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE)
 }
 
 // CreateTopics creates the topics of specs, with the configs the specs
-// declare (cleanup.policy and max.message.bytes always, retention.ms when
-// set), through brokers (dial.Brokers when brokers is empty). It is
-// idempotent: a topic that already exists is accepted when
-// spec.Compatible(existing) is empty and otherwise reported as a
-// *TopicMismatchError (wrapping ErrTopicMismatch); existing topics are never
-// altered. Before returning, it waits (bounded by ctx) until every topic of
+// declare (cleanup.policy and max.message.bytes always, retention.ms and
+// min.insync.replicas when set), through the first of brokers that answers
+// (dial.Brokers when brokers is empty; see DialFirst). It is idempotent: a
+// topic that already exists is accepted when spec.Compatible(existing) is
+// empty and otherwise reported as a *TopicMismatchError (wrapping
+// ErrTopicMismatch); existing topics are never altered, so a call that
+// failed on a broker that died is retried whole (see AdminRetryTimeout). Before returning, it waits (bounded by ctx) until every topic of
 // specs is visible in metadata with a leader for every partition, so a
 // writer may produce at once. All problems are joined into the returned
 // error.
@@ -194,12 +292,17 @@ func CreateTopics(ctx context.Context, dial ClientConfig, brokers []string, spec
 		seen[n.Name] = true
 		norm[i] = n
 	}
-	client, tr, err := adminClient(dial, brokers)
-	if err != nil {
+	if err := withAdminClient(ctx, dial, brokers, func(client *kafkago.Client) error {
+		return createTopicsWith(ctx, client, norm)
+	}); err != nil {
 		return fmt.Errorf("create topics: %w", err)
 	}
-	defer tr.CloseIdleConnections()
+	return nil
+}
 
+// createTopicsWith creates the normalized specs through client (see
+// CreateTopics).
+func createTopicsWith(ctx context.Context, client *kafkago.Client, norm []TopicSpec) error {
 	req := &kafkago.CreateTopicsRequest{}
 	for _, s := range norm {
 		rf := s.ReplicationFactor
@@ -215,7 +318,7 @@ func CreateTopics(ctx context.Context, dial ClientConfig, brokers []string, spec
 	}
 	resp, err := client.CreateTopics(ctx, req)
 	if err != nil {
-		return fmt.Errorf("create topics: %w", err)
+		return err
 	}
 	var errs []error
 	var existing []string
@@ -240,7 +343,7 @@ func CreateTopics(ctx context.Context, dial ClientConfig, brokers []string, spec
 	}
 	have, err := waitTopics(ctx, client, names)
 	if err != nil {
-		return fmt.Errorf("create topics: %w", err)
+		return err
 	}
 	for _, s := range norm {
 		if !slices.Contains(existing, s.Name) {
@@ -254,13 +357,18 @@ func CreateTopics(ctx context.Context, dial ClientConfig, brokers []string, spec
 }
 
 // waitTopics polls until all names have metadata with a leader on every
-// partition, then describes them.
+// partition, then describes them. A broken connection is returned at once:
+// the client's cached metadata may keep routing to a dead broker, and the
+// caller retries with a fresh client.
 func waitTopics(ctx context.Context, client *kafkago.Client, names []string) (map[string]TopicSpec, error) {
 	backoff := 20 * time.Millisecond
 	for {
 		specs, err := describeTopics(ctx, client, names)
 		if err == nil {
 			return specs, nil
+		}
+		if connectionError(err) {
+			return nil, err
 		}
 		t := time.NewTimer(backoff)
 		select {
@@ -275,16 +383,24 @@ func waitTopics(ctx context.Context, client *kafkago.Client, names []string) (ma
 
 // ListTopics returns every non-internal topic, sorted by name, as a
 // TopicSpec holding the actual partition count, replication factor (replicas
-// of partition 0), retention.ms, max.message.bytes and compaction.
+// of partition 0), min.insync.replicas, retention.ms, max.message.bytes and
+// compaction.
 func ListTopics(ctx context.Context, dial ClientConfig, brokers []string) ([]TopicSpec, error) {
-	client, tr, err := adminClient(dial, brokers)
+	var out []TopicSpec
+	err := withAdminClient(ctx, dial, brokers, func(client *kafkago.Client) (err error) {
+		out, err = listTopics(ctx, client)
+		return err
+	})
 	if err != nil {
 		return nil, fmt.Errorf("list topics: %w", err)
 	}
-	defer tr.CloseIdleConnections()
+	return out, nil
+}
+
+func listTopics(ctx context.Context, client *kafkago.Client) ([]TopicSpec, error) {
 	md, err := client.Metadata(ctx, &kafkago.MetadataRequest{})
 	if err != nil {
-		return nil, fmt.Errorf("list topics: metadata: %w", err)
+		return nil, fmt.Errorf("metadata: %w", err)
 	}
 	var names []string
 	for _, t := range md.Topics {
@@ -297,7 +413,7 @@ func ListTopics(ctx context.Context, dial ClientConfig, brokers []string) ([]Top
 	}
 	specs, err := describeTopics(ctx, client, names)
 	if err != nil {
-		return nil, fmt.Errorf("list topics: %w", err)
+		return nil, err
 	}
 	out := make([]TopicSpec, 0, len(specs))
 	for _, s := range specs {
@@ -307,7 +423,7 @@ func ListTopics(ctx context.Context, dial ClientConfig, brokers []string) ([]Top
 	return out, nil
 }
 
-var describedConfigs = []string{"cleanup.policy", "retention.ms", "max.message.bytes"}
+var describedConfigs = []string{"cleanup.policy", "retention.ms", "max.message.bytes", "min.insync.replicas"}
 
 // describeTopics reads metadata and configs of names; an error if any topic
 // is missing, has a partition without a leader, or its configs cannot be
@@ -376,6 +492,10 @@ func describeTopics(ctx context.Context, client *kafkago.Client, names []string)
 			case "max.message.bytes":
 				if s.MaxMessageBytes, err = strconv.Atoi(e.ConfigValue); err != nil {
 					return nil, fmt.Errorf("topic %q: max.message.bytes %q: %w", r.ResourceName, e.ConfigValue, err)
+				}
+			case "min.insync.replicas":
+				if s.MinInsyncReplicas, err = strconv.Atoi(e.ConfigValue); err != nil {
+					return nil, fmt.Errorf("topic %q: min.insync.replicas %q: %w", r.ResourceName, e.ConfigValue, err)
 				}
 			}
 		}

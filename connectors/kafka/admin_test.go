@@ -2,8 +2,14 @@ package kafka
 
 import (
 	"bytes"
+	"context"
 	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -30,9 +36,9 @@ func TestCreateTopicsIdempotentAndMismatch(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := []TopicSpec{
-		{Name: "census", Partitions: 2, ReplicationFactor: 1, RetentionMs: 3600_000, MaxMessageBytes: 1 << 20},
-		{Name: "policy", Partitions: 1, ReplicationFactor: 1, RetentionMs: -1, MaxMessageBytes: DefaultMaxMessageBytes, Compacted: true},
-		{Name: "tasks", Partitions: 4, ReplicationFactor: 1, RetentionMs: 7 * 24 * 3600_000, MaxMessageBytes: DefaultMaxMessageBytes},
+		{Name: "census", Partitions: 2, ReplicationFactor: 1, MinInsyncReplicas: 1, RetentionMs: 3600_000, MaxMessageBytes: 1 << 20},
+		{Name: "policy", Partitions: 1, ReplicationFactor: 1, MinInsyncReplicas: 1, RetentionMs: -1, MaxMessageBytes: DefaultMaxMessageBytes, Compacted: true},
+		{Name: "tasks", Partitions: 4, ReplicationFactor: 1, MinInsyncReplicas: 1, RetentionMs: 7 * 24 * 3600_000, MaxMessageBytes: DefaultMaxMessageBytes},
 	}
 	if len(got) != len(want) {
 		t.Fatalf("ListTopics = %+v, want %+v", got, want)
@@ -203,6 +209,31 @@ func TestWriterBatchBytes(t *testing.T) {
 	} {
 		if got := WriterBatchBytes(tc.in); got != tc.want {
 			t.Errorf("WriterBatchBytes(%d) = %d, want %d", tc.in, got, tc.want)
+		}
+	}
+}
+
+func TestRetriable(t *testing.T) {
+	refused := &net.OpError{Op: "dial", Net: "tcp", Err: os.NewSyscallError("connect", syscall.ECONNREFUSED)}
+	for _, tc := range []struct {
+		err  error
+		want bool
+	}{
+		{refused, true},
+		{fmt.Errorf("create topics: %w", refused), true},
+		{io.ErrUnexpectedEOF, true},
+		{kafkago.LeaderNotAvailable, true},
+		{kafkago.NotController, true},
+		{errors.Join(errors.New("x"), fmt.Errorf("topic %q: %w", "t", kafkago.NotController)), true},
+		{kafkago.GroupIdNotFound, false},
+		{kafkago.InvalidReplicationFactor, false},
+		{kafkago.SASLAuthenticationFailed, false},
+		{&TopicMismatchError{Topic: "t"}, false},
+		{context.Canceled, false},
+		{fmt.Errorf("wait: %w", context.DeadlineExceeded), false},
+	} {
+		if got := retriable(tc.err); got != tc.want {
+			t.Errorf("retriable(%v) = %v, want %v", tc.err, got, tc.want)
 		}
 	}
 }

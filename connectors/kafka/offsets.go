@@ -30,17 +30,24 @@ func (g OffsetGap) Lost() int64 { return g.LogStart - g.Committed }
 // records deleted by retention would otherwise vanish unnoticed. Partitions
 // the group never committed are not reported.
 func GroupGaps(ctx context.Context, dial ClientConfig, brokers []string, group, topic string) ([]OffsetGap, error) {
-	client, tr, err := adminClient(dial, brokers)
+	var gaps []OffsetGap
+	err := withAdminClient(ctx, dial, brokers, func(client *kafkago.Client) (err error) {
+		gaps, err = groupGaps(ctx, client, group, topic)
+		return err
+	})
 	if err != nil {
 		return nil, fmt.Errorf("group gaps: %w", err)
 	}
-	defer tr.CloseIdleConnections()
+	return gaps, nil
+}
+
+func groupGaps(ctx context.Context, client *kafkago.Client, group, topic string) ([]OffsetGap, error) {
 	md, err := client.Metadata(ctx, &kafkago.MetadataRequest{Topics: []string{topic}})
 	if err != nil {
-		return nil, fmt.Errorf("group gaps: metadata of %q: %w", topic, err)
+		return nil, fmt.Errorf("metadata of %q: %w", topic, err)
 	}
 	if len(md.Topics) != 1 || md.Topics[0].Error != nil {
-		return nil, fmt.Errorf("group gaps: topic %q not found: %v", topic, md.Topics)
+		return nil, fmt.Errorf("topic %q not found: %v", topic, md.Topics)
 	}
 	parts := make([]int, 0, len(md.Topics[0].Partitions))
 	reqs := make([]kafkago.OffsetRequest, 0, len(parts))
@@ -50,30 +57,30 @@ func GroupGaps(ctx context.Context, dial ClientConfig, brokers []string, group, 
 	}
 	of, err := client.OffsetFetch(ctx, &kafkago.OffsetFetchRequest{GroupID: group, Topics: map[string][]int{topic: parts}})
 	if err != nil {
-		return nil, fmt.Errorf("group gaps: committed offsets of %q on %q: %w", group, topic, err)
+		return nil, fmt.Errorf("committed offsets of %q on %q: %w", group, topic, err)
 	}
 	if of.Error != nil {
-		return nil, fmt.Errorf("group gaps: committed offsets of %q on %q: %w", group, topic, of.Error)
+		return nil, fmt.Errorf("committed offsets of %q on %q: %w", group, topic, of.Error)
 	}
 	lo, err := client.ListOffsets(ctx, &kafkago.ListOffsetsRequest{Topics: map[string][]kafkago.OffsetRequest{topic: reqs}})
 	if err != nil {
-		return nil, fmt.Errorf("group gaps: log start offsets of %q: %w", topic, err)
+		return nil, fmt.Errorf("log start offsets of %q: %w", topic, err)
 	}
 	start := make(map[int]int64, len(parts))
 	for _, po := range lo.Topics[topic] {
 		if po.Error != nil {
-			return nil, fmt.Errorf("group gaps: log start of %s/%d: %w", topic, po.Partition, po.Error)
+			return nil, fmt.Errorf("log start of %s/%d: %w", topic, po.Partition, po.Error)
 		}
 		start[po.Partition] = po.FirstOffset
 	}
 	var gaps []OffsetGap
 	for _, p := range of.Topics[topic] {
 		if p.Error != nil {
-			return nil, fmt.Errorf("group gaps: committed offset of %s/%d: %w", topic, p.Partition, p.Error)
+			return nil, fmt.Errorf("committed offset of %s/%d: %w", topic, p.Partition, p.Error)
 		}
 		ls, ok := start[p.Partition]
 		if !ok {
-			return nil, fmt.Errorf("group gaps: no log start for %s/%d", topic, p.Partition)
+			return nil, fmt.Errorf("no log start for %s/%d", topic, p.Partition)
 		}
 		if p.CommittedOffset >= 0 && p.CommittedOffset < ls {
 			gaps = append(gaps, OffsetGap{Partition: p.Partition, Committed: p.CommittedOffset, LogStart: ls})

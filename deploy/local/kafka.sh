@@ -17,15 +17,20 @@
 # Everything lives under $KAFKA_HOME (default build/kafka, ignored by git):
 # libs/ (jars), data/ (log dir), tls/ (keystore and ca.pem), client/ (the
 # generated password, mode 0600), server.properties, server.log, kafka.pid.
-# Needs java (17+) and mvn.
+# Needs java (17+) and mvn. The three-node cluster is deploy/local/cluster.sh;
+# both share deploy/local/lib.sh.
 set -euo pipefail
 
-ROOT="$(cd "$(dirname "$0")/../.." && pwd)"
+LOG_NAME=kafka.sh
+# shellcheck source=deploy/local/lib.sh
+. "$(dirname "$0")/lib.sh"
+
+ROOT="$LIB_ROOT"
 HOME_DIR="${KAFKA_HOME:-$ROOT/build/kafka}"
 PORT="${KAFKA_PORT:-19092}"
 SASL_PORT="${KAFKA_SASL_PORT:-19093}"
 CTRL_PORT="${KAFKA_CONTROLLER_PORT:-19094}"
-HOST=127.0.0.1
+HOST=$LOCAL_HOST
 LIBS="$HOME_DIR/libs"
 DATA="$HOME_DIR/data"
 TLS="$HOME_DIR/tls"
@@ -34,19 +39,6 @@ PIDFILE="$HOME_DIR/kafka.pid"
 PROPS="$HOME_DIR/server.properties"
 LOG="$HOME_DIR/server.log"
 USER_NAME=trajflow
-
-log() { echo "kafka.sh: $*" >&2; }
-
-fetch() {
-  if [ -f "$LIBS/.complete" ]; then return; fi
-  command -v mvn >/dev/null || { log "mvn not found (apt-get install maven)"; exit 1; }
-  log "fetching the Kafka broker from Maven Central into $LIBS"
-  rm -rf "$LIBS"
-  mvn -q -B -f "$ROOT/deploy/local/pom.xml" dependency:copy-dependencies \
-    -Dstyle.color=never -DincludeScope=runtime -DoutputDirectory="$LIBS"
-  ls "$LIBS"/kafka_2.13-*.jar >/dev/null
-  touch "$LIBS/.complete"
-}
 
 rand() { head -c 18 /dev/urandom | base64 | tr -dc 'A-Za-z0-9' | head -c 24; }
 
@@ -109,74 +101,39 @@ listener.name.sasl_ssl.plain.sasl.jaas.config=org.apache.kafka.common.security.p
 listener.name.sasl_ssl.scram-sha-256.sasl.jaas.config=org.apache.kafka.common.security.scram.ScramLoginModule required;
 listener.name.sasl_ssl.scram-sha-512.sasl.jaas.config=org.apache.kafka.common.security.scram.ScramLoginModule required;
 EOF
-  cat > "$HOME_DIR/log4j2.properties" <<EOF
-status = error
-appender.file.type = File
-appender.file.name = file
-appender.file.fileName = $LOG
-appender.file.layout.type = PatternLayout
-appender.file.layout.pattern = [%d] %p %m (%c)%n
-rootLogger.level = info
-rootLogger.appenderRef.file.ref = file
-logger.kafka.name = kafka
-logger.kafka.level = info
-logger.org.name = org.apache.kafka
-logger.org.level = info
-EOF
+  write_log4j "$HOME_DIR/log4j2.properties" "$LOG"
 }
 
-JAVA_ARGS=(-Xms256m -Xmx512m -XX:+UseG1GC -Djava.awt.headless=true
-  -Djava.io.tmpdir="$HOME_DIR/tmp" -DZstdTempFolder="$HOME_DIR/tmp"
-  -Dorg.xerial.snappy.tempdir="$HOME_DIR/tmp"
-  -Dlog4j2.configurationFile="$HOME_DIR/log4j2.properties"
-  -cp "$LIBS/*")
-
-java_cmd() {
-  mkdir -p "$HOME_DIR/tmp"
-  java "${JAVA_ARGS[@]}" "$@"
-}
+java_args "$HOME_DIR" "$LIBS" 256m 512m
 
 format() {
   if [ -f "$DATA/meta.properties" ]; then return; fi
   local pw id
   pw="$(cat "$CLIENT/password")"
   mkdir -p "$DATA"
-  id="$(java_cmd kafka.tools.StorageTool random-uuid | tail -n1)"
+  id="$(kafka_uuid "$HOME_DIR")"
   log "formatting $DATA (cluster $id)"
-  java_cmd kafka.tools.StorageTool format -t "$id" -c "$PROPS" \
+  kafka_format "$HOME_DIR" "$PROPS" "$id" \
     -S "SCRAM-SHA-256=[name=$USER_NAME,password=$pw]" \
-    -S "SCRAM-SHA-512=[name=$USER_NAME,password=$pw]" >/dev/null
+    -S "SCRAM-SHA-512=[name=$USER_NAME,password=$pw]"
 }
 
-running() { [ -f "$PIDFILE" ] && kill -0 "$(cat "$PIDFILE")" 2>/dev/null; }
-
-# probe sends an ApiVersions v0 request on the PLAINTEXT port and checks the
-# answer (correlation id 1, error code 0): the broker answers only once it
-# serves requests.
-probe() {
-  local out
-  out="$( (exec 3<>"/dev/tcp/$HOST/$PORT" || exit 1
-    printf '\x00\x00\x00\x0f\x00\x12\x00\x00\x00\x00\x00\x01\x00\x05probe' >&3
-    timeout 2 head -c 10 <&3 | od -An -tx1 | tr -d ' \n') 2>/dev/null)" || return 1
-  [ "${out:8:12}" = "000000010000" ]
-}
+running() { pid_alive "$PIDFILE"; }
 
 up() {
-  if running && probe; then log "already running (pid $(cat "$PIDFILE"))"; return; fi
-  command -v java >/dev/null || { log "java not found (apt-get install openjdk-17-jre-headless)"; exit 1; }
+  if running && probe "$HOST" "$PORT"; then log "already running (pid $(cat "$PIDFILE"))"; return; fi
+  need_java
   mkdir -p "$HOME_DIR"
-  fetch
+  fetch_jars "$LIBS"
   secrets
   write_config
   format
   if ! running; then
     log "starting broker on $HOST:$PORT (SASL_SSL $HOST:$SASL_PORT)"
-    mkdir -p "$HOME_DIR/tmp"
-    nohup java "${JAVA_ARGS[@]}" kafka.Kafka "$PROPS" >"$HOME_DIR/stdout.log" 2>&1 </dev/null &
-    echo $! > "$PIDFILE"
+    start_java "$HOME_DIR" "$PIDFILE" kafka.Kafka "$PROPS"
   fi
   for _ in $(seq 1 120); do
-    if probe; then log "ready"; return; fi
+    if probe "$HOST" "$PORT"; then log "ready"; return; fi
     if ! running; then log "broker exited; see $LOG and $HOME_DIR/stdout.log"; tail -n 30 "$HOME_DIR/stdout.log" >&2 || true; exit 1; fi
     sleep 0.5
   done
@@ -184,19 +141,7 @@ up() {
   exit 1
 }
 
-down() {
-  if ! running; then rm -f "$PIDFILE"; log "not running"; return; fi
-  local pid
-  pid="$(cat "$PIDFILE")"
-  kill -TERM "$pid" 2>/dev/null || true
-  for _ in $(seq 1 60); do
-    kill -0 "$pid" 2>/dev/null || { rm -f "$PIDFILE"; log "stopped"; return; }
-    sleep 0.5
-  done
-  log "still running after 30s: SIGKILL"
-  kill -KILL "$pid" 2>/dev/null || true
-  rm -f "$PIDFILE"
-}
+down() { stop_pid "$PIDFILE" broker; }
 
 env_vars() {
   echo "TRAJFLOW_KAFKA=$HOST:$PORT"
@@ -207,7 +152,7 @@ env_vars() {
 case "${1:-}" in
   up) up ;;
   down) down ;;
-  status) if running && probe; then echo "running (pid $(cat "$PIDFILE")) on $HOST:$PORT"; else echo "not running"; exit 1; fi ;;
+  status) if running && probe "$HOST" "$PORT"; then echo "running (pid $(cat "$PIDFILE")) on $HOST:$PORT"; else echo "not running"; exit 1; fi ;;
   clean) down; rm -rf "$DATA" "$TLS" "$CLIENT" "$HOME_DIR/tmp" "$PROPS" "$LOG" ;;
   env) env_vars ;;
   *) echo "usage: $0 up|down|status|clean|env" >&2; exit 2 ;;

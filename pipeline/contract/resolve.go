@@ -114,6 +114,11 @@ func (c *Contract) Clone() *Contract {
 	return &out
 }
 
+// Written reports whether the parsed document wrote the key path (for
+// example "topics.replication"), as opposed to it holding a default. A
+// contract from Default writes nothing.
+func (c *Contract) Written(path string) bool { return c.set[path] }
+
 // validator collects field errors.
 type validator struct{ errs []error }
 

@@ -1,0 +1,148 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/trajflow/trajflow/connectors/kafka"
+)
+
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+func startBroker(t *testing.T) string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	b, err := kafka.StartBroker(ctx, kafka.BrokerConfig{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = b.Close() })
+	return b.Addr()
+}
+
+// topics create on one broker chooses replication 1 and min.insync.replicas
+// 1 and says so; a factor the cluster cannot hold is refused.
+func TestTopicsCreateReplication(t *testing.T) {
+	addr := startBroker(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	var out, errb bytes.Buffer
+	if code := run(ctx, []string{"topics", "create", "--brokers", addr}, &out, &errb); code != 0 {
+		t.Fatalf("topics create: exit %d: %s", code, errb.String())
+	}
+	if !strings.Contains(out.String(), "replication: replication factor 1 (default on 1 broker), min.insync.replicas 1") ||
+		!strings.Contains(out.String(), "replication=1 min.insync.replicas=1") {
+		t.Fatalf("topics create did not print the chosen replication:\n%s", out.String())
+	}
+	topics, err := kafka.ListTopics(ctx, kafka.ClientConfig{}, []string{addr})
+	if err != nil || len(topics) == 0 {
+		t.Fatalf("ListTopics: %v, %v", topics, err)
+	}
+	for _, s := range topics {
+		if s.ReplicationFactor != 1 || s.MinInsyncReplicas != 1 {
+			t.Errorf("%s: replication %d, min.insync.replicas %d", s.Name, s.ReplicationFactor, s.MinInsyncReplicas)
+		}
+	}
+	out.Reset()
+	errb.Reset()
+	code := run(ctx, []string{"topics", "create", "--brokers", addr, "--replication-factor", "3", "--allow-unsafe-replication"}, &out, &errb)
+	if code != 1 || !strings.Contains(errb.String(), "replication factor 3 (--replication-factor) exceeds the 1 live broker") {
+		t.Fatalf("replication 3 on one broker: exit %d: %s", code, errb.String())
+	}
+}
+
+// An operator whose health port is taken keeps running on another port of
+// the same host, warns naming the taken address and prints where it serves.
+func TestRunHealthPortTaken(t *testing.T) {
+	addr := startBroker(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	var discard bytes.Buffer
+	if code := run(ctx, []string{"topics", "create", "--brokers", addr}, &discard, &discard); code != 0 {
+		t.Fatalf("topics create: exit %d: %s", code, discard.String())
+	}
+	hold, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer hold.Close()
+	taken := hold.Addr().String()
+
+	pr, pw := io.Pipe()
+	var stderr lockedBuffer
+	rctx, stop := context.WithCancel(ctx)
+	done := make(chan int, 1)
+	go func() {
+		defer pw.Close()
+		done <- run(rctx, []string{"run", "validate", "--brokers", addr, "--health", taken, "--state", t.TempDir(), "--log-level", "warn"}, pw, &stderr)
+	}()
+	defer func() {
+		stop()
+		go io.Copy(io.Discard, pr)
+		select {
+		case code := <-done:
+			if code != 0 {
+				t.Errorf("run validate: exit %d: %s", code, stderr.String())
+			}
+		case <-time.After(30 * time.Second):
+			t.Error("run validate did not stop")
+		}
+	}()
+	line, err := bufio.NewReader(pr).ReadString('\n')
+	if err != nil {
+		t.Fatalf("no health line: %v; stderr: %s", err, stderr.String())
+	}
+	i := strings.Index(line, "health on http://")
+	if i < 0 {
+		t.Fatalf("line %q has no health address", line)
+	}
+	used := strings.TrimSpace(line[i+len("health on http://"):])
+	if used == taken || !strings.HasPrefix(used, "127.0.0.1:") {
+		t.Fatalf("serving on %s, want another port of 127.0.0.1 than the taken %s", used, taken)
+	}
+	if !strings.Contains(stderr.String(), "health address taken") || !strings.Contains(stderr.String(), "taken="+taken) {
+		t.Fatalf("no warning naming %s: %s", taken, stderr.String())
+	}
+	// The operator runs: it becomes ready on the port it chose.
+	cl := http.Client{Timeout: 5 * time.Second}
+	for deadline := time.Now().Add(30 * time.Second); ; {
+		resp, err := cl.Get("http://" + used + "/readyz")
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode == http.StatusOK {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("/readyz on %s = %d %q after 30s; stderr: %s", used, resp.StatusCode, body, stderr.String())
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}

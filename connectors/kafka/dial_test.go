@@ -1,0 +1,130 @@
+package kafka
+
+import (
+	"errors"
+	"net"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	kafkago "github.com/segmentio/kafka-go"
+)
+
+// closedAddr is a 127.0.0.1 address nothing listens on.
+func closedAddr(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	return addr
+}
+
+// silentAddr accepts connections and never answers, like a broker stopped
+// with SIGSTOP.
+func silentAddr(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	var conns []net.Conn
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			conns = append(conns, c)
+			mu.Unlock()
+		}
+	}()
+	t.Cleanup(func() {
+		ln.Close()
+		<-done
+		mu.Lock()
+		for _, c := range conns {
+			c.Close()
+		}
+		mu.Unlock()
+	})
+	return ln.Addr().String()
+}
+
+func TestDialFirstSkipsUnreachable(t *testing.T) {
+	b := startTestBroker(t, BrokerConfig{})
+	closed, silent := closedAddr(t), silentAddr(t)
+	d := &kafkago.Dialer{Timeout: 500 * time.Millisecond}
+	ctx := testCtx(t, 10*time.Second)
+
+	start := time.Now()
+	conn, addr, err := DialFirst(ctx, d, []string{closed, silent, b.Addr()})
+	if err != nil {
+		t.Fatalf("DialFirst: %v", err)
+	}
+	took := time.Since(start)
+	defer conn.Close()
+	if addr != b.Addr() {
+		t.Fatalf("reached %s, want the broker %s", addr, b.Addr())
+	}
+	// The silent address costs its bound, not the whole context.
+	if took > 5*time.Second {
+		t.Fatalf("DialFirst took %s with a 500ms bound per address", took)
+	}
+	// The connection works and has no deadline left from the probe.
+	time.Sleep(600 * time.Millisecond)
+	if _, err := conn.ApiVersions(); err != nil {
+		t.Fatalf("ApiVersions on the returned connection: %v", err)
+	}
+
+	_, _, err = DialFirst(ctx, d, []string{closed, silent})
+	if err == nil {
+		t.Fatal("no broker reachable, want an error")
+	}
+	for _, a := range []string{closed, silent} {
+		if !strings.Contains(err.Error(), a) {
+			t.Errorf("error does not name %s: %v", a, err)
+		}
+	}
+	t.Logf("all unreachable: %v", err)
+
+	if _, _, err := DialFirst(ctx, d, nil); !errors.Is(err, ErrInvalidConfig) {
+		t.Fatalf("no addresses: %v, want ErrInvalidConfig", err)
+	}
+}
+
+// The admin paths bootstrap from any listed broker: the first address
+// being down does not fail them.
+func TestAdminFirstBrokerDown(t *testing.T) {
+	b := startTestBroker(t, BrokerConfig{})
+	brokers := []string{closedAddr(t), b.Addr()}
+	cc := ClientConfig{Brokers: brokers, DialTimeout: 2 * time.Second}
+	ctx := testCtx(t, 20*time.Second)
+	if err := CreateTopics(ctx, cc, nil, []TopicSpec{{Name: "first-down", Partitions: 2}}); err != nil {
+		t.Fatalf("CreateTopics with the first broker down: %v", err)
+	}
+	topics, err := ListTopics(ctx, cc, nil)
+	if err != nil || len(topics) != 1 || topics[0].Name != "first-down" || topics[0].Partitions != 2 {
+		t.Fatalf("ListTopics = %+v, %v", topics, err)
+	}
+	// The broker's own answer (no such group) shows GroupGaps reached it.
+	if _, err := GroupGaps(ctx, cc, nil, "g", "first-down"); !errors.Is(err, kafkago.GroupIdNotFound) {
+		t.Fatalf("GroupGaps with the first broker down: %v, want the broker's GROUP_ID_NOT_FOUND", err)
+	}
+	bs, err := ListBrokers(ctx, cc, nil)
+	if err != nil || len(bs) != 1 || bs[0].Addr != b.Addr() {
+		t.Fatalf("ListBrokers = %+v, %v", bs, err)
+	}
+	cc.Brokers = brokers[:1]
+	err = CreateTopics(ctx, cc, nil, []TopicSpec{{Name: "never"}})
+	if err == nil || !strings.Contains(err.Error(), brokers[0]) {
+		t.Fatalf("only a closed address: %v, want an error naming %s", err, brokers[0])
+	}
+}
