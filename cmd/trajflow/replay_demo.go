@@ -9,7 +9,6 @@ import (
 	"path/filepath"
 	"time"
 
-
 	"github.com/trajflow/trajflow/connectors/parquet"
 	"github.com/trajflow/trajflow/operators"
 	"github.com/trajflow/trajflow/pipeline"
