@@ -27,7 +27,12 @@ const (
 	maxSchemaDepth  = 32
 )
 
-// ipcMessage is one framed message: flatbuffer metadata and body.
+// ipcMessage is one framed message: flatbuffer metadata and body, each
+// with its capacity capped at its length. Arrow's reader slices a buffer
+// of the body by the offset and length in the metadata, and Go slicing
+// reaches up to the capacity: an uncapped body would let a buffer that
+// lies past the body read the bytes after it (the next message, or
+// whatever follows the stream in the caller's memory).
 type ipcMessage struct {
 	typ  byte
 	meta []byte
@@ -51,7 +56,7 @@ func readFrame(b []byte, pos int) (m ipcMessage, next int, eos bool, err error) 
 	if metaLen < 8 || metaLen > int64(len(b)-pos) {
 		return m, 0, false, fmt.Errorf("message metadata of %d bytes at byte %d, %d left", metaLen, pos, len(b)-pos)
 	}
-	m.meta = b[pos : pos+int(metaLen)]
+	m.meta = b[pos : pos+int(metaLen) : pos+int(metaLen)]
 	pos += int(metaLen)
 	root, err := fbRoot(m.meta)
 	if err != nil {
@@ -66,7 +71,7 @@ func readFrame(b []byte, pos int) (m ipcMessage, next int, eos bool, err error) 
 	if bodyLen < 0 || bodyLen > int64(len(b)-pos) {
 		return m, 0, false, fmt.Errorf("message body of %d bytes at byte %d, %d left", bodyLen, pos, len(b)-pos)
 	}
-	m.body = b[pos : pos+int(bodyLen)]
+	m.body = b[pos : pos+int(bodyLen) : pos+int(bodyLen)]
 	pos += int(bodyLen)
 	header, ok, err := root.table(2)
 	if err == nil && !ok {
@@ -346,7 +351,7 @@ func aligned8(b []byte) []byte {
 	if len(b) == 0 || uintptr(unsafe.Pointer(unsafe.SliceData(b)))%8 == 0 {
 		return b
 	}
-	c := unsafeBytes(make([]uint64, (len(b)+7)/8))[:len(b)]
+	c := unsafeBytes(make([]uint64, (len(b)+7)/8))[:len(b):len(b)]
 	copy(c, b)
 	return c
 }
@@ -360,7 +365,7 @@ func newMessageList(ms ...ipcMessage) *messageList {
 		body := aligned8(m.body)
 		meta := m.meta
 		if uintptr(unsafe.Pointer(unsafe.SliceData(meta)))%8 != 0 {
-			meta = append([]byte(nil), meta...)
+			meta = append(make([]byte, 0, len(meta)), meta...)
 		}
 		l.msgs = append(l.msgs, ipc.NewMessage(memory.NewBufferBytes(meta), memory.NewBufferBytes(body)))
 	}
