@@ -40,9 +40,20 @@ type ipcMessage struct {
 }
 
 // readFrame reads the message starting at b[pos:]. It returns eos=true for
-// the end-of-stream marker.
+// the end-of-stream marker: the continuation marker and a zero length (what
+// the encoder and Arrow's writer write), or the legacy 4-byte zero length
+// of streams written before Arrow 0.15, which Arrow's readers still accept.
+// Bytes that end at a message boundary without either marker are a
+// truncated stream, not an end: a writer cut off between two record
+// batches leaves exactly that.
 func readFrame(b []byte, pos int) (m ipcMessage, next int, eos bool, err error) {
+	if len(b)-pos >= 4 && binary.LittleEndian.Uint32(b[pos:]) == 0 {
+		return m, pos + 4, true, nil
+	}
 	if len(b)-pos < 8 {
+		if len(b) == pos {
+			return m, 0, false, fmt.Errorf("stream truncated at byte %d: no end-of-stream marker", pos)
+		}
 		return m, 0, false, fmt.Errorf("stream truncated at byte %d (message header)", pos)
 	}
 	if binary.LittleEndian.Uint32(b[pos:]) != ipcContinuation {
@@ -108,6 +119,35 @@ func splitStream(b []byte) (schema, batch ipcMessage, err error) {
 	}
 	batch, err = batchAndEnd(b, pos)
 	return schema, batch, err
+}
+
+// splitBatches checks that b is exactly: schema message, any number of
+// record batches, end-of-stream marker.
+func splitBatches(b []byte) (schema ipcMessage, batches []ipcMessage, err error) {
+	schema, pos, eos, err := readFrame(b, 0)
+	if err != nil {
+		return schema, nil, err
+	}
+	if eos || schema.typ != msgSchema {
+		return schema, nil, fmt.Errorf("stream does not start with a schema message")
+	}
+	for {
+		m, next, eos, err := readFrame(b, pos)
+		if err != nil {
+			return schema, nil, err
+		}
+		if eos {
+			if next != len(b) {
+				return schema, nil, fmt.Errorf("%d bytes after the end-of-stream marker", len(b)-next)
+			}
+			return schema, batches, nil
+		}
+		if m.typ != msgRecordBatch {
+			return schema, nil, fmt.Errorf("message at byte %d is not a record batch", pos)
+		}
+		batches = append(batches, m)
+		pos = next
+	}
 }
 
 // batchAndEnd checks that b[pos:] is exactly one record batch and the
