@@ -58,9 +58,10 @@ type Contract struct {
 	// lambda 0.95, zero_variance keep, min_group_size = sampler.group_size
 	// (full groups only), bootstrap_truncations empty. Rules: name grpo,
 	// rloo or gae; std_mode sample or population; epsilon >= 0; gamma and
-	// lambda in [0, 1]; zero_variance keep or drop; 1 <= min_group_size <=
-	// sampler.group_size, and >= 2 for rloo; bootstrap_truncations distinct
-	// and non-empty.
+	// lambda in [0, 1]; zero_variance keep or drop, and not drop with
+	// sampler.group_size 1 (a single return has zero variance: every group
+	// would be dropped); 1 <= min_group_size <= sampler.group_size, and >= 2
+	// for rloo; bootstrap_truncations distinct and non-empty.
 	Estimator advantage.Options `yaml:"estimator"`
 	Loss      Loss              `yaml:"loss"`
 	// Packing declares sequence packing and the lag-aware admission window
@@ -159,7 +160,7 @@ type Sampler struct {
 	// Default empty.
 	StopTokenIDs []int32 `yaml:"stop_token_ids"`
 	// GroupSize is G, trajectories per group; >= 1, >= 2 for grpo and
-	// rloo; default 8.
+	// rloo and with estimator.zero_variance drop; default 8.
 	GroupSize     int   `yaml:"group_size"`
 	ToolTimeoutMS int64 `yaml:"tool_timeout_ms"` // > 0; default 5000
 	// ToolRetries is how often an infrastructure failure of a tool call is

@@ -354,6 +354,8 @@ func TestValidationErrors(t *testing.T) {
 		{"group size one for grpo", []any{"sampler.group_size", 1, "estimator.min_group_size", 1}, "sampler.group_size: must be >= 2 for estimator grpo"},
 		{"group size one for rloo", []any{"estimator.name", "rloo", "sampler.group_size", 1, "estimator.min_group_size", 1}, "sampler.group_size: must be >= 2 for estimator rloo"},
 		{"rloo min group one", []any{"estimator.name", "rloo", "estimator.min_group_size", 1}, "estimator.min_group_size: must be >= 2 for estimator rloo"},
+		{"gae single member groups dropped", []any{"estimator.name", "gae", "sampler.group_size", 1, "estimator.min_group_size", 1, "estimator.zero_variance", "drop"},
+			"estimator.zero_variance: drop filters every group when sampler.group_size is 1 (a single return has zero variance, so nothing would train); use keep, or sampler.group_size >= 2"},
 		{"tool timeout zero", []any{"sampler.tool_timeout_ms", 0}, "sampler.tool_timeout_ms: must be >= 1"},
 		{"tool retries negative", []any{"sampler.tool_retries", -1}, "sampler.tool_retries: must be >= 0"},
 		{"estimator unknown", []any{"estimator.name", "ppo"}, `estimator.name: must be one of grpo, rloo, gae, got "ppo"`},
@@ -450,7 +452,11 @@ func TestValidationAccepts(t *testing.T) {
 		{"kl in reward", []any{"loss.kl_placement", "reward",
 			"rewards[1]", map[string]any{"name": "kl", "version": "k3/1", "weight": 0.05, "transform": "negate", "scope": "span"}}},
 		{"kl in loss", []any{"loss.kl_placement", "loss", "loss.kl_coef", 0.05}},
-		{"gae with single member groups", []any{"estimator.name", "gae", "sampler.group_size", 1, "estimator.min_group_size", 1}},
+		{"gae with single member groups", []any{"estimator.name", "gae", "sampler.group_size", 1, "estimator.min_group_size", 1, "estimator.zero_variance", "keep"}},
+		// A partial group of one member is filtered as zero variance, the
+		// groups of two or more still train.
+		{"drop with single member partial groups", []any{"estimator.zero_variance", "drop", "estimator.min_group_size", 1}},
+		{"gae dropping with pairs", []any{"estimator.name", "gae", "sampler.group_size", 2, "estimator.min_group_size", 1, "estimator.zero_variance", "drop"}},
 		{"on-policy only", []any{"packing.max_lag", 0, "packing.stale_policy", "mask_stale"}},
 		{"unlimited retention", []any{"topics.retention_ms", -1}},
 		{"clip transform", []any{"rewards[0].transform", "clip", "rewards[0].clip_min", -1, "rewards[0].clip_max", 1}},
