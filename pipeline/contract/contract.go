@@ -171,7 +171,10 @@ type Sampler struct {
 // Loss declares the policy objective (pipeline §13) and the optimizer
 // (pipeline §14). Defaults of the objective: clip_low 0.2, clip_high 0.2,
 // normalization token-mean, kl_placement none, kl_estimator k3, kl_coef 0,
-// entropy_coef 0, max_log_ratio 0 (off).
+// entropy_coef 0, max_log_ratio objective.DefaultMaxLogRatio (20: ratios
+// within [e^-20, e^20]; a sane run never reaches it, on policy the ratio
+// is exactly 1; 0 turns the clamp off, and a ratio that then overflows
+// refuses the batch).
 //
 // Rules: clip_low in [0, 1); clip_high >= 0; kl_coef > 0 when kl_placement
 // is loss and 0 otherwise (with placement reward the coefficient is the
@@ -383,6 +386,7 @@ func knobDefaults() *Contract {
 				Normalization: objective.TokenMean,
 				KLPlacement:   objective.KLNone,
 				KLEstimator:   objective.K3,
+				MaxLogRatio:   objective.DefaultMaxLogRatio,
 			},
 			Optimizer: Optimizer{
 				LR:          1e-3,
