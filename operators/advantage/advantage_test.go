@@ -255,6 +255,43 @@ func TestZeroVarianceWithinRounding(t *testing.T) {
 	}
 }
 
+// ScoreGroup names the group once, whichever layer found the problem: a
+// caller must not add "group g: " again.
+func TestScoreGroupErrorMessages(t *testing.T) {
+	member := func(id string, k int32) schemas.Rewarded {
+		r := traj(id, 1)
+		r.GroupSize, r.Member = 2, k
+		r.Rewards = []schemas.RewardComponent{comp("success", schemas.ScopeTrajectory, -1, 1)}
+		r.Rewards[0].TrajectoryID = id
+		return *r
+	}
+	grpo := advantage.Options{Estimator: advantage.GRPO, NormalizeStd: true, StdMode: advantage.StdSample,
+		Epsilon: 1e-6, Gamma: 1, ZeroVariance: advantage.ZeroVarKeep, MinGroupSize: 1}
+	gae := grpo
+	gae.Estimator, gae.Lambda = advantage.GAE, 0.95
+	for _, tc := range []struct {
+		name    string
+		opts    advantage.Options
+		members func() []schemas.Rewarded
+		want    string
+	}{
+		{"unavailable reward", grpo, func() []schemas.Rewarded {
+			a, b := member("a", 0), member("b", 1)
+			b.Rewards[0].Name, b.Rewards[0].Error = "judge", "judge timed out"
+			return []schemas.Rewarded{a, b}
+		}, "group g: advantage: reward component unavailable: trajectory b: component judge (version 1): judge timed out"},
+		{"no critic", gae, func() []schemas.Rewarded { return []schemas.Rewarded{member("a", 0), member("b", 1)} },
+			"group g: advantage: value prediction missing: trajectory a turn 0 has value NaN (GAE needs a critic)"},
+		{"member twice", grpo, func() []schemas.Rewarded { return []schemas.Rewarded{member("a", 0), member("b", 0)} },
+			"advantage: invalid input: group g: member 0 appears twice (a, b)"},
+	} {
+		_, err := advantage.ScoreGroup(tc.opts, tc.members())
+		if err == nil || err.Error() != tc.want {
+			t.Errorf("%s:\n got  %v\n want %s", tc.name, err, tc.want)
+		}
+	}
+}
+
 func TestOptionsValidate(t *testing.T) {
 	good := advantage.Options{Estimator: advantage.GRPO, NormalizeStd: true, StdMode: advantage.StdSample, Epsilon: 1e-6,
 		Gamma: 1, Lambda: 0.95, ZeroVariance: advantage.ZeroVarKeep, MinGroupSize: 2, BootstrapReasons: []string{"max_turns"}}

@@ -201,7 +201,7 @@ func (w *Window) Add(s schemas.Scored) (Result, error) {
 		if !errors.Is(err, ErrOptions) {
 			w.seen.Put(id, fp)
 		}
-		return Result{Ready: w.Ready()}, fmt.Errorf("pack window: %w", err)
+		return Result{Ready: w.Ready()}, err // it names the record and the package
 	}
 	key := w.seen.Put(id, fp)
 	w.decided[s.GroupID] = struct{}{}

@@ -310,6 +310,25 @@ func TestLoadMissingFile(t *testing.T) {
 	}
 }
 
+// Load names the file once and "contract" once: a syntax error's text
+// already starts with the package's name.
+func TestLoadErrorMessages(t *testing.T) {
+	syntax := filepath.Join(dir, "invalid_syntax.yaml")
+	unknown := filepath.Join(dir, "invalid_unknown_key.yaml")
+	for _, tc := range []struct {
+		path, want string
+	}{
+		{syntax, syntax + `: contract: invalid YAML: yaml: line 2: did not find expected ',' or '}'`},
+		{unknown, "contract " + unknown + ": sampler.temprature: unknown key (known: temperature, top_p, top_k, min_p, " +
+			"max_tokens_per_action, max_tokens_per_episode, max_turns, stop_token_ids, group_size, tool_timeout_ms, tool_retries) (line 4)"},
+	} {
+		_, err := Load(tc.path)
+		if err == nil || err.Error() != tc.want {
+			t.Errorf("Load(%s):\n got  %v\n want %s", tc.path, err, tc.want)
+		}
+	}
+}
+
 // Every rule: a single change to a valid contract makes Resolve fail with an
 // error naming the field path.
 func TestValidationErrors(t *testing.T) {
