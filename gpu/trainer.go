@@ -246,10 +246,11 @@ func (t *Trainer) Step(batch schemas.PackedBatch, opts objective.Options, adam A
 
 // DefaultObjective is the demo's loss: token-mean clipped surrogate with
 // asymmetric clip [0.8, 1.28], no KL term, entropy bonus 0.05 (it keeps the
-// tiny policy from collapsing before it finds the tool-using behavior).
+// tiny policy from collapsing before it finds the tool-using behavior),
+// log ratios clamped to ±objective.DefaultMaxLogRatio.
 func DefaultObjective() objective.Options {
 	return objective.Options{
 		ClipLow: 0.2, ClipHigh: 0.28, Normalization: objective.TokenMean,
-		KLPlacement: objective.KLNone, EntropyCoef: 0.05,
+		KLPlacement: objective.KLNone, EntropyCoef: 0.05, MaxLogRatio: objective.DefaultMaxLogRatio,
 	}
 }

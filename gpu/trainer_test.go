@@ -272,6 +272,48 @@ func TestStepErrors(t *testing.T) {
 	}
 }
 
+// TestStepHugeLogRatio: stored old log-probs of -1000 with negative
+// advantages give finite log ratios of about 1000 whose exp overflows.
+// Without a clamp the step is refused by the objective (ErrNonFinite, an
+// objective.ErrInput: untrainable) before any parameter changes; with the
+// default clamp it trains with a finite loss, the tokens counted as
+// clamped.
+func TestStepHugeLogRatio(t *testing.T) {
+	cfg := smallLoop()
+	h := newHarness(t, cfg)
+	b := batchFor(t, h, 0)
+	b.Rows = slices.Clone(b.Rows)
+	r := b.Rows[0]
+	r.OldLogprobs, r.Advantages = slices.Clone(r.OldLogprobs), slices.Clone(r.Advantages)
+	clamped := int64(0)
+	for i, m := range r.ActionMask {
+		if m == 1 {
+			r.OldLogprobs[i], r.Advantages[i] = -1000, -1
+			clamped++
+		}
+	}
+	b.Rows[0] = r
+	before := h.tr.Model().Params
+	off := cfg.Objective
+	off.MaxLogRatio = 0
+	if _, err := h.tr.Step(b, off, cfg.Adam); !errors.Is(err, objective.ErrNonFinite) || !errors.Is(err, objective.ErrInput) {
+		t.Fatalf("no clamp: err %v, want objective.ErrNonFinite", err)
+	}
+	if h.tr.Version() != 0 || !slices.Equal(before, h.tr.Model().Params) {
+		t.Fatal("a refused step changed the trainer")
+	}
+	if DefaultObjective().MaxLogRatio != objective.DefaultMaxLogRatio {
+		t.Fatalf("DefaultObjective clamps at %v, want %v", DefaultObjective().MaxLogRatio, objective.DefaultMaxLogRatio)
+	}
+	met, err := h.tr.Step(b, DefaultObjective(), cfg.Adam)
+	if err != nil {
+		t.Fatalf("default clamp: %v", err)
+	}
+	if math.IsInf(met.Loss, 0) || math.IsNaN(met.Loss) || met.LogRatioClamped < clamped || met.RatioMax != math.Exp(objective.DefaultMaxLogRatio) {
+		t.Fatalf("default clamp: loss %v, %d clamped (want >= %d), ratio max %v", met.Loss, met.LogRatioClamped, clamped, met.RatioMax)
+	}
+}
+
 // TestReleaseAndLoad: a release is complete on disk, hashed, atomically
 // named, loadable with verification; tampering is detected.
 func TestReleaseAndLoad(t *testing.T) {

@@ -312,6 +312,75 @@ func readStream(mem memory.Allocator, kind Kind, b []byte, use func(arrow.Record
 	return use(rec)
 }
 
+// ReadStream reads an Arrow IPC stream held in b that may carry any number
+// of record batches (a file written by Arrow's stream writer, as the
+// offline tools read and write): one schema message, the record batches,
+// and the end-of-stream marker. A stream that stops without the marker is
+// an error wrapping ErrDecode even when it stops exactly between two
+// record batches, so a stream cut short is never read as a shorter one.
+// use is called with each record batch in order; the record is released
+// when use returns (Retain it to keep it). Framing is checked as for
+// Decode: no dictionary or compressed batches, every length bounded by the
+// bytes present. The kind is not checked (DecodeStream does).
+func ReadStream(mem memory.Allocator, b []byte, use func(arrow.RecordBatch) error) error {
+	return readBatches(mem, "", b, nil, use)
+}
+
+// DecodeStream reads the rows of every record batch of a stream read by
+// ReadStream, in order. The schema metadata must name the codec's kind and
+// version (*VersionError otherwise); as with FromRecord, columns are found
+// by name and extra columns are ignored. A stream of a schema and no
+// record batch holds no rows.
+func (c *Codec[T]) DecodeStream(mem memory.Allocator, b []byte) ([]T, error) {
+	var rows []T
+	err := readBatches(mem, c.kind, b, func(s *arrow.Schema) error { return checkKind(c.kind, s) },
+		func(rec arrow.RecordBatch) error {
+			got, err := c.readRecord(rec, false)
+			rows = append(rows, got...)
+			return err
+		})
+	if err != nil {
+		return nil, err
+	}
+	return rows, nil
+}
+
+// readBatches checks the framing of a stream of any number of record
+// batches, calls schema (when not nil) with its schema and use with each
+// record batch.
+func readBatches(mem memory.Allocator, kind Kind, b []byte, schema func(*arrow.Schema) error, use func(arrow.RecordBatch) error) error {
+	prefix := ""
+	if kind != "" {
+		prefix = string(kind) + ": "
+	}
+	schemaMsg, batchMsgs, err := splitBatches(b)
+	if err != nil {
+		return fmt.Errorf("%w: %s%w", ErrDecode, prefix, err)
+	}
+	msgs := newMessageList(append([]ipcMessage{schemaMsg}, batchMsgs...)...)
+	defer msgs.release()
+	r, err := newIPCReader(msgs, orDefault(mem))
+	if err != nil {
+		return fmt.Errorf("%w: %sschema: %v", ErrDecode, prefix, err)
+	}
+	defer r.Release()
+	if schema != nil {
+		if err := schema(r.Schema()); err != nil {
+			return err
+		}
+	}
+	for i := range batchMsgs {
+		rec, err := nextRecord(r)
+		if err != nil {
+			return fmt.Errorf("%w: %srecord batch %d: %v", ErrDecode, prefix, i, err)
+		}
+		if err := use(rec); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // newIPCReader and nextRecord call into the Arrow reader. It converts its
 // own panics on malformed metadata into errors; the recover here is a last
 // resort for any it misses and never replaces the checks above.

@@ -332,3 +332,64 @@ func TestHugeMetadataCounts(t *testing.T) {
 		})
 	}
 }
+
+// A buffer that lies past the end of its message body is an error even
+// when the input is a window of a larger buffer (a fetch buffer holding
+// several messages): the bytes after the stream are not part of it and
+// must never be read as column values.
+func TestBufferPastTheBody(t *testing.T) {
+	mem := newMem(t)
+	good, err := TaskAttempts.Encode(mem, sampleTaskAttempts())
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, pos, _, err := readFrame(good, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	batch, _, _, err := readFrame(good, pos)
+	if err != nil {
+		t.Fatal(err)
+	}
+	root, err := fbRoot(batch.meta)
+	if err != nil {
+		t.Fatal(err)
+	}
+	header, _, err := root.table(2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	bufs, err := header.vector(2, 16)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The last non-empty buffer, moved to start at the end of the body.
+	metaAt := pos + 8 // the batch's metadata in good
+	last := -1
+	for k := range bufs.n {
+		if binary.LittleEndian.Uint64(batch.meta[bufs.start+16*k+8:]) > 0 {
+			last = k
+		}
+	}
+	if last < 0 {
+		t.Fatal("no non-empty buffer")
+	}
+	const spare = 1 << 12
+	window := make([]byte, len(good), len(good)+spare)
+	copy(window, good)
+	binary.LittleEndian.PutUint64(window[metaAt+bufs.start+16*last:], uint64(len(batch.body)))
+	for i := len(window); i < cap(window); i++ {
+		window[:cap(window)][i] = 0x5a
+	}
+	check := func(name string, err error) {
+		if !errors.Is(err, ErrDecode) {
+			t.Errorf("%s: got %v, want ErrDecode", name, err)
+		}
+	}
+	_, err = TaskAttempts.Decode(mem, window)
+	check("Decode", err)
+	check("Arrow's reader", readStream(mem, KindTaskAttempt, window, func(rec arrow.RecordBatch) error {
+		_, err := TaskAttempts.readRecord(rec, false)
+		return err
+	}))
+}

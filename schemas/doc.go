@@ -20,5 +20,9 @@
 // decoder returns an error wrapping ErrDecode for input it cannot read and
 // a *VersionError for a message of another kind or an unknown version;
 // PeekKind reads the kind of a stream from its schema message alone.
+// Files of several record batches (what the offline tools read and write)
+// are read with Codec.DecodeStream or ReadStream; every stream, one batch
+// or many, must end with the end-of-stream marker, so a stream cut between
+// two record batches is an error, never a shorter stream.
 // Describe prints all schemas.
 package schemas

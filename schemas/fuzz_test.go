@@ -1,11 +1,14 @@
 package schemas
 
 import (
+	"bytes"
 	"errors"
+	"io"
 	"reflect"
 	"testing"
 
 	"github.com/apache/arrow-go/v18/arrow"
+	"github.com/apache/arrow-go/v18/arrow/ipc"
 	"github.com/apache/arrow-go/v18/arrow/memory"
 )
 
@@ -186,6 +189,67 @@ func FuzzDecodeCensus(f *testing.F) {
 		}
 		if e2, err := DecodeCensus(again); err != nil || e2 != e {
 			t.Fatalf("re-encoding changed the event: %+v %v", e2, err)
+		}
+	})
+}
+
+// DecodeStream accepts only streams Arrow's own reader reads to the same
+// rows, and refuses every stream that lacks the end-of-stream marker
+// (which Arrow's reader accepts when it stops between two messages).
+func FuzzDecodeStream(f *testing.F) {
+	var recs []arrow.RecordBatch
+	for _, g := range [][]Trajectory{sampleTrajectories()[:1], sampleTrajectories()[1:]} {
+		rec, err := Trajectories.ToRecord(memory.NewGoAllocator(), g)
+		if err != nil {
+			f.Fatal(err)
+		}
+		defer rec.Release()
+		recs = append(recs, rec)
+	}
+	var buf bytes.Buffer
+	w := ipc.NewWriter(&buf, ipc.WithSchema(Trajectories.Schema()))
+	for _, r := range recs {
+		if err := w.Write(r); err != nil {
+			f.Fatal(err)
+		}
+	}
+	if err := w.Close(); err != nil {
+		f.Fatal(err)
+	}
+	one, err := Trajectories.Encode(memory.NewGoAllocator(), sampleTrajectories())
+	if err != nil {
+		f.Fatal(err)
+	}
+	addSeeds(f, buf.Bytes(), one)
+	f.Fuzz(func(t *testing.T, data []byte) {
+		mem := memory.NewCheckedAllocator(memory.NewGoAllocator())
+		defer mem.AssertSize(t, 0)
+		rows, err := Trajectories.DecodeStream(mem, data)
+		if err != nil {
+			checkDecodeError(t, err)
+			return
+		}
+		if !bytes.HasSuffix(data, ipcEOS) && !bytes.HasSuffix(data, []byte{0, 0, 0, 0}) {
+			t.Fatalf("decoded %d rows of a stream without an end-of-stream marker", len(rows))
+		}
+		r, err := ipc.NewReader(bytes.NewReader(data), ipc.WithAllocator(mem))
+		if err != nil {
+			t.Fatalf("decoded, but Arrow's reader refuses the stream: %v", err)
+		}
+		defer r.Release()
+		var viaArrow []Trajectory
+		for r.Next() {
+			got, err := Trajectories.FromRecord(r.RecordBatch())
+			if err != nil {
+				t.Fatalf("decoded, but the rows of Arrow's reader do not: %v", err)
+			}
+			viaArrow = append(viaArrow, got...)
+		}
+		if err := r.Err(); err != nil && !errors.Is(err, io.EOF) {
+			t.Fatalf("decoded, but Arrow's reader fails: %v", err)
+		}
+		if len(rows) != len(viaArrow) || (len(rows) > 0 && !same(reflect.ValueOf(rows), reflect.ValueOf(viaArrow))) {
+			t.Fatalf("DecodeStream and Arrow's reader disagree on the rows")
 		}
 	})
 }

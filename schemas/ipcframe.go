@@ -27,7 +27,12 @@ const (
 	maxSchemaDepth  = 32
 )
 
-// ipcMessage is one framed message: flatbuffer metadata and body.
+// ipcMessage is one framed message: flatbuffer metadata and body, each
+// with its capacity capped at its length. Arrow's reader slices a buffer
+// of the body by the offset and length in the metadata, and Go slicing
+// reaches up to the capacity: an uncapped body would let a buffer that
+// lies past the body read the bytes after it (the next message, or
+// whatever follows the stream in the caller's memory).
 type ipcMessage struct {
 	typ  byte
 	meta []byte
@@ -35,9 +40,20 @@ type ipcMessage struct {
 }
 
 // readFrame reads the message starting at b[pos:]. It returns eos=true for
-// the end-of-stream marker.
+// the end-of-stream marker: the continuation marker and a zero length (what
+// the encoder and Arrow's writer write), or the legacy 4-byte zero length
+// of streams written before Arrow 0.15, which Arrow's readers still accept.
+// Bytes that end at a message boundary without either marker are a
+// truncated stream, not an end: a writer cut off between two record
+// batches leaves exactly that.
 func readFrame(b []byte, pos int) (m ipcMessage, next int, eos bool, err error) {
+	if len(b)-pos >= 4 && binary.LittleEndian.Uint32(b[pos:]) == 0 {
+		return m, pos + 4, true, nil
+	}
 	if len(b)-pos < 8 {
+		if len(b) == pos {
+			return m, 0, false, fmt.Errorf("stream truncated at byte %d: no end-of-stream marker", pos)
+		}
 		return m, 0, false, fmt.Errorf("stream truncated at byte %d (message header)", pos)
 	}
 	if binary.LittleEndian.Uint32(b[pos:]) != ipcContinuation {
@@ -51,7 +67,7 @@ func readFrame(b []byte, pos int) (m ipcMessage, next int, eos bool, err error) 
 	if metaLen < 8 || metaLen > int64(len(b)-pos) {
 		return m, 0, false, fmt.Errorf("message metadata of %d bytes at byte %d, %d left", metaLen, pos, len(b)-pos)
 	}
-	m.meta = b[pos : pos+int(metaLen)]
+	m.meta = b[pos : pos+int(metaLen) : pos+int(metaLen)]
 	pos += int(metaLen)
 	root, err := fbRoot(m.meta)
 	if err != nil {
@@ -66,7 +82,7 @@ func readFrame(b []byte, pos int) (m ipcMessage, next int, eos bool, err error) 
 	if bodyLen < 0 || bodyLen > int64(len(b)-pos) {
 		return m, 0, false, fmt.Errorf("message body of %d bytes at byte %d, %d left", bodyLen, pos, len(b)-pos)
 	}
-	m.body = b[pos : pos+int(bodyLen)]
+	m.body = b[pos : pos+int(bodyLen) : pos+int(bodyLen)]
 	pos += int(bodyLen)
 	header, ok, err := root.table(2)
 	if err == nil && !ok {
@@ -103,6 +119,35 @@ func splitStream(b []byte) (schema, batch ipcMessage, err error) {
 	}
 	batch, err = batchAndEnd(b, pos)
 	return schema, batch, err
+}
+
+// splitBatches checks that b is exactly: schema message, any number of
+// record batches, end-of-stream marker.
+func splitBatches(b []byte) (schema ipcMessage, batches []ipcMessage, err error) {
+	schema, pos, eos, err := readFrame(b, 0)
+	if err != nil {
+		return schema, nil, err
+	}
+	if eos || schema.typ != msgSchema {
+		return schema, nil, fmt.Errorf("stream does not start with a schema message")
+	}
+	for {
+		m, next, eos, err := readFrame(b, pos)
+		if err != nil {
+			return schema, nil, err
+		}
+		if eos {
+			if next != len(b) {
+				return schema, nil, fmt.Errorf("%d bytes after the end-of-stream marker", len(b)-next)
+			}
+			return schema, batches, nil
+		}
+		if m.typ != msgRecordBatch {
+			return schema, nil, fmt.Errorf("message at byte %d is not a record batch", pos)
+		}
+		batches = append(batches, m)
+		pos = next
+	}
 }
 
 // batchAndEnd checks that b[pos:] is exactly one record batch and the
@@ -346,7 +391,7 @@ func aligned8(b []byte) []byte {
 	if len(b) == 0 || uintptr(unsafe.Pointer(unsafe.SliceData(b)))%8 == 0 {
 		return b
 	}
-	c := unsafeBytes(make([]uint64, (len(b)+7)/8))[:len(b)]
+	c := unsafeBytes(make([]uint64, (len(b)+7)/8))[:len(b):len(b)]
 	copy(c, b)
 	return c
 }
@@ -360,7 +405,7 @@ func newMessageList(ms ...ipcMessage) *messageList {
 		body := aligned8(m.body)
 		meta := m.meta
 		if uintptr(unsafe.Pointer(unsafe.SliceData(meta)))%8 != 0 {
-			meta = append([]byte(nil), meta...)
+			meta = append(make([]byte, 0, len(meta)), meta...)
 		}
 		l.msgs = append(l.msgs, ipc.NewMessage(memory.NewBufferBytes(meta), memory.NewBufferBytes(body)))
 	}

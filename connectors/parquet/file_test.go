@@ -57,6 +57,14 @@ func testBatch() schemas.PackedBatch {
 	}
 }
 
+// cutStream drops the end-of-stream marker of message i's value: the
+// stream then ends exactly at a record-batch boundary.
+func cutStream(msgs []Message, i int) []Message {
+	v := msgs[i].Value
+	msgs[i].Value = v[: len(v)-8 : len(v)-8]
+	return msgs
+}
+
 func TestWriteReadRoundTrip(t *testing.T) {
 	mem := memory.NewCheckedAllocator(memory.NewGoAllocator())
 	defer mem.AssertSize(t, 0)
@@ -77,6 +85,7 @@ func TestWriteReadRoundTrip(t *testing.T) {
 		{"trajectories", "trajectories", trajMessages(t, 6, 10)},
 		{"undecodable data-plane messages stay", "trajectories", append(trajMessages(t, 2, 0),
 			Message{Offset: 2, Value: []byte("not arrow")}, Message{Offset: 3})},
+		{"a stream cut before its end-of-stream marker stays whole", "trajectories", cutStream(trajMessages(t, 3, 0), 1)},
 		{"batches", "batches", []Message{{Offset: 0, Key: []byte("b"), Value: batch}}},
 		{"census", "census", []Message{{Offset: 7, Key: []byte("x"), Value: census}, {Offset: 8, Value: []byte("{bad json")}}},
 		{"quarantine keeps binary values", "quarantine", []Message{{Offset: 0, Value: []byte{0, 1, 2, 255, 0}, Headers: []pipeline.Header{

@@ -2,7 +2,6 @@ package parquet
 
 import (
 	"bufio"
-	"bytes"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
@@ -14,7 +13,6 @@ import (
 
 	"github.com/apache/arrow-go/v18/arrow"
 	"github.com/apache/arrow-go/v18/arrow/array"
-	"github.com/apache/arrow-go/v18/arrow/ipc"
 	"github.com/apache/arrow-go/v18/arrow/memory"
 	"github.com/apache/arrow-go/v18/parquet"
 	"github.com/apache/arrow-go/v18/parquet/compress"
@@ -228,26 +226,24 @@ func parseHeaders(s string) ([]pipeline.Header, error) {
 }
 
 // readIPC reads the single-kind record batches of one message value; it
-// returns nil (and no error) when the value is not a stream of c's kind.
+// returns nil (and no error) when the value is not a whole stream of c's
+// kind. A stream without its end-of-stream marker is not whole, even when
+// it stops between two record batches: its rows would re-encode to other
+// bytes than the message's, so it is kept raw like any undecodable value.
 func readIPC(mem memory.Allocator, c dataCodec, value []byte) ([]arrow.RecordBatch, error) {
 	if len(value) == 0 {
 		return nil, nil
 	}
-	r, err := ipc.NewReader(bytes.NewReader(value), ipc.WithAllocator(mem))
-	if err != nil {
-		return nil, nil
-	}
-	defer r.Release()
-	if !sameColumns(r.Schema(), c.Schema()) {
-		return nil, nil
-	}
 	var recs []arrow.RecordBatch
-	for r.Next() {
-		rec := r.RecordBatch()
+	err := schemas.ReadStream(mem, value, func(rec arrow.RecordBatch) error {
+		if !sameColumns(rec.Schema(), c.Schema()) {
+			return errNotKind
+		}
 		rec.Retain()
 		recs = append(recs, rec)
-	}
-	if r.Err() != nil && !errors.Is(r.Err(), io.EOF) {
+		return nil
+	})
+	if err != nil {
 		for _, rec := range recs {
 			rec.Release()
 		}
@@ -255,6 +251,9 @@ func readIPC(mem memory.Allocator, c dataCodec, value []byte) ([]arrow.RecordBat
 	}
 	return recs, nil
 }
+
+// errNotKind stops readIPC at a record batch of another schema.
+var errNotKind = errors.New("not the topic's kind")
 
 // sameColumns reports whether got has want's fields and kind metadata.
 func sameColumns(got, want *arrow.Schema) bool {

@@ -54,7 +54,9 @@ func (o *TokenOut) Resize(T int) {
 // log ratio), clip fractions by advantage sign. buf is the staging buffer
 // the batch was written to (host copy). A masked position flagged
 // non-finite is an error wrapping ErrBatch (the CPU reference rejects such
-// a batch with objective.ErrInput).
+// a batch with objective.ErrInput); a non-finite ratio, surrogate, KL or
+// entropy term or loss from finite inputs wraps ErrBatch and
+// objective.ErrNonFinite, as objective.Compute refuses it.
 func ReduceStats(out *TokenOut, st *Staged, buf []byte, opts objective.Options) (objective.Stats, error) {
 	l := st.Layout
 	T := l.T
@@ -78,6 +80,10 @@ func ReduceStats(out *TokenOut, st *Staged, buf []byte, opts objective.Options) 
 		f := out.Flags[i]
 		if f&flagErrorsMask != 0 {
 			return objective.Stats{}, fmt.Errorf("%w: masked position %d: non-finite log-prob, old log-prob, reference or advantage (flags %#x)", ErrBatch, i, f)
+		}
+		if !finite(out.Surrogate[i]) || !finite(out.KL[i]) || !finite(out.Ratio[i]) || !finite(out.Entropy[i]) {
+			return objective.Stats{}, fmt.Errorf("%w: masked position %d: ratio %v, surrogate %v, kl %v, entropy %v (max_log_ratio %v): %w",
+				ErrBatch, i, out.Ratio[i], out.Surrogate[i], out.KL[i], out.Entropy[i], opts.MaxLogRatio, objective.ErrNonFinite)
 		}
 		n++
 		c := float64(w[i])
@@ -115,6 +121,9 @@ func ReduceStats(out *TokenOut, st *Staged, buf []byte, opts objective.Options) 
 	s.KL = kl
 	s.Entropy = ent
 	s.Loss = s.PolicyLoss + klCoef*s.KL - opts.EntropyCoef*s.Entropy
+	if !finite(s.Loss) {
+		return objective.Stats{}, fmt.Errorf("%w: loss %v (max_log_ratio %v): %w", ErrBatch, s.Loss, opts.MaxLogRatio, objective.ErrNonFinite)
+	}
 	s.ApproxKLOld = akl / float64(n)
 	s.RatioMean = rsum / float64(n)
 	if s.PosTokens > 0 {
@@ -182,3 +191,5 @@ func StatsClose(got, want objective.Stats, rel float64) error {
 	}
 	return nil
 }
+
+func finite(x float64) bool { return !math.IsNaN(x) && !math.IsInf(x, 0) }

@@ -1,6 +1,7 @@
 package cuda
 
 import (
+	"errors"
 	"math"
 	"math/rand/v2"
 	"testing"
@@ -187,5 +188,40 @@ func TestReduceStatsRejectsFlags(t *testing.T) {
 	out.Resize(st.Layout.T - 1)
 	if _, err := ReduceStats(&out, st, buf, opts); err == nil {
 		t.Fatal("short outputs accepted")
+	}
+}
+
+// A masked token whose surrogate (or KL term) overflowed on the device is
+// refused as the CPU reference refuses it: objective.ErrNonFinite (an
+// objective.ErrInput), before any parameter changes.
+func TestReduceStatsRejectsNonFiniteTerms(t *testing.T) {
+	b := randomBatch(rand.New(rand.NewPCG(1, 1)), 1, 30, 16, false, 0)
+	opts := objective.Options{ClipLow: 0.2, ClipHigh: 0.2, Normalization: objective.TokenMean, KLPlacement: objective.KLNone}
+	buf, st := stageOK(t, b, 16, opts)
+	mask := st.Layout.ColumnBytes(buf, ColMask)
+	first := -1
+	for i, m := range mask {
+		if m == 1 {
+			first = i
+			break
+		}
+	}
+	for _, tt := range []struct {
+		name string
+		set  func(o *TokenOut)
+	}{
+		{"surrogate -Inf", func(o *TokenOut) { o.Surrogate[first] = math.Inf(-1) }},
+		{"surrogate NaN", func(o *TokenOut) { o.Surrogate[first] = math.NaN() }},
+		{"ratio +Inf", func(o *TokenOut) { o.Ratio[first] = math.Inf(1) }},
+	} {
+		var out TokenOut
+		out.Resize(st.Layout.T)
+		for i := range out.Ratio {
+			out.Ratio[i] = 1
+		}
+		tt.set(&out)
+		if _, err := ReduceStats(&out, st, buf, opts); !errors.Is(err, objective.ErrNonFinite) || !errors.Is(err, objective.ErrInput) {
+			t.Errorf("%s: got %v, want objective.ErrNonFinite", tt.name, err)
+		}
 	}
 }

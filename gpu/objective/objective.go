@@ -197,7 +197,11 @@ type Result struct {
 // logits, mask values other than 0/1, segment ids outside [0, T), a
 // non-finite masked old log-prob, ref log-prob or advantage, a masked target
 // whose current log-prob is -Inf, KLPlacement == KLLoss without
-// RefLogprobs, or den smaller than the counts of this call (ErrInput).
+// RefLogprobs, or den smaller than the counts of this call (ErrInput); a
+// non-finite token surrogate, KL term (reported or in the loss), gradient
+// or loss from finite inputs (a log ratio past the exp range without a
+// MaxLogRatio clamp, a KL argument that overflows) (ErrNonFinite, which
+// wraps ErrInput): every number Compute returns is finite.
 func Compute(in Inputs, opts Options, den Denominators) (Result, error) {
 	var r Result
 	err := ComputeInto(in, opts, den, &r)
@@ -420,6 +424,16 @@ func compute[F float32 | float64](in coreInputs[F], opts Options, den Denominato
 			d[v] = F(ws * ev * (k0 + alpha*(float64(z[v])-m)))
 		}
 		d[y] = F(w*g + ws*e[y]*(k0+alpha*(float64(z[y])-m)))
+		// A sum of finite float32 values cannot overflow float64: it is
+		// non-finite exactly when an entry is.
+		var dsum float64
+		for _, x := range d {
+			dsum += float64(x)
+		}
+		if !finite(sur) || !finite(k) || !finite(g) || !finite(dsum) {
+			return st, fmt.Errorf("objective: masked position %d: log ratio %v (max_log_ratio %v), advantage %v, kl term %v: surrogate %v, gradient %v: %w",
+				i, lrRaw, opts.MaxLogRatio, a, k, sur, g, ErrNonFinite)
+		}
 	}
 	if st.Tokens == 0 {
 		return Stats{}, nil
@@ -428,6 +442,10 @@ func compute[F float32 | float64](in coreInputs[F], opts Options, den Denominato
 	st.KL = klSum
 	st.Entropy = entSum
 	st.Loss = st.PolicyLoss + klCoef*st.KL - opts.EntropyCoef*st.Entropy
+	if !finite(st.Loss) {
+		return st, fmt.Errorf("objective: loss %v (policy %v, kl %v, entropy %v; max_log_ratio %v): %w",
+			st.Loss, st.PolicyLoss, st.KL, st.Entropy, opts.MaxLogRatio, ErrNonFinite)
+	}
 	n := float64(st.Tokens)
 	st.ApproxKLOld = akl / n
 	st.RatioMean = ratioSum / n

@@ -43,6 +43,21 @@ type Options struct {
 	KLCoef        float64 `yaml:"kl_coef" json:"kl_coef"`
 	EntropyCoef   float64 `yaml:"entropy_coef" json:"entropy_coef"`
 	// MaxLogRatio clamps current-old log ratios to [-MaxLogRatio,
-	// MaxLogRatio] before exponentiation (numerical guard; 0 = off).
+	// MaxLogRatio] before exponentiation (numerical guard; 0 = off, when a
+	// ratio that overflows is an ErrNonFinite error). The learning contract
+	// defaults it to DefaultMaxLogRatio.
 	MaxLogRatio float64 `yaml:"max_log_ratio" json:"max_log_ratio"`
 }
+
+// DefaultMaxLogRatio is the default MaxLogRatio: ratios are kept within
+// [e^-20, e^20] = [2.1e-9, 4.9e8]. It never changes a sane run: the clip
+// range ([0.8, 1.28] in the demo) cuts the surrogate's gradient at log
+// ratios of about ±0.25 already, a policy step that moves a token's
+// log-prob by 20 nats is a broken run, not a trust region, and on policy
+// the ratio is exactly 1 (log ratio exactly 0: current log-probs are
+// rounded to float32 like the stored ones) and never clamped. A clamped
+// token contributes its clamped value and no surrogate gradient, like a
+// clipped one. 20 keeps r·A and its gradient far inside float32 (e^88 would
+// overflow) for any advantage below 1e29, where an unclamped finite log
+// ratio of 710 already overflows float64.
+const DefaultMaxLogRatio = 20

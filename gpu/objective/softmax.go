@@ -21,6 +21,10 @@ var (
 	ErrInput = errors.New("objective: bad input")
 	// ErrOptions: Options.Validate failed.
 	ErrOptions = errors.New("objective: bad options")
+	// ErrNonFinite wraps ErrInput: finite inputs gave a non-finite loss or
+	// gradient (a log ratio or KL argument whose exp overflows), so the
+	// batch cannot be trained and must be refused, never applied.
+	ErrNonFinite = fmt.Errorf("%w: non-finite loss or gradient", ErrInput)
 )
 
 // NoTarget is the target id of a position that predicts nothing (the last

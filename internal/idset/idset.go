@@ -60,25 +60,35 @@ func nibble(c byte) (byte, bool) {
 	return 0, false
 }
 
-// Set is a set of ids. The zero value is not usable; call New. A Set is not
-// safe for concurrent use.
+// Set is a set of ids, each with a uint64 value (0 unless Put gives one:
+// a fingerprint of what the id was decided on, for example). The zero value
+// is not usable; call New. A Set is not safe for concurrent use.
 type Set struct {
-	derived map[[16]byte]struct{}
-	other   map[[16]byte]string // SHA-256 prefix -> id
+	derived map[[16]byte]uint64
+	other   map[[16]byte]otherID // SHA-256 prefix -> id
+}
+
+type otherID struct {
+	id string
+	v  uint64
 }
 
 // New returns an empty set.
 func New() *Set {
-	return &Set{derived: make(map[[16]byte]struct{}), other: make(map[[16]byte]string)}
+	return &Set{derived: make(map[[16]byte]uint64), other: make(map[[16]byte]otherID)}
 }
 
-// Add adds id and returns its key.
-func (s *Set) Add(id string) Key {
+// Add adds id with value 0 and returns its key.
+func (s *Set) Add(id string) Key { return s.Put(id, 0) }
+
+// Put adds id with value v (replacing the value of an id already there)
+// and returns its key.
+func (s *Set) Put(id string, v uint64) Key {
 	k := KeyOf(id)
 	if k.other {
-		s.other[k.b] = id
+		s.other[k.b] = otherID{id: id, v: v}
 	} else {
-		s.derived[k.b] = struct{}{}
+		s.derived[k.b] = v
 	}
 	return k
 }
@@ -88,12 +98,20 @@ func (s *Set) Has(id string) bool { return s.HasKey(KeyOf(id), id) }
 
 // HasKey is Has for a key computed once with KeyOf(id).
 func (s *Set) HasKey(k Key, id string) bool {
+	_, ok := s.get(k, id)
+	return ok
+}
+
+// Get returns the value of id and whether id is in the set.
+func (s *Set) Get(id string) (uint64, bool) { return s.get(KeyOf(id), id) }
+
+func (s *Set) get(k Key, id string) (uint64, bool) {
 	if k.other {
 		got, ok := s.other[k.b]
-		return ok && got == id
+		return got.v, ok && got.id == id
 	}
-	_, ok := s.derived[k.b]
-	return ok
+	v, ok := s.derived[k.b]
+	return v, ok
 }
 
 // Delete removes the id of key k.

@@ -73,12 +73,28 @@ func TestSet(t *testing.T) {
 	if k := s.Add(b); !s.HasKey(k, b) {
 		t.Error("HasKey with the key Add returned is false")
 	}
+	// Values: 0 from Add, replaced by Put, per id (a hashed id's value is
+	// never read for another id of the same prefix).
+	for _, id := range []string{b, "free text"} {
+		if v, ok := s.Get(id); ok != (id == b) || v != 0 {
+			t.Errorf("Get(%q) = %d, %v before Put", id, v, ok)
+		}
+		s.Put(id, 7)
+		s.Put(id, 9)
+		if v, ok := s.Get(id); !ok || v != 9 {
+			t.Errorf("Get(%q) = %d, %v after Put 9", id, v, ok)
+		}
+	}
+	if v, ok := s.Get("free text "); ok || v != 0 {
+		t.Errorf("Get of an absent id = %d, %v", v, ok)
+	}
 }
 
 // TestKeysHoldNoPointers: the point of the package is memory the garbage
 // collector does not scan.
 func TestKeysHoldNoPointers(t *testing.T) {
-	for _, typ := range []reflect.Type{reflect.TypeFor[Key](), reflect.TypeFor[map[[16]byte]struct{}]().Key()} {
+	m := reflect.TypeOf(New().derived)
+	for _, typ := range []reflect.Type{reflect.TypeFor[Key](), m.Key(), m.Elem()} {
 		if hasPointers(typ) {
 			t.Errorf("%v holds pointers", typ)
 		}

@@ -154,8 +154,8 @@ func TestGAEAdvantages(t *testing.T) {
 
 func TestGroupEstimators(t *testing.T) {
 	rs := []float64{3, -1, 0.5, 7, 2}
-	loo := advantage.RLOOAdvantages(rs)
-	grpo := advantage.GRPOAdvantages(rs, false, advantage.StdPopulation, 0)
+	loo := advantage.RLOOAdvantages(rs, nil)
+	grpo := advantage.GRPOAdvantages(rs, nil, false, advantage.StdPopulation, 0)
 	n := float64(len(rs))
 	sum := 0.0
 	for i := range rs {
@@ -169,26 +169,126 @@ func TestGroupEstimators(t *testing.T) {
 		t.Errorf("RLOO advantages sum to %v", sum)
 	}
 	// Normalized GRPO has population std 1 when epsilon is 0.
-	norm := advantage.GRPOAdvantages(rs, true, advantage.StdPopulation, 0)
-	if s := advantage.Stats(norm, advantage.StdPopulation); math.Abs(s.Std-1) > 1e-12 || math.Abs(s.Mean) > 1e-12 {
+	norm := advantage.GRPOAdvantages(rs, nil, true, advantage.StdPopulation, 0)
+	if s := advantage.Stats(norm, nil, advantage.StdPopulation); math.Abs(s.Std-1) > 1e-12 || math.Abs(s.Mean) > 1e-12 {
 		t.Errorf("normalized GRPO stats %+v", s)
 	}
-	if s := advantage.Stats(advantage.GRPOAdvantages(rs, true, advantage.StdSample, 0), advantage.StdSample); math.Abs(s.Std-1) > 1e-12 {
+	if s := advantage.Stats(advantage.GRPOAdvantages(rs, nil, true, advantage.StdSample, 0), nil, advantage.StdSample); math.Abs(s.Std-1) > 1e-12 {
 		t.Errorf("sample-normalized GRPO sample std %v", s.Std)
 	}
 	// Degenerate groups.
-	if got := advantage.RLOOAdvantages([]float64{5}); !slices.Equal(got, []float64{0}) {
+	if got := advantage.RLOOAdvantages([]float64{5}, nil); !slices.Equal(got, []float64{0}) {
 		t.Errorf("RLOO single member: %v", got)
 	}
 	eq := []float64{0.1, 0.1, 0.1}
-	if got := advantage.GRPOAdvantages(eq, true, advantage.StdSample, 0); !slices.Equal(got, []float64{0, 0, 0}) {
+	if got := advantage.GRPOAdvantages(eq, nil, true, advantage.StdSample, 0); !slices.Equal(got, []float64{0, 0, 0}) {
 		t.Errorf("GRPO equal returns: %v", got)
 	}
-	if got := advantage.RLOOAdvantages(eq); !slices.Equal(got, []float64{0, 0, 0}) {
+	if got := advantage.RLOOAdvantages(eq, nil); !slices.Equal(got, []float64{0, 0, 0}) {
 		t.Errorf("RLOO equal returns: %v", got)
 	}
-	if s := advantage.Stats([]float64{4}, advantage.StdSample); s.Std != 0 || !s.ZeroVar || s.Mean != 4 {
+	if s := advantage.Stats([]float64{4}, nil, advantage.StdSample); s.Std != 0 || !s.ZeroVar || s.Mean != 4 {
 		t.Errorf("single-return stats %+v", s)
+	}
+}
+
+// ReturnBound by hand, the interval rule of Stats, and a real spread far
+// below any reward scale that must still count: zero variance absorbs
+// rounding only.
+func TestZeroVarianceWithinRounding(t *testing.T) {
+	u := 0x1p-53
+	r := traj("t", 2)
+	r.Rewards = []schemas.RewardComponent{comp("step", schemas.ScopeTurn, 0, 0.1), comp("step", schemas.ScopeTurn, 1, 0.2)}
+	// K = 2 components, T = 2 turns: m = 2K + 3T = 10; M = 0.1 + 0.2 + |boot|.
+	for _, tt := range []struct{ boot, want float64 }{
+		{0, 10 * u / (1 - 10*u) * (0.1 + 0.2)},
+		{-1.5, 10 * u / (1 - 10*u) * (0.1 + 0.2 + 1.5)},
+	} {
+		if got := advantage.ReturnBound(r, tt.boot); math.Abs(got-tt.want) > 1e-12*tt.want {
+			t.Errorf("ReturnBound with bootstrap %v = %v, want %v", tt.boot, got, tt.want)
+		}
+	}
+	e := 0.25    // exact in binary: the touching case is exact
+	tenth := 0.1 // a variable: 0.1 + 0.2 of constants is exact
+	for _, tt := range []struct {
+		name     string
+		returns  []float64
+		bounds   []float64
+		zeroVar  bool
+		min, max float64
+	}{
+		{"exact without bounds", []float64{0.1, 0.1}, nil, true, 0.1, 0.1},
+		{"rounding residue without bounds", []float64{tenth + 0.2, 0.3}, nil, false, 0.3, tenth + 0.2},
+		{"intervals touch", []float64{1, 1 + 2*e}, []float64{e, e}, true, 1, 1 + 2*e},
+		// Neighbours overlap pairwise along a chain, the ends do not:
+		// [1-e, 1+e] and [1+3e, 1+5e] share no point.
+		{"chain of overlaps", []float64{1, 1 + 2*e, 1 + 4*e}, []float64{e, e, e}, false, 1, 1 + 4*e},
+		{"one wide bound", []float64{1, 1 + 4*e, 1 + 2*e}, []float64{4 * e, 0, 2 * e}, true, 1, 1 + 4*e},
+	} {
+		s := advantage.Stats(tt.returns, tt.bounds, advantage.StdPopulation)
+		if s.ZeroVar != tt.zeroVar || s.Min != tt.min || s.Max != tt.max || (s.ZeroVar && s.Std != 0) {
+			t.Errorf("%s: stats %+v, want zero_var %v min %v max %v", tt.name, s, tt.zeroVar, tt.min, tt.max)
+		}
+	}
+	// Returns 0.3 and 0.3 + 1e-12: bounds of 1.7e-16 each, a spread of
+	// 1e-12 is a (tiny) signal: standardized to -1 and +1 (population std
+	// 5e-13, epsilon 0).
+	opts := advantage.Options{Estimator: advantage.GRPO, NormalizeStd: true, StdMode: advantage.StdPopulation,
+		Gamma: 1, ZeroVariance: advantage.ZeroVarDrop, MinGroupSize: 2}
+	var members []schemas.Rewarded
+	for k, v := range []float64{0.3, 0.3 + 1e-12} {
+		m := traj(fmt.Sprintf("m%d", k), 1)
+		m.GroupSize, m.Member = 2, int32(k)
+		m.Rewards = []schemas.RewardComponent{comp("success", schemas.ScopeTrajectory, -1, v)}
+		m.Rewards[0].TrajectoryID = m.RecordID
+		members = append(members, *m)
+	}
+	out, err := advantage.ScoreGroup(opts, members)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if out[0].Group.ZeroVar || out[0].Group.Filtered != "" {
+		t.Fatalf("a spread of 1e-12 read as zero variance: %+v", out[0].Group)
+	}
+	if a0, a1 := out[0].TurnAdvantages[0], out[1].TurnAdvantages[0]; math.Abs(float64(a0)+1) > 1e-3 || math.Abs(float64(a1)-1) > 1e-3 {
+		t.Errorf("advantages %v, %v, want -1, +1", a0, a1)
+	}
+}
+
+// ScoreGroup names the group once, whichever layer found the problem: a
+// caller must not add "group g: " again.
+func TestScoreGroupErrorMessages(t *testing.T) {
+	member := func(id string, k int32) schemas.Rewarded {
+		r := traj(id, 1)
+		r.GroupSize, r.Member = 2, k
+		r.Rewards = []schemas.RewardComponent{comp("success", schemas.ScopeTrajectory, -1, 1)}
+		r.Rewards[0].TrajectoryID = id
+		return *r
+	}
+	grpo := advantage.Options{Estimator: advantage.GRPO, NormalizeStd: true, StdMode: advantage.StdSample,
+		Epsilon: 1e-6, Gamma: 1, ZeroVariance: advantage.ZeroVarKeep, MinGroupSize: 1}
+	gae := grpo
+	gae.Estimator, gae.Lambda = advantage.GAE, 0.95
+	for _, tc := range []struct {
+		name    string
+		opts    advantage.Options
+		members func() []schemas.Rewarded
+		want    string
+	}{
+		{"unavailable reward", grpo, func() []schemas.Rewarded {
+			a, b := member("a", 0), member("b", 1)
+			b.Rewards[0].Name, b.Rewards[0].Error = "judge", "judge timed out"
+			return []schemas.Rewarded{a, b}
+		}, "group g: advantage: reward component unavailable: trajectory b: component judge (version 1): judge timed out"},
+		{"no critic", gae, func() []schemas.Rewarded { return []schemas.Rewarded{member("a", 0), member("b", 1)} },
+			"group g: advantage: value prediction missing: trajectory a turn 0 has value NaN (GAE needs a critic)"},
+		{"member twice", grpo, func() []schemas.Rewarded { return []schemas.Rewarded{member("a", 0), member("b", 0)} },
+			"advantage: invalid input: group g: member 0 appears twice (a, b)"},
+	} {
+		_, err := advantage.ScoreGroup(tc.opts, tc.members())
+		if err == nil || err.Error() != tc.want {
+			t.Errorf("%s:\n got  %v\n want %s", tc.name, err, tc.want)
+		}
 	}
 }
 

@@ -4,6 +4,8 @@ import (
 	"cmp"
 	"errors"
 	"fmt"
+	"math"
+	"reflect"
 	"slices"
 
 	"github.com/trajflow/trajflow/internal/idset"
@@ -32,10 +34,12 @@ func CheckMember(r *schemas.Rewarded) error {
 }
 
 // AssemblerStats counts what an Assembler did with the records it was given.
-// Every record passed to Add lands in exactly one counter.
+// Every record passed to Add or Offer lands in exactly one counter, the
+// one of its Outcome.
 type AssemblerStats struct {
 	Added      int64 // joined an open group
-	Duplicates int64 // same RecordID as a record already in its open group (redelivery); ignored
+	Duplicates int64 // identical to the record of the same RecordID in its open group (redelivery); ignored
+	Malformed  int64 // same RecordID as a record in its open group, other content; ignored (Offer: ErrInvalid)
 	Conflicts  int64 // another record already holds its Member slot, or its GroupSize differs from the group's; ignored
 	Late       int64 // its group was already emitted or closed (remembered); ignored
 	Rejected   int64 // CheckMember failed with ErrInvalid; ignored
@@ -44,6 +48,42 @@ type AssemblerStats struct {
 	// Declared counts member slots declared absent (Absent) that now count
 	// toward their group's completion; declarations are not records.
 	Declared int64
+}
+
+// Outcome says what Offer did with a record; each has its counter in
+// AssemblerStats.
+type Outcome uint8
+
+// Outcomes.
+const (
+	Added     Outcome = iota + 1 // joined its open group (the group may be complete)
+	Duplicate                    // an identical redelivery of a member of its open group; nothing changed
+	Malformed                    // the RecordID of a member of its open group with other content; nothing changed
+	Conflict                     // its Member slot is held by another record, or its GroupSize differs; nothing changed
+	Late                         // its group was emitted or closed (remembered); nothing changed
+	Rejected                     // CheckMember failed with ErrInvalid; nothing changed
+	Infra                        // StatusInfra; nothing changed
+)
+
+// String returns the outcome's name in lower case.
+func (o Outcome) String() string {
+	switch o {
+	case Added:
+		return "added"
+	case Duplicate:
+		return "duplicate"
+	case Malformed:
+		return "malformed"
+	case Conflict:
+		return "conflict"
+	case Late:
+		return "late"
+	case Rejected:
+		return "rejected"
+	case Infra:
+		return "infra"
+	}
+	return fmt.Sprintf("Outcome(%d)", uint8(o))
 }
 
 // OpenGroup describes a group still waiting for members.
@@ -73,10 +113,14 @@ func (g *openGroup) filled() bool { return int32(len(g.members)+len(g.absent)) >
 //
 // A group is complete when GroupSize distinct members (by Member index) have
 // arrived, or some have and the rest were declared absent (Absent). The
-// first record or declaration for a Member slot wins; a later record with
-// the same RecordID is a redelivery (counted in Duplicates), one with
-// another RecordID or for a declared slot is a conflict (Conflicts). Both
-// are ignored.
+// first record or declaration for a Member slot wins. A later record with
+// the same RecordID and the same content is a redelivery (Duplicate,
+// counted in Duplicates); with the same RecordID and other content it is
+// malformed input (Malformed: Offer returns an error wrapping ErrInvalid
+// for the caller to refuse it). One with another RecordID for a held or
+// declared slot is a conflict (Conflicts). All of them are ignored: the
+// group keeps its first record. (The pack Window treats redeliveries the
+// same way; testdata/dedup holds the table both are tested with.)
 //
 // Groups that were emitted (complete) or closed are remembered, up to the
 // capacity given to NewAssembler, oldest forgotten first; a record of a
@@ -108,52 +152,92 @@ func NewAssembler(remember int) *Assembler {
 // group's members sorted by (Member, RecordID) and done = true, and the
 // group is no longer open; otherwise it returns nil, false. Ignored records
 // (see AssemblerStats) return nil, false. The record is stored by value; its
-// slices are shared with the caller.
+// slices are shared with the caller. Add is Offer without the outcome and
+// the error.
 func (a *Assembler) Add(r schemas.Rewarded) (group []schemas.Rewarded, done bool) {
+	_, group, _ = a.Offer(r)
+	return group, group != nil
+}
+
+// Offer is Add reporting what happened to r: its Outcome, and the complete
+// group (non-nil only when r completed it). The error is non-nil for
+// records the caller must refuse rather than ignore: CheckMember's error
+// (Rejected, Infra), and for Malformed an error wrapping ErrInvalid naming
+// the record and its group.
+func (a *Assembler) Offer(r schemas.Rewarded) (Outcome, []schemas.Rewarded, error) {
 	a.seq++
 	if err := CheckMember(&r); err != nil {
 		if errors.Is(err, ErrInfra) {
 			a.stats.Infra++
-		} else {
-			a.stats.Rejected++
+			return Infra, nil, err
 		}
-		return nil, false
+		a.stats.Rejected++
+		return Rejected, nil, err
 	}
 	if a.done.Has(r.GroupID) {
 		a.stats.Late++
-		return nil, false
+		return Late, nil, nil
 	}
 	g := a.open[r.GroupID]
+	if g != nil {
+		for i := range g.members {
+			if m := &g.members[i]; m.RecordID == r.RecordID {
+				if sameValue(reflect.ValueOf(m).Elem(), reflect.ValueOf(&r).Elem()) {
+					a.stats.Duplicates++
+					return Duplicate, nil, nil
+				}
+				a.stats.Malformed++
+				return Malformed, nil, fmt.Errorf("%w: record %s of group %s delivered again with other content", ErrInvalid, r.RecordID, r.GroupID)
+			}
+		}
+	}
 	if g == nil {
 		g = &openGroup{expected: r.GroupSize, first: a.seq, members: make([]schemas.Rewarded, 0, r.GroupSize)}
 		a.open[r.GroupID] = g
 	}
-	if r.GroupSize != g.expected {
+	if r.GroupSize != g.expected || slices.Contains(g.absent, r.Member) ||
+		slices.ContainsFunc(g.members, func(m schemas.Rewarded) bool { return m.Member == r.Member }) {
 		a.stats.Conflicts++
-		return nil, false
-	}
-	for i := range g.members {
-		m := &g.members[i]
-		if m.RecordID == r.RecordID {
-			a.stats.Duplicates++
-			return nil, false
-		}
-		if m.Member == r.Member {
-			a.stats.Conflicts++
-			return nil, false
-		}
-	}
-	if slices.Contains(g.absent, r.Member) {
-		a.stats.Conflicts++
-		return nil, false
+		return Conflict, nil, nil
 	}
 	g.members = append(g.members, r)
 	a.buffered++
 	a.stats.Added++
 	if !g.filled() {
-		return nil, false
+		return Added, nil, nil
 	}
-	return a.finish(r.GroupID, g), true
+	return Added, a.finish(r.GroupID, g), nil
+}
+
+// sameValue reports whether a and b (of one type) hold the same values:
+// floats compare by their bits (a NaN critic value equals itself, as in a
+// byte-identical redelivery), nil and empty slices alike (the decoder reads
+// an empty list as nil).
+func sameValue(a, b reflect.Value) bool {
+	switch a.Kind() {
+	case reflect.Struct:
+		for i := range a.NumField() {
+			if !sameValue(a.Field(i), b.Field(i)) {
+				return false
+			}
+		}
+		return true
+	case reflect.Slice:
+		if a.Len() != b.Len() {
+			return false
+		}
+		for i := range a.Len() {
+			if !sameValue(a.Index(i), b.Index(i)) {
+				return false
+			}
+		}
+		return true
+	case reflect.Float32:
+		return math.Float32bits(float32(a.Float())) == math.Float32bits(float32(b.Float()))
+	case reflect.Float64:
+		return math.Float64bits(a.Float()) == math.Float64bits(b.Float())
+	}
+	return a.Equal(b)
 }
 
 // Absent declares that member slot member of the open group groupID will

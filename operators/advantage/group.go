@@ -12,23 +12,37 @@ import (
 // Stats returns the statistics of the trajectory returns of one group, in
 // the given order (the sum runs in slice order): Size = len(returns), Mean,
 // Std under stdMode (StdSample divides by n-1 and is 0 for a single return;
-// StdPopulation divides by n), Min, Max and ZeroVar (min == max, exactly).
-// Expected, Filtered and Incomplete are left for the caller.
-func Stats(returns []float64, stdMode string) schemas.GroupStats {
+// StdPopulation divides by n), Min, Max and ZeroVar. Expected, Filtered and
+// Incomplete are left for the caller.
+//
+// ZeroVar says the returns may all be the same real number: bounds, when
+// not nil, holds for each return a bound on its rounding error (ReturnBound)
+// and ZeroVar holds when the intervals returns[i] ± bounds[i] share a point
+// (max(R_i - e_i) <= min(R_i + e_i)); with nil bounds it is min == max,
+// exactly. A zero-variance group records Std 0: its spread is rounding,
+// never a signal to standardize.
+func Stats(returns, bounds []float64, stdMode string) schemas.GroupStats {
 	n := len(returns)
 	s := schemas.GroupStats{Size: int32(n)}
 	if n == 0 {
 		return s
 	}
 	s.Min, s.Max = returns[0], returns[0]
+	lo, hi := math.Inf(-1), math.Inf(1) // the intersection of the intervals
 	sum := 0.0
-	for _, r := range returns {
+	for i, r := range returns {
 		sum += r
 		s.Min = math.Min(s.Min, r)
 		s.Max = math.Max(s.Max, r)
+		e := 0.0
+		if bounds != nil {
+			e = bounds[i]
+		}
+		lo = math.Max(lo, r-e)
+		hi = math.Min(hi, r+e)
 	}
 	s.Mean = sum / float64(n)
-	s.ZeroVar = s.Min == s.Max
+	s.ZeroVar = s.Min == s.Max || lo <= hi
 	ss := 0.0
 	for _, r := range returns {
 		d := r - s.Mean
@@ -49,10 +63,12 @@ func Stats(returns []float64, stdMode string) schemas.GroupStats {
 
 // GRPOAdvantages returns group-standardized advantages (pipeline §10):
 // A_i = R_i - mean, divided by (std + epsilon) when normalizeStd, with std
-// under stdMode as in Stats. When all returns are equal every advantage is
-// exactly 0 (no division by a zero std, no rounding residue of the mean).
-func GRPOAdvantages(returns []float64, normalizeStd bool, stdMode string, epsilon float64) []float64 {
-	s := Stats(returns, stdMode)
+// under stdMode as in Stats. When the returns are equal (Stats' ZeroVar,
+// with the rounding bounds given, nil for exact equality) every advantage
+// is exactly 0 (no division by a zero or rounding-sized std, no residue of
+// the mean).
+func GRPOAdvantages(returns, bounds []float64, normalizeStd bool, stdMode string, epsilon float64) []float64 {
+	s := Stats(returns, bounds, stdMode)
 	adv := make([]float64, len(returns))
 	if s.ZeroVar {
 		return adv
@@ -69,8 +85,9 @@ func GRPOAdvantages(returns []float64, normalizeStd bool, stdMode string, epsilo
 
 // RLOOAdvantages returns leave-one-out advantages (pipeline §10):
 // A_i = R_i - mean_{j != i} R_j, each baseline summed in slice order. A
-// single return has no baseline and gets 0; equal returns get exactly 0.
-func RLOOAdvantages(returns []float64) []float64 {
+// single return has no baseline and gets 0; equal returns (Stats' ZeroVar
+// with the rounding bounds given) get exactly 0.
+func RLOOAdvantages(returns, bounds []float64) []float64 {
 	n := len(returns)
 	adv := make([]float64, n)
 	if n < 2 {
@@ -85,7 +102,7 @@ func RLOOAdvantages(returns []float64) []float64 {
 		}
 		adv[i] = r - sum/float64(n-1)
 	}
-	if Stats(returns, StdPopulation).ZeroVar {
+	if Stats(returns, bounds, StdPopulation).ZeroVar {
 		clear(adv)
 	}
 	return adv
@@ -114,7 +131,8 @@ func RLOOAdvantages(returns []float64) []float64 {
 // Incomplete = Size < Expected. Then, in this order:
 //   - Size < MinGroupSize: Filtered = FilterIncomplete (declared
 //     partial-group policy, pipeline §9);
-//   - all returns equal: GRPO and RLOO advantages are exactly 0; with
+//   - all returns equal up to their rounding error (Stats' ZeroVar with
+//     ReturnBound of each member): GRPO and RLOO advantages are exactly 0; with
 //     ZeroVarDrop every member gets Filtered = FilterZeroVariance (for any
 //     estimator), with ZeroVarKeep the group is admitted.
 //
@@ -180,6 +198,7 @@ func ScoreGroup(opts Options, members []schemas.Rewarded) ([]schemas.Scored, err
 	rewards := make([][]float64, n)
 	rtg := make([][]float64, n)
 	ret := make([]float64, n)
+	bound := make([]float64, n)
 	for k, i := range idx {
 		m := &members[i]
 		r, err := TurnRewards(m)
@@ -193,9 +212,10 @@ func ScoreGroup(opts Options, members []schemas.Rewarded) ([]schemas.Scored, err
 		rewards[k] = r
 		rtg[k] = RewardToGo(r, opts.Gamma, boot)
 		ret[k] = rtg[k][0]
+		bound[k] = ReturnBound(m, boot)
 	}
 
-	stats := Stats(ret, opts.statsStdMode())
+	stats := Stats(ret, bound, opts.statsStdMode())
 	stats.Expected = size
 	stats.Incomplete = stats.Size < size
 
@@ -205,9 +225,9 @@ func ScoreGroup(opts Options, members []schemas.Rewarded) ([]schemas.Scored, err
 	case GRPO, RLOO:
 		var a []float64
 		if opts.Estimator == GRPO {
-			a = GRPOAdvantages(ret, opts.NormalizeStd, opts.StdMode, opts.Epsilon)
+			a = GRPOAdvantages(ret, bound, opts.NormalizeStd, opts.StdMode, opts.Epsilon)
 		} else {
-			a = RLOOAdvantages(ret)
+			a = RLOOAdvantages(ret, bound)
 		}
 		for k := range n {
 			adv[k] = make([]float64, len(rewards[k]))

@@ -10,7 +10,8 @@ const (
 )
 
 // Zero-variance group policies: what happens to a group whose contributing
-// returns are all equal (pipeline §10: "handle zero-variance groups according
+// returns are all equal, up to the rounding error of computing them
+// (Stats, ReturnBound) (pipeline §10: "handle zero-variance groups according
 // to the declared algorithm").
 const (
 	ZeroVarKeep = "keep" // advantages are 0; the group is admitted and counts in denominators

@@ -172,11 +172,13 @@ func (s *Segment) Roles() []Role {
 // ErrEvalSplit; malformed columns are an error wrapping ErrMalformed
 // (len(ActionIDs) != len(ActionLogprobs) in a turn, len(TurnAdvantages) !=
 // len(Turns), TurnValueTargets neither empty nor one per turn, a policy
-// version outside int32); a stream without action tokens is
-// FilterNoTargets; then the overflow rule (FilterOverlong, or a truncated
-// prefix of TokenBudget tokens); then the lag rule on the kept turns.
-// Values are not checked for finiteness (validation upstream does,
-// pipeline §9). A turn's lag is trainerVersion - PolicyVersion; a turn is stale
+// version outside int32) or values that cannot be trained (a NaN or
+// infinite turn advantage or value target, a behavior log-prob that is NaN,
+// -Inf or > 0, named by field and index: validation upstream refuses them
+// too, pipeline §9, and pack is the last step before training); a stream
+// without action tokens is FilterNoTargets; then the overflow rule
+// (FilterOverlong, or a truncated prefix of TokenBudget tokens); then the
+// lag rule on the kept turns. A turn's lag is trainerVersion - PolicyVersion; a turn is stale
 // when its lag exceeds MaxLag. Under StaleDrop a stale turn with target
 // tokens filters the trajectory (FilterStale); under StaleMaskTurns stale
 // turns become context, and if no target remains the trajectory is
@@ -219,12 +221,18 @@ func Reconstruct(s *schemas.Scored, trainerVersion int64, opts Options) (Segment
 		return Segment{}, FilterNone, fmt.Errorf("%w: record %s has %d turn value targets for %d turns",
 			ErrMalformed, s.RecordID, len(vts), len(turns))
 	}
+	if err := checkTurnValues(s); err != nil {
+		return Segment{}, FilterNone, err
+	}
 	n, actions, withActions := 0, 0, 0
 	for i := range turns {
 		t := &turns[i]
 		if len(t.ActionIDs) != len(t.ActionLogprobs) {
 			return Segment{}, FilterNone, fmt.Errorf("%w: record %s turn %d has %d action tokens and %d log-probs",
 				ErrMalformed, s.RecordID, i, len(t.ActionIDs), len(t.ActionLogprobs))
+		}
+		if err := checkLogprobs(s.RecordID, i, t.ActionLogprobs); err != nil {
+			return Segment{}, FilterNone, err
 		}
 		if len(t.ActionIDs) > 0 {
 			if t.PolicyVersion < math.MinInt32 || t.PolicyVersion > math.MaxInt32 {
@@ -298,6 +306,57 @@ func Reconstruct(s *schemas.Scored, trainerVersion int64, opts Options) (Segment
 		return Segment{}, f, nil
 	}
 	return seg, FilterNone, nil
+}
+
+// checkTurnValues refuses a non-finite turn advantage or value target:
+// they become the advantages and value targets of the trained tokens.
+func checkTurnValues(s *schemas.Scored) error {
+	for _, col := range []struct {
+		name string
+		v    []float32
+	}{{"turn_advantages", s.TurnAdvantages}, {"turn_value_targets", s.TurnValueTargets}} {
+		for i, x := range col.v {
+			if math.IsNaN(float64(x)) || math.IsInf(float64(x), 0) {
+				return fmt.Errorf("%w: record %s: %s[%d] is %v", ErrMalformed, s.RecordID, col.name, i, x)
+			}
+		}
+	}
+	return nil
+}
+
+// checkLogprobs refuses a behavior log-prob of turn i that is not in
+// [-MaxFloat32, 0] (NaN, -Inf, > 0). As int32, the bits of every such
+// value are above those of -MaxFloat32 (0xFF7FFFFF), the only valid one
+// among them being +0: one integer maximum (no branch per entry) tells
+// whether the list is valid, and the offending entry is looked for only
+// when it is not.
+func checkLogprobs(id string, i int, lps []float32) error {
+	const lastValid = int32(-0x00800001) // int32(0xFF7FFFFF), the bits of -MaxFloat32
+	hi := int32(math.MinInt32)
+	for _, lp := range lps {
+		b := int32(math.Float32bits(lp))
+		if b == 0 { // +0
+			b = math.MinInt32
+		}
+		hi = max(hi, b)
+	}
+	if hi <= lastValid {
+		return nil
+	}
+	for j, lp := range lps {
+		if !(lp <= 0 && lp >= -math.MaxFloat32) {
+			return fmt.Errorf("%w: record %s: turns[%d].action_logprobs[%d] is %s", ErrMalformed, id, i, j, badLogprob(lp))
+		}
+	}
+	return nil
+}
+
+// badLogprob says why lp is not a log-probability.
+func badLogprob(lp float32) string {
+	if lp > 0 && !math.IsInf(float64(lp), 1) {
+		return fmt.Sprintf("%v > 0", lp)
+	}
+	return fmt.Sprint(lp)
 }
 
 // admit applies the lag rule to seg's spans against trainerVersion (it may

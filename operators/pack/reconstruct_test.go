@@ -2,6 +2,7 @@ package pack
 
 import (
 	"errors"
+	"math"
 	"reflect"
 	"testing"
 
@@ -113,6 +114,63 @@ func TestReconstructErrors(t *testing.T) {
 			}
 			if f != FilterNone || seg.Tokens != nil {
 				t.Fatalf("error came with filter %q / segment of %d tokens", f, seg.Len())
+			}
+		})
+	}
+}
+
+// Pack is the last step before training: a non-finite advantage or value
+// target, or a behavior log-prob that is not finite and <= 0, is malformed
+// input named by its field and index, whichever turn it is in (kept or
+// cut by truncation).
+func TestReconstructRefusesBadValues(t *testing.T) {
+	good := func() schemas.Scored {
+		return scored("r", "g",
+			turnSpec{prompt: []int32{1, 2}, action: []int32{3, 4}, logprobs: []float32{-1, 0}, version: 5, adv: 1, vt: 0.5},
+			turnSpec{prompt: []int32{5}, action: []int32{6, 7, 8}, logprobs: []float32{-1, -2, -3}, version: 5, adv: -1, vt: 0.25})
+	}
+	nan, inf := float32(math.NaN()), float32(math.Inf(1))
+	tests := []struct {
+		name   string
+		mutate func(*schemas.Scored)
+		want   string
+	}{
+		{"nan advantage", func(s *schemas.Scored) { s.TurnAdvantages[1] = nan },
+			"pack: malformed scored trajectory: record r: turn_advantages[1] is NaN"},
+		{"inf advantage", func(s *schemas.Scored) { s.TurnAdvantages[0] = -inf },
+			"pack: malformed scored trajectory: record r: turn_advantages[0] is -Inf"},
+		{"nan value target", func(s *schemas.Scored) { s.TurnValueTargets[1] = nan },
+			"pack: malformed scored trajectory: record r: turn_value_targets[1] is NaN"},
+		{"inf value target", func(s *schemas.Scored) { s.TurnValueTargets[0] = inf },
+			"pack: malformed scored trajectory: record r: turn_value_targets[0] is +Inf"},
+		{"positive log-prob", func(s *schemas.Scored) { s.Turns[1].ActionLogprobs[2] = 0.7 },
+			"pack: malformed scored trajectory: record r: turns[1].action_logprobs[2] is 0.7 > 0"},
+		{"nan log-prob", func(s *schemas.Scored) { s.Turns[1].ActionLogprobs[0] = nan },
+			"pack: malformed scored trajectory: record r: turns[1].action_logprobs[0] is NaN"},
+		{"-inf log-prob", func(s *schemas.Scored) { s.Turns[0].ActionLogprobs[1] = -inf },
+			"pack: malformed scored trajectory: record r: turns[0].action_logprobs[1] is -Inf"},
+		// The first token of the stream is no target; its log-prob is still
+		// data of the record.
+		{"+inf log-prob of the first token", func(s *schemas.Scored) {
+			s.Turns[0].PromptIDs = nil
+			s.Turns[0].ActionLogprobs[0] = inf
+		}, "pack: malformed scored trajectory: record r: turns[0].action_logprobs[0] is +Inf"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			for _, o := range []Options{testOptions(), {TokenBudget: 4, BatchTokens: 16, Overflow: OverflowTruncate, MaxLag: 1, StalePolicy: StaleDrop}} {
+				s := good()
+				if _, f, err := Reconstruct(&s, 5, o); err != nil || f != FilterNone {
+					t.Fatalf("unmodified: filter %q err %v", f, err)
+				}
+				tc.mutate(&s)
+				seg, f, err := Reconstruct(&s, 5, o)
+				if !errors.Is(err, ErrMalformed) || err.Error() != tc.want {
+					t.Fatalf("budget %d: err %v, want %q", o.TokenBudget, err, tc.want)
+				}
+				if f != FilterNone || seg.Tokens != nil {
+					t.Fatalf("error came with filter %q / segment of %d tokens", f, seg.Len())
+				}
 			}
 		})
 	}

@@ -3,8 +3,11 @@ package pack
 import (
 	"errors"
 	"fmt"
+	"hash/maphash"
+	"math"
 	"slices"
 	"strings"
+	"unsafe"
 
 	"github.com/trajflow/trajflow/internal/idset"
 	"github.com/trajflow/trajflow/schemas"
@@ -83,9 +86,17 @@ type Closed struct {
 // feeds it scored records, closes it when Ready, and publishes the batch.
 //
 // Every record id is decided once in the window's lifetime: admitted,
-// filtered, or rejected with an error; any later delivery of the same id is
-// a Duplicate and is never admitted twice (at-least-once delivery with
-// deduplication). The window remembers decided ids across closes; a runtime
+// filtered, or rejected with an error. A later delivery of the same id
+// with the same content is a Duplicate (counted, Duplicates) and is never
+// admitted twice (at-least-once delivery with deduplication); with other
+// content it is malformed input (ErrMalformed), and the first decision
+// stands. Content is what the window and the pack stage read of a record
+// (fingerprint): its group, run, task, split, upstream filter, reward
+// total, every turn's prompt, action, log-prob and observation lists and
+// policy version, and the turn advantages and value targets. Ids restored
+// with MarkSeen have no content to compare: their deliveries are
+// Duplicates. (The advantage Assembler treats redeliveries the same way;
+// testdata/dedup holds the table both are tested with.) The window remembers decided ids across closes; a runtime
 // that restarts restores that memory with MarkSeen and re-adds the records
 // of the open batch (Pending) from its input topic.
 //
@@ -96,7 +107,8 @@ type Closed struct {
 type Window struct {
 	opts           Options
 	trainerVersion int64
-	seen           *idset.Set // decided ids (not scanned by the collector)
+	seen           *idset.Set // decided ids and their fingerprints (not scanned by the collector)
+	duplicates     int64      // Duplicate outcomes of Add
 	pending        []Segment
 	pendingIDs     map[idset.Key]struct{} // the record ids of pending
 	groups         map[string]struct{}    // groups with an admitted member in the open batch
@@ -166,13 +178,19 @@ func (w *Window) TrainerVersion() int64 { return w.trainerVersion }
 // admits it to the open batch unless it is filtered or a duplicate.
 // Errors wrap ErrMalformed or ErrEvalSplit (route the record to
 // quarantine; its id counts as decided) or are ErrWindowFull (nothing
-// changed). A record without a RecordID is an ErrMalformed error.
+// changed). A record without a RecordID, and a decided id delivered again
+// with other content, are ErrMalformed errors.
 func (w *Window) Add(s schemas.Scored) (Result, error) {
 	id := s.RecordID
 	if id == "" {
 		return Result{}, fmt.Errorf("%w: record without id (group %s)", ErrMalformed, s.GroupID)
 	}
-	if w.seen.Has(id) {
+	fp := fingerprint(&s)
+	if prev, ok := w.seen.Get(id); ok {
+		if prev != 0 && prev != fp {
+			return Result{Ready: w.Ready()}, fmt.Errorf("%w: record %s of group %s delivered again with other content", ErrMalformed, id, s.GroupID)
+		}
+		w.duplicates++
 		return Result{Outcome: Duplicate, Ready: w.Ready()}, nil
 	}
 	if !w.Accepts(s.GroupID) {
@@ -181,11 +199,11 @@ func (w *Window) Add(s schemas.Scored) (Result, error) {
 	seg, f, err := Reconstruct(&s, w.trainerVersion, w.opts)
 	if err != nil {
 		if !errors.Is(err, ErrOptions) {
-			w.seen.Add(id)
+			w.seen.Put(id, fp)
 		}
-		return Result{Ready: w.Ready()}, fmt.Errorf("pack window: %w", err)
+		return Result{Ready: w.Ready()}, err // it names the record and the package
 	}
-	key := w.seen.Add(id)
+	key := w.seen.Put(id, fp)
 	w.decided[s.GroupID] = struct{}{}
 	if f != FilterNone {
 		return Result{Outcome: Filtered, Filter: f, Ready: w.Ready()}, nil
@@ -247,6 +265,63 @@ func (w *Window) Pending() []string {
 	}
 	slices.Sort(ids)
 	return ids
+}
+
+// Duplicates is the number of Adds that were Duplicates.
+func (w *Window) Duplicates() int64 { return w.duplicates }
+
+// fingerprintSeed seeds the fingerprints of one process; they are never
+// stored or compared across processes.
+var fingerprintSeed = maphash.MakeSeed()
+
+// fingerprint hashes what the window and the pack stage read of s (see
+// Window); never 0, which marks an id decided without content (MarkSeen).
+// Every list is hashed in one call (maphash.Bytes), its hash mixed in
+// with its position and length.
+func fingerprint(s *schemas.Scored) uint64 {
+	var f fp
+	f.str(s.GroupID)
+	f.str(s.RunID)
+	f.str(s.TaskID)
+	f.str(s.Split)
+	f.str(s.Group.Filtered)
+	f.mix(math.Float64bits(s.RewardTotal))
+	f.mix(uint64(len(s.Turns)))
+	for i := range s.Turns {
+		t := &s.Turns[i]
+		words(&f, t.PromptIDs)
+		words(&f, t.ActionIDs)
+		words(&f, t.ActionLogprobs)
+		words(&f, t.ObservationIDs)
+		f.mix(uint64(t.PolicyVersion))
+	}
+	words(&f, s.TurnAdvantages)
+	words(&f, s.TurnValueTargets)
+	return max(f.h, 1)
+}
+
+// fp accumulates a fingerprint: each value is mixed in order (a
+// multiply-xorshift step), so equal sequences and only those (up to 2^-64
+// collisions) give equal fingerprints.
+type fp struct{ h uint64 }
+
+func (f *fp) mix(v uint64) {
+	f.h = (f.h ^ v) * 0x9e3779b97f4a7c15
+	f.h ^= f.h >> 29
+}
+
+func (f *fp) str(x string) {
+	f.mix(uint64(len(x)))
+	f.mix(maphash.String(fingerprintSeed, x))
+}
+
+// words mixes in the length and the hash of the bytes of a list of 4-byte
+// values (the bits of floats: a NaN hashes like itself).
+func words[V int32 | float32](f *fp, xs []V) {
+	f.mix(uint64(len(xs)))
+	if len(xs) > 0 {
+		f.mix(maphash.Bytes(fingerprintSeed, unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(xs))), 4*len(xs))))
+	}
 }
 
 // Seen reports whether id was already decided.

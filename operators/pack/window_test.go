@@ -2,6 +2,7 @@ package pack
 
 import (
 	"errors"
+	"math"
 	"math/rand/v2"
 	"reflect"
 	"slices"
@@ -371,4 +372,19 @@ func btoi(b bool) int {
 		return 1
 	}
 	return 0
+}
+
+// The window passes Reconstruct's error on as it is: it names the package
+// and the record once ("pack window: pack: ..." before).
+func TestWindowErrorMessage(t *testing.T) {
+	w, err := NewWindow(testOptions(), 5)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := scored("r", "g", turnSpec{prompt: []int32{1, 2}, action: []int32{3, 4}, logprobs: []float32{-1, -1}, version: 5, adv: 1})
+	s.TurnAdvantages[0] = float32(math.NaN())
+	_, err = w.Add(s)
+	if want := "pack: malformed scored trajectory: record r: turn_advantages[0] is NaN"; err == nil || err.Error() != want {
+		t.Fatalf("err %v, want %q", err, want)
+	}
 }

@@ -58,9 +58,10 @@ type Contract struct {
 	// lambda 0.95, zero_variance keep, min_group_size = sampler.group_size
 	// (full groups only), bootstrap_truncations empty. Rules: name grpo,
 	// rloo or gae; std_mode sample or population; epsilon >= 0; gamma and
-	// lambda in [0, 1]; zero_variance keep or drop; 1 <= min_group_size <=
-	// sampler.group_size, and >= 2 for rloo; bootstrap_truncations distinct
-	// and non-empty.
+	// lambda in [0, 1]; zero_variance keep or drop, and not drop with
+	// sampler.group_size 1 (a single return has zero variance: every group
+	// would be dropped); 1 <= min_group_size <= sampler.group_size, and >= 2
+	// for rloo; bootstrap_truncations distinct and non-empty.
 	Estimator advantage.Options `yaml:"estimator"`
 	Loss      Loss              `yaml:"loss"`
 	// Packing declares sequence packing and the lag-aware admission window
@@ -159,7 +160,7 @@ type Sampler struct {
 	// Default empty.
 	StopTokenIDs []int32 `yaml:"stop_token_ids"`
 	// GroupSize is G, trajectories per group; >= 1, >= 2 for grpo and
-	// rloo; default 8.
+	// rloo and with estimator.zero_variance drop; default 8.
 	GroupSize     int   `yaml:"group_size"`
 	ToolTimeoutMS int64 `yaml:"tool_timeout_ms"` // > 0; default 5000
 	// ToolRetries is how often an infrastructure failure of a tool call is
@@ -170,7 +171,10 @@ type Sampler struct {
 // Loss declares the policy objective (pipeline §13) and the optimizer
 // (pipeline §14). Defaults of the objective: clip_low 0.2, clip_high 0.2,
 // normalization token-mean, kl_placement none, kl_estimator k3, kl_coef 0,
-// entropy_coef 0, max_log_ratio 0 (off).
+// entropy_coef 0, max_log_ratio objective.DefaultMaxLogRatio (20: ratios
+// within [e^-20, e^20]; a sane run never reaches it, on policy the ratio
+// is exactly 1; 0 turns the clamp off, and a ratio that then overflows
+// refuses the batch).
 //
 // Rules: clip_low in [0, 1); clip_high >= 0; kl_coef > 0 when kl_placement
 // is loss and 0 otherwise (with placement reward the coefficient is the
@@ -388,6 +392,7 @@ func knobDefaults() *Contract {
 				Normalization: objective.TokenMean,
 				KLPlacement:   objective.KLNone,
 				KLEstimator:   objective.K3,
+				MaxLogRatio:   objective.DefaultMaxLogRatio,
 			},
 			Optimizer: Optimizer{
 				LR:          1e-3,

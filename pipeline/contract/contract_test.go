@@ -310,6 +310,25 @@ func TestLoadMissingFile(t *testing.T) {
 	}
 }
 
+// Load names the file once and "contract" once: a syntax error's text
+// already starts with the package's name.
+func TestLoadErrorMessages(t *testing.T) {
+	syntax := filepath.Join(dir, "invalid_syntax.yaml")
+	unknown := filepath.Join(dir, "invalid_unknown_key.yaml")
+	for _, tc := range []struct {
+		path, want string
+	}{
+		{syntax, syntax + `: contract: invalid YAML: yaml: line 2: did not find expected ',' or '}'`},
+		{unknown, "contract " + unknown + ": sampler.temprature: unknown key (known: temperature, top_p, top_k, min_p, " +
+			"max_tokens_per_action, max_tokens_per_episode, max_turns, stop_token_ids, group_size, tool_timeout_ms, tool_retries) (line 4)"},
+	} {
+		_, err := Load(tc.path)
+		if err == nil || err.Error() != tc.want {
+			t.Errorf("Load(%s):\n got  %v\n want %s", tc.path, err, tc.want)
+		}
+	}
+}
+
 // Every rule: a single change to a valid contract makes Resolve fail with an
 // error naming the field path.
 func TestValidationErrors(t *testing.T) {
@@ -354,6 +373,8 @@ func TestValidationErrors(t *testing.T) {
 		{"group size one for grpo", []any{"sampler.group_size", 1, "estimator.min_group_size", 1}, "sampler.group_size: must be >= 2 for estimator grpo"},
 		{"group size one for rloo", []any{"estimator.name", "rloo", "sampler.group_size", 1, "estimator.min_group_size", 1}, "sampler.group_size: must be >= 2 for estimator rloo"},
 		{"rloo min group one", []any{"estimator.name", "rloo", "estimator.min_group_size", 1}, "estimator.min_group_size: must be >= 2 for estimator rloo"},
+		{"gae single member groups dropped", []any{"estimator.name", "gae", "sampler.group_size", 1, "estimator.min_group_size", 1, "estimator.zero_variance", "drop"},
+			"estimator.zero_variance: drop filters every group when sampler.group_size is 1 (a single return has zero variance, so nothing would train); use keep, or sampler.group_size >= 2"},
 		{"tool timeout zero", []any{"sampler.tool_timeout_ms", 0}, "sampler.tool_timeout_ms: must be >= 1"},
 		{"tool retries negative", []any{"sampler.tool_retries", -1}, "sampler.tool_retries: must be >= 0"},
 		{"estimator unknown", []any{"estimator.name", "ppo"}, `estimator.name: must be one of grpo, rloo, gae, got "ppo"`},
@@ -450,7 +471,11 @@ func TestValidationAccepts(t *testing.T) {
 		{"kl in reward", []any{"loss.kl_placement", "reward",
 			"rewards[1]", map[string]any{"name": "kl", "version": "k3/1", "weight": 0.05, "transform": "negate", "scope": "span"}}},
 		{"kl in loss", []any{"loss.kl_placement", "loss", "loss.kl_coef", 0.05}},
-		{"gae with single member groups", []any{"estimator.name", "gae", "sampler.group_size", 1, "estimator.min_group_size", 1}},
+		{"gae with single member groups", []any{"estimator.name", "gae", "sampler.group_size", 1, "estimator.min_group_size", 1, "estimator.zero_variance", "keep"}},
+		// A partial group of one member is filtered as zero variance, the
+		// groups of two or more still train.
+		{"drop with single member partial groups", []any{"estimator.zero_variance", "drop", "estimator.min_group_size", 1}},
+		{"gae dropping with pairs", []any{"estimator.name", "gae", "sampler.group_size", 2, "estimator.min_group_size", 1, "estimator.zero_variance", "drop"}},
 		{"on-policy only", []any{"packing.max_lag", 0, "packing.stale_policy", "mask_stale"}},
 		{"unlimited retention", []any{"topics.retention_ms", -1}},
 		{"clip transform", []any{"rewards[0].transform", "clip", "rewards[0].clip_min", -1, "rewards[0].clip_max", 1}},

@@ -105,7 +105,10 @@ func Load(path string) (*Contract, error) {
 		return nil, fmt.Errorf("contract: %w", err)
 	}
 	c, err := Parse(data)
-	if err != nil {
+	switch {
+	case errors.Is(err, ErrSyntax): // its text starts with "contract: "
+		return nil, fmt.Errorf("%s: %w", path, err)
+	case err != nil:
 		return nil, fmt.Errorf("contract %s: %w", path, err)
 	}
 	return c, nil

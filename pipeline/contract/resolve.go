@@ -356,6 +356,14 @@ func (c *Contract) validateEstimator(v *validator) {
 			v.add("sampler.group_size", "must be >= 2 for estimator %s, got %d", e.Estimator, c.Sampler.GroupSize)
 		}
 	}
+	// One return has zero variance, so with drop a group of one member is
+	// always filtered: with G = 1 (only GAE allows it) nothing would ever
+	// train. With G >= 2 and min_group_size 1 only a partial group closed
+	// with a single member is dropped (counted as zero_variance); the
+	// groups of two or more train, so that combination stays legal.
+	if e.ZeroVariance == advantage.ZeroVarDrop && c.Sampler.GroupSize == 1 {
+		v.add("estimator.zero_variance", "drop filters every group when sampler.group_size is 1 (a single return has zero variance, so nothing would train); use keep, or sampler.group_size >= 2")
+	}
 	if e.Estimator == advantage.RLOO && e.MinGroupSize == 1 {
 		v.add("estimator.min_group_size", "must be >= 2 for estimator rloo (leave-one-out needs another member), got 1")
 	}
