@@ -147,15 +147,28 @@ func (s *Stage) Process(ctx context.Context, m pipeline.Message) (pipeline.Resul
 	var res pipeline.Result
 	res.Hold = true
 	held := false
-	for _, r := range rows {
+	for i, r := range rows {
 		if seen, err := s.emittedBefore(r.GroupID); err != nil {
 			return pipeline.Result{}, err
 		} else if seen {
-			s.asm.Remember(r.GroupID) // Add counts it late
+			s.asm.Remember(r.GroupID) // Offer counts it late
 		}
-		before := s.asm.Stats().Added
-		group, done := s.asm.Add(r)
-		if s.asm.Stats().Added > before {
+		out, group, err := s.asm.Offer(r)
+		if out == Malformed {
+			// The same record id delivered again with other content: the
+			// first delivery stands, this one goes to quarantine.
+			outs, rerr := stagekit.RefuseRow(schemas.RewardedTrajectories, s.cfg.Topics, s.Name(), m, i, r, stagekit.Refused{
+				RunID: r.RunID, AttemptID: r.RecordID, TaskID: r.TaskID, GroupID: r.GroupID,
+				Reason: "conflicting_duplicate", Detail: err.Error(), At: s.now().UnixMicro(),
+			})
+			if rerr != nil {
+				return pipeline.Result{}, rerr
+			}
+			res.Outputs = append(res.Outputs, outs...)
+			continue
+		}
+		done := group != nil
+		if out == Added || done {
 			held = true
 			// One hold per (message, group): the message is released when
 			// every group it feeds has been emitted.

@@ -117,3 +117,51 @@ func TestStageKeepsMessageHeldForItsOpenGroup(t *testing.T) {
 		t.Fatalf("g2 complete: release=%v err=%v, want messages 1 and 2", res.Release, err)
 	}
 }
+
+// TestStageRefusesConflictingDuplicate: a member delivered again with the
+// same record id and other content goes to quarantine
+// (conflicting_duplicate) and the first delivery stands; an identical
+// redelivery is absorbed.
+func TestStageRefusesConflictingDuplicate(t *testing.T) {
+	topics, _ := pipeline.TopicsFor("r")
+	st, err := advantage.NewStage(advantage.StageConfig{Topics: topics, Options: advantage.Options{
+		Estimator: advantage.GRPO, NormalizeStd: true, StdMode: advantage.StdSample, Epsilon: 1e-6,
+		Gamma: 1, Lambda: 1, ZeroVariance: advantage.ZeroVarKeep, MinGroupSize: 3,
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	msg := func(off int64, rows ...schemas.Rewarded) pipeline.Message {
+		b, err := schemas.RewardedTrajectories.Encode(nil, rows)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return pipeline.Message{Ref: pipeline.Ref{Topic: topics.Rewarded, Offset: off}, Key: []byte(rows[0].GroupID), Value: b}
+	}
+	g := groupOf("g1", 1, 0, 1)
+	conflict := g[0]
+	conflict.RewardTotal = 7
+	conflict.Rewards = []schemas.RewardComponent{{TrajectoryID: conflict.RecordID, Name: "success", Version: "1", Scope: schemas.ScopeTrajectory, Turn: -1, Raw: 7, Weight: 1, Value: 7}}
+	d, err := pipeline.Drive(context.Background(), st, []pipeline.Message{msg(0, g[0]), msg(1, g[0]), msg(2, conflict), msg(3, g[1], g[2])},
+		pipeline.DriveConfig{QuarantineTopic: topics.Quarantine})
+	if err != nil {
+		t.Fatal(err)
+	}
+	q := d.On(topics.Quarantine)
+	if len(q) != 1 {
+		t.Fatalf("%d quarantine records, want the conflicting one", len(q))
+	}
+	for _, h := range q[0].Headers {
+		if h.Key == schemas.HeaderReason && string(h.Value) != "conflicting_duplicate" {
+			t.Fatalf("reason %s", h.Value)
+		}
+	}
+	sc := d.On(topics.Scored)
+	if len(sc) != 1 {
+		t.Fatalf("%d scored groups, want 1", len(sc))
+	}
+	rows, err := schemas.ScoredTrajectories.Decode(nil, sc[0].Value)
+	if err != nil || len(rows) != 3 || rows[0].RewardTotal != 1 {
+		t.Fatalf("scored %d rows, first reward %v (%v): the first delivery must stand", len(rows), rows[0].RewardTotal, err)
+	}
+}
