@@ -122,6 +122,9 @@ type epMeta struct {
 	State        []byte              `json:"state"` // world state at allocation
 	Slot         int                 `json:"slot"`
 	CreatedMS    int64               `json:"created_unix_ms"`
+	// LeaseMS is the lease expiry at allocation; renewals write the lease
+	// record (the later of the two holds).
+	LeaseMS int64 `json:"lease_expires_unix_ms"`
 }
 
 type stepRec struct {
@@ -335,7 +338,7 @@ func (s *Server) recover() error {
 			s.cfg.Logger.Warn("episode not resumed", "episode", id, "reason", reason)
 			continue
 		}
-		e.lease = time.UnixMilli(f.lease)
+		e.lease = time.UnixMilli(max(f.lease, f.meta.LeaseMS))
 		if !now.Before(e.lease) {
 			e.mu.Lock()
 			err := s.end(e, StatusInfra, ReasonLeaseExpired, rollout.ReasonAborted)
@@ -672,13 +675,10 @@ func (s *Server) allocate(req AllocateRequest) AllocateResponse {
 	s.live[id] = e
 	s.setLive()
 	s.mu.Unlock()
-	// Persist before answering: the lease first, then the meta record that
-	// makes the episode exist for recovery.
-	err = s.put(leaseKey(id), e.lease.UnixMilli())
-	if err == nil {
-		err = s.put(metaKey(id), e.meta)
-	}
-	if err != nil {
+	// Persist before answering: the meta record (with the lease) makes the
+	// episode exist for recovery.
+	e.meta.LeaseMS = e.lease.UnixMilli()
+	if err = s.put(metaKey(id), e.meta); err != nil {
 		s.mu.Lock()
 		delete(s.live, id)
 		s.slots[e.slot] = nil

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/http/httptest"
 	"slices"
 	"strings"
 	"testing"
@@ -455,5 +456,135 @@ func TestPersistFailureExecutesNothing(t *testing.T) {
 	}
 	if n := c.Counters().Retries[ReasonPersistFailed]; n != 1 {
 		t.Fatalf("persist_failed retries %d (%s)", n, c.Counters())
+	}
+}
+
+// TestRestartResumesEpisodes: a new server on the same store resumes the
+// live episodes at their persisted state and sequence numbers; one whose
+// registry configuration changed ends as an infrastructure failure.
+func TestRestartResumesEpisodes(t *testing.T) {
+	dir := t.TempDir()
+	regs := registries(t)
+	st := openStore(t, dir, true)
+	srv, err := NewServer(Config{Registries: regs, Key: testKey, Store: st})
+	if err != nil {
+		t.Fatal(err)
+	}
+	hs := httptest.NewServer(srv.Handler())
+	r := newRaw(t, hs.URL, time.Minute, nil)
+	task, att := ledgerTask(t, regs, 11)
+	_, att2 := ledgerTask(t, regs, 12)
+	id := r.allocate(att, "k", 60000).EpisodeID
+	id2 := r.allocate(att2, "k", 60000).EpisodeID
+	xfer := []int32{rollout.TokXfer, rollout.TokKey0 + task.Key, rollout.TokEnd}
+	first := r.send(PathStep, id, r.stepReq(id, 1, "s1", 0, xfer...))
+	if first.Outcome != Executed {
+		t.Fatal(first)
+	}
+	hs.Close()
+	srv.Close()
+	st.Close()
+
+	st = openStore(t, dir, true)
+	defer st.Close()
+	srv, err = NewServer(Config{Registries: regs, Key: testKey, Store: st})
+	if err != nil {
+		t.Fatal(err)
+	}
+	hs = httptest.NewServer(srv.Handler())
+	r.url = hs.URL
+	if srv.Live() != 2 {
+		t.Fatalf("%d live episodes after the restart", srv.Live())
+	}
+	if again := r.send(PathStep, id, r.stepReq(id, 1, "s1", 0, xfer...)); again.Outcome != Executed || !again.Replayed ||
+		!slices.Equal(again.Transition.Observation.IDs, first.Transition.Observation.IDs) {
+		t.Fatalf("seq 1 after the restart %+v", again)
+	}
+	ans := []int32{rollout.TokAns, first.Transition.Observation.IDs[1], rollout.TokEnd}
+	if st := r.send(PathStep, id, r.stepReq(id, 2, "s2", 1, ans...)); st.Outcome != Executed || !st.Transition.Terminated {
+		t.Fatalf("answer after the restart %+v", st)
+	}
+	end := r.terminate(id, rollout.ReasonAnswer)
+	var art rollout.LedgerArtifacts
+	if err := json.Unmarshal([]byte(end.Artifacts), &art); err != nil || len(art.Transfers) != 1 || end.Status != StatusCompleted {
+		t.Fatalf("after the restart: %+v", end)
+	}
+	hs.Close()
+	srv.Close()
+
+	// Another ledger configuration: the snapshot the episode was allocated
+	// from is gone.
+	other := slices.Clone(regs)
+	cfg := family(regs, rollout.FamilyLedger).Config()
+	cfg.Seed = 99
+	for i, g := range other {
+		if g.Family() == rollout.FamilyLedger {
+			if other[i], err = rollout.NewRegistry(cfg); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	srv, err = NewServer(Config{Registries: other, Key: testKey, Store: st})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Close()
+	hs = httptest.NewServer(srv.Handler())
+	defer hs.Close()
+	r.url = hs.URL
+	if srv.Live() != 0 {
+		t.Fatalf("%d live episodes from a changed registry", srv.Live())
+	}
+	if end := r.terminate(id2, rollout.ReasonAborted); end.Status != StatusInfra || end.EndReason != "snapshot_changed" {
+		t.Fatalf("episode of a changed registry %+v", end)
+	}
+}
+
+// TestStepTimeoutThenStatus: a step past the step cap is answered unknown;
+// it completes and is persisted in the background, and the client's status
+// query finds it executed (nothing runs twice).
+func TestStepTimeoutThenStatus(t *testing.T) {
+	ctx := ctxT(t, time.Minute)
+	regs := registries(t)
+	svc := startService(t, Config{Registries: regs, StepTimeout: 50 * time.Millisecond})
+	put := svc.srv.put
+	slow := true
+	svc.srv.put = func(key string, v any) error {
+		if strings.Contains(key, "/step/") && slow {
+			slow = false
+			time.Sleep(300 * time.Millisecond) // a slow disk
+		}
+		return put(key, v)
+	}
+	c := newClient(t, []string{svc.url}, Options{ToolRetries: 3, Backoff: time.Millisecond})
+	reg := family(regs, rollout.FamilyLedger)
+	trajs, err := rollout.Agent{Env: c, Policy: rollout.LedgerTeacher{}, Settings: rollout.DefaultSettings(reg), Limits: fixedLimits()}.Run(ctx, attempts(reg.Train()[:1], 1, 0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cnt := c.Counters()
+	if cnt.Retries[ReasonStepTimeout] != 1 || cnt.StatusExecuted != 1 {
+		t.Fatalf("counters %s", cnt)
+	}
+	if got := value(svc.srv.met.steps.WithLabelValues(rollout.FamilyLedger)); got != 2 || !strings.Contains(trajs[0].Artifacts, `"transfers":[{"turn":0`) {
+		t.Fatalf("%v actions executed; %s", got, trajs[0].Artifacts)
+	}
+}
+
+// TestObservationCap: an observation over the service's cap ends the
+// episode as an infrastructure failure instead of reaching the policy.
+func TestObservationCap(t *testing.T) {
+	ctx := ctxT(t, time.Minute)
+	regs := registries(t)
+	svc := startService(t, Config{Registries: regs, MaxObservationBytes: 40})
+	c := newClient(t, []string{svc.url}, Options{})
+	reg := family(regs, rollout.FamilyText)
+	_, err := rollout.Agent{Env: c, Policy: textScript{"<tool>lookup: memo</tool>"}, Tokenizer: &faketok.Tokenizer{}, Settings: rollout.DefaultSettings(reg),
+		Limits: rollout.Limits{MaxTurns: 2, MaxEpisodeTokens: 4096}}.Run(ctx, attempts(reg.Train()[:1], 1, 0))
+	if !errors.Is(err, ErrInfrastructure) || !strings.Contains(err.Error(), ReasonObservation) {
+		t.Fatalf("over-size observation: %v", err)
+	}
+	if got := value(svc.srv.met.ended.WithLabelValues(StatusInfra, ReasonObservation)); got != 1 || svc.srv.Live() != 0 {
+		t.Fatalf("ended infra/observation_size %v, live %d", got, svc.srv.Live())
 	}
 }
