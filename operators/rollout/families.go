@@ -42,3 +42,13 @@ func NewFamilyRegistry(family string) (*Registry, error) {
 	}
 	return NewRegistry(cfg)
 }
+
+// RegistryForArtifact returns the default registry of the built-in family
+// a contract's artifacts.environment names (FamilyOfArtifact).
+func RegistryForArtifact(env string) (*Registry, error) {
+	f, err := FamilyOfArtifact(env)
+	if err != nil {
+		return nil, err
+	}
+	return NewFamilyRegistry(f)
+}
