@@ -683,3 +683,35 @@ var (
 	_ rollout.Concurrent  = (*Client)(nil)
 	_ rollout.Episode     = (*remoteEpisode)(nil)
 )
+
+// Sub returns the counts of c since prev (an earlier snapshot of the same
+// client): what one group's run cost, for its census events.
+func (c Counters) Sub(prev Counters) Counters {
+	sub := func(a, b map[string]int64) map[string]int64 {
+		out := map[string]int64{}
+		for k, v := range a {
+			if d := v - b[k]; d != 0 {
+				out[k] = d
+			}
+		}
+		return out
+	}
+	return Counters{
+		Retries: sub(c.Retries, prev.Retries), Refused: sub(c.Refused, prev.Refused),
+		StatusQueries: c.StatusQueries - prev.StatusQueries, StatusExecuted: c.StatusExecuted - prev.StatusExecuted,
+		StatusUnknown: c.StatusUnknown - prev.StatusUnknown, Replayed: c.Replayed - prev.Replayed,
+		Exhausted: c.Exhausted - prev.Exhausted, EpisodesAllocated: c.EpisodesAllocated - prev.EpisodesAllocated,
+		EpisodesLost: c.EpisodesLost - prev.EpisodesLost, LeaseRenewals: c.LeaseRenewals - prev.LeaseRenewals,
+		LeaseFailures: c.LeaseFailures - prev.LeaseFailures,
+	}
+}
+
+// Dial is New with the run key read from keyFile (the service's
+// --key-file, by default DATA/capability.key).
+func Dial(urls []string, keyFile string, o Options) (*Client, error) {
+	key, err := ReadKeyFile(keyFile)
+	if err != nil {
+		return nil, err
+	}
+	return New(urls, key, o)
+}

@@ -175,6 +175,9 @@ func TestDroppedReplyOfATransfer(t *testing.T) {
 	if cnt.StatusQueries != 1 || cnt.StatusExecuted != 1 || cnt.Retries["connection"] != 1 || cnt.TotalRetries() != 1 {
 		t.Fatalf("counters %s", cnt)
 	}
+	if d := cnt.Sub(Counters{}); d.String() != cnt.String() || cnt.Sub(cnt).TotalRetries() != 0 {
+		t.Fatalf("Sub: %s / %s", d, cnt.Sub(cnt))
+	}
 	if got := value(svc.srv.met.steps.WithLabelValues(rollout.FamilyLedger)); got != 2 {
 		t.Fatalf("%v actions executed, want 2 (transfer, answer)", got)
 	}

@@ -368,6 +368,7 @@ func (s *Server) resume(m *epMeta, steps []*stepRec) (*episode, string) {
 		}
 		e.steps[r.Seq] = r
 		st, e.next = r.State, r.Seq+1
+		r.State = nil // memory keeps only the newest state
 		tr := r.Transition
 		e.last = &tr
 	}
@@ -405,10 +406,13 @@ func (s *Server) takeSlot(want int) int {
 // end ends e (e.mu held): it closes the family episode, persists the end
 // record, frees the slot and scrubs the episode's state.
 func (s *Server) end(e *episode, status, reason, closeReason string) error {
-	fin, err := e.ep.Close(s.ctx, closeReason)
-	if err != nil {
-		fin = rollout.Final{}
-		s.cfg.Logger.Error("episode close failed", "episode", e.id, "err", err)
+	var fin rollout.Final
+	if e.ep != nil {
+		var err error
+		if fin, err = e.ep.Close(s.ctx, closeReason); err != nil {
+			fin = rollout.Final{}
+			s.cfg.Logger.Error("episode close failed", "episode", e.id, "err", err)
+		}
 	}
 	rec := endRec{Status: status, Reason: reason, Steps: len(e.steps), NextSeq: e.next, Final: e.last,
 		Artifacts: fin.Artifacts, EndedMS: s.cfg.Now().UnixMilli()}
@@ -854,7 +858,9 @@ func (s *Server) execute(e *episode, req StepRequest, ah string) StepResponse {
 	if err == nil {
 		rec := &stepRec{Seq: req.Seq, Key: req.IdempotencyKey, ActionHash: ah, Turn: req.Turn, Transition: tr, State: st}
 		if err = s.put(stepKey(e.id, req.Seq), rec); err == nil {
-			e.steps[req.Seq], e.state, e.next, e.last = rec, st, req.Seq+1, &rec.Transition
+			mem := *rec
+			mem.State = nil // on disk; memory keeps only the newest (e.state)
+			e.steps[req.Seq], e.state, e.next, e.last = &mem, st, req.Seq+1, &mem.Transition
 			s.met.steps.WithLabelValues(e.meta.Family).Inc()
 			s.met.stepTime.WithLabelValues(e.meta.Family).Observe(time.Since(t0).Seconds())
 			out := tr
@@ -865,11 +871,14 @@ func (s *Server) execute(e *episode, req StepRequest, ah string) StepResponse {
 	// persisted state so memory and the log agree.
 	ep, rerr := e.reg.Resume(e.meta.Attempt, e.state)
 	if rerr != nil {
-		e.ep = nil
 		s.cfg.Logger.Error("episode lost: cannot roll back", "episode", e.id, "err", rerr)
-	} else {
-		e.ep = ep
+		e.ep = nil
+		if eerr := s.end(e, StatusInfra, "state_lost", rollout.ReasonAborted); eerr != nil {
+			s.cfg.Logger.Error("episode not ended", "episode", e.id, "err", eerr)
+		}
+		return StepResponse{Response: s.refused(ReasonEpisodeEnded, "the episode's state was lost: "+err.Error(), false), Seq: req.Seq, EndReason: "state_lost"}
 	}
+	e.ep = ep
 	return StepResponse{Response: s.refused(ReasonPersistFailed, err.Error(), true), Seq: req.Seq, NextSeq: e.next}
 }
 
