@@ -125,7 +125,7 @@ func benchSteps(b *testing.B, par int, env rollout.Environment) {
 		if len(lat) == 0 {
 			return 0
 		}
-		return float64(lat[min(len(lat)-1, int(p*float64(len(lat))))].Microseconds())
+		return float64(lat[min(len(lat)-1, int(p*float64(len(lat))))].Nanoseconds()) / 1e3
 	}
 	b.ReportMetric(float64(b.N)/el.Seconds(), "actions/s")
 	b.ReportMetric(pct(0.50), "p50-µs")
