@@ -194,7 +194,7 @@ func TestFaultRun(t *testing.T) {
 	regs := registries(t)
 	svc := startService(t, Config{Registries: regs})
 	cycle := []fault{dropReply, resetConn, slowReply, badProxy, duplicate}
-	px := newProxy(t, svc.url, 400*time.Millisecond, func(n int, k string) fault {
+	px := newProxy(t, svc.url, 1300*time.Millisecond, func(n int, k string) fault {
 		if n%3 != 1 {
 			return pass
 		}
@@ -205,7 +205,7 @@ func TestFaultRun(t *testing.T) {
 		return f
 	})
 	c := newClient(t, []string{px.hs.URL}, Options{ToolRetries: 8, Backoff: time.Millisecond, MaxBackoff: 5 * time.Millisecond,
-		ToolTimeout: 250 * time.Millisecond, Concurrency: 8})
+		ToolTimeout: time.Second, Concurrency: 8})
 	reg := family(regs, rollout.FamilyLedger)
 	tasks := reg.Train()[:40]
 	trajs, err := rollout.Agent{Env: c, Policy: rollout.LedgerTeacher{}, Settings: rollout.DefaultSettings(reg), Limits: fixedLimits()}.Run(ctx, attempts(tasks, 1, 0))
