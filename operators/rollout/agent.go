@@ -2,8 +2,11 @@ package rollout
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math"
+	"slices"
+	"sync"
 	"time"
 
 	"github.com/trajflow/trajflow/gpu/model"
@@ -30,8 +33,12 @@ type Limits struct {
 	MaxTurns int // > 0
 	// MaxEpisodeTokens bounds the token stream (prompts, actions,
 	// observations). A turn starts only if the stream, its prompt, the
-	// longest action (Settings.MaxTokens) and the longest observation (2)
-	// fit; otherwise the episode is truncated with ReasonTokenBudget.
+	// longest action (Settings.MaxTokens) and the longest observation fit;
+	// otherwise the episode is truncated with ReasonTokenBudget. The
+	// longest observation is Spec.MaxObservation tokens for a token family
+	// (2 for kv), and for a text family the bytes of the rendered tool
+	// message around an observation of Spec.MaxObservation bytes (a token
+	// covers at least one byte).
 	MaxEpisodeTokens int
 	// ContractSeed is the learning contract's seed; turn t of attempt a
 	// samples with schemas.SeedFor(ContractSeed, schemas.TurnID(a, t),
@@ -45,7 +52,7 @@ type Limits struct {
 // DefaultLimits are the demo's limits.
 func DefaultLimits() Limits { return Limits{MaxTurns: 4, MaxEpisodeTokens: 64, ContractSeed: 1} }
 
-// maxObservation is the longest observation the environment renders.
+// maxObservation is the longest observation the kv family renders.
 const maxObservation = 2
 
 // RunEpisode runs one attempt (RunEpisodes with one attempt).
@@ -57,24 +64,61 @@ func (r *Registry) RunEpisode(ctx context.Context, pol Policy, a schemas.TaskAtt
 	return out[0], nil
 }
 
-// RunEpisodes runs the agent loop of pipeline §7 for many attempts at once:
-// every turn, it renders each live episode's prompt, asks the policy for
-// all of their actions in one Generate call, then parses, authorizes and
-// steps each episode. It returns one trajectory per attempt, in order.
+// RunEpisodes runs the agent loop (Agent.Run) for atts against the
+// registry's in-process environment. A text family needs pol to implement
+// Tokenizer too (a policy server's client does).
+func (r *Registry) RunEpisodes(ctx context.Context, pol Policy, atts []schemas.TaskAttempt, s model.Settings, lim Limits) ([]schemas.Trajectory, error) {
+	tok, _ := pol.(Tokenizer)
+	return Agent{Env: r, Policy: pol, Tokenizer: tok, Settings: s, Limits: lim}.Run(ctx, atts)
+}
+
+// Agent is the agent loop of pipeline §7 over an Environment: the
+// registry in process, or an environment service through its client.
+type Agent struct {
+	Env    Environment
+	Policy Policy
+	// Tokenizer renders and tokenizes the observations of text episodes
+	// (the policy server's own); token episodes do not use it.
+	Tokenizer Tokenizer
+	Settings  model.Settings
+	Limits    Limits
+}
+
+// Concurrent is implemented by environments whose calls are worth
+// overlapping (a remote service): the agent loop then has up to
+// Concurrency() Reset, Step and Close calls of different episodes in
+// flight at once. Results do not depend on it.
+type Concurrent interface {
+	Concurrency() int
+}
+
+// Run runs many attempts at once: every turn, it renders each live
+// episode's prompt, asks the policy for all of their actions in one
+// Generate call, then steps each episode with its action (the environment
+// parses, authorizes and executes it). It returns one trajectory per
+// attempt, in order.
 //
-// Per turn it logs PromptIDs (turn 0: the whole prompt; later: the delta
-// ACT), ActionIDs and ActionLogprobs exactly as sampled, the sample's
-// policy version, the decision and its reason, ObservationIDs, Value = NaN
-// (no critic) and the generation and environment latencies. An episode ends
-// terminated (ReasonAnswer) or truncated (ReasonMaxTurns,
-// ReasonTokenBudget); Status is completed; BootstrapValue is NaN.
+// Per turn it logs PromptIDs (turn 0: the whole prompt; later: the delta,
+// kv's ACT or a chat template's generation prompt), ActionIDs and
+// ActionLogprobs exactly as sampled, the sample's policy version, the
+// decision and its reason, ObservationIDs (a text observation tokenized by
+// the policy server's tokenizer and appended; earlier turns are never
+// re-tokenized), Value = NaN (no critic) and the generation and
+// environment latencies. An episode ends terminated (ReasonAnswer) or
+// truncated (ReasonMaxTurns, ReasonTokenBudget); Status is completed;
+// BootstrapValue is NaN; Artifacts is what the episode's Close returned.
 //
 // Each request's seed depends only on the attempt id and turn, and the
 // sampler's result does not depend on the batch, so a trajectory's tokens
 // do not depend on which other attempts ran beside it. An unknown task, a
-// version mismatch or a policy error fails the call (an infrastructure
-// failure for the caller to retry), as does ctx ending.
-func (r *Registry) RunEpisodes(ctx context.Context, pol Policy, atts []schemas.TaskAttempt, s model.Settings, lim Limits) ([]schemas.Trajectory, error) {
+// version mismatch, a policy or environment error fails the call (an
+// infrastructure failure for the caller to retry; every live episode is
+// closed with ReasonAborted first), as does ctx ending.
+func (ag Agent) Run(ctx context.Context, atts []schemas.TaskAttempt) ([]schemas.Trajectory, error) {
+	s, lim := ag.Settings, ag.Limits
+	if ag.Env == nil || ag.Policy == nil {
+		return nil, errors.New("rollout: agent needs an environment and a policy")
+	}
 	if err := s.Validate(); err != nil {
 		return nil, fmt.Errorf("rollout: %w", err)
 	}
@@ -85,39 +129,118 @@ func (r *Registry) RunEpisodes(ctx context.Context, pol Policy, atts []schemas.T
 	if now == nil {
 		now = time.Now
 	}
+	par := 1
+	if c, ok := ag.Env.(Concurrent); ok {
+		par = max(1, c.Concurrency())
+	}
 	type live struct {
-		ep     *Episode
-		stream []int32 // every token so far
-		prompt []int32 // the prompt of the next turn
-		done   bool
+		ep     Episode
+		spec   Spec
+		text   *textRenderer // ObsText episodes
+		maxObs int           // tokens the next observation may take
+		stream []int32       // every token so far
+		prompt []int32       // the prompt of the next turn
+		done   bool          // ended (finish)
+		closed bool          // Close returned
 	}
 	n := len(atts)
 	eps := make([]live, n)
 	trajs := make([]schemas.Trajectory, n)
 	sid := s.ID()
-	for i, a := range atts {
-		ep, prompt, err := r.Reset(a)
-		if err != nil {
-			return nil, fmt.Errorf("rollout: attempt %s: %w", a.AttemptID, err)
+	// Every episode that was reset is closed exactly once: by finish, or
+	// here (ReasonAborted) when the loop fails.
+	failed := true
+	defer func() {
+		if !failed {
+			return
 		}
-		eps[i] = live{ep: ep, prompt: prompt}
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+		defer cancel()
+		_ = each(cctx, n, par, func(i int) error {
+			if eps[i].ep != nil && !eps[i].closed {
+				_, _ = eps[i].ep.Close(cctx, ReasonAborted)
+			}
+			return nil
+		})
+	}()
+	err := each(ctx, n, par, func(i int) error {
+		a := atts[i]
+		ep, obs, err := ag.Env.Reset(ctx, a)
+		if err != nil {
+			return fmt.Errorf("rollout: attempt %s: %w", a.AttemptID, err)
+		}
+		e := &eps[i]
+		e.ep, e.spec = ep, ep.Spec()
+		if err := e.spec.Validate(); err != nil {
+			return fmt.Errorf("%w: attempt %s: %v", ErrEnvironment, a.AttemptID, err)
+		}
+		tokHash := e.spec.TokenizerHash
+		switch e.spec.Observations {
+		case ObsTokens:
+			if len(obs.IDs) == 0 {
+				return fmt.Errorf("%w: attempt %s: empty first observation", ErrEnvironment, a.AttemptID)
+			}
+			e.prompt, e.maxObs = obs.IDs, e.spec.MaxObservation
+		case ObsText:
+			if ag.Tokenizer == nil {
+				return fmt.Errorf("rollout: attempt %s: the %s family speaks text: the agent needs the policy server's Tokenizer", a.AttemptID, e.spec.Family)
+			}
+			if len(obs.Messages) == 0 {
+				return fmt.Errorf("%w: attempt %s: no first messages", ErrEnvironment, a.AttemptID)
+			}
+			tr, prompt, err := newTextRenderer(ctx, ag.Tokenizer, obs.Messages, e.spec.MaxObservation)
+			if err != nil {
+				return fmt.Errorf("rollout: attempt %s: %w", a.AttemptID, err)
+			}
+			e.text, e.prompt, e.maxObs = tr, prompt, tr.maxObsTokens
+			tokHash = ag.Tokenizer.TokenizerHash()
+		}
 		trajs[i] = schemas.Trajectory{
 			RecordID: a.AttemptID, RunID: a.RunID, TaskID: a.TaskID, TaskVersion: a.TaskVersion,
 			Domain: a.Domain, Split: a.Split, EnvVersion: a.EnvVersion, GroupID: a.GroupID,
 			GroupSize: a.GroupSize, Member: a.Member, Attempt: a.Attempt, Seed: a.Seed,
-			ContractHash: a.ContractHash, SamplerID: sid, ParserVersion: ParserVersion,
-			TokenizerHash: TokenizerHash, Status: schemas.StatusCompleted,
+			ContractHash: a.ContractHash, SamplerID: sid, ParserVersion: e.spec.ParserVersion,
+			TokenizerHash: tokHash, Status: schemas.StatusCompleted,
 			BootstrapValue: float32(math.NaN()), StartedAt: now().UnixMicro(),
 		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
 	}
+	type ending struct {
+		i           int
+		end, reason string
+	}
+	var ends []ending
 	finish := func(i int, end, reason string) {
 		eps[i].done = true
 		trajs[i].End, trajs[i].EndReason = end, reason
-		trajs[i].Artifacts = eps[i].ep.ArtifactsJSON()
-		trajs[i].FinishedAt = now().UnixMicro()
+		ends = append(ends, ending{i, end, reason})
+	}
+	closeEnded := func() error {
+		err := each(ctx, len(ends), par, func(k int) error {
+			i := ends[k].i
+			fin, err := eps[i].ep.Close(ctx, ends[k].reason)
+			if err != nil {
+				return fmt.Errorf("rollout: attempt %s: close: %w", atts[i].AttemptID, err)
+			}
+			eps[i].closed = true
+			trajs[i].Artifacts = fin.Artifacts
+			trajs[i].FinishedAt = now().UnixMicro()
+			return nil
+		})
+		ends = ends[:0]
+		return err
 	}
 	idx := make([]int, 0, n)
 	reqs := make([]model.Request, 0, n)
+	type stepped struct {
+		tr  Transition
+		obs []int32
+		lat int64
+	}
+	res := make([]stepped, n)
 	for turn := int32(0); ; turn++ {
 		if err := ctx.Err(); err != nil {
 			return nil, fmt.Errorf("rollout: %w", err)
@@ -132,7 +255,7 @@ func (r *Registry) RunEpisodes(ctx context.Context, pol Policy, atts []schemas.T
 				finish(i, schemas.EndTruncated, ReasonMaxTurns)
 				continue
 			}
-			if len(e.stream)+len(e.prompt)+s.MaxTokens+maxObservation > lim.MaxEpisodeTokens {
+			if len(e.stream)+len(e.prompt)+s.MaxTokens+e.maxObs > lim.MaxEpisodeTokens {
 				finish(i, schemas.EndTruncated, ReasonTokenBudget)
 				continue
 			}
@@ -147,11 +270,15 @@ func (r *Registry) RunEpisodes(ctx context.Context, pol Policy, atts []schemas.T
 				Affinity: atts[i].GroupID,
 			})
 		}
+		if err := closeEnded(); err != nil {
+			return nil, err
+		}
 		if len(idx) == 0 {
+			failed = false
 			return trajs, nil
 		}
 		t0 := now()
-		samples, err := pol.Generate(ctx, reqs)
+		samples, err := ag.Policy.Generate(ctx, reqs)
 		if err != nil {
 			return nil, fmt.Errorf("rollout: turn %d: %w", turn, err)
 		}
@@ -159,45 +286,148 @@ func (r *Registry) RunEpisodes(ctx context.Context, pol Policy, atts []schemas.T
 			return nil, fmt.Errorf("rollout: turn %d: policy returned %d samples for %d requests", turn, len(samples), len(reqs))
 		}
 		gen := now().Sub(t0).Microseconds() / int64(len(reqs)) // batch latency, shared evenly
+		for k := range idx {
+			if sm := samples[k]; len(sm.Tokens) != len(sm.Logprobs) {
+				return nil, fmt.Errorf("rollout: turn %d: sample of %d tokens with %d log-probs", turn, len(sm.Tokens), len(sm.Logprobs))
+			}
+		}
+		err = each(ctx, len(idx), par, func(k int) error {
+			i := idx[k]
+			e := &eps[i]
+			sm := samples[k]
+			act := EnvAction{IDs: sm.Tokens}
+			if e.text != nil {
+				txt, err := ag.Tokenizer.Detokenize(ctx, sm.Tokens)
+				if err != nil {
+					return fmt.Errorf("rollout: attempt %s: detokenize: %w", atts[i].AttemptID, err)
+				}
+				act.Text = txt
+			}
+			t1 := now()
+			tr, err := e.ep.Step(ctx, turn, act)
+			if err != nil {
+				return fmt.Errorf("rollout: attempt %s: %w", atts[i].AttemptID, err)
+			}
+			lat := now().Sub(t1).Microseconds()
+			obs, err := observationIDs(ctx, e.spec, e.text, sm.Tokens, tr)
+			if err != nil {
+				return fmt.Errorf("rollout: attempt %s turn %d: %w", atts[i].AttemptID, turn, err)
+			}
+			res[i] = stepped{tr: tr, obs: obs, lat: lat}
+			return nil
+		})
+		if err != nil {
+			return nil, err
+		}
 		for k, i := range idx {
 			e := &eps[i]
 			sm := samples[k]
-			if len(sm.Tokens) != len(sm.Logprobs) {
-				return nil, fmt.Errorf("rollout: turn %d: sample of %d tokens with %d log-probs", turn, len(sm.Tokens), len(sm.Logprobs))
-			}
-			t1 := now()
-			tr, err := e.ep.Step(turn, sm.Tokens)
-			if err != nil {
-				return nil, fmt.Errorf("rollout: attempt %s: %w", atts[i].AttemptID, err)
-			}
+			st := res[i]
+			res[i] = stepped{}
 			trajs[i].Turns = append(trajs[i].Turns, schemas.Turn{
 				Index:          turn,
 				PromptIDs:      e.prompt,
 				ActionIDs:      append([]int32(nil), sm.Tokens...),
 				ActionLogprobs: append([]float32(nil), sm.Logprobs...),
 				PolicyVersion:  sm.PolicyVersion,
-				Decision:       tr.Decision,
-				DecisionReason: tr.Reason,
-				ObservationIDs: tr.Observation,
+				Decision:       st.tr.Decision,
+				DecisionReason: st.tr.Reason,
+				ObservationIDs: st.obs,
 				Value:          float32(math.NaN()),
 				GenLatencyUS:   gen,
-				EnvLatencyUS:   now().Sub(t1).Microseconds(),
+				EnvLatencyUS:   st.lat,
 			})
-			e.stream = append(append(append(e.stream, e.prompt...), sm.Tokens...), tr.Observation...)
-			e.prompt = TurnPrompt()
-			if tr.Terminated {
+			e.stream = append(append(append(e.stream, e.prompt...), sm.Tokens...), st.obs...)
+			if e.text != nil {
+				e.prompt = slices.Clone(e.text.genPrompt)
+			} else {
+				e.prompt = slices.Clone(e.spec.TurnPrompt)
+			}
+			if st.tr.Terminated {
 				finish(i, schemas.EndTerminated, ReasonAnswer)
 			}
 		}
 	}
 }
 
+// observationIDs returns the tokens a transition appends to the stream:
+// a token episode's ids as they are; a text episode's tool output rendered
+// as a tool message by the chat template and tokenized. It refuses an
+// observation that breaks the episode's spec.
+func observationIDs(ctx context.Context, spec Spec, tr *textRenderer, action []int32, t Transition) ([]int32, error) {
+	o := t.Observation
+	if tr == nil {
+		if len(o.IDs) > spec.MaxObservation || o.Text != "" || len(o.Messages) > 0 {
+			return nil, fmt.Errorf("%w: observation of %d ids (at most %d), %d text bytes, %d messages", ErrEnvironment, len(o.IDs), spec.MaxObservation, len(o.Text), len(o.Messages))
+		}
+		return o.IDs, nil
+	}
+	if len(o.IDs) > 0 || len(o.Messages) > 0 {
+		return nil, fmt.Errorf("%w: a text episode returned token ids or messages", ErrEnvironment)
+	}
+	if o.Text == "" && t.Terminated {
+		return nil, nil
+	}
+	if len(o.Text) > spec.MaxObservation {
+		return nil, fmt.Errorf("%w: observation of %d bytes, at most %d", ErrEnvironment, len(o.Text), spec.MaxObservation)
+	}
+	if !IsEscaped(o.Text) {
+		return nil, fmt.Errorf("%w: observation text is not escaped (tool output must never carry markup)", ErrEnvironment)
+	}
+	return tr.observation(ctx, action, o.Text)
+}
+
+// each calls f(0..n-1), at most par at once (in order when par is 1), and
+// returns the error of the lowest index that failed.
+func each(ctx context.Context, n, par int, f func(i int) error) error {
+	if par <= 1 || n <= 1 {
+		for i := 0; i < n; i++ {
+			if err := f(i); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	errs := make([]error, n)
+	sem := make(chan struct{}, par)
+	var wg sync.WaitGroup
+	for i := 0; i < n; i++ {
+		if ctx.Err() != nil {
+			errs[i] = ctx.Err()
+			continue
+		}
+		sem <- struct{}{}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			defer func() { <-sem }()
+			errs[i] = f(i)
+		}()
+	}
+	wg.Wait()
+	return firstNonNil(errs)
+}
+
+func firstNonNil(errs []error) error {
+	for _, err := range errs {
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // DefaultSettings are the demo's sampler settings for the tasks of reg:
 // temperature 1, no top-k/top-p, the task grammar, actions of at most 3
 // tokens ending at END. Under them the training distribution equals the
 // sampling distribution with the grammar recomputed from the stored tokens
-// (model.Behavior).
+// (model.Behavior). For the text family: temperature 1, actions of at
+// most 48 tokens, no grammar and no stop ids (a policy server's client
+// adds its end-of-turn token and the family's closing tags as stops).
 func DefaultSettings(reg *Registry) model.Settings {
+	if reg.Family() == FamilyText {
+		return model.Settings{Behavior: model.Behavior{Temperature: 1}, MaxTokens: 48}
+	}
 	return model.Settings{
 		Behavior:  model.Behavior{Temperature: 1, Grammar: reg.Grammar()},
 		MaxTokens: 3,

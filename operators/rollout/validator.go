@@ -9,11 +9,15 @@ import (
 	"github.com/trajflow/trajflow/schemas"
 )
 
-// Validator is the trusted validator of the task family (pipeline §8): it
-// runs apart from the policy, alone knows the hidden tables, and judges a
-// finalized trajectory from its action tokens (re-parsed, not trusting the
-// recorded decisions). It implements the reward stage's Evaluator
-// (operators/reward) under the name EvalSuccess.
+// Validator is the trusted validator of the registry's task family
+// (pipeline §8): it runs apart from the policy, alone knows the hidden
+// tables, and judges a finalized trajectory from its actions (re-parsed,
+// not trusting the recorded decisions: kv and ledger from the action
+// tokens, text from the action texts the environment logged in the
+// artifacts; the ledger validator also replays the transfers against the
+// environment's journal). It implements the reward stage's Evaluator
+// (operators/reward) under the name EvalSuccess (kv), EvalLedgerSuccess or
+// EvalTextSuccess.
 type Validator struct {
 	reg *Registry
 }
@@ -28,7 +32,7 @@ const (
 func NewValidator(reg *Registry) *Validator { return &Validator{reg: reg} }
 
 // Name implements reward.Evaluator.
-func (v *Validator) Name() string { return EvalSuccess }
+func (v *Validator) Name() string { return v.reg.fam.evaluator() }
 
 // Version implements reward.Evaluator.
 func (v *Validator) Version() string { return ValidatorVersion }
@@ -50,13 +54,24 @@ type Evidence struct {
 // lookup of that key happened in an earlier turn. It returns the verdict and
 // the evidence as JSON. A trajectory of another task, or of another task or
 // environment version, is an error (the validator cannot judge it).
+//
+// The ledger and text families apply their own rules (ledger.go, text.go)
+// and also refuse to judge a trajectory whose artifacts disagree with its
+// actions (for the ledger: a journal holding one transfer twice wraps
+// ErrDuplicateExecution).
 func (v *Validator) Validate(task Task, t *schemas.Trajectory) (bool, string, error) {
-	ev, err := v.judge(task, t)
+	if t.TaskID != task.ID {
+		return false, "", fmt.Errorf("rollout: validate: trajectory %s is of task %s, not %s", t.RecordID, t.TaskID, task.ID)
+	}
+	if _, err := v.reg.task(t.TaskID, t.TaskVersion, t.EnvVersion); err != nil {
+		return false, "", fmt.Errorf("rollout: validate %s: %w", t.RecordID, err)
+	}
+	ok, ev, err := v.reg.fam.judge(task, t)
 	if err != nil {
 		return false, "", err
 	}
 	b, _ := json.Marshal(ev)
-	return ev.Success, string(b), nil
+	return ok, string(b), nil
 }
 
 func (v *Validator) judge(task Task, t *schemas.Trajectory) (Evidence, error) {

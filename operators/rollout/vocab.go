@@ -1,11 +1,18 @@
 // Package rollout is the built-in environment and agent loop (pipeline
-// document §7): a deterministic key-value lookup task family that needs a
-// tool call to succeed, its task registry with a train split and a hidden
-// eval split, the parser, authorizer and environment step, the agent loop
-// that batches policy calls across concurrent episodes, the trusted
-// validator, and a scripted teacher for demonstrations.
+// document §7): deterministic task families, their task registry with a
+// train split and a hidden eval split, the parsers, authorizers and
+// environment steps, the agent loop that batches policy calls across
+// concurrent episodes over an Environment (the registry in process, or an
+// environment service's client), the trusted validators, and scripted
+// teachers for demonstrations.
 //
-// The task. Every task has a hidden table mapping Keys keys to values,
+// Three families (RegistryConfig.Family): kv, the demo's key-value lookup
+// in the built-in token vocabulary (below); ledger, a ledger with a
+// state-changing transfer tool in the same vocabulary (ledger.go); text,
+// arithmetic and lookup tools in text for language models, rendered and
+// tokenized by the policy server's Tokenizer (text.go, textrender.go).
+//
+// The kv task. Every task has a hidden table mapping Keys keys to values,
 // derived from the task id and the environment version. The prompt names
 // one key. The action "CALL <key>" asks the lookup tool, whose observation
 // holds the key's value; "ANS <value>" answers and ends the episode. The
@@ -52,10 +59,14 @@ const (
 	TokKey0 int32 = 10
 	TokVal0 int32 = 18
 
+	// TokXfer is the ledger family's transfer verb (XFER <account> END);
+	// the kv family's parser and grammar never produce or accept it.
+	TokXfer int32 = 26
+
 	MaxKeys   = 8
 	MaxValues = 8
 	// VocabSize is the vocabulary size of the built-in tokenizer (ids
-	// TokVal0+MaxValues .. VocabSize-1 are reserved).
+	// TokXfer+1 .. VocabSize-1 are reserved).
 	VocabSize = 32
 )
 

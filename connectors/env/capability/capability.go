@@ -192,3 +192,39 @@ func verify(key []byte, token string, now time.Time) (Claims, error) {
 	}
 	return c, nil
 }
+
+// Verifier checks tokens on the environment side without keeping any
+// state: Guard uses it in process, and an environment service that keeps
+// its own (persisted) sequence numbers uses it directly. It is safe for
+// concurrent use.
+type Verifier struct {
+	key []byte
+	now func() time.Time
+}
+
+// NewVerifier returns a verifier of tokens signed with key. now may be nil
+// (time.Now).
+func NewVerifier(key []byte, now func() time.Time) (*Verifier, error) {
+	if len(key) != KeySize {
+		return nil, ErrKey
+	}
+	if now == nil {
+		now = time.Now
+	}
+	return &Verifier{key: bytes.Clone(key), now: now}, nil
+}
+
+// Verify checks that token is well formed (ErrMalformed), signed with the
+// verifier's key (ErrForged), not expired (ErrExpired) and grants exactly
+// action as sequence number seq of episode of run (ErrScope). It returns
+// the token's claims.
+func (v *Verifier) Verify(token, run, episode string, seq uint64, action []byte) (Claims, error) {
+	c, err := verify(v.key, token, v.now())
+	if err != nil {
+		return Claims{}, err
+	}
+	if c.Run != run || c.Episode != episode || c.Seq != seq || c.ActionHash != ActionHash(action) {
+		return Claims{}, ErrScope
+	}
+	return c, nil
+}

@@ -64,6 +64,7 @@ type Executor func(ctx context.Context, episode string, seq uint64, action []byt
 // use; actions of one episode are serialized.
 type Guard struct {
 	key  []byte
+	ver  *Verifier
 	run  string
 	now  func() time.Time
 	exec Executor
@@ -92,7 +93,8 @@ func NewGuard(key []byte, run string, now func() time.Time, exec Executor) (*Gua
 	if now == nil {
 		now = time.Now
 	}
-	return &Guard{key: bytes.Clone(key), run: run, now: now, exec: exec, episodes: map[string]*episode{}}, nil
+	ver, _ := NewVerifier(key, now) // the key's length is checked above
+	return &Guard{key: bytes.Clone(key), ver: ver, run: run, now: now, exec: exec, episodes: map[string]*episode{}}, nil
 }
 
 func (g *Guard) episode(id string) *episode {
@@ -109,14 +111,8 @@ func (g *Guard) episode(id string) *episode {
 // authorize verifies token and its scope against (run, episode, seq,
 // action).
 func (g *Guard) authorize(token, episode string, seq uint64, action []byte) error {
-	c, err := verify(g.key, token, g.now())
-	if err != nil {
-		return err
-	}
-	if c.Run != g.run || c.Episode != episode || c.Seq != seq || c.ActionHash != ActionHash(action) {
-		return ErrScope
-	}
-	return nil
+	_, err := g.ver.Verify(token, g.run, episode, seq, action)
+	return err
 }
 
 // Execute admits and runs one action. Refusals wrap ErrRefused (and one of
