@@ -180,6 +180,7 @@ const (
 	FaultNone     = ""
 	FaultStatus   = "status"   // answer 500
 	FaultSlow     = "slow"     // wait delay, then answer
+	FaultLate     = "late"     // answer, then hold the answer back for delay
 	FaultTruncate = "truncate" // cut the real body in half
 	FaultEdit     = "edit"     // rewrite the real body
 	FaultHang     = "hang"     // never answer (until the client gives up)
@@ -240,6 +241,12 @@ func (f *Fault) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		body = body[:len(body)/2]
 	case FaultEdit:
 		body = edit(body)
+	case FaultLate:
+		select {
+		case <-time.After(delay):
+		case <-r.Context().Done():
+			return
+		}
 	}
 	for k, v := range rec.Header() {
 		w.Header()[k] = v
