@@ -134,7 +134,9 @@ func (c *Conn) do(ctx context.Context, method, path string, body []byte) (int, [
 		if res.StatusCode >= 400 && res.StatusCode < 500 {
 			reason = ReasonRejected
 		}
-		return res.StatusCode, resp, Infra(reason, c.Addr, "%s %s: status %d: %s", method, path, res.StatusCode, snippet(resp))
+		ie := Infra(reason, c.Addr, "%s %s: status %d: %s", method, path, res.StatusCode, snippet(resp))
+		ie.Status = res.StatusCode
+		return res.StatusCode, resp, ie
 	}
 	return res.StatusCode, resp, nil
 }

@@ -29,6 +29,7 @@ type InfraError struct {
 	Reason string
 	Addr   string
 	Detail string
+	Status int   // the HTTP status of the answer, 0 when none came
 	Err    error // the underlying error, if any
 }
 

@@ -54,7 +54,10 @@
 // Router mode (llama-server --models-dir): the request's "model" is
 // policy.ModelName of the wanted version (Want.Version; required), and the
 // sample's PolicyVersion is that version; a "model" in the answer that
-// names another version is a version_mismatch.
+// names another version is a version_mismatch. Completions are sent with
+// ?autoload=false, so a request for a version that is not loaded fails
+// (rejected) instead of making the router load it: versions are loaded by
+// weight sync only.
 package llamacpp
 
 import (
@@ -244,7 +247,11 @@ func (c *Client) one(ctx context.Context, r model.Request, want policy.Want) (mo
 	q := c.params(r.Settings)
 	q.Prompt, q.Seed, q.Model = r.Context, Seed32(r.Seed), name
 	var resp completionResp
-	if err := c.conn.Call(ctx, "POST", "/completion", q, &resp); err != nil {
+	path := "/completion"
+	if c.cfg.Router {
+		path += "?autoload=false" // a request never makes the router load a version weight sync did not
+	}
+	if err := c.conn.Call(ctx, "POST", path, q, &resp); err != nil {
 		return model.Sample{}, err
 	}
 	addr := c.conn.Addr

@@ -31,15 +31,16 @@ type Config struct {
 	// writes policy-vNNNNNNNN.json manifests and .ckpt checkpoints there).
 	// Every load names a release in it; nothing outside it is read.
 	Releases string
-	// Grammar is the constrained-decoding grammar applied to every request
-	// (the task registry's, rollout.Registry.Grammar); nil: none. Its id is
-	// in the server's info endpoints, and requests are refused unless the
-	// client's settings name the same grammar... which the client checks:
-	// the server applies it whatever the client sends.
+	// Grammar is the constrained-decoding grammar the server applies to
+	// every request (a server-side logits processor: the task registry's,
+	// rollout.Registry.Grammar); nil: none. Its id is in the server's info
+	// endpoints, where clients read it and refuse settings that name
+	// another grammar.
 	Grammar model.Grammar
 	// EOG are the end-of-generation ids of the llama.cpp protocol: like
 	// llama-server, generation ends after sampling one (the request has no
-	// stop-id field). nil: rollout.TokEnd, the built-in end of action.
+	// stop-id field). nil: rollout.TokEnd, the built-in end of action; an
+	// empty non-nil slice: none.
 	EOG []int32
 }
 

@@ -252,6 +252,10 @@ func textBytes(s string) []int {
 func ptr(f float64) *float64 { return &f }
 
 func (s *Server) llamaCompletion(w http.ResponseWriter, r *http.Request) {
+	if a := r.URL.Query().Get("autoload"); a == "true" || a == "1" {
+		writeError(w, http.StatusBadRequest, "completion: autoload: this server loads models only through POST /models/load")
+		return
+	}
 	var q llamaCompletionReq
 	if err := decodeStrict(r, &q); err != nil {
 		writeError(w, http.StatusBadRequest, "completion: %v", err)

@@ -316,7 +316,7 @@ func (c *Client) Identity(ctx context.Context) (policy.Identity, error) {
 			Grammar          string `json:"grammar"`
 		}
 		err := c.conn.Call(ctx, "GET", "/server_info", nil, &si)
-		if ie, ok := policy.AsInfra(err); ok && ie.Reason == policy.ReasonRejected {
+		if ie, ok := policy.AsInfra(err); ok && ie.Status == 404 {
 			err = nil // no /server_info (not in dev mode): nothing more is reported
 		}
 		if err != nil {

@@ -143,7 +143,13 @@ func Start(t testing.TB, protocol, dir string, reg *rollout.Registry, wrap func(
 	if reg != nil {
 		g = reg.Grammar()
 	}
-	s, err := serve.New(serve.Config{Protocol: protocol, Releases: dir, Grammar: g})
+	return StartWith(t, serve.Config{Protocol: protocol, Releases: dir, Grammar: g}, wrap, versions...)
+}
+
+// StartWith is Start with a whole server configuration.
+func StartWith(t testing.TB, cfg serve.Config, wrap func(http.Handler) http.Handler, versions ...int64) *Server {
+	t.Helper()
+	s, err := serve.New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -332,4 +338,19 @@ func Path(v any, path ...any) any {
 		}
 	}
 	return v
+}
+
+// Get sends a GET and returns the status and body.
+func Get(ctx context.Context, url string) (int, string, error) {
+	req, err := http.NewRequestWithContext(ctx, "GET", url, nil)
+	if err != nil {
+		return 0, "", err
+	}
+	res, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return 0, "", err
+	}
+	defer res.Body.Close()
+	b, err := io.ReadAll(res.Body)
+	return res.StatusCode, string(b), err
 }
