@@ -252,11 +252,13 @@ func (g *gate) enter(ctx context.Context) (context.Context, func(), error) {
 	}, nil
 }
 
-// pause stops new requests. mode "abort" cancels the requests in flight;
-// "wait" returns once they have finished (on the version they started
-// with); "keep" (vLLM) and "in_place" (SGLang) leave them running. A
-// request's generation cannot be suspended half way, so no mode lets a
-// request continue on other weights.
+// pause stops new requests. mode "abort" aborts the requests in flight
+// (their answers say so; a generation already running is not interrupted
+// but its result is discarded) and returns once they are done; "wait"
+// returns once they have finished (on the version they started with);
+// "keep" (vLLM) and "in_place" (SGLang) leave them running. A request's
+// generation cannot be suspended half way, so no mode lets a request
+// continue on other weights.
 func (g *gate) pause(ctx context.Context, mode string) error {
 	switch mode {
 	case "abort", "wait", "keep", "in_place", "retract":

@@ -111,3 +111,11 @@ func (s *Server) Versions() []int64 {
 	slices.Sort(out)
 	return out
 }
+
+// InFlight is the number of generation requests being served now.
+func (s *Server) InFlight() int {
+	g := &s.c.gate
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return len(g.inflight)
+}

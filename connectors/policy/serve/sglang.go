@@ -226,8 +226,8 @@ func (s *Server) sglangGenerate(w http.ResponseWriter, r *http.Request) {
 	meta := map[string]any{
 		"id": q.Rid, "prompt_tokens": len(prompt), "cached_tokens": 0, "weight_version": policy.WeightVersion(l.version),
 	}
-	if err != nil {
-		if aborted(ctx) {
+	if err != nil || aborted(ctx) {
+		if aborted(ctx) { // the work of an aborted request is discarded
 			meta["finish_reason"] = map[string]any{"type": "abort", "message": "aborted by pause_generation"}
 			meta["completion_tokens"] = 0
 			writeJSON(w, http.StatusOK, map[string]any{"text": "", "output_ids": []int32{}, "meta_info": meta})

@@ -275,8 +275,8 @@ func (s *Server) vllmGenerate(w http.ResponseWriter, r *http.Request) {
 	defer leave()
 	l = s.c.getCurrent()
 	smp, err := s.c.generate(ctx, l, prompt, st, seed, q.RequestID)
-	if err != nil {
-		if aborted(ctx) {
+	if err != nil || aborted(ctx) {
+		if aborted(ctx) { // the work of an aborted request is discarded
 			writeJSON(w, http.StatusOK, map[string]any{"request_id": q.RequestID, "choices": []map[string]any{
 				{"index": 0, "token_ids": []int32{}, "logprobs": nil, "finish_reason": "abort"}}})
 			return

@@ -102,17 +102,16 @@ func TestLoadAndSwitch(t *testing.T) {
 			check(1)
 
 			// A long request on version 1 while version 2 is loaded.
-			long := longRequest(reg, 4000)
+			long := longRequest(reg, 30000)
 			type result struct {
 				s   []model.Sample
 				err error
-				at  time.Time
 			}
 			res := make(chan result, 1)
 			go func() {
 				if proto != policy.VLLM {
 					s, err := client(t, proto, srv.URL, policy.Want{Version: 1}).Generate(ctx, []model.Request{long})
-					res <- result{s, err, time.Now()}
+					res <- result{s, err}
 					return
 				}
 				// vLLM answers carry no version: read the raw answer.
@@ -144,11 +143,16 @@ func TestLoadAndSwitch(t *testing.T) {
 						smp.Logprobs = append(smp.Logprobs, float32(c.Logprob))
 					}
 				}
-				res <- result{[]model.Sample{smp}, err, time.Now()}
+				res <- result{[]model.Sample{smp}, err}
 			}()
-			time.Sleep(150 * time.Millisecond)
+			for deadline := time.Now().Add(time.Minute); srv.InFlight() == 0; {
+				if time.Now().After(deadline) {
+					t.Fatal("the long request never reached the server")
+				}
+				time.Sleep(time.Millisecond)
+			}
 			ack, err = weightsync.Load(ctx, rep, rels[2])
-			loadedAt := time.Now()
+			stillRunning := srv.InFlight() > 0
 			if err != nil || ack.Version != 2 || ack.Checksum != rels[2].CheckpointHash {
 				t.Fatalf("second load: %+v %v", ack, err)
 			}
@@ -159,8 +163,11 @@ func TestLoadAndSwitch(t *testing.T) {
 			}
 			// SGLang and llama.cpp switch while the request runs; vLLM's
 			// pause (mode wait) lets it finish first.
-			if proto != policy.VLLM && !loadedAt.Before(r.at) {
+			if proto != policy.VLLM && !stillRunning {
 				t.Fatalf("the long request (%d tokens) ended before the switch: make it longer", long.Settings.MaxTokens)
+			}
+			if proto == policy.VLLM && stillRunning {
+				t.Fatal("the vLLM load returned while a request was still running (pause mode wait)")
 			}
 			check(2)
 
