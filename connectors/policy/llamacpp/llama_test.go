@@ -364,14 +364,36 @@ func TestLlamaExact(t *testing.T) {
 		t.Fatalf("cut at %d: %+v, want %+v", stopID, cut[0], want)
 	}
 
-	// An end-of-generation id missing from the stop ids is refused.
-	noEOG := reqs[1]
-	noEOG.Settings.Stop = nil
-	noEOG.Settings.MaxTokens = 200
-	if _, err := c.Generate(ctx, []model.Request{noEOG}); err != nil && !errors.Is(err, policy.ErrSettings) {
+	// A sample that ends at an end-of-generation id: stop_type eos maps
+	// to stop; without that id among the stop ids it is refused.
+	text, err := c.ApplyTemplate(ctx, []rollout.ChatMessage{{Role: "user", Content: "Reply with the single word yes."}}, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	yes, err := c.Tokenize(ctx, text)
+	if err != nil {
+		t.Fatal(err)
+	}
+	short := model.Request{Context: yes, Settings: settings(0.5, 0, 0, 16, ids.imEnd, ids.endOfText), Seed: 3, ID: "yes"}
+	s, err := c.Generate(ctx, []model.Request{short})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s[0].Finish != model.FinishStop || s[0].Tokens[len(s[0].Tokens)-1] != ids.imEnd {
+		t.Fatalf("the yes request (seed 3) did not end at <|im_end|> within 16 ids: %+v", s[0])
+	}
+	last := tr.completions()
+	var st struct {
+		StopType string `json:"stop_type"`
+	}
+	json.Unmarshal(last[len(last)-1].resp, &st)
+	if st.StopType != "eos" {
+		t.Fatalf("stop_type %q for an end at <|im_end|>", st.StopType)
+	}
+	t.Logf("yes request: %d ids, finish %s (stop_type %s)", len(s[0].Tokens), s[0].Finish, st.StopType)
+	short.Settings.Stop = nil
+	if _, err := c.Generate(ctx, []model.Request{short}); !errors.Is(err, policy.ErrSettings) || policy.IsInfra(err) {
 		t.Fatalf("an end at <|im_end|> without it in the stop ids: %v", err)
-	} else if err == nil {
-		t.Log("the 200-token sample did not reach an end-of-generation id")
 	}
 }
 
