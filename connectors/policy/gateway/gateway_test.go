@@ -195,7 +195,10 @@ func TestLeastOutstanding(t *testing.T) {
 	if busy != 0 {
 		t.Fatalf("the group went to replica %d, not to the slow one", busy)
 	}
-	before := slow.fault.Hits.Load() // counted on arrival, before the delay
+	for slow.fault.Hits.Load() < 3 && time.Now().Before(deadline) { // all 3 arrived (counted before the delay)
+		time.Sleep(5 * time.Millisecond)
+	}
+	before := slow.fault.Hits.Load()
 	reqs := policytest.Requests(f.reg, 10, 3, policytest.RequestOptions{})
 	for i := range reqs {
 		reqs[i].Affinity = ""
