@@ -16,6 +16,10 @@
 // outstanding (ties to the one least recently chosen). The requests of one
 // Generate assigned to a replica are sent to it as one GenerateEach.
 //
+// Timeouts. Each request sent to a replica is bounded by that replica
+// client's per-request timeout (policy.ClientConfig.Timeout); one that
+// passes it is a timeout InfraError, retried like any other.
+//
 // Failures. A request that fails with an *policy.InfraError is sent again,
 // at most MaxRetries times, each time to a replica it has not failed on;
 // when none is left, its last InfraError is its result. Infrastructure
