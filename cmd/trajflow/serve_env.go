@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"net"
@@ -18,24 +17,8 @@ import (
 	"github.com/trajflow/trajflow/operators/rollout"
 )
 
-// A minimal "serve" command that dispatches on its first argument; only
-// "env" is served from this file. (A fuller dispatcher over more ends
-// replaces this block; keep cmdServeEnv.)
 func init() {
-	register("serve", "serve an end over its network protocol: serve env --port N --data DIR", func(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-		if len(args) == 0 || args[0] == "-h" || args[0] == "--help" {
-			fmt.Fprintln(stderr, "usage: trajflow serve env --port N --data DIR [flags]")
-			if len(args) == 0 {
-				return fmt.Errorf("%w: serve what? (env)", errUsage)
-			}
-			return flag.ErrHelp
-		}
-		switch args[0] {
-		case "env":
-			return cmdServeEnv(ctx, args[1:], stdout, stderr)
-		}
-		return fmt.Errorf("%w: serve %q: unknown end (have env)", errUsage, args[0])
-	})
+	registerServe("env", "the environment service over the built-in task families (--port N --data DIR)", cmdServeEnv)
 }
 
 // cmdServeEnv runs the environment service (connectors/envsvc) over the

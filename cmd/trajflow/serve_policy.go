@@ -1,0 +1,95 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/trajflow/trajflow/connectors/policy"
+	"github.com/trajflow/trajflow/connectors/policy/serve"
+	"github.com/trajflow/trajflow/operators/rollout"
+)
+
+func init() {
+	registerServe("policy", "the built-in policy over the llama.cpp, SGLang or vLLM protocol (--protocol, --port, --releases, --contract)", cmdServePolicy)
+}
+
+// cmdServePolicy serves the releases of a directory over one protocol until
+// ctx ends (SIGINT, SIGTERM).
+func cmdServePolicy(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := newFlags("serve policy", stderr)
+	proto := fs.String("protocol", "", "protocol: llamacpp, sglang or vllm")
+	host := fs.String("host", "127.0.0.1", "address to listen on")
+	port := fs.Int("port", 0, "port (0 picks a free one)")
+	dir := fs.String("releases", "", "directory of policy releases (policy-vNNNNNNNN.json manifests and checkpoints)")
+	path := fs.String("contract", "", "learning contract (default: the built-in demo contract): its tokenizer must be the built-in one; its sampler.stop_token_ids are llama.cpp's end-of-generation ids")
+	version := fs.Int64("version", 0, "release to load at start (0: the newest in --releases; none there: wait for a weight-update call)")
+	if _, err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	switch {
+	case *proto != policy.LlamaCpp && *proto != policy.SGLang && *proto != policy.VLLM:
+		return fmt.Errorf("%w: --protocol %q: want llamacpp, sglang or vllm", errUsage, *proto)
+	case *dir == "":
+		return fmt.Errorf("%w: --releases DIR is required", errUsage)
+	case *port < 0 || *port > 65535:
+		return fmt.Errorf("%w: --port %d", errUsage, *port)
+	}
+	c, err := loadContract(*path)
+	if err != nil {
+		return err
+	}
+	if !strings.HasPrefix(c.Artifacts.Tokenizer, "builtin:tokenizer/kv@") {
+		return fmt.Errorf("contract %s: artifacts.tokenizer %q: serve policy serves the built-in policy, whose vocabulary is builtin:tokenizer/kv", *path, c.Artifacts.Tokenizer)
+	}
+	reg, err := rollout.NewRegistry(rollout.DefaultRegistryConfig())
+	if err != nil {
+		return err
+	}
+	srv, err := serve.New(serve.Config{Protocol: *proto, Releases: *dir, Grammar: reg.Grammar(), EOG: append([]int32{}, c.Sampler.StopTokenIDs...)})
+	if err != nil {
+		return err
+	}
+	loaded := *version
+	if loaded > 0 {
+		err = srv.Load(loaded)
+	} else {
+		loaded, err = srv.LoadNewest()
+	}
+	if err != nil {
+		return err
+	}
+	l, err := net.Listen("tcp", net.JoinHostPort(*host, strconv.Itoa(*port)))
+	if err != nil {
+		return err
+	}
+	hs := &http.Server{Handler: srv, ReadHeaderTimeout: 10 * time.Second}
+	served := "no release yet (load one with the protocol's weight-update call)"
+	if loaded > 0 {
+		served = "release " + strconv.FormatInt(loaded, 10)
+	}
+	fmt.Fprintf(stdout, "policy server (%s) listening on http://%s, serving %s of %s, grammar %s, contract %s\n",
+		*proto, l.Addr(), served, *dir, reg.Grammar().ID(), c.Hash())
+	errc := make(chan error, 1)
+	go func() { errc <- hs.Serve(l) }()
+	select {
+	case err := <-errc:
+		return err
+	case <-ctx.Done():
+	}
+	sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := hs.Shutdown(sctx); err != nil {
+		return err
+	}
+	if err := <-errc; !errors.Is(err, http.ErrServerClosed) {
+		return err
+	}
+	return nil
+}

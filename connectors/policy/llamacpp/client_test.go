@@ -1,0 +1,244 @@
+package llamacpp_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"math"
+	"net/http"
+	"testing"
+	"time"
+
+	"github.com/trajflow/trajflow/connectors/policy"
+	"github.com/trajflow/trajflow/connectors/policy/internal/policytest"
+	"github.com/trajflow/trajflow/connectors/policy/llamacpp"
+	"github.com/trajflow/trajflow/gpu/model"
+	"github.com/trajflow/trajflow/operators/rollout"
+)
+
+func single(version int64) policytest.NewClient {
+	return func(t testing.TB, addr string, timeout time.Duration, want policy.Want) policy.Client {
+		t.Helper()
+		v := version
+		if want.Version > 0 {
+			v = want.Version
+		}
+		c, err := llamacpp.New(llamacpp.Config{ClientConfig: policy.ClientConfig{Addr: addr, Timeout: timeout, Want: want}, Version: v})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(c.Close)
+		return c
+	}
+}
+
+func router(t testing.TB, addr string, timeout time.Duration, want policy.Want) policy.Client {
+	t.Helper()
+	c, err := llamacpp.New(llamacpp.Config{ClientConfig: policy.ClientConfig{Addr: addr, Timeout: timeout, Want: want}, Router: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	return c
+}
+
+// toServer is the request as llama.cpp carries it: a 32-bit seed.
+func toServer(r model.Request) model.Request {
+	r.Seed = uint64(llamacpp.Seed32(r.Seed))
+	return r
+}
+
+func TestExact(t *testing.T) {
+	policytest.Exact(t, policy.LlamaCpp, router, policytest.RequestOptions{StopEnd: true}, toServer)
+}
+
+// TestRouterVersions: one router serving two versions; each request names
+// one and gets exactly its samples.
+func TestRouterVersions(t *testing.T) {
+	reg := policytest.Registry(t)
+	dir := t.TempDir()
+	policytest.Release(t, dir, 1, false)
+	policytest.Release(t, dir, 2, false)
+	srv := policytest.Start(t, policy.LlamaCpp, dir, reg, nil, 1, 2)
+	reqs := policytest.Requests(reg, 50, 9, policytest.RequestOptions{StopEnd: true})
+	ref := make([]model.Request, len(reqs))
+	for i, r := range reqs {
+		ref[i] = toServer(r)
+	}
+	for _, v := range []int64{1, 2} {
+		got, err := router(t, srv.URL, 5*time.Second, policy.Want{Version: v}).Generate(context.Background(), reqs)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want, _ := policytest.Load(t, policytest.Release(t, t.TempDir(), v, false)).Generate(context.Background(), ref)
+		for i := range reqs {
+			if !policytest.Equal(got[i], want[i]) {
+				t.Fatalf("version %d request %d: %+v, want %+v", v, i, got[i], want[i])
+			}
+		}
+	}
+	if _, err := router(t, srv.URL, time.Second, policy.Want{}).Generate(context.Background(), reqs[:1]); !errors.Is(err, policy.ErrConfig) {
+		t.Fatalf("router without a version: %v", err)
+	}
+	_, err := router(t, srv.URL, time.Second, policy.Want{Version: 3}).Generate(context.Background(), reqs[:1])
+	if ie, ok := policy.AsInfra(err); !ok || ie.Reason != policy.ReasonRejected {
+		t.Fatalf("a version not loaded: %v", err)
+	}
+}
+
+// TestStopCut: stop ids the server does not know are cut exactly; an
+// end-of-generation id the settings lack is refused.
+func TestStopCut(t *testing.T) {
+	reg := policytest.Registry(t)
+	dir := t.TempDir()
+	rel := policytest.Release(t, dir, 1, false)
+	srv := policytest.Start(t, policy.LlamaCpp, dir, reg, nil, 1)
+	c := single(1)(t, srv.URL, 5*time.Second, policy.Want{})
+	reqs := policytest.Requests(reg, 200, 4, policytest.RequestOptions{StopEnd: true})
+	cut := 0
+	for i := range reqs {
+		reqs[i].Settings.Stop = []int32{rollout.TokEnd, rollout.TokCall, rollout.TokKey0 + 1}
+		reqs[i].Settings.MaxTokens = 6
+	}
+	got, err := c.Generate(context.Background(), reqs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ref := make([]model.Request, len(reqs))
+	for i, r := range reqs {
+		ref[i] = toServer(r)
+	}
+	want, _ := policytest.Load(t, rel).Generate(context.Background(), ref)
+	for i := range reqs {
+		if !policytest.Equal(got[i], want[i]) {
+			t.Fatalf("request %d: %+v, want %+v", i, got[i], want[i])
+		}
+		if l := got[i].Tokens[len(got[i].Tokens)-1]; got[i].Finish == model.FinishStop && l != rollout.TokEnd {
+			cut++
+		}
+	}
+	if cut == 0 {
+		t.Fatal("no sample was cut at a stop id the server does not know")
+	}
+	r := reqs[:1]
+	r[0].Settings.Stop = nil
+	r[0].Context = []int32{rollout.TokBOS, rollout.TokAct}
+	r[0].Settings.MaxTokens = 3
+	_, err = c.Generate(context.Background(), r)
+	if !errors.Is(err, policy.ErrSettings) || policy.IsInfra(err) {
+		t.Fatalf("end at END without END in the stop ids: %v", err)
+	}
+}
+
+func TestFaults(t *testing.T) {
+	probs := func(m map[string]any) []any { return m["completion_probabilities"].([]any) }
+	entry := func(m map[string]any, i int) map[string]any { return probs(m)[i].(map[string]any) }
+	policytest.Faults(t, policy.LlamaCpp, "/completion", "trajflow_logprob", single(1), []policytest.FaultCase{
+		policytest.F("one entry too few", func(m map[string]any) { p := probs(m); m["completion_probabilities"] = p[:len(p)-1] }, policy.ReasonLengthMismatch),
+		policytest.F("prob above 1", func(m map[string]any) {
+			delete(entry(m, 0), "trajflow_logprob")
+			entry(m, 0)["prob"] = json.Number("1.5")
+		}, policy.ReasonPositiveLogprob),
+		policytest.F("prob 0", func(m map[string]any) {
+			delete(entry(m, 0), "trajflow_logprob")
+			entry(m, 0)["prob"] = json.Number("0")
+		}, policy.ReasonNaNLogprob),
+		policytest.F("raw logprob only", func(m map[string]any) {
+			e := entry(m, 0)
+			delete(e, "prob")
+			e["logprob"] = json.Number("-0.5")
+		}, policy.ReasonBadResponse),
+		policytest.F("log-prob disagrees with prob", func(m map[string]any) { entry(m, 0)["trajflow_logprob"] = json.Number("-7") }, policy.ReasonBadResponse),
+		policytest.F("id out of range", func(m map[string]any) {
+			m["tokens"].([]any)[0] = json.Number("40")
+			entry(m, 0)["id"] = json.Number("40")
+		}, policy.ReasonTokenRange),
+		policytest.F("entry of another id", func(m map[string]any) { entry(m, 0)["id"] = json.Number("30") }, policy.ReasonBadResponse),
+		policytest.F("missing stop_type", func(m map[string]any) { delete(m, "stop_type") }, policy.ReasonBadResponse),
+		policytest.F("stopped at a word", func(m map[string]any) {
+			m["stop_type"] = "word"
+			m["tokens"] = m["tokens"].([]any)[:1]
+			m["completion_probabilities"] = probs(m)[:1]
+		}, policy.ReasonBadResponse),
+		policytest.F("served by another model", func(m map[string]any) { m["model"] = policy.ModelName(5) }, policy.ReasonVersionMismatch),
+		policytest.F("prompt truncated", func(m map[string]any) { m["truncated"] = true }, policy.ReasonRejected),
+		policytest.F("prompt not all evaluated", func(m map[string]any) { m["tokens_evaluated"] = json.Number("2") }, policy.ReasonBadResponse),
+	})
+}
+
+// TestPostSamplingProb: without trajflow_logprob (as from a real
+// llama-server), float32(log(prob)) is the sampler's log-prob bit for bit
+// unless the log-prob is within ~1e-9 of 0, where a double prob cannot
+// carry it (then it is within 1e-15).
+func TestPostSamplingProb(t *testing.T) {
+	reg := policytest.Registry(t)
+	dir := t.TempDir()
+	rel := policytest.Release(t, dir, 1, true)
+	fault := &policytest.Fault{Prefix: "/completion"}
+	srv := policytest.Start(t, policy.LlamaCpp, dir, reg, func(h http.Handler) http.Handler { fault.Next = h; return fault }, 1)
+	fault.Set(policytest.FaultEdit, 0, policytest.EditJSON(func(m map[string]any) {
+		for _, e := range m["completion_probabilities"].([]any) {
+			delete(e.(map[string]any), "trajflow_logprob")
+		}
+	}))
+	reqs := policytest.Requests(reg, 300, 5, policytest.RequestOptions{StopEnd: true})
+	got, err := single(1)(t, srv.URL, 5*time.Second, policy.Want{}).Generate(context.Background(), reqs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ref := make([]model.Request, len(reqs))
+	for i, r := range reqs {
+		ref[i] = toServer(r)
+	}
+	want, _ := policytest.Load(t, rel).Generate(context.Background(), ref)
+	exact, small, tiny := 0, 0, 0
+	for i := range reqs {
+		for k, lp := range want[i].Logprobs {
+			g := got[i].Logprobs[k]
+			switch {
+			case math.Float32bits(g) == math.Float32bits(lp):
+				exact++
+				if lp < 0 && lp > -1e-6 {
+					small++
+				}
+			case lp > -1e-9 && math.Abs(float64(g-lp)) < 1e-15:
+				tiny++
+			default:
+				t.Fatalf("request %d token %d: log(prob) %v, sampler %v", i, k, g, lp)
+			}
+		}
+	}
+	t.Logf("float32(log(prob)): %d log-probs bit-identical (%d of them in (-1e-6, 0)), %d within 1e-15 in (-1e-9, 0)", exact, small, tiny)
+	if small == 0 {
+		t.Fatal("no log-prob near 0: the peaked model does not probe the double-prob path")
+	}
+	// Why trajflow_logprob exists: a double cannot carry every float32
+	// log-prob this close to 0 through exp and log.
+	x := float32(-1e-10)
+	if float32(math.Log(math.Exp(float64(x)))) == x {
+		t.Fatal("exp/log round trip of -1e-10 is exact; the extension's reason is gone")
+	}
+}
+
+func TestTokenizer(t *testing.T) {
+	reg := policytest.Registry(t)
+	dir := t.TempDir()
+	policytest.Release(t, dir, 1, false)
+	srv := policytest.Start(t, policy.LlamaCpp, dir, reg, nil, 1)
+	c := router(t, srv.URL, time.Second, policy.Want{Version: 1}).(*llamacpp.Client)
+	ctx := context.Background()
+	prompt, err := c.ApplyTemplate(ctx, []rollout.ChatMessage{{Role: "user", Content: "TASK K2"}}, true)
+	if err != nil || prompt != "<bos> TASK K2 ACT" {
+		t.Fatalf("apply template: %q %v", prompt, err)
+	}
+	ids, err := c.Tokenize(ctx, prompt)
+	if err != nil || len(ids) != 4 || ids[0] != rollout.TokBOS || ids[2] != rollout.TokKey0+2 || ids[3] != rollout.TokAct {
+		t.Fatalf("tokenize: %v %v", ids, err)
+	}
+	if text, err := c.Detokenize(ctx, ids); err != nil || text != prompt {
+		t.Fatalf("detokenize: %q %v", text, err)
+	}
+	if _, err := c.Identity(ctx); err != nil || c.TokenizerHash() != rollout.TokenizerHash || c.ChatTemplateHash() == "" {
+		t.Fatalf("hashes %q %q %v", c.TokenizerHash(), c.ChatTemplateHash(), err)
+	}
+}

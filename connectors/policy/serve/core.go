@@ -1,0 +1,356 @@
+package serve
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+
+	"github.com/trajflow/trajflow/connectors/policy"
+	"github.com/trajflow/trajflow/gpu"
+	"github.com/trajflow/trajflow/gpu/model"
+	"github.com/trajflow/trajflow/schemas"
+)
+
+// Software is the server string every protocol's info endpoint reports.
+const Software = "trajflow-serve/1"
+
+// Config configures a Server.
+type Config struct {
+	// Protocol is policy.LlamaCpp, policy.SGLang or policy.VLLM.
+	Protocol string
+	// Releases is the directory of policy releases (gpu.Trainer.Release
+	// writes policy-vNNNNNNNN.json manifests and .ckpt checkpoints there).
+	// Every load names a release in it; nothing outside it is read.
+	Releases string
+	// Grammar is the constrained-decoding grammar the server applies to
+	// every request (a server-side logits processor: the task registry's,
+	// rollout.Registry.Grammar); nil: none. Its id is in the server's info
+	// endpoints, where clients read it and refuse settings that name
+	// another grammar.
+	Grammar model.Grammar
+	// EOG are the end-of-generation ids of the llama.cpp protocol: like
+	// llama-server, generation ends after sampling one (the request has no
+	// stop-id field). nil: rollout.TokEnd, the built-in end of action; an
+	// empty non-nil slice: none.
+	EOG []int32
+}
+
+// loaded is one policy version ready to serve: immutable once built, so
+// a request holding it never sees another version's weights.
+type loaded struct {
+	version  int64
+	name     string // policy.ModelName(version)
+	pol      *model.Policy
+	m        *model.Model // the same parameters, for raw logits and top lists
+	rel      schemas.PolicyRelease
+	manifest string // path of the manifest file
+}
+
+// core is what every protocol shares: the release directory, the grammar,
+// the pause gate, and the loaded versions.
+type core struct {
+	cfg  Config
+	dir  string
+	gate gate
+
+	mu       sync.Mutex
+	current  *loaded            // SGLang, vLLM: the version new requests get
+	shadow   *loaded            // vLLM: loaded by /update_weights, switched by /finish_weight_update
+	models   map[string]*loaded // llama.cpp: loaded router models by name
+	checksum map[int64]string
+}
+
+func newCore(cfg Config) (*core, error) {
+	switch cfg.Protocol {
+	case policy.LlamaCpp, policy.SGLang, policy.VLLM:
+	default:
+		return nil, fmt.Errorf("%w: serve: protocol %q (want %s, %s or %s)", policy.ErrConfig, cfg.Protocol, policy.LlamaCpp, policy.SGLang, policy.VLLM)
+	}
+	if cfg.Releases == "" {
+		return nil, fmt.Errorf("%w: serve: no releases directory", policy.ErrConfig)
+	}
+	dir, err := filepath.Abs(cfg.Releases)
+	if err != nil {
+		return nil, fmt.Errorf("%w: serve: releases %q: %v", policy.ErrConfig, cfg.Releases, err)
+	}
+	if st, err := os.Stat(dir); err != nil || !st.IsDir() {
+		return nil, fmt.Errorf("%w: serve: releases %q is not a directory", policy.ErrConfig, cfg.Releases)
+	}
+	if cfg.EOG == nil {
+		cfg.EOG = []int32{tokEnd}
+	}
+	return &core{cfg: cfg, dir: dir, models: map[string]*loaded{}, checksum: map[int64]string{}}, nil
+}
+
+// manifestPath is the path of version v's manifest.
+func (c *core) manifestPath(v int64) string { return filepath.Join(c.dir, gpu.ManifestName(v)) }
+
+// load reads, verifies and loads release v from the directory: the
+// manifest (strict JSON, Ready, its version v), then gpu.LoadRelease
+// (checkpoint hash and model config hash), then the same verified bytes
+// as a model for the logits the protocols report besides samples.
+func (c *core) load(v int64) (*loaded, error) {
+	if v <= 0 {
+		return nil, fmt.Errorf("serve: policy version %d", v)
+	}
+	path := c.manifestPath(v)
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("serve: release %d: %w", v, err)
+	}
+	var rel schemas.PolicyRelease
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&rel); err != nil {
+		return nil, fmt.Errorf("serve: manifest %s: %w", path, err)
+	}
+	if rel.PolicyVersion != v {
+		return nil, fmt.Errorf("serve: manifest %s declares version %d", path, rel.PolicyVersion)
+	}
+	pol, err := gpu.LoadRelease(rel)
+	if err != nil {
+		return nil, fmt.Errorf("serve: %w", err)
+	}
+	ck, err := os.ReadFile(filepath.FromSlash(strings.TrimPrefix(rel.CheckpointURI, "file://")))
+	if err != nil {
+		return nil, fmt.Errorf("serve: release %d: %w", v, err)
+	}
+	m, err := model.LoadVerified(ck, rel.CheckpointHash)
+	if err != nil {
+		return nil, fmt.Errorf("serve: release %d: %w", v, err)
+	}
+	c.mu.Lock()
+	c.checksum[v] = strings.TrimPrefix(rel.CheckpointHash, "sha256:")
+	c.mu.Unlock()
+	return &loaded{version: v, name: policy.ModelName(v), pol: pol, m: m, rel: rel, manifest: path}, nil
+}
+
+// versionOfPath resolves a model path a weight-update call names: a
+// manifest or checkpoint file of the releases directory (absolute, or
+// relative to it), or a policy.ModelName.
+func (c *core) versionOfPath(p string) (int64, error) {
+	if v, err := policy.ParseModelName(p); err == nil {
+		return v, nil
+	}
+	p = strings.TrimPrefix(p, "file://")
+	if !filepath.IsAbs(p) {
+		p = filepath.Join(c.dir, p)
+	}
+	p = filepath.Clean(p)
+	if filepath.Dir(p) != c.dir {
+		return 0, fmt.Errorf("model path %q is outside the releases directory %s", p, c.dir)
+	}
+	base := filepath.Base(p)
+	for _, ext := range []string{".json", ".ckpt"} {
+		if name, ok := strings.CutSuffix(base, ext); ok {
+			return policy.ParseModelName(name)
+		}
+	}
+	return 0, fmt.Errorf("model path %q is not a policy-vNNNNNNNN.json manifest or .ckpt checkpoint", p)
+}
+
+// available lists the versions with a manifest in the directory, in order.
+func (c *core) available() ([]int64, error) {
+	ents, err := os.ReadDir(c.dir)
+	if err != nil {
+		return nil, fmt.Errorf("serve: %w", err)
+	}
+	var out []int64
+	for _, e := range ents {
+		name, ok := strings.CutSuffix(e.Name(), ".json")
+		if !ok {
+			continue
+		}
+		if v, err := policy.ParseModelName(name); err == nil {
+			out = append(out, v)
+		}
+	}
+	slices.Sort(out)
+	return out, nil
+}
+
+// getCurrent returns the version new requests get (nil: none loaded).
+func (c *core) getCurrent() *loaded {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.current
+}
+
+// setCurrent switches new requests to l (the shadow-slot switch of systems
+// §8: one pointer store; requests in flight keep the *loaded they hold).
+func (c *core) setCurrent(l *loaded) {
+	c.mu.Lock()
+	c.current = l
+	c.mu.Unlock()
+}
+
+// generate samples one request on l with the server's grammar.
+func (c *core) generate(ctx context.Context, l *loaded, prompt []int32, s model.Settings, seed uint64, id string) (model.Sample, error) {
+	s.Grammar = c.cfg.Grammar
+	out, err := l.pol.Generate(ctx, []model.Request{{Context: prompt, Settings: s, Seed: seed, ID: id}})
+	if err != nil {
+		return model.Sample{}, err
+	}
+	return out[0], nil
+}
+
+// gate pauses generation (SGLang /pause_generation, vLLM /pause) and
+// tracks the requests in flight.
+type gate struct {
+	mu       sync.Mutex
+	paused   bool
+	resumed  chan struct{} // closed by resume
+	inflight map[*flight]struct{}
+	idle     chan struct{} // closed when the last flight leaves while someone waits
+}
+
+type flight struct{ cancel context.CancelCauseFunc }
+
+var errAborted = errors.New("request aborted by a pause in abort mode")
+
+// enter waits while generation is paused, then registers a request in
+// flight; the returned context is cancelled if a pause aborts it.
+func (g *gate) enter(ctx context.Context) (context.Context, func(), error) {
+	for {
+		g.mu.Lock()
+		if !g.paused {
+			break
+		}
+		ch := g.resumed
+		g.mu.Unlock()
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return nil, nil, ctx.Err()
+		}
+	}
+	defer g.mu.Unlock()
+	fctx, cancel := context.WithCancelCause(ctx)
+	f := &flight{cancel: cancel}
+	if g.inflight == nil {
+		g.inflight = map[*flight]struct{}{}
+	}
+	g.inflight[f] = struct{}{}
+	return fctx, func() {
+		cancel(nil)
+		g.mu.Lock()
+		delete(g.inflight, f)
+		if len(g.inflight) == 0 && g.idle != nil {
+			close(g.idle)
+			g.idle = nil
+		}
+		g.mu.Unlock()
+	}, nil
+}
+
+// pause stops new requests. mode "abort" aborts the requests in flight
+// (their answers say so; a generation already running is not interrupted
+// but its result is discarded) and returns once they are done; "wait"
+// returns once they have finished (on the version they started with);
+// "keep" (vLLM) and "in_place" (SGLang) leave them running. A request's
+// generation cannot be suspended half way, so no mode lets a request
+// continue on other weights.
+func (g *gate) pause(ctx context.Context, mode string) error {
+	switch mode {
+	case "abort", "wait", "keep", "in_place", "retract":
+	default:
+		return fmt.Errorf("pause mode %q (want abort, wait, keep, in_place or retract)", mode)
+	}
+	g.mu.Lock()
+	if !g.paused {
+		g.paused = true
+		g.resumed = make(chan struct{})
+	}
+	if mode == "abort" {
+		for f := range g.inflight {
+			f.cancel(errAborted)
+		}
+	}
+	if mode != "wait" && mode != "abort" && mode != "retract" || len(g.inflight) == 0 {
+		g.mu.Unlock()
+		return nil
+	}
+	if g.idle == nil {
+		g.idle = make(chan struct{})
+	}
+	idle := g.idle
+	g.mu.Unlock()
+	select {
+	case <-idle:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+func (g *gate) resume() {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.paused {
+		g.paused = false
+		close(g.resumed)
+	}
+}
+
+func (g *gate) isPaused() bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.paused
+}
+
+// aborted reports whether ctx was cancelled by a pause in abort mode.
+func aborted(ctx context.Context) bool { return errors.Is(context.Cause(ctx), errAborted) }
+
+// decodeStrict decodes a request body into v: one JSON value, no unknown
+// fields (a field the server does not implement is refused, never
+// ignored).
+func decodeStrict(r *http.Request, v any) error {
+	b, err := io.ReadAll(io.LimitReader(r.Body, 64<<20))
+	if err != nil {
+		return fmt.Errorf("read body: %w", err)
+	}
+	if len(bytes.TrimSpace(b)) == 0 {
+		b = []byte("{}")
+	}
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		return err
+	}
+	if dec.More() {
+		return errors.New("trailing data after the JSON body")
+	}
+	return nil
+}
+
+// writeJSON writes v with status code.
+func writeJSON(w http.ResponseWriter, code int, v any) {
+	b, err := json.Marshal(v)
+	if err != nil {
+		http.Error(w, `{"error":"encode response"}`, http.StatusInternalServerError)
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(code)
+	w.Write(b)
+}
+
+// errorBody is the error shape of every protocol here: {"error": {...}}
+// in llama.cpp's style, which SGLang and vLLM clients read as a message.
+func writeError(w http.ResponseWriter, code int, format string, args ...any) {
+	msg := fmt.Sprintf(format, args...)
+	typ := "invalid_request_error"
+	if code >= 500 {
+		typ = "server_error"
+	}
+	writeJSON(w, code, map[string]any{"error": map[string]any{"code": code, "message": msg, "type": typ}, "message": msg})
+}

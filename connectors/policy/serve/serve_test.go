@@ -1,0 +1,63 @@
+package serve_test
+
+import (
+	"context"
+	"net/http"
+	"strings"
+	"testing"
+
+	"github.com/trajflow/trajflow/connectors/policy"
+	"github.com/trajflow/trajflow/connectors/policy/internal/policytest"
+)
+
+// TestRefusals: settings the built-in policy cannot apply exactly, and
+// fields it does not know, are refused with 400 naming them; never
+// ignored.
+func TestRefusals(t *testing.T) {
+	reg := policytest.Registry(t)
+	dir := t.TempDir()
+	policytest.Release(t, dir, 1, false)
+	cases := []struct {
+		proto, path, body, word string
+	}{
+		{policy.LlamaCpp, "/completion", `{"prompt":[1,3],"n_predict":2,"seed":1}`, "min_p"}, // llama-server's default min_p 0.05
+		{policy.LlamaCpp, "/completion", `{"prompt":[1,3],"n_predict":2,"min_p":0}`, "seed"},
+		{policy.LlamaCpp, "/completion", `{"prompt":[1,3],"n_predict":2,"min_p":0,"seed":4294967295}`, "random"},
+		{policy.LlamaCpp, "/completion", `{"prompt":[1,3],"n_predict":2,"min_p":0,"seed":1,"top_p":0.5}`, "temperature first"},
+		{policy.LlamaCpp, "/completion", `{"prompt":[1,3],"n_predict":2,"seed":1,"samplers":["temperature"],"repeat_penalty":1.1}`, ""},
+		{policy.LlamaCpp, "/completion", `{"prompt":[1,3],"n_predict":2,"seed":1,"samplers":["penalties","temperature"],"repeat_penalty":1.1}`, "repeat_penalty"},
+		{policy.LlamaCpp, "/completion", `{"prompt":"TASK","n_predict":2,"seed":1,"min_p":0}`, "token ids"},
+		{policy.LlamaCpp, "/completion", `{"prompt":[1,3],"n_predict":2,"seed":1,"min_p":0,"grammar":"root ::= x"}`, "grammar"},
+		{policy.LlamaCpp, "/completion?autoload=true", `{"prompt":[1,3],"n_predict":2,"seed":1,"min_p":0}`, "autoload"},
+		{policy.SGLang, "/generate", `{"input_ids":[1,3],"sampling_params":{"max_new_tokens":2}}`, "sampling_seed"},
+		{policy.SGLang, "/generate", `{"input_ids":[1,3],"sampling_params":{"max_new_tokens":2,"sampling_seed":1,"min_p":0.1}}`, "min_p"},
+		{policy.SGLang, "/generate", `{"input_ids":[1,3],"sampling_params":{"max_new_tokens":2,"sampling_seed":1,"stop":["END"]}}`, "stop"},
+		{policy.SGLang, "/generate", `{"input_ids":[1,3],"sampling_params":{"max_new_tokens":2,"sampling_seed":1,"regex":"a"}}`, "regex"},
+		{policy.SGLang, "/generate", `{"text":"TASK","sampling_params":{"max_new_tokens":2,"sampling_seed":1}}`, "input_ids"},
+		{policy.SGLang, "/update_weights_from_disk", `{"model_path":"/etc/passwd"}`, "outside"},
+		{policy.SGLang, "/update_weights_from_disk", `{"model_path":"policy-v00000001.json","weight_version":"7"}`, "weight_version"},
+		{policy.VLLM, "/inference/v1/generate", `{"token_ids":[1,3],"sampling_params":{"max_tokens":2,"seed":1,"repetition_penalty":1.2}}`, "repetition_penalty"},
+		{policy.VLLM, "/inference/v1/generate", `{"token_ids":[1,3],"sampling_params":{"max_tokens":2}}`, "seed"},
+		{policy.VLLM, "/inference/v1/generate", `{"token_ids":[1,3],"sampling_params":{"max_tokens":2,"seed":1,"logprobs":5}}`, "logprobs"},
+		{policy.VLLM, "/finish_weight_update", `{"weight_version":"1"}`, "no weights were updated"},
+	}
+	servers := map[string]string{}
+	for _, p := range []string{policy.LlamaCpp, policy.SGLang, policy.VLLM} {
+		servers[p] = policytest.Start(t, p, dir, reg, nil, 1).URL
+	}
+	for _, tc := range cases {
+		code, body, err := policytest.Post(context.Background(), servers[tc.proto]+tc.path, tc.body)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if tc.word == "" { // a non-neutral setting of a sampler left out of the chain is not applied
+			if code != http.StatusOK {
+				t.Errorf("%s %s %s: %d %s", tc.proto, tc.path, tc.body, code, body)
+			}
+			continue
+		}
+		if code != http.StatusBadRequest || !strings.Contains(body, tc.word) {
+			t.Errorf("%s %s %s: %d %s, want 400 naming %q", tc.proto, tc.path, tc.body, code, body, tc.word)
+		}
+	}
+}
