@@ -185,19 +185,45 @@ class TrainStage:
                                  for r in (bytes_records(x) for x in u.get("python", {}).get("outputs", []))]
             self.last_outputs_of = u["batch_id"]
         if not self._load_local(v):
-            def on_batch(m: Message):
-                try:
-                    b = B.decode_packed_batch(m.value, m.headers)
-                except B.Refusal:
-                    return
-                if b.batch_index > self.last_index:
-                    return
-                self.batches.add(b.batch_id)
-                for r in b.rows:
-                    self.trained.update(r.segment_trajectory_ids)
-            scan(c.brokers, c.topics.batches, on_batch, c.kafka)
+            self._rebuild(v)
             self._save_local()
         log.info("trainer restored: version %d, last batch %d, %d trained trajectories", v, self.last_index, len(self.trained))
+
+    def _rebuild(self, v: int) -> None:
+        """The trained batch and trajectory ids, from the update records of
+        versions 1..v (which batch each version trained, and which of its
+        trajectories the lag rule took out) and the batches topic (the
+        trajectories of those batches). Without the update records (a
+        pruned release directory) every batch up to the last index counts
+        as trained, as the Go train stage rebuilds it."""
+        c = self.cfg
+        trained_batches: Optional[set] = set()
+        not_trained: set = set()
+        for k in range(1, v + 1):
+            try:
+                with open(os.path.join(c.release_dir, update_name(k)), "rb") as f:
+                    u = json.loads(f.read())
+            except (OSError, ValueError):
+                log.warning("update record %d missing: every batch up to index %d counts as trained", k, self.last_index)
+                trained_batches = None
+                break
+            trained_batches.add(u["batch_id"])
+            not_trained.update(u.get("python", {}).get("not_trained", []))
+
+        def on_batch(m: Message):
+            try:
+                b = B.decode_packed_batch(m.value, m.headers)
+            except B.Refusal:
+                return
+            if b.batch_index > self.last_index:
+                return
+            if trained_batches is not None and b.batch_id not in trained_batches:
+                return
+            self.batches.add(b.batch_id)
+            for r in b.rows:
+                self.trained.update(t for t in r.segment_trajectory_ids if t not in not_trained)
+
+        scan(c.brokers, c.topics.batches, on_batch, c.kafka)
 
     def _state_path(self) -> Optional[str]:
         if not self.cfg.state_dir:
@@ -277,18 +303,27 @@ class TrainStage:
             B.check_rows(batch)
         except B.Refusal as r:
             return self.refuse(m, r.reason, r.detail)
-        dups, ids = 0, []
+        dups, fresh = 0, 0
         for r in batch.rows:
             for k, tid in enumerate(r.segment_trajectory_ids):
                 if tid in self.trained:
                     dups += 1
                     r.action_mask[r.segment_ids == k] = 0
                 else:
-                    ids.append(tid)
-        if not ids:
+                    fresh += 1
+        if not fresh:
             return self.refuse(m, B.REASON_DUPLICATE_BATCH, f"every trajectory of batch {batch.batch_id} was trained already")
         lag = self._lag_rule(batch)
-        if not any((r.action_mask == 1).any() for r in batch.rows):
+        # Trajectories with a token left to train, and those the lag rule
+        # took out entirely (not trained: census "filtered", reason stale).
+        ids, stale_ids = [], []
+        for r in batch.rows:
+            live = set(np.unique(r.segment_ids[r.action_mask == 1]).tolist())
+            for k, tid in enumerate(r.segment_trajectory_ids):
+                if tid in self.trained:
+                    continue
+                (ids if k in live else stale_ids).append(tid)
+        if not ids:
             return self.refuse(m, B.REASON_STALE_BATCH,
                                f"batch {batch.batch_id}: no token within max_lag {c.max_lag} of trainer version {self.trainer.version}")
         t0 = time.monotonic()
@@ -303,6 +338,10 @@ class TrainStage:
         for tid in ids:
             out.append((c.topics.census,) + census_record({
                 "run_id": c.run_id, "attempt_id": tid, "kind": "trained", "stage": c.stage,
+                "batch_id": batch.batch_id, "update": batch.batch_index, "policy_version": v, "at_us": at}))
+        for tid in stale_ids:
+            out.append((c.topics.census,) + census_record({
+                "run_id": c.run_id, "attempt_id": tid, "kind": "filtered", "stage": c.stage, "reason": "stale",
                 "batch_id": batch.batch_id, "update": batch.batch_index, "policy_version": v, "at_us": at}))
         if dups:
             out.append((c.topics.incidents,) + incident_record({
@@ -319,7 +358,8 @@ class TrainStage:
                "metrics": first.metrics(), "last": last.to_dict(), "duplicates": dups, "step_seconds": secs,
                "python": {"trainer": "trajflow.train (PyTorch)", "torch": torch.__version__,
                           "max_lag": c.max_lag, "stale_policy": c.stale_policy, **lag,
-                          "source": m.ref, "outputs": [json_records(r) for r in out]}}
+                          "source": m.ref, "not_trained": stale_ids,
+                          "outputs": [json_records(r) for r in out]}}
         write_atomic(os.path.join(c.release_dir, update_name(v)), json.dumps(rec, indent=2).encode())
         write_atomic(os.path.join(c.release_dir, optim_name(v)), self.trainer.optim_bytes())
         rel = self._release()
