@@ -9,7 +9,10 @@
 # hash being that of requirements.txt (and of the base interpreter's version),
 # so a fresh clone reuses it and a change of pins builds a new one. The
 # dependencies are installed once (torch from PyPI is the CUDA build and brings
-# ~4 GB of nvidia-* wheels); pip's own cache is kept under the same directory.
+# ~4 GB of nvidia-* wheels). The wheels themselves are kept in
+# $TRAJFLOW_CACHE/wheels (pip download skips files already there), so a new
+# venv after a change of pins downloads only what changed: pip's HTTP cache
+# does not help here, the registry's responses are not cacheable.
 # The trajflow package itself is reinstalled (--no-deps, a second or two) on
 # every call so the venv always holds the checkout's code.
 set -euo pipefail
@@ -19,8 +22,9 @@ cache="${TRAJFLOW_CACHE:-$HOME/.cache/trajflow}"
 pyver="$("$python" -c 'import sys; print("%d.%d.%d" % sys.version_info[:3])')"
 hash="$( { cat "$here/requirements.txt"; echo "python $pyver"; } | sha256sum | cut -c1-16)"
 venv="$cache/venv-$hash"
+wheels="$cache/wheels"
 export PIP_CACHE_DIR="${PIP_CACHE_DIR:-$cache/pip}"
-mkdir -p "$cache"
+mkdir -p "$cache" "$wheels"
 
 if [ ! -f "$venv/.complete" ]; then
   # A half-built venv (killed install) is rebuilt from scratch: the marker is
@@ -29,7 +33,8 @@ if [ ! -f "$venv/.complete" ]; then
   start=$(date +%s)
   "$python" -m venv "$venv.tmp"
   "$venv.tmp/bin/python" -m pip install --quiet --upgrade pip >&2
-  "$venv.tmp/bin/python" -m pip install --quiet -r "$here/requirements.txt" >&2
+  "$venv.tmp/bin/python" -m pip download --quiet -d "$wheels" -r "$here/requirements.txt" >&2
+  "$venv.tmp/bin/python" -m pip install --quiet --no-index --find-links "$wheels" -r "$here/requirements.txt" >&2
   rm -rf "$venv"
   mv "$venv.tmp" "$venv"
   # venv scripts carry the absolute path of their interpreter: rewrite them
