@@ -1,6 +1,4 @@
-import os
 import pathlib
-import sys
 
 import pytest
 import torch

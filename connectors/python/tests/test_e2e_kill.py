@@ -31,8 +31,6 @@ import subprocess
 import threading
 import time
 
-import pytest
-
 from conftest import ROOT
 from fleet import Procs, go_binary, python, start_broker
 from trajflow import contract as C

@@ -24,7 +24,6 @@ import json
 
 import numpy as np
 import pytest
-import torch
 
 from conftest import PARITY
 from trajflow.batches import decode_packed_batch

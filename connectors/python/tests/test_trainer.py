@@ -4,15 +4,15 @@ runtime's headers, and state rebuilt at start."""
 
 import json
 import os
-import re
 import subprocess
+
+import time
 
 import numpy as np
 import pyarrow as pa
 import pytest
 
 from conftest import PARITY, ROOT
-from trajflow import batches as B
 from trajflow import contract as C
 from trajflow.ids import batch_id
 from trajflow.kafka import AckProducer, scan
@@ -159,3 +159,30 @@ def test_mask_stale_keeps_in_window_tokens(run):
     # With local state the restart reads it instead of the batches topic.
     s2 = stage_for(run, state=str(tmp / "state"))
     assert s2.trained == s.trained and s2.last_index == 1
+
+
+def test_batch_reader_quarantines_and_commits(run):
+    broker, c, tmp = run
+    from trajflow.batches import BatchReader
+    good = variant(c, 0)
+    AckProducer(broker).send([(f"{RUN}.batches", b"k", good, HDRS), (f"{RUN}.batches", b"k", good[:100], HDRS),
+                              (f"{RUN}.batches", b"k", good, [("trajflow-kind", b"scored_trajectory")])])
+    r = BatchReader(broker, f"{RUN}.batches", f"{RUN}.quarantine", group="reader-test")
+    got = []
+    deadline = time.monotonic() + 30
+    while len(got) + len(r.refused) < 3 and time.monotonic() < deadline:
+        x = r.next(0.5)
+        if x is not None:
+            got.append(x)
+            with pytest.raises(RuntimeError):
+                r.next(0.1)  # one batch at a time
+            r.commit(x[0])
+    assert [b.batch_index for _, b in got] == [0]
+    assert r.refused == [(1, "undecodable"), (2, "wrong_kind")]
+    r.close()
+    q = topic(broker, "quarantine")
+    assert [dict(m.headers)["trajflow-reason"] for m in q] == [b"undecodable", b"wrong_kind"]
+    # Everything was committed: a new reader in the group starts at the end.
+    r2 = BatchReader(broker, f"{RUN}.batches", f"{RUN}.quarantine", group="reader-test")
+    assert r2.consumer.start_offsets == {0: 3}
+    r2.close()

@@ -311,3 +311,79 @@ def check_rows(batch: PackedBatch) -> None:
             raise Refusal(REASON_UNTRAINABLE, f"batch {batch.batch_id} row {ri}: segment ids outside [0, {n})")
         if len(r.segment_trajectory_ids) != nseg:
             raise Refusal(REASON_UNTRAINABLE, f"batch {batch.batch_id} row {ri}: {len(r.segment_trajectory_ids)} segment trajectory ids for {nseg} segments")
+
+
+def quarantine_record(topic: str, stage: str, m, reason: str, detail: str):
+    """pipeline.QuarantineRecord for a kafka.Message m: original key, value
+    and headers, then trajflow-reason, -detail, -stage and the source topic,
+    partition and offset. Returns (topic, key, value, headers)."""
+    hs = list(m.headers) + [
+        ("trajflow-reason", reason.encode()), ("trajflow-detail", detail.encode()),
+        ("trajflow-stage", stage.encode()), ("trajflow-source-topic", m.topic.encode()),
+        ("trajflow-source-partition", str(m.partition).encode()),
+        ("trajflow-source-offset", str(m.offset).encode()),
+    ]
+    return (topic, m.key, m.value, hs)
+
+
+class BatchReader:
+    """Reads decoded packed batches from a batches topic with confluent-kafka
+    and manual offset commits.
+
+        r = BatchReader("127.0.0.1:9092", "demo.batches", "demo.quarantine", group="demo.train")
+        while (got := r.next(timeout_s=1.0)) is not None or True:
+            if got is None: continue
+            msg, batch = got
+            ...train, make the result durable...
+            r.commit(msg)
+
+    A message that does not decode (see decode_packed_batch) never reaches
+    the caller: it goes to the quarantine topic with the Go runtime's
+    headers, and its offset is committed once the quarantine record is
+    acknowledged (acks=all). Offsets of delivered batches are committed
+    only by the caller (commit), after its own outputs are durable; the
+    reader hands out one batch at a time (next raises until the previous
+    one is committed), so a quarantine commit never moves the group's offset
+    past a batch the caller has not finished."""
+
+    def __init__(self, brokers: str, topic: str, quarantine_topic: str, group: str, stage: str = "train",
+                 extra: Optional[dict] = None):
+        from .kafka import AckProducer, AssignedConsumer
+        self.consumer = AssignedConsumer(brokers, group, topic, extra)
+        self.producer = AckProducer(brokers, extra)
+        self.quarantine_topic, self.stage = quarantine_topic, stage
+        self.refused: list = []
+        self.pending = None
+
+    def next(self, timeout_s: float = 1.0):
+        """(message, PackedBatch) of the next decodable batch, or None when
+        none arrived within timeout_s."""
+        if self.pending is not None:
+            raise RuntimeError(f"commit the batch at {self.pending.ref} before reading the next one")
+        m = self.consumer.poll(timeout_s)
+        if m is None:
+            return None
+        try:
+            b = decode_packed_batch(m.value, m.headers)
+            self.pending = m
+            return m, b
+        except Refusal as r:
+            self.quarantine(m, r.reason, r.detail)
+            return None
+
+    def quarantine(self, m, reason: str, detail: str) -> None:
+        """Quarantines m (acknowledged), then commits its offset."""
+        self.producer.send([quarantine_record(self.quarantine_topic, self.stage, m, reason, detail)])
+        self.refused.append((m.offset, reason))
+        self.consumer.commit(m)
+
+    def commit(self, m) -> None:
+        """Commits the delivered batch m (the offset after it)."""
+        if self.pending is None or (m.partition, m.offset) != (self.pending.partition, self.pending.offset):
+            raise RuntimeError(f"commit of {m.ref}, which is not the batch handed out")
+        self.consumer.commit(m)
+        self.pending = None
+
+    def close(self) -> None:
+        self.consumer.close()
+        self.producer.close()

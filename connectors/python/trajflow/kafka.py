@@ -37,7 +37,9 @@ def _msg(m) -> Message:
 
 
 def base_config(brokers: str, extra: Optional[dict] = None) -> dict:
-    c = {"bootstrap.servers": brokers, "socket.keepalive.enable": True}
+    # No client telemetry push (KIP-714): it only logs noise against brokers
+    # that do not take it.
+    c = {"bootstrap.servers": brokers, "socket.keepalive.enable": True, "enable.metrics.push": False}
     c.update(extra or {})
     return c
 

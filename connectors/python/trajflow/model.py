@@ -26,7 +26,6 @@ gradients agree with Go's to fp32 rounding and not bit for bit.
 from __future__ import annotations
 
 import hashlib
-import io
 import math
 import struct
 from dataclasses import dataclass

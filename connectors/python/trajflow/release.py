@@ -18,7 +18,7 @@ import datetime as _dt
 import json
 import os
 import tempfile
-from dataclasses import dataclass, asdict
+from dataclasses import dataclass
 from typing import Optional
 
 from .ids import derived_id, go_json, headers

@@ -43,11 +43,12 @@ import numpy as np
 import torch
 
 from . import batches as B
+from .batches import quarantine_record
 from .ids import census_record, incident_record
 from .kafka import AckProducer, Message, scan
 from .model import Behavior, Config, ShapeError, WindowMLP, init_params, load_checkpoint
 from .packed import ObjectiveInputError, Options
-from .release import (ReleaseMeta, checkpoint_path, decode_release, manifest_name, optim_name, release_record,
+from .release import (ReleaseMeta, checkpoint_path, decode_release, optim_name, release_record,
                       update_name, write_atomic, write_release)
 from .update import Adam, Trainer
 
@@ -91,18 +92,6 @@ class TrainConfig:
     init_checkpoint: Optional[bytes] = None
     kafka: dict = field(default_factory=dict)
     stage: str = "train"
-
-
-def quarantine_record(topic: str, stage: str, m: Message, reason: str, detail: str):
-    """pipeline.QuarantineRecord: original key, value and headers, then the
-    reason and the source coordinates."""
-    hs = list(m.headers) + [
-        ("trajflow-reason", reason.encode()), ("trajflow-detail", detail.encode()),
-        ("trajflow-stage", stage.encode()), ("trajflow-source-topic", m.topic.encode()),
-        ("trajflow-source-partition", str(m.partition).encode()),
-        ("trajflow-source-offset", str(m.offset).encode()),
-    ]
-    return (topic, m.key, m.value, hs)
 
 
 def json_records(r) -> list:

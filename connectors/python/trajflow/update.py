@@ -18,11 +18,10 @@ batch make one policy version; on error nothing changes.
 
 from __future__ import annotations
 
-import copy
 import hashlib
 import math
 import struct
-from dataclasses import dataclass, asdict
+from dataclasses import dataclass
 from typing import Optional
 
 import numpy as np
