@@ -1,7 +1,8 @@
 """End to end: the Go fleet (dispatch, rollout, validate, reward, advantage,
 pack) on the embedded broker feeds batches to `python -m trajflow.train`,
-which is killed with SIGKILL at random moments (>= 10 times, with and without
-its local state directory) and restarted, until every round is trained.
+which is killed with SIGKILL at random moments (12 times, with and without
+its local state directory; restarts both from that state and from the
+topics) and restarted, until every round is trained.
 
 Checked afterwards:
   * versions 0..N were published on the policy topic, every manifest's
@@ -123,18 +124,27 @@ def test_kill9_trainer(tmp_path):
 
         trained_per_life = []
         for life in range(KILLS):
-            with_state = life % 2 == 0
+            # Lives with state follow each other in pairs, so the second of a
+            # pair starts from the state the first left (when it is
+            # consistent with the latest release); lives without state
+            # delete it first.
+            with_state = life % 3 != 2
             if not with_state:
                 shutil.rmtree(state, ignore_errors=True)
             with_state_lives += with_state
             p = trainer(life, with_state)
             ready(life, p)
-            # The fleet waits for each release (sync mode), so a batch is
-            # trained within milliseconds of the trainer coming up and the
-            # next one arrives a few hundred ms later: kills in this range
-            # land in every phase (training, writing files, producing,
-            # committing, idle).
-            time.sleep(rng.uniform(0.0, 0.8))
+            # Kill once this life has trained a batch (or after 30 s), at a
+            # random moment of the next ~0.4 s: the fleet waits for each
+            # release (sync mode) and sends the next batch a few hundred ms
+            # later, so kills land in every phase (training, writing files,
+            # producing, committing, idle), under any machine load.
+            done = len(glob.glob(os.path.join(rel_dir, "policy-v*.update.json")))
+            deadline = time.monotonic() + 30
+            while (len(glob.glob(os.path.join(rel_dir, "policy-v*.update.json"))) == done
+                   and time.monotonic() < deadline and done < ROUNDS):
+                time.sleep(0.01)
+            time.sleep(rng.uniform(0.0, 0.4))
             assert p.poll() is None, f"trainer life {life} exited: " + procs.log(f"train-{life:02d}")
             p.send_signal(signal.SIGKILL)
             p.wait()
@@ -213,10 +223,14 @@ def test_kill9_trainer(tmp_path):
             ref.update(b, cfg.objective, cfg.adam, cfg.epochs)
         final = [r for r in rels if r["policy_version"] == ROUNDS][0]
         assert hash_bytes(ref.model.checkpoint()) == final["checkpoint_hash"]
-        print(f"\nkill test: {kills} SIGKILLs ({with_state_lives} lives with local state, {kills - with_state_lives} "
+        print(f"\nkill test: {kills} SIGKILLs ({with_state_lives} killed lives ran with local state, {kills - with_state_lives} "
               f"without), {ROUNDS} batches trained once each, {len(tids)} trajectories, versions 0..{ROUNDS}, "
               f"{watcher.checks} manifest reads verified; batches trained per killed life {trained_per_life}")
         assert sum(1 for n in trained_per_life if n > 0) >= KILLS // 2, "most kills should land in a life that trained"
+        from_state = sum("restored from local state" in procs.log(f"train-{k:02d}") for k in range(KILLS + 1))
+        rebuilt = sum("restored from the topics" in procs.log(f"train-{k:02d}") for k in range(KILLS + 1))
+        print(f"restarts from local state: {from_state}, rebuilt from the topics: {rebuilt}")
+        assert from_state >= 1 and rebuilt >= 1
     finally:
         if watcher is not None:
             watcher.stop.set()

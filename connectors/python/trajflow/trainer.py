@@ -173,10 +173,13 @@ class TrainStage:
             self.last_outputs = [tuple(r[:3]) + ([(k, bytes.fromhex(h)) for k, h in r[3]],)
                                  for r in (bytes_records(x) for x in u.get("python", {}).get("outputs", []))]
             self.last_outputs_of = u["batch_id"]
+        how = "from local state"
         if not self._load_local(v):
             self._rebuild(v)
             self._save_local()
-        log.info("trainer restored: version %d, last batch %d, %d trained trajectories", v, self.last_index, len(self.trained))
+            how = "from the topics"
+        log.info("trainer restored %s: version %d, last batch %d, %d trained trajectories", how, v, self.last_index,
+                 len(self.trained))
 
     def _rebuild(self, v: int) -> None:
         """The trained batch and trajectory ids, from the update records of
@@ -232,7 +235,6 @@ class TrainStage:
             return False
         self.batches = set(st["batches"])
         self.trained = set(st["trained"])
-        log.info("trainer state from %s", p)
         return True
 
     def _save_local(self) -> None:
