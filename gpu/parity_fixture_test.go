@@ -200,9 +200,6 @@ func buildParity(t *testing.T, pc parityCase) map[string][]byte {
 }
 
 func TestParityFixtures(t *testing.T) {
-	if testing.Short() {
-		t.Skip("parity fixtures: -short")
-	}
 	for _, pc := range parityCases() {
 		t.Run(pc.Name, func(t *testing.T) {
 			files := buildParity(t, pc)

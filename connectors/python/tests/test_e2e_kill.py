@@ -223,6 +223,20 @@ def test_kill9_trainer(tmp_path):
             ref.update(b, cfg.objective, cfg.adam, cfg.epochs)
         final = [r for r in rels if r["policy_version"] == ROUNDS][0]
         assert hash_bytes(ref.model.checkpoint()) == final["checkpoint_hash"]
+
+        # The Go train operator takes over from the Python releases: it
+        # loads the checkpoint, the optimizer state (checksummed) and the
+        # update record, and finds nothing left to train.
+        g = procs.start("go-train", [tf, "run", "train", "--brokers", brokers, "--contract", cpath, "--releases",
+                                     rel_dir, "--restarts", "0"])
+        deadline = time.monotonic() + 60
+        while "trainer restored" not in procs.log("go-train"):
+            assert g.poll() is None, procs.log("go-train")
+            assert time.monotonic() < deadline, "the Go trainer did not restore from the Python releases"
+            time.sleep(0.1)
+        line = [l for l in procs.log("go-train").splitlines() if "trainer restored" in l][0]
+        assert f"version={ROUNDS} " in line and f"last_batch={ROUNDS - 1} " in line, line
+        assert "no optimizer state" not in procs.log("go-train")
         print(f"\nkill test: {kills} SIGKILLs ({with_state_lives} killed lives ran with local state, {kills - with_state_lives} "
               f"without), {ROUNDS} batches trained once each, {len(tids)} trajectories, versions 0..{ROUNDS}, "
               f"{watcher.checks} manifest reads verified; batches trained per killed life {trained_per_life}")

@@ -224,3 +224,28 @@ def test_kl_estimators():
             assert math.isclose(st.loss, st.policy_loss + coef * st.kl - 0.0, rel_tol=1e-12)
     with pytest.raises(P.ObjectiveInputError):
         P.objective(P.TokenInputs(z, y, old, None, adv, w, v), P.Options(kl_placement="loss", kl_estimator="k1"))
+
+
+def test_masked_token_inputs_any_model():
+    """The generic gather (logits at every position of a row) gives the
+    trainer's inputs and loss on a Go-packed batch."""
+    import json
+    from trajflow.model import grammar_from_id, load_checkpoint
+    from trajflow.update import Trainer
+    d = PARITY / "seq-mean-token-sum-k3-loss"
+    fx = json.loads((d / "expected.json").read_text())
+    cfg, p0 = load_checkpoint((d / "init.ckpt").read_bytes())
+    b = fx["behavior"]
+    beh = Behavior(b["temperature"], b["top_k"], b["top_p"], grammar_from_id(fx["grammar"]))
+    batch = decode_packed_batch((d / "batch.arrows").read_bytes(), check_header=False)
+    opts = P.Options(**fx["objective"])
+    tr = Trainer(WindowMLP(cfg, p0), beh)
+    den = P.global_denominators(batch.rows)
+    want, _ = tr.token_inputs(batch, opts, den)
+    zs = [behavior_logits_row(tr.model, beh, r.input_ids, r.position_ids, np.arange(len(r.input_ids))) for r in batch.rows]
+    got = P.masked_token_inputs(batch.rows, zs, opts.normalization)
+    for k in ("logits", "targets", "old", "ref", "adv", "weight", "versions"):
+        assert torch.equal(getattr(got, k), getattr(want, k)), k
+    l1, s1, _ = P.objective(got, opts)
+    l2, s2, _ = P.objective(want, opts)
+    assert float(l1.detach()) == float(l2.detach()) == pytest.approx(fx["steps"][0]["metrics"]["loss"], rel=1e-6)

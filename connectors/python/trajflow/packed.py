@@ -213,6 +213,43 @@ def token_weights(rows: Sequence, den: Denominators, normalization: str) -> list
     return out
 
 
+def masked_token_inputs(rows: Sequence, logits_rows: Sequence[torch.Tensor], normalization: str,
+                        den: Optional[Denominators] = None) -> TokenInputs:
+    """TokenInputs of an update for any causal model: logits_rows[k] is
+    [T_k, V], the (behavior-transformed) logits of row k at every input
+    position, where the logits at i predict input_ids[i+1]. It keeps the
+    trained positions i (action_mask[i] == 1), their targets
+    input_ids[i+1], and entry i of the target-aligned columns (old/ref
+    log-probs, advantages, policy versions) — no further shift. The
+    weights use the global denominators of all rows (computed when den is
+    None). Gathers index the logits (differentiable); the columns are
+    copied into new tensors (one small gather each)."""
+    den = den or global_denominators(rows)
+    weights = token_weights(rows, den, normalization)
+    parts = []
+    for k, (r, z) in enumerate(zip(rows, logits_rows)):
+        T = len(r.input_ids)
+        if z.shape[0] != T:
+            raise ObjectiveInputError(f"row {k}: logits for {z.shape[0]} positions, row has {T}")
+        at = np.nonzero(np.asarray(r.action_mask) == 1)[0]
+        t = shift_targets(r.input_ids, r.segment_ids)[at]
+        if (t < 0).any():
+            raise ObjectiveInputError(f"row {k}: a trained position has no target in its segment")
+        idx = torch.from_numpy(at.astype(np.int64))
+        parts.append((z.index_select(0, idx), torch.from_numpy(t.astype(np.int64)),
+                      torch.from_numpy(np.asarray(r.old_logprobs, dtype=np.float32)[at]),
+                      None if r.ref_logprobs is None else torch.from_numpy(np.asarray(r.ref_logprobs, np.float32)[at]),
+                      torch.from_numpy(np.asarray(r.advantages, dtype=np.float32)[at]),
+                      torch.from_numpy(weights[k]),
+                      torch.from_numpy(np.asarray(r.policy_versions)[at].astype(np.int64))))
+    refs = [p[3] for p in parts]
+    if any(x is None for x in refs) and not all(x is None for x in refs):
+        raise ObjectiveInputError("reference log-probs in some rows only")
+    cat = lambda j: torch.cat([p[j] for p in parts])  # noqa: E731
+    return TokenInputs(logits=cat(0), targets=cat(1), old=cat(2), ref=None if refs[0] is None else cat(3),
+                       adv=cat(4), weight=cat(5), versions=cat(6))
+
+
 def kl_term(est: str, logr: torch.Tensor) -> torch.Tensor:
     """KL(pi || ref) estimators at logr = ref - cur: k1 = -logr,
     k2 = logr^2/2, k3 = exp(logr) - 1 - logr."""
