@@ -1,6 +1,9 @@
 package schemas
 
-import "math"
+import (
+	"encoding/json"
+	"math"
+)
 
 // This file holds the control-plane documents besides releases and census
 // events: pack's window records, incidents and the trainer's update
@@ -207,6 +210,10 @@ type UpdateRecord struct {
 	// trajectory was already trained.
 	Duplicates  int     `json:"duplicates"`
 	StepSeconds float64 `json:"step_seconds"`
+	// Trainer holds what a trainer records beyond these fields (an
+	// external trainer's own details, e.g. the Python trainer's); absent for
+	// the built-in one.
+	Trainer json.RawMessage `json:"trainer,omitempty"`
 }
 
 // EncodeUpdate returns the JSON document of an update record.

@@ -229,7 +229,7 @@ type Reward struct {
 	// score outside it sends the trajectory to quarantine
 	// (reward_out_of_range, pipeline §9 "reward ranges"). Two finite
 	// numbers, lo <= hi; empty means unchecked.
-	RawRange []float64 `yaml:"raw_range,omitempty"`
+	RawRange []float64 `yaml:"raw_range"`
 }
 
 // Topics declares how the data-plane topics are created (DESIGN.md, Wire

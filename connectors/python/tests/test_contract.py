@@ -1,0 +1,62 @@
+"""The contract hash recomputed in Python equals the Go one."""
+
+import re
+import subprocess
+
+import pytest
+
+from conftest import ROOT
+from trajflow import contract as C
+from trajflow.model import Behavior, KVGrammar, settings_id
+from trajflow.train import config_from_contract
+
+VALID = ["demo", "bench", "conformance", "minimal"]
+
+
+def resolved(tf_bin, name):
+    return subprocess.run([tf_bin, "contract", "validate", str(ROOT / "testdata" / "contracts" / f"{name}.yaml")],
+                          check=True, capture_output=True, text=True).stdout
+
+
+@pytest.mark.parametrize("name", VALID)
+def test_hash_matches_go(tf_bin, name):
+    text = resolved(tf_bin, name)
+    c = C.parse(text)
+    assert c.hash == re.search(r"^# hash: (\S+)$", text, re.M).group(1)
+    assert c.sampler_hash == re.search(r"^# sampler: (\S+)$", text, re.M).group(1)
+
+
+def test_edits_and_unresolved_refused(tf_bin):
+    text = resolved(tf_bin, "demo")
+    with pytest.raises(C.ContractError, match="header says hash"):
+        C.parse(text.replace("lr: 0.01", "lr: 0.02"))
+    # Without the header an edit is a different contract, not an error.
+    edited = C.parse(re.sub(r"^# hash: .*$", "", text, flags=re.M).replace("lr: 0.01", "lr: 0.02"))
+    assert edited.hash != C.parse(text).hash
+    with pytest.raises(C.ContractError, match="missing keys"):
+        C.load(str(ROOT / "testdata" / "contracts" / "demo.yaml"))  # not resolved
+
+
+def test_trainer_config_from_contract(tf_bin):
+    c = C.parse(resolved(tf_bin, "demo"))
+    cfg = config_from_contract(c, "127.0.0.1:1", "/tmp/x", None)
+    assert cfg.contract_hash == c.hash and cfg.epochs == 2 and cfg.max_lag == 0 and cfg.stale_policy == "drop"
+    assert cfg.objective.clip_high == 0.28 and cfg.objective.entropy_coef == 0.05
+    # The sampler contract of a release is gpu/model Settings.ID of the
+    # rollout's settings (temperature 1, the kv grammar, 3 tokens, stop END).
+    assert cfg.meta.sampler_contract == settings_id(Behavior(1.0, 0, 1.0, KVGrammar(4, 8)), 3, [9])
+    bad = C.parse(resolved(tf_bin, "demo").replace("min_p: 0\n", "min_p: 0.1\n").replace("# hash:", "# was:"))
+    with pytest.raises(C.ContractError, match="min_p"):
+        config_from_contract(bad, "127.0.0.1:1", "/tmp/x", None)
+
+
+def test_release_identities_match_go():
+    """The identities the Go train stage writes in its manifests (version 0
+    of `trajflow run train` with the demo contract): model config hash,
+    tokenizer hash, sampler contract."""
+    from trajflow.model import Config
+    from trajflow.train import BUILTIN_TOKENIZER_HASH
+    assert Config().hash() == "sha256:4ebebc9c16d45caba273db56b2dad0d09be154538ecb2f29f06f83c060406128"
+    assert BUILTIN_TOKENIZER_HASH == "sha256:541a29279762fd8b5351ba226be3126141c43ebdcd34912f12187e63a4b2d339"
+    assert settings_id(Behavior(1.0, 0, 1.0, KVGrammar(4, 8)), 3, [9]) == \
+        "sha256:a0ad44e090427738a1ba4d91557943e151ea3a4e1c3b144549ebc4f19d66bc34"

@@ -1,0 +1,1 @@
+"""trajflow: the Python end of the trajflow data plane."""

@@ -1,0 +1,384 @@
+"""Packed rows on the training side (pipeline §11–§13): attention masks,
+position checks, target alignment, and the policy objective of
+gpu/objective.
+
+Alignment (schemas.PackedRow). ``input_ids``, ``position_ids`` and
+``segment_ids`` are indexed by input position i. Every other per-token
+column (action_mask, old/ref log-probs, advantages, policy_versions, ...)
+is already aligned to the next-token target: entry i describes the
+prediction made at position i of ``input_ids[i+1]``. So the logits at i are
+gathered at ``input_ids[i+1]`` and combined with entry i of those columns
+directly — never shifted again.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, asdict
+from typing import Optional, Sequence
+
+import numpy as np
+import torch
+
+TOKEN_MEAN = "token-mean"
+SEQ_MEAN_TOKEN_SUM = "seq-mean-token-sum"
+SEQ_MEAN_TOKEN_MEAN = "seq-mean-token-mean"
+NORMALIZATIONS = (TOKEN_MEAN, SEQ_MEAN_TOKEN_SUM, SEQ_MEAN_TOKEN_MEAN)
+K1, K2, K3 = "k1", "k2", "k3"
+KL_NONE, KL_LOSS, KL_REWARD = "none", "loss", "reward"
+NO_TARGET = -1
+
+
+class ObjectiveInputError(ValueError):
+    """A batch the objective cannot use (gpu/objective ErrInput, ErrTarget,
+    ErrShape): the train stage refuses it as untrainable_batch."""
+
+
+# ------------------------------------------------------------- attention
+
+def segment_causal_mask(segment_ids: torch.Tensor | np.ndarray) -> torch.Tensor:
+    """Boolean attention mask [T, T] of one packed row: True where query i
+    may attend to key j, i.e. j <= i and segment_ids[j] == segment_ids[i]
+    (block-diagonal causal; no attention across segments). For a batch
+    [B, T] it returns [B, T, T]."""
+    s = torch.as_tensor(np.asarray(segment_ids) if not isinstance(segment_ids, torch.Tensor) else segment_ids)
+    T = s.shape[-1]
+    same = s.unsqueeze(-1) == s.unsqueeze(-2)
+    causal = torch.ones((T, T), dtype=torch.bool).tril()
+    return same & causal
+
+
+def check_position_restart(position_ids, segment_ids) -> None:
+    """Raises ValueError unless positions restart at 0 exactly at every
+    segment start and count up by one inside a segment."""
+    from .model import check_positions, ShapeError
+    try:
+        check_positions(np.asarray(position_ids), np.asarray(segment_ids))
+    except ShapeError as e:
+        raise ValueError(str(e)) from None
+
+
+def shift_targets(input_ids, segment_ids=None) -> np.ndarray:
+    """targets[i] = input_ids[i+1] when i+1 is in i's segment, else -1
+    (gpu/objective ShiftTargets): logits at i predict input_ids[i+1]."""
+    x = np.asarray(input_ids, dtype=np.int32)
+    out = np.full(len(x), NO_TARGET, dtype=np.int32)
+    if len(x) > 1:
+        out[:-1] = x[1:]
+        if segment_ids is not None:
+            s = np.asarray(segment_ids)
+            if len(s) != len(x):
+                raise ObjectiveInputError(f"{len(s)} segment ids for {len(x)} input ids")
+            out[:-1][s[1:] != s[:-1]] = NO_TARGET
+    return out
+
+
+def gather_target_logprobs(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """log_softmax(logits)[i, targets[i]] in float64 ([T, V] -> [T]); 0 where
+    targets[i] < 0."""
+    lp = torch.log_softmax(logits.double(), dim=-1)
+    safe = targets.clamp(min=0).long()
+    out = lp.gather(-1, safe.unsqueeze(-1)).squeeze(-1)
+    return torch.where(targets >= 0, out, torch.zeros((), dtype=out.dtype))
+
+
+# ------------------------------------------------------------- objective
+
+@dataclass
+class Options:
+    """gpu/objective Options (the contract's loss section)."""
+
+    clip_low: float = 0.2
+    clip_high: float = 0.2
+    normalization: str = TOKEN_MEAN
+    kl_placement: str = KL_NONE
+    kl_estimator: str = ""
+    kl_coef: float = 0.0
+    entropy_coef: float = 0.0
+    max_log_ratio: float = 0.0
+
+    def validate(self) -> None:
+        fin = lambda x: not (math.isnan(x) or math.isinf(x))  # noqa: E731
+        if not fin(self.clip_low) or not (0 <= self.clip_low < 1):
+            raise ValueError(f"objective: clip_low {self.clip_low} not in [0, 1)")
+        if not fin(self.clip_high) or self.clip_high < 0:
+            raise ValueError(f"objective: clip_high {self.clip_high} not finite and >= 0")
+        for k in ("kl_coef", "entropy_coef", "max_log_ratio"):
+            v = getattr(self, k)
+            if not fin(v) or v < 0:
+                raise ValueError(f"objective: {k} {v} not finite and >= 0")
+        if self.normalization not in NORMALIZATIONS:
+            raise ValueError(f"objective: normalization {self.normalization!r}")
+        if self.kl_placement not in ("", KL_NONE, KL_LOSS, KL_REWARD):
+            raise ValueError(f"objective: kl_placement {self.kl_placement!r}")
+        if self.kl_estimator not in ("", K1, K2, K3):
+            raise ValueError(f"objective: kl_estimator {self.kl_estimator!r}")
+        if self.kl_placement == KL_LOSS and not self.kl_estimator:
+            raise ValueError("objective: kl_placement 'loss' needs kl_estimator")
+
+
+@dataclass
+class Denominators:
+    """Global normalizers of one update (gpu/objective Denominators)."""
+
+    tokens: int = 0
+    sequences: int = 0
+
+
+def segment_counts(mask: np.ndarray, segment_ids: np.ndarray) -> np.ndarray:
+    mask = np.asarray(mask)
+    seg = np.asarray(segment_ids)
+    T = len(mask)
+    if len(seg) != T:
+        raise ObjectiveInputError(f"{len(seg)} segment ids for {T} mask entries")
+    if T and (seg.min() < 0 or seg.max() >= T):
+        i = int(np.argmax((seg < 0) | (seg >= T)))
+        raise ObjectiveInputError(f"segment id {seg[i]} at position {i} not in [0, {T})")
+    bad = (mask != 0) & (mask != 1)
+    if bad.any():
+        i = int(np.argmax(bad))
+        raise ObjectiveInputError(f"action mask {mask[i]} at position {i} (want 0 or 1)")
+    return np.bincount(seg[mask == 1], minlength=(int(seg.max()) + 1) if T else 0)
+
+
+def global_denominators(rows: Sequence) -> Denominators:
+    """Masked tokens and sequences with at least one, over every row of the
+    update (gpu/objective GlobalDenominators)."""
+    d = Denominators()
+    for r in rows:
+        c = segment_counts(r.action_mask, r.segment_ids)
+        d.tokens += int(c.sum())
+        d.sequences += int((c > 0).sum())
+    return d
+
+
+@dataclass
+class Stats:
+    """gpu/objective Stats, same names and meaning."""
+
+    loss: float = 0.0
+    policy_loss: float = 0.0
+    kl: float = 0.0
+    entropy: float = 0.0
+    tokens: int = 0
+    sequences: int = 0
+    approx_kl_old: float = 0.0
+    ratio_mean: float = 0.0
+    ratio_min: float = 0.0
+    ratio_max: float = 0.0
+    log_ratio_clamped: int = 0
+    pos_tokens: int = 0
+    neg_tokens: int = 0
+    clipped_pos: int = 0
+    clipped_neg: int = 0
+    clip_frac_pos: float = 0.0
+    clip_frac_neg: float = 0.0
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class TokenInputs:
+    """The masked tokens of a whole update, concatenated over rows: logits
+    [N, V] (behavior logits of the current policy at the masked positions),
+    and per token the target, old/ref log-probs, advantage, normalization
+    weight c_t, policy version."""
+
+    logits: torch.Tensor
+    targets: torch.Tensor
+    old: torch.Tensor
+    ref: Optional[torch.Tensor]
+    adv: torch.Tensor
+    weight: torch.Tensor
+    versions: torch.Tensor
+
+
+def token_weights(rows: Sequence, den: Denominators, normalization: str) -> list[np.ndarray]:
+    """c_t for the masked tokens of each row, in position order:
+    token-mean 1/N_tok, seq-mean-token-sum 1/N_seq, seq-mean-token-mean
+    1/(n_s N_seq) with n_s the masked tokens of t's segment."""
+    out = []
+    for r in rows:
+        m = np.asarray(r.action_mask) == 1
+        if normalization == TOKEN_MEAN:
+            w = np.full(int(m.sum()), 1.0 / den.tokens)
+        elif normalization == SEQ_MEAN_TOKEN_SUM:
+            w = np.full(int(m.sum()), 1.0 / den.sequences)
+        else:
+            c = segment_counts(r.action_mask, r.segment_ids)
+            seg = np.asarray(r.segment_ids)[m]
+            w = 1.0 / (c[seg].astype(np.float64) * float(den.sequences))
+        out.append(w)
+    return out
+
+
+def masked_token_inputs(rows: Sequence, logits_rows: Sequence[torch.Tensor], normalization: str,
+                        den: Optional[Denominators] = None) -> TokenInputs:
+    """TokenInputs of an update for any causal model: logits_rows[k] is
+    [T_k, V], the (behavior-transformed) logits of row k at every input
+    position, where the logits at i predict input_ids[i+1]. It keeps the
+    trained positions i (action_mask[i] == 1), their targets
+    input_ids[i+1], and entry i of the target-aligned columns (old/ref
+    log-probs, advantages, policy versions) — no further shift. The
+    weights use the global denominators of all rows (computed when den is
+    None). Gathers index the logits (differentiable); the columns are
+    copied into new tensors (one small gather each)."""
+    den = den or global_denominators(rows)
+    weights = token_weights(rows, den, normalization)
+    parts = []
+    for k, (r, z) in enumerate(zip(rows, logits_rows)):
+        T = len(r.input_ids)
+        if z.shape[0] != T:
+            raise ObjectiveInputError(f"row {k}: logits for {z.shape[0]} positions, row has {T}")
+        at = np.nonzero(np.asarray(r.action_mask) == 1)[0]
+        t = shift_targets(r.input_ids, r.segment_ids)[at]
+        if (t < 0).any():
+            raise ObjectiveInputError(f"row {k}: a trained position has no target in its segment")
+        idx = torch.from_numpy(at.astype(np.int64))
+        parts.append((z.index_select(0, idx), torch.from_numpy(t.astype(np.int64)),
+                      torch.from_numpy(np.asarray(r.old_logprobs, dtype=np.float32)[at]),
+                      None if r.ref_logprobs is None else torch.from_numpy(np.asarray(r.ref_logprobs, np.float32)[at]),
+                      torch.from_numpy(np.asarray(r.advantages, dtype=np.float32)[at]),
+                      torch.from_numpy(weights[k]),
+                      torch.from_numpy(np.asarray(r.policy_versions)[at].astype(np.int64))))
+    refs = [p[3] for p in parts]
+    if any(x is None for x in refs) and not all(x is None for x in refs):
+        raise ObjectiveInputError("reference log-probs in some rows only")
+    cat = lambda j: torch.cat([p[j] for p in parts])  # noqa: E731
+    return TokenInputs(logits=cat(0), targets=cat(1), old=cat(2), ref=None if refs[0] is None else cat(3),
+                       adv=cat(4), weight=cat(5), versions=cat(6))
+
+
+def kl_term(est: str, logr: torch.Tensor) -> torch.Tensor:
+    """KL(pi || ref) estimators at logr = ref - cur: k1 = -logr,
+    k2 = logr^2/2, k3 = exp(logr) - 1 - logr."""
+    if est == K1:
+        return -logr
+    if est == K2:
+        return logr * logr / 2
+    return torch.exp(logr) - 1 - logr
+
+
+def objective(inp: TokenInputs, opts: Options) -> tuple[torch.Tensor, Stats, torch.Tensor]:
+    """The loss of gpu/objective Compute over the masked tokens of an update
+    (global denominators already in ``inp.weight``). Returns (loss, stats,
+    cur) where loss is a float64 scalar to backpropagate and cur the current
+    log-probs (float32 values). Per masked token t:
+
+        cur_t = float32(log_softmax(z_t)[y_t])
+        lr_t  = clamp(cur_t - old_t, ±max_log_ratio)  (no clamp when 0)
+        r_t   = exp(lr_t)
+        s_t   = min(r_t A_t, clamp(r_t, 1-clip_low, 1+clip_high) A_t)
+        loss  = -Σ c_t s_t + kl_coef·Σ c_t k(ref_t - cur_t)·[placement loss]
+                - entropy_coef·Σ c_t H_t
+
+    Gradient conventions of the Go reference: the clipped branch passes no
+    gradient where it is strictly smaller (r > 1+clip_high with A > 0,
+    r < 1-clip_low with A < 0; a token exactly on a bound counts as
+    unclipped), nor where max_log_ratio clamped; the KL and entropy terms
+    always pass gradient."""
+    opts.validate()
+    z = inp.logits.double()
+    y = inp.targets.long()
+    N, V = z.shape
+    if N == 0:
+        raise ObjectiveInputError("no trained token")
+    if (y < 0).any() or (y >= V).any():
+        raise ObjectiveInputError("masked position without a target in [0, V)")
+    if torch.isnan(z).any() or torch.isposinf(z).any():
+        raise ObjectiveInputError("NaN or +Inf logit")
+    finite = torch.isfinite(z)
+    if not finite.any(dim=1).all():
+        raise ObjectiveInputError("a position has no finite logit")
+    logp = torch.log_softmax(z, dim=1)
+    cur64 = logp.gather(1, y.unsqueeze(1)).squeeze(1)
+    if torch.isinf(cur64).any():
+        raise ObjectiveInputError("a masked target has current log-prob -Inf (outside the behavior support)")
+    cur32 = cur64.detach().float()
+    cur = cur64 + (cur32.double() - cur64).detach()  # the float32 value, the float64 gradient
+    old = inp.old.double()
+    adv = inp.adv.double()
+    if not (torch.isfinite(old).all() and torch.isfinite(adv).all()):
+        raise ObjectiveInputError("non-finite old log-prob or advantage at a masked position")
+    w = inp.weight.double()
+
+    lr_raw = cur - old
+    if opts.max_log_ratio > 0:
+        M = opts.max_log_ratio
+        clamped = (lr_raw.detach() > M) | (lr_raw.detach() < -M)
+        lr = torch.where(clamped, lr_raw.detach().clamp(-M, M), lr_raw)
+    else:
+        clamped = torch.zeros(N, dtype=torch.bool)
+        lr = lr_raw
+    r = torch.exp(lr)
+    lo, hi = 1 - opts.clip_low, 1 + opts.clip_high
+    rd = r.detach()
+    clip_pos = (adv > 0) & (rd > hi)
+    clip_neg = (adv < 0) & (rd < lo)
+    clipped = clip_pos | clip_neg
+    bound = torch.where(clip_pos, torch.full_like(adv, hi), torch.full_like(adv, lo))
+    sur = torch.where(clipped, bound * adv, r * adv)
+
+    kl_on = inp.ref is not None and opts.kl_estimator != ""
+    kl_loss = opts.kl_placement == KL_LOSS
+    if kl_loss and inp.ref is None:
+        raise ObjectiveInputError("kl_placement 'loss' without reference log-probs")
+    if kl_on:
+        ref = inp.ref.double()
+        if not torch.isfinite(ref).all():
+            raise ObjectiveInputError("non-finite reference log-prob at a masked position")
+        k = kl_term(opts.kl_estimator, ref - cur)
+    else:
+        k = torch.zeros(N, dtype=torch.float64)
+
+    p = torch.exp(logp)
+    plogp = torch.where(finite, p * logp.masked_fill(~finite, 0.0), torch.zeros((), dtype=torch.float64))
+    H = -plogp.sum(dim=1)
+
+    policy_loss = -(w * sur).sum()
+    kl = (w * k).sum()
+    entropy = (w * H).sum()
+    kl_coef = opts.kl_coef if kl_loss else 0.0
+    loss = policy_loss + kl_coef * kl - opts.entropy_coef * entropy
+
+    st = Stats()
+    st.tokens = N
+    st.policy_loss = float(policy_loss.detach())
+    st.kl = float(kl.detach())
+    st.entropy = float(entropy.detach())
+    st.loss = st.policy_loss + kl_coef * st.kl - opts.entropy_coef * st.entropy
+    st.approx_kl_old = float((0.5 * lr_raw.detach() ** 2).mean())
+    st.ratio_mean = float(rd.mean())
+    st.ratio_min = float(rd.min())
+    st.ratio_max = float(rd.max())
+    st.log_ratio_clamped = int(clamped.sum())
+    st.pos_tokens = int((adv > 0).sum())
+    st.neg_tokens = int((adv < 0).sum())
+    st.clipped_pos = int(clip_pos.sum())
+    st.clipped_neg = int(clip_neg.sum())
+    st.clip_frac_pos = st.clipped_pos / st.pos_tokens if st.pos_tokens else 0.0
+    st.clip_frac_neg = st.clipped_neg / st.neg_tokens if st.neg_tokens else 0.0
+    return loss, st, cur32
+
+
+def lag_stats(cur: torch.Tensor, old: torch.Tensor, versions: torch.Tensor, trainer_version: int) -> list[dict]:
+    """gpu/objective LagStats over the masked tokens: per lag (trainer
+    version - behavior version) the token count, ratio mean/min/max,
+    approx KL 0.5·mean(lr²) and k3 mean(r - 1 - lr), increasing lag."""
+    v = versions.long()
+    if (v < 0).any() or (v > trainer_version).any():
+        raise ObjectiveInputError(f"behavior version outside [0, {trainer_version}] at a masked position")
+    lr = cur.double() - old.double()
+    if not torch.isfinite(lr).all():
+        raise ObjectiveInputError("non-finite log ratio at a masked position")
+    lag = trainer_version - v
+    out = []
+    for L in sorted(set(lag.tolist())):
+        sel = lag == L
+        x = lr[sel]
+        r = torch.exp(x)
+        out.append({"lag": int(L), "tokens": int(sel.sum()), "ratio_mean": float(r.mean()),
+                    "ratio_min": float(r.min()), "ratio_max": float(r.max()),
+                    "approx_kl": float((0.5 * x * x).mean()), "k3": float((r - 1 - x).mean())})
+    return out

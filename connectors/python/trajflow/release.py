@@ -1,0 +1,129 @@
+"""Policy releases (systems §8), as gpu/trainer_release.go writes them.
+
+Publication protocol: the checkpoint is written to a temporary file in the
+release directory, fsynced, hashed (``sha256:<hex>`` of its bytes) and
+renamed to ``policy-v%08d.ckpt``; the directory is fsynced; then the
+manifest file ``policy-v%08d.json`` the same way (Ready true). The manifest
+then goes on the compacted policy topic as the JSON document
+``{"kind":"policy_release","version":1,"data":{...}}`` keyed by the run id,
+with the headers of stagekit.Headers (record id
+``DerivedID("release", run/version)``), produced with acks=all. A reader that
+sees a manifest therefore sees a complete checkpoint; a temporary file is
+never named like a checkpoint.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import tempfile
+from dataclasses import dataclass
+from typing import Optional
+
+from .ids import derived_id, go_json, headers
+from .model import hash_bytes
+
+KIND = "policy_release"
+VERSION = 1
+
+FIELDS = ["policy_version", "training_step", "checkpoint_hash", "checkpoint_uri", "model_config_hash",
+          "tokenizer_hash", "chat_template_hash", "sampler_contract", "contract_hash", "created_at", "ready"]
+
+
+def checkpoint_name(v: int) -> str:
+    return f"policy-v{v:08d}.ckpt"
+
+
+def manifest_name(v: int) -> str:
+    return f"policy-v{v:08d}.json"
+
+
+def update_name(v: int) -> str:
+    return f"policy-v{v:08d}.update.json"
+
+
+def optim_name(v: int) -> str:
+    return f"policy-v{v:08d}.optim"
+
+
+def write_atomic(path: str, data: bytes) -> None:
+    """Temporary file beside path, write, fsync, rename, fsync the directory."""
+    d = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(dir=d, prefix="." + os.path.basename(path) + ".", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.rename(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+    dfd = os.open(d, os.O_RDONLY)
+    try:
+        os.fsync(dfd)
+    finally:
+        os.close(dfd)
+
+
+@dataclass
+class ReleaseMeta:
+    tokenizer_hash: str = ""
+    chat_template_hash: str = ""
+    sampler_contract: str = ""
+    contract_hash: str = ""
+
+
+def write_release(directory: str, version: int, training_step: int, checkpoint: bytes, model_config_hash: str,
+                  meta: ReleaseMeta, now: Optional[_dt.datetime] = None) -> dict:
+    """Writes checkpoint and manifest files of version under directory and
+    returns the manifest (schemas.PolicyRelease fields, in their order)."""
+    d = os.path.abspath(directory)
+    ckpt = os.path.join(d, checkpoint_name(version))
+    write_atomic(ckpt, checkpoint)
+    now = now or _dt.datetime.now(_dt.timezone.utc)
+    rel = {
+        "policy_version": int(version), "training_step": int(training_step),
+        "checkpoint_hash": hash_bytes(checkpoint), "checkpoint_uri": "file://" + ckpt,
+        "model_config_hash": model_config_hash, "tokenizer_hash": meta.tokenizer_hash,
+        "chat_template_hash": meta.chat_template_hash, "sampler_contract": meta.sampler_contract,
+        "contract_hash": meta.contract_hash,
+        "created_at": now.astimezone(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"), "ready": True,
+    }
+    write_atomic(os.path.join(d, manifest_name(version)), go_json(rel, indent="  "))
+    return rel
+
+
+def encode_release(rel: dict) -> bytes:
+    """schemas.EncodeRelease."""
+    return go_json({"kind": KIND, "version": VERSION, "data": {k: rel[k] for k in FIELDS}})
+
+
+def decode_release(b: bytes) -> dict:
+    """schemas.DecodeRelease: strict (unknown or missing fields, wrong kind
+    or version are ValueError)."""
+    doc = json.loads(b)
+    if not isinstance(doc, dict) or set(doc) != {"kind", "version", "data"}:
+        raise ValueError("policy release: not a {kind, version, data} document")
+    if doc["kind"] != KIND or doc["version"] != VERSION:
+        raise ValueError(f"policy release: kind {doc['kind']!r} version {doc['version']!r}")
+    data = doc["data"]
+    if not isinstance(data, dict) or set(data) - set(FIELDS):
+        raise ValueError(f"policy release: unknown fields {sorted(set(data) - set(FIELDS))}")
+    return {k: data.get(k, False if k == "ready" else (0 if k in ("policy_version", "training_step") else "")) for k in FIELDS}
+
+
+def release_record(run_id: str, rel: dict) -> tuple[bytes, bytes, list]:
+    """(key, value, headers) of the manifest on the policy topic, as the Go
+    train stage writes it."""
+    rid = derived_id("release", f"{run_id}/{rel['policy_version']}")
+    return run_id.encode(), encode_release(rel), headers(KIND, rid)
+
+
+def checkpoint_path(rel: dict) -> str:
+    uri = rel["checkpoint_uri"]
+    return uri[len("file://"):] if uri.startswith("file://") else uri

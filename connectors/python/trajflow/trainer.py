@@ -1,0 +1,387 @@
+"""The trainer's side of the delivery protocol, as the Go train stage
+(gpu/stage.go) runs it, for the built-in policy.
+
+Exactly-once training over at-least-once delivery:
+
+* A batch whose id was trained, or whose index is not above the last index
+  trained, is skipped (redelivery) and its offset committed.
+* A segment whose trajectory id was already trained is masked out of the
+  batch (its action mask set to 0) and counted; the update record says how
+  many (``duplicates``) and an incident ``duplicate_trajectory`` is raised.
+  A batch with no new trajectory is refused (``duplicate_batch``).
+* The lag rule holds where the gradient is taken: with ``from`` the
+  trainer's version at the update, a trained token whose behavior version v
+  has ``from - v > max_lag`` is never trained. Under the contract's
+  ``stale_policy: drop`` every segment holding such a token is masked out
+  (counted as dropped segments and tokens); under ``mask_stale`` only the
+  stale tokens are masked (counted). Counts go to the update record (under
+  ``python``) and to an incident ``stale_tokens``; a batch left with no
+  trained token is refused (``stale_batch``).
+* State is rebuilt at start from the policy topic (latest ready release),
+  that release's update record (last batch index), the optimizer state
+  beside it, and the batches topic (the ids of every batch up to that index
+  and of their trajectories). A local state directory, when given and
+  consistent with the latest release, spares the batches scan; it is never
+  needed.
+* The offset of a batch is committed only after its release is durable:
+  update record, optimizer state, checkpoint and manifest written
+  atomically (temporary file, fsync, rename, directory fsync), the
+  manifest acknowledged on the policy topic (acks=all), and the census
+  "trained" events and incidents acknowledged.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Optional
+
+import numpy as np
+import torch
+
+from . import batches as B
+from .batches import quarantine_record
+from .ids import census_record, incident_record, read_update_document, update_document
+from .kafka import AckProducer, Message, scan
+from .model import Behavior, Config, ShapeError, WindowMLP, init_params, load_checkpoint
+from .packed import ObjectiveInputError, Options
+from .release import (ReleaseMeta, checkpoint_path, decode_release, optim_name, release_record,
+                      update_name, write_atomic, write_release)
+from .update import Adam, Trainer
+
+log = logging.getLogger("trajflow.train")
+
+STALE_DROP = "drop"
+STALE_MASK = "mask_stale"
+
+
+@dataclass
+class Topics:
+    batches: str
+    policy: str
+    quarantine: str
+    census: str
+    incidents: str
+
+    @classmethod
+    def for_run(cls, run: str) -> "Topics":
+        return cls(batches=f"{run}.batches", policy=f"{run}.policy", quarantine=f"{run}.quarantine",
+                   census=f"{run}.census", incidents=f"{run}.incidents")
+
+
+@dataclass
+class TrainConfig:
+    brokers: str
+    run_id: str
+    topics: Topics
+    contract_hash: str
+    behavior: Behavior
+    model: Config
+    model_seed: int
+    objective: Options
+    adam: Adam
+    epochs: int
+    release_dir: str
+    meta: ReleaseMeta
+    max_lag: int
+    stale_policy: str
+    state_dir: Optional[str] = None
+    init_checkpoint: Optional[bytes] = None
+    kafka: dict = field(default_factory=dict)
+    stage: str = "train"
+
+
+def json_records(r) -> list:
+    """A (topic, key, value, headers) record as JSON (hex bytes)."""
+    topic, key, value, hs = r
+    return [topic, (key or b"").hex(), value.hex(), [[k, (v or b"").hex()] for k, v in hs]]
+
+
+def bytes_records(j) -> tuple:
+    topic, key, value, hs = j
+    return (topic, bytes.fromhex(key), bytes.fromhex(value), hs)
+
+
+class TrainStage:
+    def __init__(self, cfg: TrainConfig, producer: Optional[AckProducer] = None):
+        if cfg.epochs < 1:
+            raise ValueError(f"epochs {cfg.epochs} must be >= 1")
+        if cfg.stale_policy not in (STALE_DROP, STALE_MASK):
+            raise ValueError(f"stale_policy {cfg.stale_policy!r}: want {STALE_DROP} or {STALE_MASK}")
+        cfg.objective.validate()
+        cfg.adam.validate()
+        self.cfg = cfg
+        self.producer = producer or AckProducer(cfg.brokers, cfg.kafka)
+        self.trainer: Optional[Trainer] = None
+        self.last_index = -1
+        self.batches: set[str] = set()
+        self.trained: set[str] = set()
+        self.initial = False
+        self.counts = {"trained": 0, "skipped": 0, "refused": 0}
+        # Census and incident records of the latest update, re-sent when its
+        # batch is redelivered after a restart (see process).
+        self.last_outputs: list = []
+        self.last_outputs_of: Optional[str] = None
+
+    # ------------------------------------------------------------ start
+    def start(self) -> None:
+        c = self.cfg
+        os.makedirs(c.release_dir, exist_ok=True)
+        latest: dict = {}
+
+        def on_release(m: Message):
+            try:
+                rel = decode_release(m.value)
+            except (ValueError, json.JSONDecodeError):
+                return
+            if rel["ready"] and rel["policy_version"] >= latest.get("policy_version", -1):
+                latest.clear()
+                latest.update(rel)
+
+        scan(c.brokers, c.topics.policy, on_release, c.kafka)
+        if not latest:
+            if c.init_checkpoint is not None:
+                cfg, p = load_checkpoint(c.init_checkpoint)
+                if cfg != c.model:
+                    raise ValueError(f"initial checkpoint is {cfg}, the contract's model is {c.model}")
+            else:
+                p = init_params(c.model, c.model_seed)
+            self.trainer = Trainer(WindowMLP(c.model, p), c.behavior, 0)
+            self.initial = True
+            log.info("trainer starts from the initial policy, version 0")
+            return
+        v = latest["policy_version"]
+        with open(checkpoint_path(latest), "rb") as f:
+            model = WindowMLP.from_checkpoint(f.read(), latest["checkpoint_hash"])
+        if model.cfg.hash() != latest["model_config_hash"]:
+            raise ValueError(f"version {v}: model config hash {model.cfg.hash()}, manifest says {latest['model_config_hash']}")
+        self.trainer = Trainer(model, c.behavior, v)
+        self.trainer.steps = latest["training_step"]
+        op = os.path.join(c.release_dir, optim_name(v))
+        if os.path.exists(op):
+            with open(op, "rb") as f:
+                self.trainer.set_optim(f.read())
+        elif v > 0:
+            log.warning("no optimizer state beside release %d; Adam restarts from zero moments", v)
+        if v > 0:
+            with open(os.path.join(c.release_dir, update_name(v)), "rb") as f:
+                u = read_update_document(f.read())
+            self.last_index = u["batch_index"]
+            self.last_outputs = [tuple(r[:3]) + ([(k, bytes.fromhex(h)) for k, h in r[3]],)
+                                 for r in (bytes_records(x) for x in u.get("trainer", {}).get("outputs", []))]
+            self.last_outputs_of = u["batch_id"]
+        how = "from local state"
+        if not self._load_local(v):
+            self._rebuild(v)
+            self._save_local()
+            how = "from the topics"
+        log.info("trainer restored %s: version %d, last batch %d, %d trained trajectories", how, v, self.last_index,
+                 len(self.trained))
+
+    def _rebuild(self, v: int) -> None:
+        """The trained batch and trajectory ids, from the update records of
+        versions 1..v (which batch each version trained, and which of its
+        trajectories the lag rule took out) and the batches topic (the
+        trajectories of those batches). Without the update records (a
+        pruned release directory) every batch up to the last index counts
+        as trained, as the Go train stage rebuilds it."""
+        c = self.cfg
+        trained_batches: Optional[set] = set()
+        not_trained: set = set()
+        for k in range(1, v + 1):
+            try:
+                with open(os.path.join(c.release_dir, update_name(k)), "rb") as f:
+                    u = read_update_document(f.read())
+            except (OSError, ValueError):
+                log.warning("update record %d missing: every batch up to index %d counts as trained", k, self.last_index)
+                trained_batches = None
+                break
+            trained_batches.add(u["batch_id"])
+            not_trained.update(u.get("trainer", {}).get("not_trained", []))
+
+        def on_batch(m: Message):
+            try:
+                b = B.decode_packed_batch(m.value, m.headers)
+            except B.Refusal:
+                return
+            if b.batch_index > self.last_index:
+                return
+            if trained_batches is not None and b.batch_id not in trained_batches:
+                return
+            self.batches.add(b.batch_id)
+            for r in b.rows:
+                self.trained.update(t for t in r.segment_trajectory_ids if t not in not_trained)
+
+        scan(c.brokers, c.topics.batches, on_batch, c.kafka)
+
+    def _state_path(self) -> Optional[str]:
+        if not self.cfg.state_dir:
+            return None
+        return os.path.join(self.cfg.state_dir, "train-state.json")
+
+    def _load_local(self, version: int) -> bool:
+        p = self._state_path()
+        if p is None or not os.path.exists(p):
+            return False
+        try:
+            with open(p, "rb") as f:
+                st = json.loads(f.read())
+        except (OSError, ValueError):
+            return False
+        if st.get("run_id") != self.cfg.run_id or st.get("version") != version or st.get("last_index") != self.last_index:
+            return False
+        self.batches = set(st["batches"])
+        self.trained = set(st["trained"])
+        return True
+
+    def _save_local(self) -> None:
+        p = self._state_path()
+        if p is None:
+            return
+        os.makedirs(os.path.dirname(p), exist_ok=True)
+        st = {"run_id": self.cfg.run_id, "version": self.trainer.version, "last_index": self.last_index,
+              "batches": sorted(self.batches), "trained": sorted(self.trained)}
+        write_atomic(p, json.dumps(st).encode())
+
+    # ---------------------------------------------------------- publish
+    def _release(self) -> dict:
+        t = self.trainer
+        rel = write_release(self.cfg.release_dir, t.version, t.steps, t.model.checkpoint(), t.model.cfg.hash(), self.cfg.meta)
+        return rel
+
+    def publish_initial(self) -> None:
+        if not self.initial:
+            return
+        rel = self._release()
+        self.producer.send([(self.cfg.topics.policy,) + release_record(self.cfg.run_id, rel)])
+        self.initial = False
+        log.info("published the initial policy, version 0")
+
+    # ---------------------------------------------------------- process
+    def refuse(self, m: Message, reason: str, detail: str) -> str:
+        self.producer.send([quarantine_record(self.cfg.topics.quarantine, self.cfg.stage, m, reason, detail)])
+        self.counts["refused"] += 1
+        log.warning("batch at %s refused: %s: %s", m.ref, reason, detail)
+        return reason
+
+    def process(self, m: Message) -> str:
+        """Handles one batches-topic message; returns what happened
+        ("trained", "skipped", or the refusal reason). Every output is
+        acknowledged when it returns: the caller then commits m."""
+        self.publish_initial()
+        c = self.cfg
+        try:
+            batch = B.decode_packed_batch(m.value, m.headers)
+        except B.Refusal as r:
+            return self.refuse(m, r.reason, r.detail)
+        if batch.batch_id in self.batches or batch.batch_index <= self.last_index:
+            if batch.batch_index == self.last_index and self.last_outputs_of == batch.batch_id:
+                # The latest update's own batch, redelivered: its census and
+                # incident records may not all have been acknowledged before
+                # a crash (the manifest was). Their ids are deterministic, so
+                # sending them again is safe.
+                self.producer.send(self.last_outputs)
+                self.last_outputs_of = None
+            self.counts["skipped"] += 1
+            return "skipped"
+        if batch.contract_hash != c.contract_hash:
+            return self.refuse(m, B.REASON_CONTRACT_MISMATCH,
+                               f"batch {batch.batch_id} of contract {batch.contract_hash}, trainer runs {c.contract_hash}")
+        try:
+            B.check_rows(batch)
+        except B.Refusal as r:
+            return self.refuse(m, r.reason, r.detail)
+        dups, fresh = 0, 0
+        for r in batch.rows:
+            for k, tid in enumerate(r.segment_trajectory_ids):
+                if tid in self.trained:
+                    dups += 1
+                    r.action_mask[r.segment_ids == k] = 0
+                else:
+                    fresh += 1
+        if not fresh:
+            return self.refuse(m, B.REASON_DUPLICATE_BATCH, f"every trajectory of batch {batch.batch_id} was trained already")
+        lag = self._lag_rule(batch)
+        # Trajectories with a token left to train, and those the lag rule
+        # took out entirely (not trained: census "filtered", reason stale).
+        ids, stale_ids = [], []
+        for r in batch.rows:
+            live = set(np.unique(r.segment_ids[r.action_mask == 1]).tolist())
+            for k, tid in enumerate(r.segment_trajectory_ids):
+                if tid in self.trained:
+                    continue
+                (ids if k in live else stale_ids).append(tid)
+        if not ids:
+            return self.refuse(m, B.REASON_STALE_BATCH,
+                               f"batch {batch.batch_id}: no token within max_lag {c.max_lag} of trainer version {self.trainer.version}")
+        t0 = time.monotonic()
+        try:
+            first, last = self.trainer.update(batch, c.objective, c.adam, c.epochs)
+        except (ObjectiveInputError, ShapeError, B.Refusal, ValueError) as e:
+            return self.refuse(m, B.REASON_UNTRAINABLE, f"batch {batch.batch_id}: {e}")
+        secs = time.monotonic() - t0
+        v = self.trainer.version
+        at = int(time.time() * 1e6)
+        out = []
+        for tid in ids:
+            out.append((c.topics.census,) + census_record({
+                "run_id": c.run_id, "attempt_id": tid, "kind": "trained", "stage": c.stage,
+                "batch_id": batch.batch_id, "update": batch.batch_index, "policy_version": v, "at_us": at}))
+        for tid in stale_ids:
+            out.append((c.topics.census,) + census_record({
+                "run_id": c.run_id, "attempt_id": tid, "kind": "filtered", "stage": c.stage, "reason": "stale",
+                "batch_id": batch.batch_id, "update": batch.batch_index, "policy_version": v, "at_us": at}))
+        if dups:
+            out.append((c.topics.incidents,) + incident_record({
+                "run_id": c.run_id, "attempt_id": batch.batch_id, "stage": c.stage, "reason": "duplicate_trajectory",
+                "detail": f"{dups} segments of batch {batch.batch_id} were trained already and were masked out",
+                "source": m.ref, "at_us": at}))
+        if lag["lag_masked_tokens"]:
+            out.append((c.topics.incidents,) + incident_record({
+                "run_id": c.run_id, "attempt_id": batch.batch_id, "stage": c.stage, "reason": "stale_tokens",
+                "detail": f"{lag['lag_masked_tokens']} tokens ({lag['lag_dropped_segments']} segments dropped) of batch "
+                          f"{batch.batch_id} were more than max_lag {c.max_lag} behind version {v - 1} and were not trained",
+                "source": m.ref, "at_us": at}))
+        rec = {"version": v, "batch_id": batch.batch_id, "batch_index": batch.batch_index,
+               "metrics": first.metrics(), "last": last.to_dict(), "duplicates": dups, "step_seconds": secs,
+               "trainer": {"trainer": "trajflow.train (PyTorch)", "torch": torch.__version__,
+                          "max_lag": c.max_lag, "stale_policy": c.stale_policy, **lag,
+                          "source": m.ref, "not_trained": stale_ids,
+                          "outputs": [json_records(r) for r in out]}}
+        write_atomic(os.path.join(c.release_dir, update_name(v)), update_document(rec))
+        write_atomic(os.path.join(c.release_dir, optim_name(v)), self.trainer.optim_bytes())
+        rel = self._release()
+        self.producer.send([(c.topics.policy,) + release_record(c.run_id, rel)] + out)
+        self.last_outputs, self.last_outputs_of = out, None
+        self.last_index = batch.batch_index
+        self.batches.add(batch.batch_id)
+        self.trained.update(ids)
+        self._save_local()
+        self.counts["trained"] += 1
+        log.info("trained batch %s (index %d) -> version %d in %.3fs, loss %.5f", batch.batch_id, batch.batch_index, v,
+                 secs, first.stats.loss)
+        return "trained"
+
+    def _lag_rule(self, batch: B.PackedBatch) -> dict:
+        """Masks the tokens the lag rule excludes at this update (see the
+        module docstring) and returns the counts."""
+        frm = self.trainer.version
+        masked_tokens = dropped_segments = 0
+        for r in batch.rows:
+            trained = r.action_mask == 1
+            stale = trained & ((frm - r.policy_versions.astype(np.int64)) > self.cfg.max_lag)
+            if not stale.any():
+                continue
+            if self.cfg.stale_policy == STALE_DROP:
+                for k in np.unique(r.segment_ids[stale]):
+                    seg = (r.segment_ids == k) & trained
+                    masked_tokens += int(seg.sum())
+                    dropped_segments += 1
+                    r.action_mask[seg] = 0
+            else:
+                masked_tokens += int(stale.sum())
+                r.action_mask[stale] = 0
+        return {"lag_masked_tokens": masked_tokens, "lag_dropped_segments": dropped_segments}
