@@ -1,6 +1,7 @@
 package pipeline
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"slices"
@@ -40,6 +41,10 @@ type Driven struct {
 	// Held lists the inputs still held when the drive ended (an open
 	// window or group the live operator would keep uncommitted).
 	Held []Ref
+	// Closed lists the inputs that were still held after the last input
+	// and that the final Tick or Flush released (DriveConfig.TickAt,
+	// Flush): what an offline run decided only because its input ended.
+	Closed []Ref
 }
 
 // On returns the outputs produced to topic.
@@ -136,6 +141,10 @@ func Drive(ctx context.Context, st Stage, inputs []Message, cfg DriveConfig) (re
 			return nil, err
 		}
 	}
+	atEnd := make(map[Ref]bool, len(held))
+	for ref := range held {
+		atEnd[ref] = true
+	}
 	if tk, ok := st.(Ticker); ok && !cfg.TickAt.IsZero() {
 		r, err := tk.Tick(ctx, cfg.TickAt)
 		if err != nil {
@@ -157,19 +166,28 @@ func Drive(ctx context.Context, st Stage, inputs []Message, cfg DriveConfig) (re
 	for ref := range held {
 		d.Held = append(d.Held, ref)
 	}
-	slices.SortFunc(d.Held, func(a, b Ref) int {
-		if a.Topic != b.Topic {
-			if a.Topic < b.Topic {
-				return -1
-			}
-			return 1
+	for ref := range atEnd {
+		if !held[ref] {
+			d.Closed = append(d.Closed, ref)
 		}
-		if a.Partition != b.Partition {
-			return a.Partition - b.Partition
-		}
-		return int(a.Offset - b.Offset)
-	})
+	}
+	slices.SortFunc(d.Held, compareRefs)
+	slices.SortFunc(d.Closed, compareRefs)
 	return d, nil
+}
+
+// compareRefs orders refs by topic, partition and offset.
+func compareRefs(a, b Ref) int {
+	if a.Topic != b.Topic {
+		if a.Topic < b.Topic {
+			return -1
+		}
+		return 1
+	}
+	if a.Partition != b.Partition {
+		return a.Partition - b.Partition
+	}
+	return cmp.Compare(a.Offset, b.Offset)
 }
 
 // MemScanner is a Scanner over messages held in memory (offline drives,
