@@ -39,9 +39,7 @@ func TestStageChainOffline(t *testing.T) {
 	rows[3].Turns[0].ActionLogprobs = rows[3].Turns[0].ActionLogprobs[1:]
 	dir := t.TempDir()
 	in := filepath.Join(dir, "trajectories.arrow")
-	if err := writeRows(schemas.Trajectories, in, rows); err != nil {
-		t.Fatal(err)
-	}
+	testWriteBatches(t, schemas.Trajectories, in, [][]schemas.Trajectory{rows})
 	steps := [][]string{
 		{"stage", "validate", "--in", in, "--out", filepath.Join(dir, "valid.arrow")},
 		{"stage", "reward", "--in", filepath.Join(dir, "valid.arrow"), "--out", filepath.Join(dir, "rewarded.arrow")},
