@@ -504,4 +504,3 @@ func TestStageAdvantageDuplicateRecord(t *testing.T) {
 		t.Fatalf("duplicated record scored %d times, want once", ids[dup[0].RecordID])
 	}
 }
-
