@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"io"
 	"log/slog"
 	"os"
@@ -451,7 +452,7 @@ func TestStageAdvantageQuarantinesUnscorableGroup(t *testing.T) {
 
 // TestStageAdvantageDuplicateRecord: a record id delivered twice (a
 // redelivered member) is counted and ignored, as the live stage's group
-// assembly does, not an error.
+// assembly does, not an error; pack admits a redelivered group once.
 func TestStageAdvantageDuplicateRecord(t *testing.T) {
 	cpath, c := testContractFile(t)
 	groups := synthGroups(c, 0, 2, 0)
@@ -502,5 +503,43 @@ func TestStageAdvantageDuplicateRecord(t *testing.T) {
 	})
 	if ids[dup[0].RecordID] != 1 {
 		t.Fatalf("duplicated record scored %d times, want once", ids[dup[0].RecordID])
+	}
+
+	// pack: a scored group delivered twice is admitted once (the live
+	// stage's deduplication), the duplicates counted.
+	var scored [][]schemas.Scored
+	testReadRecords(t, out, func(rec arrow.RecordBatch) {
+		rows, err := schemas.ScoredTrajectories.FromRecord(rec)
+		if err != nil {
+			t.Fatal(err)
+		}
+		scored = append(scored, rows)
+	})
+	scored = append(scored, scored[0])
+	twice := filepath.Join(dir, "scored-twice.arrow")
+	testWriteBatches(t, schemas.ScoredTrajectories, twice, scored)
+	packedFile := filepath.Join(dir, "batches.arrow")
+	code, stdout, stderr = stageCLI(t, "pack", "--in", twice, "--out", packedFile, "--contract", cpath)
+	if code != 0 {
+		t.Fatalf("stage pack with a duplicate group: exit %d: %s%s", code, stdout, stderr)
+	}
+	if want := fmt.Sprintf("%d duplicate record ids", len(scored[0])); !strings.Contains(stdout, want) {
+		t.Fatalf("stdout lacks %q: %s", want, stdout)
+	}
+	packed := map[string]int{}
+	for _, b := range offlineBatches(t, packedFile) {
+		for _, row := range b.Rows {
+			for _, id := range row.SegTrajectoryIDs {
+				packed[id]++
+			}
+		}
+	}
+	for _, r := range scored[0] {
+		if packed[r.RecordID] > 1 {
+			t.Fatalf("record %s packed %d times", r.RecordID, packed[r.RecordID])
+		}
+	}
+	if len(packed) == 0 {
+		t.Fatal("nothing packed")
 	}
 }

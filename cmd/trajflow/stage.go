@@ -65,11 +65,11 @@ func cmdStage(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 func printStageReport(rep *offline.Report, o offline.Options, stdout, stderr io.Writer) {
 	for _, w := range rep.Windows {
 		if w.BatchID == "" {
-			fmt.Fprintf(stdout, "window of %d groups: every record filtered, no batch (closed by %s)\n", len(w.Groups), w.ClosedBy)
+			fmt.Fprintf(stdout, "window of %d groups: every record filtered, no batch (%s)\n", len(w.Groups), closedBy(w.ClosedBy))
 			continue
 		}
-		fmt.Fprintf(stdout, "batch %d: %d rows, %d admitted, %d filtered, %d tokens, efficiency %.4f, trainer version %d, max lag %d (closed by %s)\n",
-			w.BatchIndex, w.Rows, len(w.Admitted), len(w.Filtered), w.Tokens, w.Efficiency, w.TrainerVersion, w.MaxLag, w.ClosedBy)
+		fmt.Fprintf(stdout, "batch %d: %d rows, %d admitted, %d filtered, %d tokens, efficiency %.4f, trainer version %d, max lag %d (%s)\n",
+			w.BatchIndex, w.Rows, len(w.Admitted), len(w.Filtered), w.Tokens, w.Efficiency, w.TrainerVersion, w.MaxLag, closedBy(w.ClosedBy))
 	}
 	for _, r := range rep.Releases {
 		fmt.Fprintf(stdout, "release: policy version %d, checkpoint %s\n", r.PolicyVersion, r.CheckpointURI)
@@ -92,4 +92,14 @@ func printStageReport(rep *offline.Report, o offline.Options, stdout, stderr io.
 	if rep.Duplicates > 0 {
 		fmt.Fprintf(stdout, "%d duplicate record ids in the input (decided as the live stage decides a redelivery)\n", rep.Duplicates)
 	}
+}
+
+// closedBy says why a window closed offline: full, or at the end of the
+// input (the final tick, the only one an offline run gives the window's
+// timeout).
+func closedBy(by string) string {
+	if by == "timeout" {
+		return "closed at the end of the input"
+	}
+	return "closed " + by
 }
