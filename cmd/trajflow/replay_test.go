@@ -35,6 +35,9 @@ func TestReplaySyntheticRun(t *testing.T) {
 	if want := "batches identical"; !strings.Contains(out.String(), want) {
 		t.Fatalf("output %q lacks %q", out.String(), want)
 	}
+	if want := "no --contract: using the contract recorded in the snapshot (" + filepath.Join(mustRunDir(t, dir), parquet.ContractFile) + ")"; !strings.Contains(errb.String(), want) {
+		t.Fatalf("stderr %q lacks %q", errb.String(), want)
+	}
 
 	t.Run("census", func(t *testing.T) {
 		var out, errb bytes.Buffer
