@@ -386,10 +386,6 @@ func (r *run) pipeline(ctx context.Context, rep *Report) error {
 	for _, name := range Stages {
 		n := max(cfg.Instances[name], 1)
 		for i := 0; i < n; i++ {
-			st, err := operators.New(name, deps)
-			if err != nil {
-				return fmt.Errorf("bench: stage %s: %w", name, err)
-			}
 			inst := &instance{stage: name, id: fmt.Sprintf("%s-%d", name, i), groups: &r.groups}
 			if name == "pack" {
 				inst.policyTopic, inst.policySeen = r.topics.Policy, make(chan struct{})
@@ -402,7 +398,7 @@ func (r *run) pipeline(ctx context.Context, rep *Report) error {
 				Logger: cfg.Logger, Metrics: metrics, Instance: inst.id,
 				BatchTimeout: cfg.BatchTimeout, Hooks: []pipeline.Hook{inst.hook()},
 			}
-			op, err := pipeline.NewOperator(pc, st)
+			op, err := operators.NewOperator(name, deps, pc)
 			if err != nil {
 				return fmt.Errorf("bench: operator %s: %w", inst.id, err)
 			}

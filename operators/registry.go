@@ -93,21 +93,40 @@ func Names() []string {
 	return out
 }
 
+// Lookup returns the registered stage named name.
+func Lookup(name string) (Spec, bool) {
+	for _, s := range specs {
+		if s.Name == name {
+			return s, true
+		}
+	}
+	return Spec{}, false
+}
+
 // ErrUnknownStage is wrapped by New for a name no stage has.
 var ErrUnknownStage = errors.New("operators: unknown stage")
 
-// New builds the stage registered under name.
+// ErrConfig marks a configuration error: an unknown stage, a value the
+// stage refuses, a missing required directory. Building the stage again
+// cannot fix it, so a restart loop (RunRestarting) never retries it.
+// Every error New and NewOperator return wraps it.
+var ErrConfig = errors.New("configuration error")
+
+// New builds the stage registered under name. Every error it returns
+// wraps ErrConfig.
 func New(name string, d Deps) (pipeline.Stage, error) {
-	for _, s := range specs {
-		if s.Name != name {
-			continue
-		}
-		if d.Contract == nil {
-			return nil, fmt.Errorf("operators: stage %q: no contract", name)
-		}
-		return s.New(d)
+	s, ok := Lookup(name)
+	if !ok {
+		return nil, fmt.Errorf("%w: %w %q (one of %v)", ErrConfig, ErrUnknownStage, name, Names())
 	}
-	return nil, fmt.Errorf("%w %q (one of %v)", ErrUnknownStage, name, Names())
+	if d.Contract == nil {
+		return nil, fmt.Errorf("%w: operators: stage %q: no contract", ErrConfig, name)
+	}
+	st, err := s.New(d)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrConfig, err)
+	}
+	return st, nil
 }
 
 func newValidate(d Deps) (pipeline.Stage, error) {

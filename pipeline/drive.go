@@ -1,6 +1,7 @@
 package pipeline
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"slices"
@@ -43,6 +44,10 @@ type Driven struct {
 	// Released lists every ref a Result released, in order (a held input
 	// must appear once).
 	Released []Ref
+	// Closed lists the inputs that were still held after the last input
+	// and that the final Tick or Flush released (DriveConfig.TickAt,
+	// Flush): what an offline run decided only because its input ended.
+	Closed []Ref
 }
 
 // On returns the outputs produced to topic.
@@ -140,6 +145,10 @@ func Drive(ctx context.Context, st Stage, inputs []Message, cfg DriveConfig) (re
 			return nil, err
 		}
 	}
+	atEnd := make(map[Ref]bool, len(held))
+	for ref := range held {
+		atEnd[ref] = true
+	}
 	if tk, ok := st.(Ticker); ok && !cfg.TickAt.IsZero() {
 		r, err := tk.Tick(ctx, cfg.TickAt)
 		if err != nil {
@@ -161,19 +170,28 @@ func Drive(ctx context.Context, st Stage, inputs []Message, cfg DriveConfig) (re
 	for ref := range held {
 		d.Held = append(d.Held, ref)
 	}
-	slices.SortFunc(d.Held, func(a, b Ref) int {
-		if a.Topic != b.Topic {
-			if a.Topic < b.Topic {
-				return -1
-			}
-			return 1
+	for ref := range atEnd {
+		if !held[ref] {
+			d.Closed = append(d.Closed, ref)
 		}
-		if a.Partition != b.Partition {
-			return a.Partition - b.Partition
-		}
-		return int(a.Offset - b.Offset)
-	})
+	}
+	slices.SortFunc(d.Held, compareRefs)
+	slices.SortFunc(d.Closed, compareRefs)
 	return d, nil
+}
+
+// compareRefs orders refs by topic, partition and offset.
+func compareRefs(a, b Ref) int {
+	if a.Topic != b.Topic {
+		if a.Topic < b.Topic {
+			return -1
+		}
+		return 1
+	}
+	if a.Partition != b.Partition {
+		return a.Partition - b.Partition
+	}
+	return cmp.Compare(a.Offset, b.Offset)
 }
 
 // MemScanner is a Scanner over messages held in memory (offline drives,

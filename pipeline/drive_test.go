@@ -104,3 +104,35 @@ func (bigStage) Topics() []string { return []string{"in"} }
 func (bigStage) Process(context.Context, Message) (Result, error) {
 	return Result{Outputs: []Output{{Topic: "out", Value: make([]byte, 1<<20)}}}, nil
 }
+
+// flushStage is driveStage with a Flush that releases every held input.
+type flushStage struct{ driveStage }
+
+func (f *flushStage) Flush(context.Context) (Result, error) {
+	r := Result{Outputs: []Output{{Topic: "out", Value: []byte("flushed")}}, Release: f.held}
+	f.held = nil
+	return r, nil
+}
+
+// TestDriveReportsWhatTheEndClosed: inputs still held after the last
+// input and released by the final Flush are listed in Closed, not Held.
+func TestDriveReportsWhatTheEndClosed(t *testing.T) {
+	in := func(off int64, v string) Message {
+		return Message{Ref: Ref{Topic: "in", Offset: off}, Value: []byte(v)}
+	}
+	inputs := []Message{in(0, "hold0"), in(1, "flush"), in(2, "hold2"), in(3, "a"), in(4, "hold4")}
+	d, err := Drive(context.Background(), &flushStage{}, inputs, DriveConfig{Flush: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(d.Held) != 0 || len(d.Closed) != 2 || d.Closed[0].Offset != 2 || d.Closed[1].Offset != 4 {
+		t.Fatalf("held %v, closed %v: want nothing held, offsets 2 and 4 closed by the flush", d.Held, d.Closed)
+	}
+	d, err = Drive(context.Background(), &flushStage{}, inputs, DriveConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(d.Closed) != 0 || len(d.Held) != 2 {
+		t.Fatalf("without a flush: held %v, closed %v", d.Held, d.Closed)
+	}
+}

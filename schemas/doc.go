@@ -12,6 +12,11 @@
 //	ScoredTrajectories    *Codec[Scored]           scored.go
 //	PackedBatches         *PackedBatchCodec        packed.go
 //
+// A file of many messages of one kind (the output of `trajflow stage`) is
+// one IPC stream of many record batches, one per message: Arrow's readers
+// read it as is; SplitStream cuts it into the single-batch messages
+// Decode reads, and DecodeAll does both (multistream.go).
+//
 // Control-plane kinds are JSON documents {"kind","version","data"}:
 // EncodeRelease/DecodeRelease (PolicyRelease) and EncodeCensus/DecodeCensus
 // (CensusEvent), in jsondoc.go.

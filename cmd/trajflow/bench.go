@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -22,98 +23,103 @@ func init() {
 	register("bench", "measure throughput of validate→reward→advantage→pack beside raw kafka-go", cmdBench)
 }
 
-func cmdBench(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := newFlags("bench", stderr)
-	contractPath := fs.String("contract", "testdata/contracts/bench.yaml", "learning contract (sized for throughput)")
-	brokers := fs.String("brokers", "", "comma-separated brokers of a real cluster (empty: embedded broker)")
-	clientConfig := fs.String("client-config", "", "YAML file with TLS/SASL client settings")
-	duration := fs.Duration("duration", 10*time.Second, "measurement window")
-	warmup := fs.Duration("warmup", 3*time.Second, "warm-up before the measurement")
-	tokens := fs.Int64("tokens", 0, "end the measurement after this many generated tokens are decided (0: --duration only)")
-	baseline := fs.Duration("baseline", 0, "raw kafka-go baseline duration (0: a third of --duration, at least 2s; negative: skip)")
-	baselineRate := fs.Float64("baseline-rate", 0, "pace the baseline's producer to this many messages/s (0: unpaced); at the pipeline's per-hop message rate it measures the Kafka side's cost per byte at that rate")
-	instances := fs.String("instances", "", "instances per stage in one consumer group, e.g. validate=2,reward=2")
-	linger := fs.Duration("linger", 0, "operators' producer batch timeout (0: the runtime default)")
-	inflight := fs.Int("inflight-groups", 192, "groups produced but not yet decided (closed loop)")
-	meanTokens := fs.Float64("mean-tokens", 1000, "mean tokens per trajectory (log-normal)")
-	maxTokens := fs.Int("max-tokens", 32768, "tail of the token-length distribution")
-	asJSON := fs.Bool("json", false, "print the report as JSON")
-	jsonOut := fs.String("json-out", "", "also write the JSON report to this file")
-	plotPath := fs.String("plot", "", "write throughput per stage and the latency distribution to this PNG")
-	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the whole run to this file")
-	memProfile := fs.String("memprofile", "", "write a heap profile taken at the end of the measurement window to this file")
-	memLimit := fs.Int64("memory-limit-mib", 0, "Go soft memory limit of the bench process in MiB (broker, operators, source and sink share one heap); 0: derived from the embedded broker's retention unless GOMEMLIMIT is set; -1: leave it as it is")
-	logLevel := fs.String("log-level", "error", "operator log level (logs go to stderr)")
-	if _, err := parseFlags(fs, args); err != nil {
-		return err
+// benchFlags are the flags of trajflow bench.
+type benchFlags struct {
+	contract, brokers, clientConfig            *string
+	duration, warmup, baseline, linger         *time.Duration
+	tokens, memLimit                           *int64
+	baselineRate, meanTokens                   *float64
+	instances, jsonOut, plot, cpuProf, memProf *string
+	inflight, maxTokens                        *int
+	asJSON                                     *bool
+	logLevel                                   *string
+}
+
+func addBenchFlags(fs *flag.FlagSet) benchFlags {
+	return benchFlags{
+		contract:     fs.String("contract", "testdata/contracts/bench.yaml", "learning contract (sized for throughput)"),
+		brokers:      fs.String("brokers", "", "comma-separated brokers of a real cluster (empty: embedded broker)"),
+		clientConfig: fs.String("client-config", "", "YAML file with TLS/SASL client settings"),
+		duration:     fs.Duration("duration", 10*time.Second, "measurement window"),
+		warmup:       fs.Duration("warmup", 3*time.Second, "warm-up before the measurement"),
+		tokens:       fs.Int64("tokens", 0, "end the measurement after this many generated tokens are decided (0: --duration only)"),
+		baseline:     fs.Duration("baseline", 0, "raw kafka-go baseline duration (0: a third of --duration, at least 2s; negative: skip)"),
+		baselineRate: fs.Float64("baseline-rate", 0, "pace the baseline's producer to this many messages/s (0: unpaced); at the pipeline's per-hop message rate it measures the Kafka side's cost per byte at that rate"),
+		instances:    fs.String("instances", "", "instances per stage in one consumer group, e.g. validate=2,reward=2"),
+		linger:       fs.Duration("linger", 0, "operators' producer batch timeout (0: the runtime default)"),
+		inflight:     fs.Int("inflight-groups", 192, "groups produced but not yet decided (closed loop)"),
+		meanTokens:   fs.Float64("mean-tokens", 1000, "mean tokens per trajectory (log-normal)"),
+		maxTokens:    fs.Int("max-tokens", 32768, "tail of the token-length distribution"),
+		asJSON:       fs.Bool("json", false, "print the report as JSON"),
+		jsonOut:      fs.String("json-out", "", "also write the JSON report to this file"),
+		plot:         fs.String("plot", "", "write throughput per stage and the latency distribution to this PNG"),
+		cpuProf:      fs.String("cpuprofile", "", "write a CPU profile of the whole run to this file"),
+		memProf:      fs.String("memprofile", "", "write a heap profile taken at the end of the measurement window to this file"),
+		memLimit:     fs.Int64("memory-limit-mib", 0, "Go soft memory limit of the bench process in MiB (broker, operators, source and sink share one heap); 0: derived from the embedded broker's retention unless GOMEMLIMIT is set; -1: leave it as it is"),
+		logLevel:     fs.String("log-level", "error", "operator log level (logs go to stderr)"),
 	}
-	if *memLimit < -1 {
-		return fmt.Errorf("%w: --memory-limit-mib %d", errUsage, *memLimit)
+}
+
+// config resolves the flags into the bench's configuration.
+func (f benchFlags) config(stderr io.Writer) (bench.Config, error) {
+	limit := *f.memLimit
+	if limit < -1 {
+		return bench.Config{}, fmt.Errorf("%w: --memory-limit-mib %d", errUsage, limit)
 	}
-	if *memLimit > 0 {
-		*memLimit <<= 20
+	if limit > 0 {
+		limit <<= 20
 	}
-	c, err := contract.Load(*contractPath)
+	c, err := contract.Load(*f.contract)
 	if err != nil {
-		return err
+		return bench.Config{}, err
 	}
 	if err := c.Resolve(); err != nil {
-		return fmt.Errorf("contract %s: %w", *contractPath, err)
+		return bench.Config{}, fmt.Errorf("contract %s: %w", *f.contract, err)
 	}
-	inst, err := bench.ParseInstances(*instances)
+	inst, err := bench.ParseInstances(*f.instances)
 	if err != nil {
-		return fmt.Errorf("%w: %v", errUsage, err)
+		return bench.Config{}, fmt.Errorf("%w: %v", errUsage, err)
 	}
 	cfg := bench.Config{
-		Contract: c, Warmup: *warmup, Duration: *duration, Tokens: *tokens, Baseline: *baseline, BaselineRate: *baselineRate,
-		Instances: inst, InFlightGroups: *inflight, MemoryLimit: *memLimit, Logger: newLogger(stderr, *logLevel), BatchTimeout: *linger,
+		Contract: c, Warmup: *f.warmup, Duration: *f.duration, Tokens: *f.tokens, Baseline: *f.baseline, BaselineRate: *f.baselineRate,
+		Instances: inst, InFlightGroups: *f.inflight, MemoryLimit: limit, Logger: newLogger(stderr, *f.logLevel), BatchTimeout: *f.linger,
 	}
 	s := synth.Bench()
-	s.MeanTokens, s.MaxTokens = *meanTokens, *maxTokens
+	s.MeanTokens, s.MaxTokens = *f.meanTokens, *f.maxTokens
 	cfg.Synth = s
-	if *brokers != "" || *clientConfig != "" {
-		cf := clientFlags{brokers: brokers, config: clientConfig}
-		cc, err := cf.load()
+	if *f.brokers != "" || *f.clientConfig != "" {
+		cc, err := clientFlags{brokers: f.brokers, config: f.clientConfig}.load()
 		if err != nil {
-			return err
-		}
-		if len(cc.Brokers) == 0 {
-			return fmt.Errorf("%w: --client-config without brokers", errUsage)
+			return bench.Config{}, err
 		}
 		cfg.Brokers, cfg.Client = cc.Brokers, cc
 	}
+	return cfg, nil
+}
+
+func cmdBench(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := newFlags("bench", stderr)
+	f := addBenchFlags(fs)
+	if _, err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	cfg, err := f.config(stderr)
+	if err != nil {
+		return err
+	}
 	var bar *progressBar
-	if f, ok := stdout.(*os.File); ok && term.IsTerminal(int(f.Fd())) {
+	if fl, ok := stdout.(*os.File); ok && term.IsTerminal(int(fl.Fd())) {
 		bar = &progressBar{w: stdout}
 		cfg.Progress = bar.update
 	}
-	if *cpuProfile != "" {
-		f, err := os.Create(*cpuProfile)
-		if err != nil {
-			return err
-		}
-		defer f.Close()
-		if err := pprof.StartCPUProfile(f); err != nil {
-			return fmt.Errorf("cpu profile: %w", err)
-		}
-		defer pprof.StopCPUProfile()
-	}
-	var memErr error
-	if *memProfile != "" {
-		cfg.Measured = func() {
-			f, err := os.Create(*memProfile)
-			if err != nil {
-				memErr = err
-				return
-			}
-			defer f.Close()
-			runtime.GC()
-			memErr = pprof.WriteHeapProfile(f)
-		}
+	stopProfiles, memErr, err := startProfiles(&cfg, *f.cpuProf, *f.memProf)
+	if err != nil {
+		return err
 	}
 	rep, err := bench.Run(ctx, cfg)
-	if err == nil && memErr != nil {
-		err = fmt.Errorf("heap profile: %w", memErr)
+	stopProfiles()
+	if err == nil && *memErr != nil {
+		err = fmt.Errorf("heap profile: %w", *memErr)
 	}
 	if bar != nil {
 		bar.clear()
@@ -121,33 +127,68 @@ func cmdBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if err != nil {
 		return err
 	}
-	if *plotPath != "" {
-		if err := bench.WritePlot(rep, *plotPath); err != nil {
-			return err
-		}
-	}
-	if *jsonOut != "" {
-		b, err := json.MarshalIndent(rep, "", "  ")
-		if err != nil {
-			return err
-		}
-		if err := os.WriteFile(*jsonOut, append(b, '\n'), 0o644); err != nil {
-			return err
-		}
-	}
-	if *asJSON {
-		enc := json.NewEncoder(stdout)
-		enc.SetIndent("", "  ")
-		if err := enc.Encode(rep); err != nil {
-			return err
-		}
-	} else if err := rep.WriteTable(stdout); err != nil {
+	if err := writeBenchReport(rep, f, stdout); err != nil {
 		return err
 	}
 	if !rep.Correct {
 		return fmt.Errorf("accounting failed: %v", rep.Accounting)
 	}
 	return nil
+}
+
+// startProfiles starts the CPU profile (stopped by stop) and arranges the
+// heap profile at the end of the measurement window (its error in *memErr).
+func startProfiles(cfg *bench.Config, cpu, mem string) (stop func(), memErr *error, err error) {
+	stop, memErr = func() {}, new(error)
+	if cpu != "" {
+		f, err := os.Create(cpu)
+		if err != nil {
+			return nil, nil, err
+		}
+		if err := pprof.StartCPUProfile(f); err != nil {
+			f.Close()
+			return nil, nil, fmt.Errorf("cpu profile: %w", err)
+		}
+		stop = func() { pprof.StopCPUProfile(); f.Close() }
+	}
+	if mem != "" {
+		cfg.Measured = func() {
+			f, err := os.Create(mem)
+			if err != nil {
+				*memErr = err
+				return
+			}
+			defer f.Close()
+			runtime.GC()
+			*memErr = pprof.WriteHeapProfile(f)
+		}
+	}
+	return stop, memErr, nil
+}
+
+// writeBenchReport writes the plot and the JSON file when asked, and the
+// report as a table or JSON.
+func writeBenchReport(rep *bench.Report, f benchFlags, stdout io.Writer) error {
+	if *f.plot != "" {
+		if err := bench.WritePlot(rep, *f.plot); err != nil {
+			return err
+		}
+	}
+	if *f.jsonOut != "" {
+		b, err := json.MarshalIndent(rep, "", "  ")
+		if err != nil {
+			return err
+		}
+		if err := os.WriteFile(*f.jsonOut, append(b, '\n'), 0o644); err != nil {
+			return err
+		}
+	}
+	if *f.asJSON {
+		enc := json.NewEncoder(stdout)
+		enc.SetIndent("", "  ")
+		return enc.Encode(rep)
+	}
+	return rep.WriteTable(stdout)
 }
 
 // progressBar draws one line, rewritten in place.

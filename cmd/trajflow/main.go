@@ -13,6 +13,8 @@ import (
 	"sort"
 	"strings"
 	"syscall"
+
+	"github.com/trajflow/trajflow/operators"
 )
 
 // command is one subcommand.
@@ -70,7 +72,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return 0
 	case errors.Is(err, flag.ErrHelp):
 		return 0
-	case errors.Is(err, errUsage):
+	case errors.Is(err, errUsage), errors.Is(err, operators.ErrConfig):
+		// A command-line mistake or a configuration a stage refuses.
 		fmt.Fprintf(stderr, "trajflow %s: %v\n", args[0], err)
 		return 2
 	default:

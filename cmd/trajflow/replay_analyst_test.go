@@ -12,6 +12,7 @@ import (
 	"testing"
 
 	"github.com/trajflow/trajflow/connectors/parquet"
+	"github.com/trajflow/trajflow/internal/loop"
 )
 
 // analystPython finds a Python with pyarrow and duckdb: $TRAJFLOW_PYTHON,
@@ -56,7 +57,7 @@ func TestDemoReplayAndAnalyst(t *testing.T) {
 		if code := run(ctx, args, &out, &errb); code != 0 {
 			t.Fatalf("%s: trajflow demo: exit %d: %s%s", mode.name, code, out.String(), errb.String())
 		}
-		var demo demoSummary
+		var demo loop.Summary
 		b, err := os.ReadFile(filepath.Join(dir, "summary.json"))
 		if err != nil {
 			t.Fatal(err)

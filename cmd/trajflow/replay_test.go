@@ -12,164 +12,21 @@ import (
 	"testing"
 	"time"
 
-	kafkago "github.com/segmentio/kafka-go"
-
 	"github.com/trajflow/trajflow/connectors/kafka"
 	"github.com/trajflow/trajflow/connectors/parquet"
 	"github.com/trajflow/trajflow/internal/testkit"
-	"github.com/trajflow/trajflow/operators"
 	"github.com/trajflow/trajflow/pipeline"
-	"github.com/trajflow/trajflow/schemas"
 )
 
 const conformanceContract = "../../testdata/contracts/conformance.yaml"
 
-// highWaterMarks returns the end offset of every partition of the run's
-// topics.
-func highWaterMarks(t testing.TB, run *testkit.Run) map[string]map[int]int64 {
-	t.Helper()
-	out := map[string]map[int]int64{}
-	for _, spec := range operators.TopicSpecs(run.Contract, run.Topics) {
-		out[spec.Name] = map[int]int64{}
-		for p := range spec.Partitions {
-			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-			conn, err := kafkago.DialLeader(ctx, "tcp", run.Addr, spec.Name, p)
-			if err != nil {
-				cancel()
-				t.Fatalf("dial %s/%d: %v", spec.Name, p, err)
-			}
-			hwm, err := conn.ReadLastOffset()
-			conn.Close()
-			cancel()
-			if err != nil {
-				t.Fatalf("last offset %s/%d: %v", spec.Name, p, err)
-			}
-			out[spec.Name][p] = hwm
-		}
-	}
-	return out
-}
-
-// covered reports whether the snapshot files hold every offset below the
-// high-water marks, and the first partition that is behind.
-func covered(t testing.TB, run *testkit.Run, dir string, hwm map[string]map[int]int64) (bool, string) {
-	t.Helper()
-	files, err := parquet.List(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	last := map[string]int64{}
-	for _, f := range files {
-		k := f.Topic + "/" + string(rune('0'+f.Partition))
-		if f.LastOffset+1 > last[k] {
-			last[k] = f.LastOffset + 1
-		}
-	}
-	for topic, parts := range hwm {
-		for p, end := range parts {
-			k := parquet.ShortTopic(run.Contract.RunID, topic) + "/" + string(rune('0'+p))
-			if last[k] < end {
-				return false, k
-			}
-		}
-	}
-	return true, ""
-}
-
-func waitCovered(t testing.TB, run *testkit.Run, dir string, timeout time.Duration) {
-	t.Helper()
-	hwm := highWaterMarks(t, run)
-	deadline := time.Now().Add(timeout)
-	for {
-		ok, behind := covered(t, run, dir, hwm)
-		if ok {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("snapshot does not cover %s after %v", behind, timeout)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-}
-
-// startSnapshot runs the snapshot stage in-process.
-func startSnapshot(t testing.TB, run *testkit.Run, dir string) (stop func() error) {
-	t.Helper()
-	st, err := operators.New("snapshot", operators.Deps{
-		Contract: run.Contract, Topics: run.Topics, VocabSize: 32000,
-		SnapshotDir: dir, SnapshotRollBytes: 256 << 10, SnapshotRollInterval: 200 * time.Millisecond,
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg := run.Config("snapshot", t.TempDir())
-	cfg.TickInterval = 50 * time.Millisecond
-	op, err := pipeline.NewOperator(cfg, st)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- op.Run(ctx) }()
-	stopped := false
-	stop = func() error {
-		if stopped {
-			return nil
-		}
-		stopped = true
-		cancel()
-		if err := <-done; err != pipeline.ErrStopped {
-			return err
-		}
-		return nil
-	}
-	t.Cleanup(func() { stop() })
-	return stop
-}
-
-// syntheticRun runs validate, reward, advantage, pack and the snapshot
-// over synthetic groups and returns the snapshot directory once it holds
-// every message of the run.
-func syntheticRun(t *testing.T, groups int64) (*testkit.Run, string) {
-	c := testkit.LoadContract(t, conformanceContract)
-	run := testkit.StartRun(t, c, "")
-	dir := t.TempDir()
-	stopSnap := startSnapshot(t, run, dir)
-	s := run.Synth(300, 3000)
-	ids := run.Produce(t, s, 0, groups)
-	var stops []func() error
-	for _, name := range []string{"validate", "reward", "advantage", "pack"} {
-		stops = append(stops, run.StartOperator(t, name, t.TempDir()))
-	}
-	counts := run.WaitAccounted(t, ids, 30*time.Second)
-	if counts.Lost != 0 {
-		t.Fatalf("pipeline lost records: %v", counts)
-	}
-	for i := len(stops) - 1; i >= 0; i-- {
-		if err := stops[i](); err != nil {
-			t.Fatal(err)
-		}
-	}
-	waitCovered(t, run, dir, 30*time.Second)
-	if err := stopSnap(); err != nil {
-		t.Fatal(err)
-	}
-	return run, dir
-}
-
+// TestReplaySyntheticRun runs `trajflow replay`, `trajflow census` and
+// `trajflow replay --to-brokers` over the snapshot of a synthetic run, and
+// checks that a corrupt file, another contract and missing trajectories
+// are reported.
 func TestReplaySyntheticRun(t *testing.T) {
-	_, dir := syntheticRun(t, 40)
-	rep, err := replayRun(context.Background(), mustRunDir(t, dir), "")
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, n := range rep.Notes {
-		t.Log(n)
-	}
-	t.Logf("%d of %d batches identical", rep.Identical, rep.Batches)
-	if rep.Diff != "" || rep.Batches == 0 || rep.Identical != rep.Batches {
-		t.Fatalf("replay: %d of %d batches identical, diff %q", rep.Identical, rep.Batches, rep.Diff)
-	}
+	run0 := testkit.StartRun(t, testkit.LoadContract(t, conformanceContract), "")
+	dir := run0.SnapshotRun(t, 40)
 
 	var out, errb bytes.Buffer
 	if code := run(context.Background(), []string{"replay", dir}, &out, &errb); code != 0 {
@@ -177,6 +34,9 @@ func TestReplaySyntheticRun(t *testing.T) {
 	}
 	if want := "batches identical"; !strings.Contains(out.String(), want) {
 		t.Fatalf("output %q lacks %q", out.String(), want)
+	}
+	if want := "no --contract: using the contract recorded in the snapshot (" + filepath.Join(mustRunDir(t, dir), parquet.ContractFile) + ")"; !strings.Contains(errb.String(), want) {
+		t.Fatalf("stderr %q lacks %q", errb.String(), want)
 	}
 
 	t.Run("census", func(t *testing.T) {
@@ -317,42 +177,6 @@ func mustRunDir(t testing.TB, dir string) string {
 	return d
 }
 
-func TestBatchDiffNamesField(t *testing.T) {
-	b := schemas.PackedBatch{BatchID: "b", RunID: "r", TokenBudget: 4, Rows: []schemas.PackedRow{{
-		InputIDs: []int32{1, 2}, PositionIDs: []int32{0, 1}, SegmentIDs: []int32{0, 0}, ActionMask: []uint8{1, 0},
-		OldLogprobs: []float32{-1, 0}, Advantages: []float32{0.5, 0}, ValueTargets: []float32{0, 0},
-		TurnIDs: []int32{0, -1}, PolicyVersions: []int32{0, -1}, SegTrajectoryIDs: []string{"t"}, SegGroupIDs: []string{"g"},
-		SegPolicyVersions: []int64{0}, SegLengths: []int32{2}, SegWeights: []float32{1}, SegTruncated: []bool{false},
-	}}}
-	want, err := schemas.PackedBatches.Encode(nil, b)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tests := []struct {
-		name   string
-		mutate func(*schemas.PackedBatch)
-		field  string
-	}{
-		{"advantage", func(b *schemas.PackedBatch) { b.Rows[0].Advantages = []float32{0.25, 0} }, "Rows[0].advantages[0]"},
-		{"trainer version", func(b *schemas.PackedBatch) { b.TrainerVersion = 3 }, "trainer_version"},
-		{"mask", func(b *schemas.PackedBatch) { b.Rows[0].ActionMask = []uint8{0, 0} }, "Rows[0].action_mask[0]"},
-	}
-	for _, tc := range tests {
-		t.Run(tc.name, func(t *testing.T) {
-			c := b
-			c.Rows = []schemas.PackedRow{b.Rows[0]}
-			tc.mutate(&c)
-			got, err := schemas.PackedBatches.Encode(nil, c)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if d := batchDiff(want, got); !strings.Contains(d, tc.field) {
-				t.Fatalf("diff %q does not name %s", d, tc.field)
-			}
-		})
-	}
-}
-
 // TestSnapshotSIGKILL kills `trajflow run snapshot` (a separate process)
 // with SIGKILL while the run is producing, restarts it, and checks that
 // the files hold every offset of every partition exactly once.
@@ -412,7 +236,7 @@ func TestSnapshotSIGKILL(t *testing.T) {
 	before, _ := parquet.List(dir)
 	run.Produce(t, s, 45, 60)
 	cmd = start()
-	waitCovered(t, run, dir, 40*time.Second)
+	run.WaitCovered(t, dir, 40*time.Second)
 	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}

@@ -6,15 +6,10 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"net/http"
-	"os"
-	"path/filepath"
 	"strconv"
 	"time"
 
 	"github.com/trajflow/trajflow/connectors/envsvc"
-	"github.com/trajflow/trajflow/connectors/state"
-	"github.com/trajflow/trajflow/operators/rollout"
 )
 
 func init() {
@@ -46,67 +41,18 @@ func cmdServeEnv(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	if *port < 0 || *port > 65535 {
 		return fmt.Errorf("%w: --port %d", errUsage, *port)
 	}
-	log := newLogger(stderr, *logLevel)
-	if err := os.MkdirAll(*data, 0o755); err != nil {
-		return fmt.Errorf("--data %s: %w", *data, err)
+	o := envsvc.ServeOptions{
+		Addr: net.JoinHostPort(*host, strconv.Itoa(*port)), DataDir: *data, KeyFile: *keyFile,
+		Families: splitList(*families), SyncWrites: *syncWrites, Logger: newLogger(stderr, *logLevel),
+		Config: envsvc.Config{MaxEpisodes: *maxEpisodes, StepTimeout: *stepTimeout, MaxObservationBytes: *maxObs,
+			DefaultLease: *lease, MaxLease: *maxLease},
 	}
-	kf := *keyFile
-	if kf == "" {
-		kf = filepath.Join(*data, "capability.key")
-	}
-	key, created, err := envsvc.EnsureKeyFile(kf)
-	if err != nil {
-		return err
-	}
-	if created {
-		log.Info("capability key created", "file", kf)
-	}
-	var regs []*rollout.Registry
-	for _, f := range splitList(*families) {
-		r, err := rollout.NewFamilyRegistry(f)
-		if err != nil {
-			return fmt.Errorf("%w: --families: %v", errUsage, err)
-		}
-		regs = append(regs, r)
-	}
-	if len(regs) == 0 {
-		return fmt.Errorf("%w: --families is empty", errUsage)
-	}
-	store, err := state.Open(filepath.Join(*data, "badger"), state.Options{SyncWrites: *syncWrites, Logger: log})
-	if err != nil {
-		return err
-	}
-	defer store.Close()
-	srv, err := envsvc.NewServer(envsvc.Config{
-		Registries: regs, Key: key, Store: store, MaxEpisodes: *maxEpisodes, StepTimeout: *stepTimeout,
-		MaxObservationBytes: *maxObs, DefaultLease: *lease, MaxLease: *maxLease, Logger: log,
+	err := envsvc.ListenAndServe(ctx, o, func(addr string, resumed int) {
+		fmt.Fprintf(stdout, "trajflow env service (protocol %d) listening on http://%s, data %s, %d live episodes resumed\n",
+			envsvc.ProtocolVersion, addr, *data, resumed)
 	})
-	if err != nil {
-		return err
+	if errors.Is(err, envsvc.ErrConfig) {
+		return fmt.Errorf("%w: %v", errUsage, err)
 	}
-	defer srv.Close()
-	ln, err := net.Listen("tcp", net.JoinHostPort(*host, strconv.Itoa(*port)))
-	if err != nil {
-		return err
-	}
-	hs := &http.Server{Handler: srv.Handler(), ReadHeaderTimeout: 5 * time.Second}
-	fmt.Fprintf(stdout, "trajflow env service (protocol %d) listening on http://%s, data %s, %d live episodes resumed\n",
-		envsvc.ProtocolVersion, ln.Addr(), *data, srv.Live())
-	errc := make(chan error, 1)
-	go func() { errc <- hs.Serve(ln) }()
-	select {
-	case err := <-errc:
-		if !errors.Is(err, http.ErrServerClosed) {
-			return err
-		}
-		return nil
-	case <-ctx.Done():
-	}
-	sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	if err := hs.Shutdown(sctx); err != nil {
-		return err
-	}
-	<-errc
-	return nil
+	return err
 }

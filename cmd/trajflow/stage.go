@@ -5,215 +5,101 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"os"
+	"strings"
 
-	"github.com/apache/arrow-go/v18/arrow"
-	"github.com/apache/arrow-go/v18/arrow/ipc"
-
+	"github.com/trajflow/trajflow/internal/offline"
 	"github.com/trajflow/trajflow/operators"
-	"github.com/trajflow/trajflow/operators/advantage"
-	"github.com/trajflow/trajflow/operators/pack"
-	"github.com/trajflow/trajflow/operators/reward"
-	"github.com/trajflow/trajflow/operators/validate"
-	"github.com/trajflow/trajflow/schemas"
 )
 
 func init() {
-	register("stage", "stage NAME --in F --out F: run one stage's pure function offline over an Arrow IPC stream file", cmdStage)
-}
-
-// readRows reads every record batch of an Arrow IPC stream with codec c.
-func readRows[T any](c *schemas.Codec[T], path string) ([]T, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return nil, err
-	}
-	defer f.Close()
-	r, err := ipc.NewReader(f)
-	if err != nil {
-		return nil, fmt.Errorf("%s: not an Arrow IPC stream: %w", path, err)
-	}
-	defer r.Release()
-	var out []T
-	for r.Next() {
-		rows, err := c.FromRecord(r.RecordBatch())
-		if err != nil {
-			return nil, fmt.Errorf("%s: %w", path, err)
-		}
-		out = append(out, rows...)
-	}
-	if err := r.Err(); err != nil && !errors.Is(err, io.EOF) {
-		return nil, fmt.Errorf("%s: %w", path, err)
-	}
-	return out, nil
-}
-
-// writeRecords writes records of one schema as one IPC stream.
-func writeRecords(path string, schema *arrow.Schema, recs []arrow.RecordBatch) error {
-	f, err := os.Create(path)
-	if err != nil {
-		return err
-	}
-	w := ipc.NewWriter(f, ipc.WithSchema(schema))
-	for _, rec := range recs {
-		if err := w.Write(rec); err != nil {
-			w.Close()
-			f.Close()
-			return fmt.Errorf("write %s: %w", path, err)
-		}
-	}
-	if err := w.Close(); err != nil {
-		f.Close()
-		return fmt.Errorf("write %s: %w", path, err)
-	}
-	return f.Close()
-}
-
-func writeRows[T any](c *schemas.Codec[T], path string, rows []T) error {
-	rec, err := c.ToRecord(nil, rows)
-	if err != nil {
-		return err
-	}
-	defer rec.Release()
-	return writeRecords(path, c.Schema(), []arrow.RecordBatch{rec})
+	register("stage", "stage NAME --in F --out F: run one registered stage offline over an Arrow IPC stream file (validate, reward, advantage, pack, train)", cmdStage)
 }
 
 func cmdStage(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := newFlags("stage", stderr)
-	in := fs.String("in", "", "input Arrow IPC stream file")
-	out := fs.String("out", "", "output Arrow IPC stream file")
+	o := offline.Options{Log: stderr}
+	fs.StringVar(&o.In, "in", "", "input Arrow IPC stream file: one record batch per input message")
+	fs.StringVar(&o.Out, "out", "", "output Arrow IPC stream file: one record batch per output message (train: release manifests, one per line)")
+	fs.StringVar(&o.Quarantine, "quarantine", "", "write every quarantined record to this Arrow IPC stream file (reasons on stderr)")
 	path := fs.String("contract", "", "learning contract (default: the built-in demo contract)")
-	trainer := fs.Int64("trainer-version", 0, "trainer policy version for the pack stage's lag rule")
+	fs.Int64Var(&o.TrainerVersion, "trainer-version", -1, "pack: a policy version the trainer published before the first record (default: from the input records)")
+	releases := fs.String("releases", "", "train: the release directory to write (checkpoints, manifests, update records)")
+	device := fs.String("device", "cpu", "train: the trainer's backend (cpu or cuda)")
+	fs.Usage = func() {
+		fmt.Fprintf(fs.Output(), "usage: trajflow stage %s --in FILE --out FILE [flags]\n\n", strings.Join(offline.Stages, "|"))
+		fs.PrintDefaults()
+	}
 	pos, err := parseFlags(fs, args)
 	if err != nil {
 		return err
 	}
-	if len(pos) != 1 || *in == "" || *out == "" {
-		return fmt.Errorf("%w: trajflow stage validate|reward|advantage|pack --in FILE --out FILE [--contract FILE]", errUsage)
+	if len(pos) != 1 || o.In == "" || (o.Out == "" && pos[0] != "train") {
+		return fmt.Errorf("%w: trajflow stage %s --in FILE --out FILE [--contract FILE]", errUsage, strings.Join(offline.Stages, "|"))
 	}
-	c, err := loadContract(*path)
+	o.Stage = pos[0]
+	c, err := contractFlag(*path, stderr)
 	if err != nil {
 		return err
 	}
-	deps, err := operatorDeps(c, operatorsTopics(c))
+	if o.Deps, err = operators.BuiltinDeps(c); err != nil {
+		return err
+	}
+	o.Deps.ReleaseDir, o.Deps.Device = *releases, *device
+	if o.Stage == "pack" && o.TrainerVersion < 0 {
+		fmt.Fprintln(stderr, "no --trainer-version: the trainer version comes from the input (a record sampled at version v proves the trainer published v)")
+	}
+	rep, err := offline.Run(ctx, o)
+	if errors.Is(err, offline.ErrStage) {
+		return fmt.Errorf("%w: %w", errUsage, err)
+	}
 	if err != nil {
 		return err
 	}
-	switch pos[0] {
-	case "validate":
-		rows, err := readRows(schemas.Trajectories, *in)
-		if err != nil {
-			return err
+	printStageReport(rep, o, stdout, stderr)
+	return nil
+}
+
+// printStageReport prints what the stage did: a line per pack window or
+// train release, the refusals and what the end of the input closed (on
+// stderr), and the counts.
+func printStageReport(rep *offline.Report, o offline.Options, stdout, stderr io.Writer) {
+	for _, w := range rep.Windows {
+		if w.BatchID == "" {
+			fmt.Fprintf(stdout, "window of %d groups: every record filtered, no batch (%s)\n", len(w.Groups), closedBy(w.ClosedBy))
+			continue
 		}
-		opts := operators.ValidateOptions(deps)
-		valid := rows[:0:0]
-		for i := range rows {
-			if v := validate.Check(&rows[i], opts); !v.OK() {
-				fmt.Fprintf(stderr, "refused %s: %v\n", rows[i].RecordID, v)
-				continue
-			}
-			valid = append(valid, rows[i])
-		}
-		fmt.Fprintf(stdout, "validate: %d in, %d valid\n", len(rows), len(valid))
-		return writeRows(schemas.Trajectories, *out, valid)
-	case "reward":
-		rows, err := readRows(schemas.Trajectories, *in)
-		if err != nil {
-			return err
-		}
-		reg, err := operators.RewardRegistry(deps)
-		if err != nil {
-			return err
-		}
-		comps := operators.RewardComponents(c)
-		outRows := make([]schemas.Rewarded, 0, len(rows))
-		for i := range rows {
-			r, err := reward.Score(ctx, &rows[i], comps, reg)
-			if err != nil {
-				return err
-			}
-			outRows = append(outRows, r)
-		}
-		fmt.Fprintf(stdout, "reward: %d rewarded\n", len(outRows))
-		return writeRows(schemas.RewardedTrajectories, *out, outRows)
-	case "advantage":
-		rows, err := readRows(schemas.RewardedTrajectories, *in)
-		if err != nil {
-			return err
-		}
-		// Groups in order of first appearance; each scored as a whole.
-		var order []string
-		groups := map[string][]schemas.Rewarded{}
-		for _, r := range rows {
-			if _, ok := groups[r.GroupID]; !ok {
-				order = append(order, r.GroupID)
-			}
-			groups[r.GroupID] = append(groups[r.GroupID], r)
-		}
-		var scored []schemas.Scored
-		for _, g := range order {
-			s, err := advantage.ScoreGroup(c.Estimator, groups[g])
-			if err != nil {
-				return fmt.Errorf("group %s: %w", g, err)
-			}
-			scored = append(scored, s...)
-		}
-		fmt.Fprintf(stdout, "advantage: %d groups, %d scored\n", len(order), len(scored))
-		return writeRows(schemas.ScoredTrajectories, *out, scored)
-	case "pack":
-		rows, err := readRows(schemas.ScoredTrajectories, *in)
-		if err != nil {
-			return err
-		}
-		w, err := pack.NewWindow(c.Packing, *trainer)
-		if err != nil {
-			return err
-		}
-		var recs []arrow.RecordBatch
-		defer func() {
-			for _, r := range recs {
-				r.Release()
-			}
-		}()
-		var index int64
-		flush := func() error {
-			if len(w.Pending()) == 0 {
-				return nil
-			}
-			b, closed := w.Close(index, c.RunID, c.Hash(), *trainer)
-			fmt.Fprintf(stdout, "batch %d: %d rows, %d segments, %d tokens, efficiency %.4f, %d filtered at close\n",
-				index, closed.Stats.Rows, closed.Stats.Segments, closed.Stats.Tokens, closed.Stats.Efficiency, len(closed.Filtered))
-			index++
-			if len(b.Rows) == 0 {
-				return nil
-			}
-			rec, err := schemas.PackedBatches.ToRecord(nil, b)
-			if err != nil {
-				return err
-			}
-			recs = append(recs, rec)
-			return nil
-		}
-		for _, s := range rows {
-			if w.Ready() {
-				if err := flush(); err != nil {
-					return err
-				}
-			}
-			res, err := w.Add(s)
-			if err != nil {
-				fmt.Fprintf(stderr, "refused %s: %v\n", s.RecordID, err)
-				continue
-			}
-			if res.Outcome == pack.Filtered {
-				fmt.Fprintf(stderr, "filtered %s: %s\n", s.RecordID, res.Filter)
-			}
-		}
-		if err := flush(); err != nil {
-			return err
-		}
-		return writeRecords(*out, schemas.PackedBatches.Schema(), recs)
-	default:
-		return fmt.Errorf("%w: no offline stage %q (validate, reward, advantage, pack)", errUsage, pos[0])
+		fmt.Fprintf(stdout, "batch %d: %d rows, %d admitted, %d filtered, %d tokens, efficiency %.4f, trainer version %d, max lag %d (%s)\n",
+			w.BatchIndex, w.Rows, len(w.Admitted), len(w.Filtered), w.Tokens, w.Efficiency, w.TrainerVersion, w.MaxLag, closedBy(w.ClosedBy))
 	}
+	for _, r := range rep.Releases {
+		fmt.Fprintf(stdout, "release: policy version %d, checkpoint %s\n", r.PolicyVersion, r.CheckpointURI)
+	}
+	for _, r := range rep.Refusals {
+		where := fmt.Sprintf("record batch %d", r.Batch)
+		if r.Row != "" {
+			where += " row " + r.Row
+		}
+		fmt.Fprintf(stderr, "quarantined %s: %s: %s\n", where, r.Reason, r.Detail)
+	}
+	if rep.Closed > 0 {
+		fmt.Fprintf(stderr, "%d records held by the open window/groups were closed at the end of the input (%d input messages)\n", rep.Closed, rep.ClosedMessages)
+	}
+	if rep.Held > 0 {
+		fmt.Fprintf(stderr, "%d input messages are still held at the end of the input\n", rep.Held)
+	}
+	fmt.Fprintf(stdout, "%s: %d input messages (%d records), %d outputs on %s, %d quarantined\n",
+		rep.Stage, rep.Inputs, rep.Records, rep.Outputs, rep.OutputTopic, len(rep.Refusals))
+	if rep.Duplicates > 0 {
+		fmt.Fprintf(stdout, "%d duplicate record ids in the input (decided as the live stage decides a redelivery)\n", rep.Duplicates)
+	}
+}
+
+// closedBy says why a window closed offline: full, or at the end of the
+// input (the final tick, the only one an offline run gives the window's
+// timeout).
+func closedBy(by string) string {
+	if by == "timeout" {
+		return "closed at the end of the input"
+	}
+	return "closed " + by
 }

@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -39,9 +40,7 @@ func TestStageChainOffline(t *testing.T) {
 	rows[3].Turns[0].ActionLogprobs = rows[3].Turns[0].ActionLogprobs[1:]
 	dir := t.TempDir()
 	in := filepath.Join(dir, "trajectories.arrow")
-	if err := writeRows(schemas.Trajectories, in, rows); err != nil {
-		t.Fatal(err)
-	}
+	testWriteBatches(t, schemas.Trajectories, in, [][]schemas.Trajectory{rows})
 	steps := [][]string{
 		{"stage", "validate", "--in", in, "--out", filepath.Join(dir, "valid.arrow")},
 		{"stage", "reward", "--in", filepath.Join(dir, "valid.arrow"), "--out", filepath.Join(dir, "rewarded.arrow")},
@@ -51,9 +50,16 @@ func TestStageChainOffline(t *testing.T) {
 	var stderr bytes.Buffer
 	for _, args := range steps {
 		args = append(args, "--contract", conformance)
-		var stdout bytes.Buffer
-		if code := run(context.Background(), args, &stdout, &stderr); code != 0 {
+		var stdout, stepErr bytes.Buffer
+		if code := run(context.Background(), args, &stdout, io.MultiWriter(&stderr, &stepErr)); code != 0 {
 			t.Fatalf("%v: exit %d: %s", args, code, stderr.String())
+		}
+		t.Logf("trajflow %s:\n%s", args[1], stdout.String())
+		// The broken row's group is incomplete (the file carries no
+		// absent-members header) and pack's last window is not full: the
+		// end of the input closes both, and says so.
+		if (args[1] == "advantage" || args[1] == "pack") && !strings.Contains(stepErr.String(), "were closed at the end of the input") {
+			t.Errorf("%s does not say what the end of the input closed: %s", args[1], stepErr.String())
 		}
 	}
 	if !strings.Contains(stderr.String(), "logprob_length_mismatch") {

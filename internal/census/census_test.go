@@ -1,4 +1,4 @@
-package main
+package census_test
 
 import (
 	"bytes"
@@ -9,6 +9,7 @@ import (
 
 	"github.com/trajflow/trajflow/bench/synth"
 	"github.com/trajflow/trajflow/connectors/parquet"
+	"github.com/trajflow/trajflow/internal/census"
 	"github.com/trajflow/trajflow/schemas"
 )
 
@@ -56,7 +57,7 @@ func TestCensusFunnel(t *testing.T) {
 	if err := os.WriteFile(parquet.RunDir(dir, run)+"/"+parquet.RunInfoFile, info, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	rep, err := collectCensus(parquet.RunDir(dir, run))
+	rep, err := census.Collect(parquet.RunDir(dir, run))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -66,9 +67,9 @@ func TestCensusFunnel(t *testing.T) {
 		want int
 	}{
 		{"distinct events", rep.Events, len(events) - 1},
-		{"dispatched", rep.count(schemas.CensusDispatched), 4},
-		{"admitted", rep.count(schemas.CensusAdmitted), 1},
-		{"trained", rep.count(schemas.CensusTrained), 1},
+		{"dispatched", rep.Count(schemas.CensusDispatched), 4},
+		{"admitted", rep.Count(schemas.CensusAdmitted), 1},
+		{"trained", rep.Count(schemas.CensusTrained), 1},
 		{"failed infra", len(rep.FailedInfra), 1},
 		{"failed task", len(rep.FailedTask), 1},
 		{"filtered zero variance", len(rep.Reasons["filtered/zero_variance"]), 1},
@@ -82,7 +83,7 @@ func TestCensusFunnel(t *testing.T) {
 		}
 	}
 	var out bytes.Buffer
-	rep.print(&out, 5)
+	rep.Print(&out, 5)
 	for _, want := range []string{"denominator: 4 launched attempts, from dispatched events", "zero_variance", "failed (infrastructure)", "latency ms"} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("output lacks %q:\n%s", want, out.String())

@@ -1,26 +1,32 @@
-package main
+package operators
 
 import (
+	"fmt"
 	"strings"
 
-	"github.com/trajflow/trajflow/operators"
 	"github.com/trajflow/trajflow/operators/reward"
 	"github.com/trajflow/trajflow/operators/rollout"
 	"github.com/trajflow/trajflow/pipeline"
 	"github.com/trajflow/trajflow/pipeline/contract"
 )
 
-// operatorDeps assembles what the stages need beyond the contract: the
+// BuiltinDeps assembles what the stages of a run of the built-in
+// environment need beyond the resolved contract c: the run's topics, the
 // built-in task registry (dispatch, rollout), its trusted validator as a
-// reward evaluator, the hidden-eval denylist (validate, pack, dispatch) and
-// the tokenizer's vocabulary size.
-func operatorDeps(c *contract.Contract, t pipeline.Topics) (operators.Deps, error) {
+// reward evaluator, the hidden-eval denylist (validate, pack, dispatch)
+// and, for the built-in tokenizer, its vocabulary size. The launch
+// settings (release directory, rounds, timeouts, device) are the caller's.
+func BuiltinDeps(c *contract.Contract) (Deps, error) {
+	topics, err := pipeline.TopicsFor(c.RunID)
+	if err != nil {
+		return Deps{}, fmt.Errorf("%w: %w", ErrConfig, err)
+	}
 	reg, err := rollout.NewRegistry(rollout.DefaultRegistryConfig())
 	if err != nil {
-		return operators.Deps{}, err
+		return Deps{}, err
 	}
-	d := operators.Deps{
-		Contract: c, Topics: t, Tasks: reg,
+	d := Deps{
+		Contract: c, Topics: topics, Tasks: reg,
 		Evaluators:   []reward.Evaluator{rollout.NewValidator(reg)},
 		EvalDenylist: reg.IsEval,
 	}
@@ -30,11 +36,4 @@ func operatorDeps(c *contract.Contract, t pipeline.Topics) (operators.Deps, erro
 		d.VocabSize = rollout.VocabSize
 	}
 	return d, nil
-}
-
-// operatorsTopics names the run's topics (the contract's run id is
-// validated to be a legal topic prefix).
-func operatorsTopics(c *contract.Contract) pipeline.Topics {
-	t, _ := pipeline.TopicsFor(c.RunID)
-	return t
 }

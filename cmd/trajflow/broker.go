@@ -1,0 +1,128 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"time"
+
+	"github.com/trajflow/trajflow/connectors/kafka"
+	"github.com/trajflow/trajflow/operators"
+	"github.com/trajflow/trajflow/pipeline"
+)
+
+func init() {
+	register("broker", "run the embedded Kafka-protocol broker (--port, --data)", cmdBroker)
+	register("topics", "topics create --brokers ADDR --contract FILE: create every topic of a run", cmdTopics)
+}
+
+func newLogger(w io.Writer, level string) *slog.Logger {
+	var l slog.Level
+	_ = l.UnmarshalText([]byte(level))
+	return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: l}))
+}
+
+func cmdBroker(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := newFlags("broker", stderr)
+	host := fs.String("host", "127.0.0.1", "address to listen on and advertise")
+	port := fs.Int("port", 9092, "port (0 picks a free one)")
+	data := fs.String("data", "", "data directory (empty: in memory)")
+	retBytes := fs.Int64("retention-bytes", 0, "per-partition retention in bytes (0: unbounded)")
+	retAge := fs.Duration("retention", 7*24*time.Hour, "retention age")
+	maxMsg := fs.Int("max-message-bytes", kafka.DefaultMaxMessageBytes, "largest record batch accepted")
+	level := fs.String("log-level", "info", "log level")
+	if _, err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	log := newLogger(stderr, *level)
+	b, err := kafka.StartBroker(ctx, kafka.BrokerConfig{
+		Addr: fmt.Sprintf("%s:%d", *host, *port), DataDir: *data, MaxMessageBytes: *maxMsg,
+		Retention: kafka.RetentionPolicy{Bytes: *retBytes, Age: *retAge}, Logger: log,
+	})
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "broker listening on %s\n", b.Addr())
+	<-ctx.Done()
+	return b.Close()
+}
+
+// clientFlags are the Kafka connection flags shared by every command that
+// talks to a broker.
+type clientFlags struct {
+	brokers *string
+	config  *string
+}
+
+func addClientFlags(fs *flag.FlagSet) clientFlags {
+	return clientFlags{
+		brokers: fs.String("brokers", "127.0.0.1:9092", "comma-separated bootstrap brokers"),
+		config:  fs.String("client-config", "", "YAML file with TLS/SASL client settings (connectors/kafka.ClientConfig)"),
+	}
+}
+
+func (c clientFlags) load() (kafka.ClientConfig, error) {
+	var cc kafka.ClientConfig
+	if *c.config != "" {
+		var err error
+		if cc, err = kafka.LoadClientConfig(*c.config); err != nil {
+			return cc, err
+		}
+	}
+	if bs := splitList(*c.brokers); len(bs) > 0 && len(cc.Brokers) == 0 {
+		cc.Brokers = bs
+	}
+	if len(cc.Brokers) == 0 {
+		return cc, fmt.Errorf("%w: no brokers", errUsage)
+	}
+	return cc, cc.Validate()
+}
+
+func cmdTopics(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := newFlags("topics create", stderr)
+	cf := addClientFlags(fs)
+	path := fs.String("contract", "", "learning contract (default: the built-in demo contract)")
+	rf := fs.Int("replication-factor", 0, "replicas per partition (0: the contract's topics.replication when written, else 3 on 3 or more brokers, 1 on one)")
+	minISR := fs.Int("min-insync-replicas", 0, "topic min.insync.replicas (0: 2 with 3 or more replicas, else 1)")
+	unsafe := fs.Bool("allow-unsafe-replication", false, "accept replication that cannot survive the loss of one broker")
+	pos, err := parseFlags(fs, args)
+	if err != nil {
+		return err
+	}
+	if len(pos) != 1 || pos[0] != "create" {
+		return fmt.Errorf("%w: trajflow topics create --brokers ADDR --contract FILE", errUsage)
+	}
+	cc, err := cf.load()
+	if err != nil {
+		return err
+	}
+	c, err := contractFlag(*path, stderr)
+	if err != nil {
+		return err
+	}
+	topics, err := pipeline.TopicsFor(c.RunID)
+	if err != nil {
+		return err
+	}
+	specs := operators.TopicSpecs(c, topics)
+	brokers, err := kafka.ListBrokers(ctx, cc, cc.Brokers)
+	if err != nil {
+		return err
+	}
+	repl, why, err := kafka.PlanReplication(operators.ReplicationRequest(c, len(brokers), *rf, *minISR, *unsafe))
+	if err != nil {
+		return fmt.Errorf("topics create: %w", err)
+	}
+	fmt.Fprintf(stdout, "replication: %s\n", why)
+	repl.Apply(specs)
+	if err := kafka.CreateTopics(ctx, cc, cc.Brokers, specs); err != nil {
+		return err
+	}
+	for _, s := range specs {
+		fmt.Fprintf(stdout, "%-40s partitions=%d replication=%d min.insync.replicas=%d max.message.bytes=%d compacted=%v\n",
+			s.Name, s.Partitions, s.ReplicationFactor, s.MinInsyncReplicas, s.MaxMessageBytes, s.Compacted)
+	}
+	return nil
+}

@@ -1,0 +1,190 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/trajflow/trajflow/operators"
+	"github.com/trajflow/trajflow/pipeline"
+)
+
+func init() {
+	register("run", "run NAME: run one operator of a run (run --help lists the stages)", cmdRun)
+}
+
+// operatorFlags configure one operator process.
+type operatorFlags struct {
+	client   clientFlags
+	contract *string
+	stateDir *string
+	instance *string
+	health   *string
+	level    *string
+	partial  *time.Duration
+	maxWait  *time.Duration
+	snapshot *string
+	releases *string
+	rounds   *int64
+	snapRoll *int64
+	snapAge  *time.Duration
+	device   *string
+	restarts *int
+}
+
+func addOperatorFlags(fs *flag.FlagSet) operatorFlags {
+	return operatorFlags{
+		client:   addClientFlags(fs),
+		contract: fs.String("contract", "", "learning contract (default: the built-in demo contract)"),
+		stateDir: fs.String("state", "", "local state directory (default: a temporary directory; state is rebuilt from the topics when lost)"),
+		instance: fs.String("instance", "", "instance name in logs and metrics (default: host-pid)"),
+		health:   fs.String("health", "127.0.0.1:0", "address of /healthz, /readyz and /metrics"),
+		level:    fs.String("log-level", "info", "log level"),
+		partial:  fs.Duration("partial-group-timeout", 0, "close incomplete groups after this long (advantage; 0: wait)"),
+		maxWait:  fs.Duration("window-max-wait", 0, "close a non-full pack window after this long (pack; 0: wait)"),
+		snapshot: fs.String("snapshot-dir", "", "directory of the Parquet snapshots (snapshot)"),
+		releases: fs.String("releases", "", "policy releases directory shared by train (writes) and rollout (train)"),
+		rounds:   fs.Int64("rounds", 0, "update rounds to dispatch (dispatch; 0: until stopped)"),
+		snapRoll: fs.Int64("snapshot-roll-bytes", 0, "close a snapshot file at this many bytes (snapshot; 0: 64 MiB)"),
+		snapAge:  fs.Duration("snapshot-roll-interval", 0, "close a snapshot file this long after its first message (snapshot; 0: 30s)"),
+		device:   fs.String("device", "cpu", "the train stage's backend: cpu or cuda (a build with the cuda tag)"),
+		restarts: fs.Int("restarts", -1, "restart the operator in place after a fatal error at most this many times (-1: always); configuration errors are never retried"),
+	}
+}
+
+// stageList lists every registered stage with its one-line doc.
+func stageList() string {
+	var b strings.Builder
+	for _, s := range operators.Specs() {
+		fmt.Fprintf(&b, "  %-10s %s\n", s.Name, s.Doc)
+	}
+	return strings.TrimSuffix(b.String(), "\n")
+}
+
+// operatorEnv resolves an operator's configuration.
+type operatorEnv struct {
+	deps    operators.Deps
+	cfg     pipeline.Config
+	cleanup func()
+}
+
+func (f operatorFlags) env(name string, stderr io.Writer) (*operatorEnv, error) {
+	if d := *f.device; d != "cpu" && d != "cuda" {
+		return nil, fmt.Errorf("%w: --device %q: want cpu or cuda", errUsage, d)
+	}
+	cc, err := f.client.load()
+	if err != nil {
+		return nil, err
+	}
+	c, err := contractFlag(*f.contract, stderr)
+	if err != nil {
+		return nil, err
+	}
+	deps, err := operators.BuiltinDeps(c)
+	if err != nil {
+		return nil, err
+	}
+	deps.PartialGroupTimeout, deps.WindowMaxWait = *f.partial, *f.maxWait
+	deps.SnapshotDir, deps.SnapshotRollBytes, deps.SnapshotRollInterval = *f.snapshot, *f.snapRoll, *f.snapAge
+	deps.ReleaseDir, deps.Rounds, deps.Device = *f.releases, *f.rounds, *f.device
+	dialer, err := cc.Dialer()
+	if err != nil {
+		return nil, err
+	}
+	transport, err := cc.Transport()
+	if err != nil {
+		return nil, err
+	}
+	inst := *f.instance
+	if inst == "" {
+		h, _ := os.Hostname()
+		inst = fmt.Sprintf("%s-%d", h, os.Getpid())
+	}
+	dir, cleanup, err := stateDir(*f.stateDir, name)
+	if err != nil {
+		return nil, err
+	}
+	return &operatorEnv{deps: deps, cleanup: cleanup, cfg: pipeline.Config{
+		Brokers: cc.Brokers, Dialer: dialer, Transport: transport, StateDir: dir,
+		Logger: newLogger(stderr, *f.level).With("run", c.RunID), Instance: inst,
+	}}, nil
+}
+
+// stateDir is the operator's state directory: dir (created), or a
+// temporary one removed by cleanup.
+func stateDir(dir, name string) (string, func(), error) {
+	if dir != "" {
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			return "", nil, fmt.Errorf("%w: state directory: %w", operators.ErrConfig, err)
+		}
+		return filepath.Clean(dir), func() {}, nil
+	}
+	dir, err := os.MkdirTemp("", "trajflow-"+name+"-")
+	if err != nil {
+		return "", nil, fmt.Errorf("state directory: %w", err)
+	}
+	return dir, func() { os.RemoveAll(dir) }, nil
+}
+
+func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := newFlags("run", stderr)
+	of := addOperatorFlags(fs)
+	fs.Usage = func() {
+		fmt.Fprintf(fs.Output(), "usage: trajflow run NAME [flags]\n\nstages:\n%s\n\nflags:\n", stageList())
+		fs.PrintDefaults()
+	}
+	pos, err := parseFlags(fs, args)
+	if err != nil {
+		return err
+	}
+	if len(pos) != 1 {
+		return fmt.Errorf("%w: trajflow run NAME, one of the stages:\n%s", errUsage, stageList())
+	}
+	name := pos[0]
+	if _, ok := operators.Lookup(name); !ok {
+		return fmt.Errorf("%w: unknown stage %q; the stages are:\n%s", errUsage, name, stageList())
+	}
+	env, err := of.env(name, stderr)
+	if err != nil {
+		return err
+	}
+	defer env.cleanup()
+	env.cfg.Metrics = pipeline.NewMetrics(nil)
+	hs, err := pipeline.NewHealthServer(*of.health, env.cfg.Metrics)
+	if err != nil {
+		return err
+	}
+	if taken := hs.TakenAddr(); taken != "" {
+		env.cfg.Logger.Warn("health address taken; serving on a free port", "taken", taken, "addr", hs.Addr())
+	}
+	hctx, stopHealth := context.WithCancel(context.Background())
+	defer stopHealth()
+	go func() { _ = hs.Serve(hctx) }()
+	fmt.Fprintf(stdout, "operator %s (%s) health on http://%s\n", name, env.cfg.Instance, hs.Addr())
+	defer hs.SetDraining()
+	policy := operators.Restarts{Max: *of.restarts, Logger: env.cfg.Logger.With("stage", name, "instance", env.cfg.Instance)}
+	return operators.RunRestarting(ctx, policy, func(ctx context.Context) error {
+		return runOperatorOnce(ctx, name, env.deps, env.cfg, hs)
+	})
+}
+
+// runOperatorOnce builds the stage and its operator and runs it until a
+// graceful stop (nil) or a fatal error.
+func runOperatorOnce(ctx context.Context, name string, deps operators.Deps, cfg pipeline.Config, hs *pipeline.HealthServer) error {
+	op, err := operators.NewOperator(name, deps, cfg)
+	if err != nil {
+		return err
+	}
+	hs.SetOperators(op)
+	err = op.Run(ctx)
+	if errors.Is(err, pipeline.ErrStopped) {
+		return nil
+	}
+	return err
+}

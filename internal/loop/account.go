@@ -1,0 +1,68 @@
+package loop
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"time"
+
+	"github.com/trajflow/trajflow/internal/audit"
+	"github.com/trajflow/trajflow/pipeline"
+	"github.com/trajflow/trajflow/schemas"
+)
+
+// account reads the run's topics back once every operator has stopped:
+// the launched attempts (tasks topic), their fate (batches and census,
+// internal/audit) and the hash of every batch.
+func (r *runner) account(ctx context.Context) error {
+	cfg := &pipeline.Config{Brokers: r.brokers, MaxMessageBytes: r.c.Topics.MaxMessageBytes}
+	actx, cancel := context.WithTimeout(ctx, 60*time.Second)
+	defer cancel()
+	launched, err := Launched(actx, cfg, r.topics)
+	if err != nil {
+		return err
+	}
+	rep, err := audit.Collect(actx, cfg, r.topics)
+	if err != nil {
+		return err
+	}
+	counts := rep.Account(launched)
+	s := r.sum
+	s.AttemptsLaunched, s.TrajectoriesAdmitted, s.TrajectoriesFiltered = counts.Launched, counts.Admitted, counts.Filtered
+	s.Quarantined, s.DuplicatesAdmitted, s.Lost = counts.Quarantined, counts.Duplicated, counts.Lost
+	s.BatchHashes, err = BatchHashes(actx, cfg, r.topics)
+	return err
+}
+
+// Launched lists the distinct attempt ids of the run's tasks topic.
+func Launched(ctx context.Context, cfg *pipeline.Config, t pipeline.Topics) ([]string, error) {
+	var ids []string
+	seen := map[string]bool{}
+	err := pipeline.ScanTail(ctx, cfg, t.Tasks, 0, func(m pipeline.Message) error {
+		atts, err := schemas.TaskAttempts.Decode(nil, m.Value)
+		if err != nil {
+			return fmt.Errorf("demo: tasks topic at %s: %w", m.Ref, err)
+		}
+		for _, a := range atts {
+			if !seen[a.AttemptID] {
+				seen[a.AttemptID] = true
+				ids = append(ids, a.AttemptID)
+			}
+		}
+		return nil
+	})
+	return ids, err
+}
+
+// BatchHashes is the SHA-256 of every message of the run's batches topic,
+// in order: equal for two runs exactly when their batches are.
+func BatchHashes(ctx context.Context, cfg *pipeline.Config, t pipeline.Topics) ([]string, error) {
+	var hashes []string
+	err := pipeline.ScanTail(ctx, cfg, t.Batches, 0, func(m pipeline.Message) error {
+		h := sha256.Sum256(m.Value)
+		hashes = append(hashes, hex.EncodeToString(h[:]))
+		return nil
+	})
+	return hashes, err
+}

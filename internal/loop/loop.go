@@ -1,0 +1,309 @@
+// Package loop runs the RL loop of `trajflow demo` end to end: the
+// embedded broker (or an existing cluster), every operator of the loop as
+// its own Kafka consumer group, the Parquet snapshot of every topic, the
+// hidden evaluation at the start, every few updates and at the end, and
+// the accounting of every attempt read back from the topics. Run prints
+// one line per update and returns (and writes) the run's summary.
+package loop
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/trajflow/trajflow/connectors/kafka"
+	"github.com/trajflow/trajflow/gpu"
+	"github.com/trajflow/trajflow/gpu/model"
+	"github.com/trajflow/trajflow/internal/evaluation"
+	"github.com/trajflow/trajflow/operators"
+	"github.com/trajflow/trajflow/pipeline"
+	"github.com/trajflow/trajflow/pipeline/contract"
+)
+
+// Stages are the operators of the RL loop, in pipeline order.
+var Stages = []string{"dispatch", "rollout", "validate", "reward", "advantage", "pack", "train"}
+
+// Options configure one run of the loop.
+type Options struct {
+	Updates     int      // update rounds dispatched (>= 1)
+	Out         string   // output directory (summary.json, releases/, demo.log, snapshots)
+	Seed        int64    // contract seed (also seeds the initial weights)
+	Brokers     []string // external cluster; empty starts the embedded broker
+	RunID       string   // run id (topic prefix); default the contract's
+	Async       bool     // asynchronous mode with MaxLag
+	MaxLag      int64
+	EvalSamples int32 // attempts per hidden-eval task (>= 1)
+	EvalEvery   int   // 0: the contract's dispatch.eval_every
+	Quiet       bool  // no per-update lines
+}
+
+// Update is one line of the loop's output.
+type Update struct {
+	Update      int64    `json:"update"` // policy version produced
+	BatchID     string   `json:"batch_id"`
+	Success     float64  `json:"success"` // verified success of the update's rollouts
+	Reward      float64  `json:"reward"`
+	KL          float64  `json:"kl"` // approx KL(behavior || current) at the update's last optimizer step
+	ClipFrac    float64  `json:"clip_frac"`
+	Entropy     float64  `json:"entropy"`
+	Lag         int64    `json:"lag"` // largest policy lag among the batch's tokens
+	Tokens      int64    `json:"tokens"`
+	TokensPerS  float64  `json:"tokens_per_s"`
+	Packing     float64  `json:"packing_efficiency"`
+	EvalSuccess *float64 `json:"eval_success,omitempty"`
+}
+
+// Eval is one hidden-eval measurement.
+type Eval struct {
+	Version int64   `json:"policy_version"`
+	Success float64 `json:"success"`
+}
+
+// Summary is OUT/summary.json.
+type Summary struct {
+	RunID                string   `json:"run_id"`
+	ContractHash         string   `json:"contract_hash"`
+	Seed                 int64    `json:"seed"`
+	Mode                 string   `json:"mode"`
+	Rounds               int      `json:"rounds"`
+	Updates              int      `json:"updates"` // policy updates trained
+	EvalSuccessInitial   float64  `json:"eval_success_initial"`
+	EvalSuccessFinal     float64  `json:"eval_success_final"`
+	Evals                []Eval   `json:"evals"`
+	AttemptsLaunched     int      `json:"attempts_launched"`
+	TrajectoriesAdmitted int      `json:"trajectories_admitted"`
+	TrajectoriesFiltered int      `json:"trajectories_filtered"`
+	Quarantined          int      `json:"quarantined"`
+	DuplicatesAdmitted   int      `json:"duplicates_admitted"`
+	Lost                 int      `json:"lost"`
+	PackingEfficiency    float64  `json:"packing_efficiency"`
+	MaxLagSeen           int64    `json:"max_lag_seen"`
+	BatchHashes          []string `json:"batch_hashes"`
+	PerUpdate            []Update `json:"per_update"`
+	WallSeconds          float64  `json:"wall_seconds"`
+}
+
+// SummaryFile is the name of the summary in the output directory.
+const SummaryFile = "summary.json"
+
+// ErrRunUsed is returned when the run id already has records on the
+// cluster: record ids are deterministic, so a second run under the same id
+// would be deduplicated against the first.
+var ErrRunUsed = errors.New("loop: run id already used on this cluster")
+
+// Contract is the demo contract (contract.Default) for o.
+func Contract(o Options) (*contract.Contract, error) {
+	c := contract.Default()
+	c.Seed = o.Seed
+	if o.RunID != "" {
+		c.RunID = o.RunID
+	}
+	if o.Async {
+		c.Dispatch.Mode = contract.DispatchAsync
+		c.Packing.MaxLag = o.MaxLag
+	}
+	if err := c.Resolve(); err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
+// runner is one run of the loop.
+type runner struct {
+	o         Options
+	stdout    io.Writer
+	start     time.Time
+	c         *contract.Contract
+	topics    pipeline.Topics
+	deps      operators.Deps
+	files     *pipeline.DirReleases
+	brokers   []string
+	log       *slog.Logger
+	ev        *evaluation.Evaluator
+	evalEvery int
+	sum       *Summary
+	closers   []func() error
+}
+
+// Run runs the loop and returns its summary (also written to
+// OUT/summary.json).
+func Run(ctx context.Context, o Options, stdout io.Writer) (*Summary, error) {
+	if o.Updates < 1 || o.EvalSamples < 1 {
+		return nil, fmt.Errorf("loop: updates %d and eval samples %d must be positive", o.Updates, o.EvalSamples)
+	}
+	r := &runner{o: o, stdout: stdout, start: time.Now()}
+	defer r.close()
+	if err := r.prepare(ctx); err != nil {
+		return nil, err
+	}
+	if err := r.evalInitial(ctx); err != nil {
+		return nil, err
+	}
+	ops, err := r.startOperators()
+	if err != nil {
+		return nil, err
+	}
+	defer ops.stop()
+	snap, err := r.startSnapshot()
+	if err != nil {
+		return nil, err
+	}
+	defer snap.stop()
+	if err := r.follow(ctx, ops.errs); err != nil {
+		return nil, err
+	}
+	// Graceful stop: every operator drains its outputs and commits.
+	if err := ops.stop(); err != nil {
+		return nil, err
+	}
+	if err := snap.finish(ctx, 60*time.Second); err != nil {
+		return nil, err
+	}
+	if err := r.account(ctx); err != nil {
+		return nil, err
+	}
+	return r.sum, r.writeSummary()
+}
+
+// close runs the cleanups of prepare in reverse order.
+func (r *runner) close() {
+	for i := len(r.closers) - 1; i >= 0; i-- {
+		_ = r.closers[i]()
+	}
+}
+
+// prepare resolves the contract, clears the output directory of an
+// earlier run, opens the log, starts the broker (unless o.Brokers), creates
+// the run's topics and builds the stages' dependencies and the evaluator.
+func (r *runner) prepare(ctx context.Context) error {
+	c, err := Contract(r.o)
+	if err != nil {
+		return err
+	}
+	r.c = c
+	if err := r.prepareOut(); err != nil {
+		return err
+	}
+	if r.deps, err = operators.BuiltinDeps(c); err != nil {
+		return err
+	}
+	r.topics = r.deps.Topics
+	if err := r.connect(ctx); err != nil {
+		return err
+	}
+	r.deps.ReleaseDir, r.deps.Rounds = filepath.Join(r.o.Out, "releases"), int64(r.o.Updates)
+	r.deps.PartialGroupTimeout = 30 * time.Second // only matters if a member is lost to quarantine
+	if r.files, err = pipeline.NewDirReleases(r.deps.ReleaseDir); err != nil {
+		return err
+	}
+	reg := r.deps.Tasks
+	r.ev, err = evaluation.New(evaluation.Config{Registry: reg, Settings: operators.RolloutSettings(c, reg),
+		Limits: operators.RolloutLimits(c), Seed: c.Seed, Samples: r.o.EvalSamples})
+	if err != nil {
+		return err
+	}
+	r.evalEvery = r.o.EvalEvery
+	if r.evalEvery <= 0 {
+		r.evalEvery = c.Dispatch.EvalEvery
+	}
+	r.sum = &Summary{RunID: c.RunID, ContractHash: c.Hash(), Seed: c.Seed, Mode: c.Dispatch.Mode, Rounds: r.o.Updates}
+	return nil
+}
+
+// prepareOut creates the output directory, removes the releases and
+// operator state of an earlier run in it (a demo is a new run: the
+// operators' local state remembers record ids, which are deterministic)
+// and opens the operators' log.
+func (r *runner) prepareOut() error {
+	if err := os.MkdirAll(r.o.Out, 0o755); err != nil {
+		return fmt.Errorf("demo: output directory: %w", err)
+	}
+	for _, d := range []string{filepath.Join(r.o.Out, "releases"), filepath.Join(r.o.Out, "state")} {
+		if err := os.RemoveAll(d); err != nil {
+			return fmt.Errorf("demo: clear %s: %w", d, err)
+		}
+	}
+	logf, err := os.Create(filepath.Join(r.o.Out, "demo.log"))
+	if err != nil {
+		return fmt.Errorf("demo: log: %w", err)
+	}
+	r.closers = append(r.closers, logf.Close)
+	r.log = slog.New(slog.NewTextHandler(logf, &slog.HandlerOptions{Level: slog.LevelInfo})).With("run", r.c.RunID)
+	return nil
+}
+
+// connect starts the embedded broker unless brokers were given, creates
+// the run's topics, and on an external cluster refuses a run id that
+// already has records.
+func (r *runner) connect(ctx context.Context) error {
+	r.brokers = r.o.Brokers
+	if len(r.brokers) == 0 {
+		b, err := kafka.StartBroker(ctx, kafka.BrokerConfig{Logger: r.log})
+		if err != nil {
+			return err
+		}
+		r.closers = append(r.closers, b.Close)
+		r.brokers = []string{b.Addr()}
+	}
+	cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	if err := kafka.CreateTopics(cctx, kafka.ClientConfig{}, r.brokers, operators.TopicSpecs(r.c, r.topics)); err != nil {
+		return err
+	}
+	if len(r.o.Brokers) == 0 {
+		return nil
+	}
+	used := false
+	err := pipeline.ScanTail(cctx, &pipeline.Config{Brokers: r.brokers}, r.topics.Tasks, 1, func(pipeline.Message) error {
+		used = true
+		return nil
+	})
+	if err == nil && used {
+		err = fmt.Errorf("%w: run %q already has records on %s; pick another --run", ErrRunUsed, r.c.RunID, r.topics.Tasks)
+	}
+	return err
+}
+
+// evalInitial evaluates the initial policy, exactly as the trainer will
+// publish it, and prints the header.
+func (r *runner) evalInitial(ctx context.Context) error {
+	mc, mseed := operators.ModelConfig(r.c)
+	m0, err := gpu.InitialModel(mc, mseed)
+	if err != nil {
+		return err
+	}
+	s, err := r.ev.Success(ctx, model.NewPolicy(m0, 0))
+	if err != nil {
+		return err
+	}
+	r.sum.EvalSuccessInitial = s
+	r.sum.Evals = append(r.sum.Evals, Eval{0, s})
+	if r.o.Quiet {
+		return nil
+	}
+	c := r.c
+	fmt.Fprintf(r.stdout, "trajflow demo: run %s, seed %d, %s mode, %d rounds of %d groups x %d attempts; operators %v on %v\n",
+		c.RunID, c.Seed, c.Dispatch.Mode, r.o.Updates, c.Dispatch.GroupsPerUpdate, c.Sampler.GroupSize, Stages, r.brokers)
+	fmt.Fprintf(r.stdout, "hidden eval (%d tasks x %d fixed attempts) at version 0: success %.3f\n", r.ev.Tasks(), r.ev.Samples(), s)
+	fmt.Fprintln(r.stdout, "update  success  reward      kl    clip  entropy  lag  tokens/s  packing  eval")
+	return nil
+}
+
+// writeSummary writes OUT/summary.json.
+func (r *runner) writeSummary() error {
+	r.sum.WallSeconds = time.Since(r.start).Seconds()
+	b, err := json.MarshalIndent(r.sum, "", "  ")
+	if err != nil {
+		return err
+	}
+	if err := os.WriteFile(filepath.Join(r.o.Out, SummaryFile), append(b, '\n'), 0o644); err != nil {
+		return fmt.Errorf("demo: summary: %w", err)
+	}
+	return nil
+}

@@ -1,0 +1,234 @@
+package loop_test
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"path/filepath"
+	"reflect"
+	"testing"
+	"time"
+
+	kafkago "github.com/segmentio/kafka-go"
+
+	"github.com/trajflow/trajflow/connectors/kafka"
+	"github.com/trajflow/trajflow/gpu"
+	"github.com/trajflow/trajflow/gpu/model"
+	"github.com/trajflow/trajflow/internal/audit"
+	"github.com/trajflow/trajflow/internal/loop"
+	"github.com/trajflow/trajflow/operators"
+	"github.com/trajflow/trajflow/operators/rollout"
+	"github.com/trajflow/trajflow/pipeline"
+	"github.com/trajflow/trajflow/schemas"
+)
+
+// demo runs the loop in process and returns its summary.
+func demo(t *testing.T, o loop.Options) *loop.Summary {
+	t.Helper()
+	if o.Out == "" {
+		o.Out = t.TempDir()
+	}
+	if o.EvalSamples == 0 {
+		o.EvalSamples = 1
+	}
+	o.Quiet = true
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	s, err := loop.Run(ctx, o, io.Discard)
+	if err != nil {
+		t.Fatalf("demo: %v", err)
+	}
+	if s.Lost != 0 || s.DuplicatesAdmitted != 0 {
+		t.Fatalf("lost %d, duplicates %d", s.Lost, s.DuplicatesAdmitted)
+	}
+	if s.AttemptsLaunched != o.Updates*16*16 || len(s.BatchHashes) != s.Updates {
+		t.Fatalf("%d attempts launched, %d batches for %d updates", s.AttemptsLaunched, len(s.BatchHashes), s.Updates)
+	}
+	return s
+}
+
+// TestDemoDeterministic: in stop-and-synchronize mode the same seed gives
+// the same batches, bit for bit, although every operator runs
+// concurrently over Kafka; another seed gives other batches.
+func TestDemoDeterministic(t *testing.T) {
+	a := demo(t, loop.Options{Updates: 6, Seed: 1})
+	b := demo(t, loop.Options{Updates: 6, Seed: 1})
+	if !reflect.DeepEqual(a.BatchHashes, b.BatchHashes) || len(a.BatchHashes) == 0 {
+		t.Fatalf("same seed, different batches:\n%v\n%v", a.BatchHashes, b.BatchHashes)
+	}
+	if a.EvalSuccessFinal != b.EvalSuccessFinal {
+		t.Fatalf("same seed, eval %v vs %v", a.EvalSuccessFinal, b.EvalSuccessFinal)
+	}
+	c := demo(t, loop.Options{Updates: 2, Seed: 2})
+	if c.BatchHashes[0] == a.BatchHashes[0] {
+		t.Fatal("another seed gave the same first batch")
+	}
+}
+
+// TestRatioOneThroughKafka: the first update's batch went dispatch ->
+// rollout -> validate -> reward -> advantage -> pack -> train over Kafka;
+// the trainer's recomputed log-probs on its tokens equal the behavior
+// log-probs, so the ratio is exactly 1 and the KL to the behavior policy
+// exactly 0 (pipeline §21, "Ratio is not one before first update").
+func TestRatioOneThroughKafka(t *testing.T) {
+	out := t.TempDir()
+	demo(t, loop.Options{Updates: 1, Seed: 3, Out: out})
+	files, err := pipeline.NewDirReleases(filepath.Join(out, "releases"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	u, err := gpu.ReadUpdate(files, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := u.Metrics
+	if m.Tokens == 0 || m.RatioMin != 1 || m.RatioMax != 1 || m.RatioMean != 1 || m.ApproxKLOld != 0 || m.FromVersion != 0 {
+		t.Fatalf("first update: tokens %d ratio [%v %v] mean %v approx KL %v from version %d",
+			m.Tokens, m.RatioMin, m.RatioMax, m.RatioMean, m.ApproxKLOld, m.FromVersion)
+	}
+	if len(m.Lag) != 1 || m.Lag[0].Lag != 0 || m.Lag[0].K3 != 0 || m.Lag[0].Tokens != m.Tokens {
+		t.Fatalf("lag strata %+v", m.Lag)
+	}
+	// The second optimizer step of the update moved the policy.
+	if u.Last.ApproxKLOld == 0 {
+		t.Fatal("the update's last step saw no change from the behavior policy")
+	}
+}
+
+// TestDemoAsync: asynchronous mode runs up to max_lag+1 rounds in flight,
+// drops stale samples at pack, and still accounts for every attempt.
+func TestDemoAsync(t *testing.T) {
+	s := demo(t, loop.Options{Updates: 6, Seed: 1, Async: true, MaxLag: 1})
+	if s.Mode != "async" || s.Updates == 0 || s.TrajectoriesAdmitted == 0 {
+		t.Fatalf("summary %+v", s)
+	}
+}
+
+func TestOptionsRefused(t *testing.T) {
+	for _, o := range []loop.Options{{Updates: 0, EvalSamples: 1}, {Updates: 1, EvalSamples: 0}} {
+		if _, err := loop.Run(context.Background(), o, io.Discard); err == nil {
+			t.Errorf("options %+v accepted", o)
+		}
+	}
+}
+
+// TestEvalTaskNeverTrains injects a trajectory of a hidden-eval task onto
+// the trajectories topic beside a normal group: it never reaches a batch,
+// and validate raises an incident.
+func TestEvalTaskNeverTrains(t *testing.T) {
+	c, err := loop.Contract(loop.Options{Seed: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := kafka.StartBroker(context.Background(), kafka.BrokerConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	deps, err := operators.BuiltinDeps(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	topics := deps.Topics
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	if err := kafka.CreateTopics(ctx, kafka.ClientConfig{}, []string{b.Addr()}, operators.TopicSpecs(c, topics)); err != nil {
+		t.Fatal(err)
+	}
+	reg := deps.Tasks
+	m, err := model.New(model.DefaultConfig(), 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pol := model.NewPolicy(m, 0)
+	episodes := func(task rollout.Task, group int64) []schemas.Trajectory {
+		atts := rollout.Attempts(c.RunID, task, group, 16, c.Seed, 0, c.Hash())
+		trajs, err := reg.RunEpisodes(ctx, pol, atts, operators.RolloutSettings(c, reg), operators.RolloutLimits(c))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return trajs
+	}
+	evalTask := reg.Eval()[0]
+	leaked := episodes(evalTask, 0)
+	for i := range leaked {
+		leaked[i].Split = schemas.SplitTrain // disguised: only the denylist knows
+	}
+	var launched []string
+	w := &kafkago.Writer{Addr: kafkago.TCP(b.Addr()), Topic: topics.Trajectories, Balancer: &kafkago.Murmur2Balancer{}, RequiredAcks: kafkago.RequireAll}
+	defer w.Close()
+	var msgs []kafkago.Message
+	for g := int64(0); g < 16; g++ {
+		trajs := episodes(reg.Train()[g], 100+g)
+		for _, tr := range trajs {
+			launched = append(launched, tr.RecordID)
+		}
+		v, err := schemas.Trajectories.Encode(nil, trajs)
+		if err != nil {
+			t.Fatal(err)
+		}
+		msgs = append(msgs, kafkago.Message{Key: []byte(trajs[0].GroupID), Value: v})
+	}
+	v, err := schemas.Trajectories.Encode(nil, leaked)
+	if err != nil {
+		t.Fatal(err)
+	}
+	msgs = append(msgs, kafkago.Message{Key: []byte(leaked[0].GroupID), Value: v})
+	if err := w.WriteMessages(ctx, msgs...); err != nil {
+		t.Fatal(err)
+	}
+	opCtx, stop := context.WithCancel(context.Background())
+	done := make(chan error, 4)
+	for _, name := range []string{"validate", "reward", "advantage", "pack"} {
+		op, err := operators.NewOperator(name, deps, pipeline.Config{Brokers: []string{b.Addr()}, StateDir: t.TempDir(),
+			Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), CommitInterval: 50 * time.Millisecond})
+		if err != nil {
+			t.Fatal(err)
+		}
+		go func() { done <- op.Run(opCtx) }()
+	}
+	defer func() {
+		stop()
+		for range 4 {
+			<-done
+		}
+	}()
+	cfg := &pipeline.Config{Brokers: []string{b.Addr()}}
+	var counts audit.Counts
+	var rep *audit.Report
+	for deadline := time.Now().Add(40 * time.Second); ; {
+		if rep, err = audit.Collect(ctx, cfg, topics); err != nil {
+			t.Fatal(err)
+		}
+		all := append(append([]string(nil), launched...), leaked[0].RecordID)
+		if counts = rep.Account(all); counts.Lost == 0 || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	if counts.Lost != 0 || counts.Duplicated != 0 {
+		t.Fatalf("accounting %v", counts)
+	}
+	for _, tr := range leaked {
+		if rep.Admitted[tr.RecordID] != 0 {
+			t.Fatalf("hidden-eval trajectory %s reached a batch", tr.RecordID)
+		}
+		if rep.Quarantined[tr.RecordID] != "eval_task_id" {
+			t.Fatalf("hidden-eval trajectory %s: quarantine reason %q", tr.RecordID, rep.Quarantined[tr.RecordID])
+		}
+	}
+	incidents := 0
+	err = pipeline.ScanTail(ctx, cfg, topics.Incidents, 0, func(m pipeline.Message) error {
+		inc, err := schemas.DecodeIncident(m.Value)
+		if err == nil && inc.TaskID == evalTask.ID && inc.Reason == "eval_task_id" {
+			incidents++
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if incidents != len(leaked) {
+		t.Fatalf("%d incidents for %d leaked trajectories", incidents, len(leaked))
+	}
+}

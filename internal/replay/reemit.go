@@ -1,0 +1,91 @@
+package replay
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"time"
+
+	kafkago "github.com/segmentio/kafka-go"
+
+	"github.com/trajflow/trajflow/connectors/kafka"
+	"github.com/trajflow/trajflow/connectors/parquet"
+	"github.com/trajflow/trajflow/operators"
+	"github.com/trajflow/trajflow/pipeline"
+)
+
+// Reemit produces every message of the snapshot in runDir into its topic,
+// partition and order, with its key and headers (for re-running any stage
+// from a snapshot), creating the run's topics on the cluster of cc first.
+// It returns the number of messages produced.
+func Reemit(ctx context.Context, runDir, contractPath string, cc kafka.ClientConfig) (int, error) {
+	snap, err := parquet.ReadRun(runDir, nil, parquet.ReadOptions{})
+	if err != nil {
+		return 0, err
+	}
+	c, err := loadContract(runDir, contractPath, snap.Info)
+	if err != nil {
+		return 0, err
+	}
+	topics, err := pipeline.TopicsFor(c.RunID)
+	if err != nil {
+		return 0, err
+	}
+	if err := kafka.CreateTopics(ctx, cc, cc.Brokers, operators.TopicSpecs(c, topics)); err != nil {
+		return 0, err
+	}
+	transport, err := cc.Transport()
+	if err != nil {
+		return 0, err
+	}
+	w := &kafkago.Writer{
+		Addr: kafkago.TCP(cc.Brokers...), RequiredAcks: kafkago.RequireAll, BatchTimeout: 5 * time.Millisecond,
+		BatchBytes: kafka.WriterBatchBytes(c.Topics.MaxMessageBytes),
+		Balancer: kafkago.BalancerFunc(func(m kafkago.Message, parts ...int) int {
+			if p, ok := m.WriterData.(int); ok && slices.Contains(parts, p) {
+				return p
+			}
+			return parts[0]
+		}),
+	}
+	if transport != nil {
+		w.Transport = transport
+	}
+	defer w.Close()
+	shorts := make([]string, 0, len(snap.Topics))
+	for s := range snap.Topics {
+		shorts = append(shorts, s)
+	}
+	slices.Sort(shorts)
+	n := 0
+	for _, s := range shorts {
+		k, err := produce(ctx, w, snap.FullTopics[s], snap.Topics[s])
+		n += k
+		if err != nil {
+			return n, err
+		}
+	}
+	return n, nil
+}
+
+// produce writes msgs to topic, each to its recorded partition, 256 at a
+// time.
+func produce(ctx context.Context, w *kafkago.Writer, topic string, msgs []parquet.Message) (int, error) {
+	n := 0
+	for len(msgs) > 0 {
+		k := min(len(msgs), 256)
+		batch := make([]kafkago.Message, k)
+		for i, m := range msgs[:k] {
+			batch[i] = kafkago.Message{Topic: topic, Key: m.Key, Value: m.Value, Time: m.Time, WriterData: m.Partition}
+			for _, h := range m.Headers {
+				batch[i].Headers = append(batch[i].Headers, kafkago.Header{Key: h.Key, Value: h.Value})
+			}
+		}
+		if err := w.WriteMessages(ctx, batch...); err != nil {
+			return n, fmt.Errorf("re-emit %s: %w", topic, err)
+		}
+		n += k
+		msgs = msgs[k:]
+	}
+	return n, nil
+}

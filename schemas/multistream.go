@@ -1,0 +1,89 @@
+package schemas
+
+import (
+	"fmt"
+
+	"github.com/apache/arrow-go/v18/arrow/memory"
+)
+
+// A message on a data-plane topic is one IPC stream of one record batch,
+// and Decode reads exactly that: a stream with a second batch is refused,
+// because a Kafka record holds one message. A file of many messages of one
+// kind — what `trajflow stage NAME --out F` writes, one record batch per
+// output message — is one IPC stream of many record batches: Arrow's own
+// readers (pyarrow.ipc.open_stream, arrow-go's ipc.NewReader) read it as
+// is, and SplitStream cuts it back into the messages it holds, each
+// readable by Decode (DecodeAll does both).
+
+// SplitStream splits an Arrow IPC stream of one schema and any number of
+// record batches into one stream per batch: the schema message, that
+// batch and the end-of-stream marker, each a message Codec.Decode reads.
+// The end-of-stream marker of b may be missing (the format allows a stream
+// to end with its bytes). The parts are new slices; b is not retained.
+// Framing errors wrap ErrDecode and name the byte where they were found;
+// the batches themselves are checked by the decoder of their kind.
+func SplitStream(b []byte) ([][]byte, error) {
+	schema, pos, eos, err := readFrame(b, 0)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrDecode, err)
+	}
+	if eos || schema.typ != msgSchema {
+		return nil, fmt.Errorf("%w: stream does not start with a schema message", ErrDecode)
+	}
+	head := b[:pos]
+	var parts [][]byte
+	for pos < len(b) {
+		start := pos
+		m, next, eos, err := readFrame(b, pos)
+		if err != nil {
+			return nil, fmt.Errorf("%w: record batch %d: %w", ErrDecode, len(parts), err)
+		}
+		if eos {
+			if next != len(b) {
+				return nil, fmt.Errorf("%w: %d bytes after the end-of-stream marker", ErrDecode, len(b)-next)
+			}
+			break
+		}
+		if m.typ != msgRecordBatch {
+			return nil, fmt.Errorf("%w: message %d at byte %d is not a record batch", ErrDecode, len(parts)+1, start)
+		}
+		part := make([]byte, 0, len(head)+(next-start)+len(ipcEOS))
+		part = append(append(append(part, head...), b[start:next]...), ipcEOS...)
+		parts = append(parts, part)
+		pos = next
+	}
+	return parts, nil
+}
+
+// DecodeAll reads every record batch of an IPC stream of many batches
+// (SplitStream), each one message of rows.
+func (c *Codec[T]) DecodeAll(mem memory.Allocator, b []byte) ([][]T, error) {
+	parts, err := SplitStream(b)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", c.kind, err)
+	}
+	out := make([][]T, len(parts))
+	for i, p := range parts {
+		if out[i], err = c.Decode(mem, p); err != nil {
+			return nil, fmt.Errorf("record batch %d: %w", i, err)
+		}
+	}
+	return out, nil
+}
+
+// DecodeAll reads every packed batch of an IPC stream of many record
+// batches (one PackedBatch each), such as the output file of `trajflow
+// stage pack`; Decode reads a stream of exactly one.
+func (p *PackedBatchCodec) DecodeAll(mem memory.Allocator, b []byte) ([]PackedBatch, error) {
+	parts, err := SplitStream(b)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", KindPackedBatch, err)
+	}
+	out := make([]PackedBatch, len(parts))
+	for i, part := range parts {
+		if out[i], err = p.Decode(mem, part); err != nil {
+			return nil, fmt.Errorf("record batch %d: %w", i, err)
+		}
+	}
+	return out, nil
+}
