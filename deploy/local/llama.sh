@@ -8,7 +8,7 @@
 #   deploy/local/llama.sh up [--port N]   build, start one server with the model, wait for /health
 #   deploy/local/llama.sh router [--port N]
 #                                         build, start a router over a models dir holding the model
-#                                         twice (v0.gguf, v1.gguf), wait until it lists both
+#                                         twice (v0.gguf, v1.gguf), load both, wait until loaded
 #   deploy/local/llama.sh down            stop what `up` / `router` started (SIGTERM, SIGKILL after 20 s)
 #   deploy/local/llama.sh status          exit 0 when running and answering /health
 #   deploy/local/llama.sh env             print the variables the clients and tests read
@@ -25,7 +25,9 @@
 # The build is portable x86-64 with AVX2/FMA/F16C and every AVX-512/AMX
 # option off: a native build (GGML_NATIVE=ON) dies with SIGILL on VMs that
 # advertise AVX-512/AMX they do not allow. Needs python3 + pip, cmake,
-# ninja, a C++17 compiler, unzip or python3's zipfile, curl.
+# ninja, a C++17 compiler, curl, setsid. The server runs with
+# OMP_WAIT_POLICY=PASSIVE (spinning OpenMP workers are 20x slower on shared
+# cores). HTTP API facts: deploy/local/LLAMA.md.
 #
 # Licences: llama.cpp (vendored in the sdist) is MIT; only its source is used
 # to build a separate binary, nothing is linked into trajflow. The model is
