@@ -14,7 +14,7 @@ import (
 	"github.com/trajflow/trajflow/schemas"
 )
 
-// TestTrainStageSwitchesDevice: the train operator runs on the device
+// TestTrainStageSwitchesBackend: the train operator runs on the device
 // backend (emulated kernels) and a run switches device across a restart.
 // A CPU run trains batch 0 (releases 0 and 1, optimizer state beside
 // them); then the same state is restarted twice, once on the CPU and once
@@ -23,7 +23,7 @@ import (
 // documented tolerances, and the device release loads as a policy. The
 // device stage then trains batch 2, sampled from its own release 2, on
 // policy (ratio 1 within the tolerance).
-func TestTrainStageSwitchesDevice(t *testing.T) {
+func TestTrainStageSwitchesBackend(t *testing.T) {
 	ctx := context.Background()
 	loop := backendLoop(t, 1)
 	topics, err := pipeline.TopicsFor(loop.RunID)
