@@ -10,7 +10,10 @@
 # under 8 minutes:
 #   1. device, driver, toolkit and PyTorch facts;
 #   2. the parity tests (GPU step vs CPU reference step, 1e-5 relative on
-#      loss statistics and parameters, several random batches) with the
+#      loss statistics and parameters, several random batches; and the
+#      train backend, TestDeviceBackend: Update with two epochs on real
+#      batches vs the CPU trainer's Update, Adam moments included, and an
+#      untrainable batch leaving the device state unchanged) with the
 #      embedded PTX, and again with PTX compiled here by nvcc when nvcc
 #      exists (TRAJFLOW_CUDA_PTX points the binary at it);
 #   3. the benchmarks: pinned host-to-device copy, the Arrow->pinned->device
@@ -131,6 +134,10 @@ r_torch="$(ratio "$tms" "$kms")"
 check() { python3 -c "import sys; print('met' if sys.argv[1] not in ('','n/a') and float(sys.argv[1]) >= float(sys.argv[2]) else 'NOT met')" "$1" "$2" 2>/dev/null || echo "NOT met"; }
 t_stage="$(check "$r_stage" 0.8)"; t_kern="$(check "$r_kern" 0.6)"; t_torch="$(check "$r_torch" 1.0)"
 parity_s="$([ $parity_rc = 0 ] && echo PASS || echo FAIL)"
+# The train backend's result, on its own row (it is part of the parity run).
+if grep -q -- '--- PASS: TestDeviceBackend' "$OUT_DIR/parity.log"; then backend_s=PASS
+elif grep -q -- '--- FAIL: TestDeviceBackend' "$OUT_DIR/parity.log"; then backend_s=FAIL
+else backend_s="not run"; fail=1; fi
 for t in "$t_stage" "$t_kern" "$t_torch"; do [ "$t" = met ] || fail=1; done
 
 cat >"$res" <<MD
@@ -143,6 +150,7 @@ Binary: $(basename "$TEST_BIN") (built with \`make cuda-build\`); script: gpu/de
 | --- | --- | --- |
 | parity, embedded PTX (GPU step vs CPU step, loss stats + params, 1e-5 rel) | ${parity_s} | pass |
 | parity, PTX compiled on this machine by nvcc | ${parity_nvcc} | pass |
+| train backend (gpu.Backend Update vs CPU Update, 2 epochs x 4 real batches; Adam moments 1e-4 rel; untrainable batch leaves the state unchanged) | ${backend_s} | pass |
 | pinned H2D copy | ${h2d:-n/a} GB/s (${r_pcie} of a 55 GB/s PCIe Gen5 x16 ceiling) | — |
 | staged-batch copies (double-buffered slots, slot events) | ${staging_gbs:-n/a} GB/s = ${r_stage} of pinned copy | >= 0.80: ${t_stage} |
 | Arrow -> pinned packing + copy, end to end (host-bound, one goroutine) | ${pack_gbs:-n/a} GB/s | — |

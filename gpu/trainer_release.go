@@ -40,18 +40,26 @@ type Files interface {
 	Read(nameOrURI string) ([]byte, error)
 }
 
-// Release publishes the current policy in files (systems §8 "Publication
-// protocol"): the checkpoint is written atomically under
-// CheckpointName(version) and hashed (sha256 of its bytes), then the
-// manifest, with Ready = true, under ManifestName(version). A reader that
-// sees the manifest therefore sees a complete checkpoint. The returned
-// release is the manifest.
+// Release publishes the current policy in files (ReleaseModel).
 func (t *Trainer) Release(files Files, meta ReleaseMeta) (schemas.PolicyRelease, error) {
-	b, err := t.m.Bytes()
+	return ReleaseModel(files, t.m, t.version, t.steps, meta)
+}
+
+// ReleaseModel publishes model m as policy version `version` after `steps`
+// optimizer steps in files (systems §8 "Publication protocol"): the
+// checkpoint is written atomically under CheckpointName(version) and
+// hashed (sha256 of its bytes), then the manifest, with Ready = true, under
+// ManifestName(version). A reader that sees the manifest therefore sees a
+// complete checkpoint. The returned release is the manifest. Every backend
+// publishes through it (the CPU trainer with its model, a device backend
+// with the parameters it downloaded), so releases do not depend on the
+// device that trained them.
+func ReleaseModel(files Files, m *model.Model, version, steps int64, meta ReleaseMeta) (schemas.PolicyRelease, error) {
+	b, err := m.Bytes()
 	if err != nil {
 		return schemas.PolicyRelease{}, fmt.Errorf("%w: %w", ErrRelease, err)
 	}
-	uri, err := files.Write(CheckpointName(t.version), b)
+	uri, err := files.Write(CheckpointName(version), b)
 	if err != nil {
 		return schemas.PolicyRelease{}, fmt.Errorf("%w: %w", ErrRelease, err)
 	}
@@ -60,11 +68,11 @@ func (t *Trainer) Release(files Files, meta ReleaseMeta) (schemas.PolicyRelease,
 		now = time.Now
 	}
 	rel := schemas.PolicyRelease{
-		PolicyVersion:    t.version,
-		TrainingStep:     t.steps,
+		PolicyVersion:    version,
+		TrainingStep:     steps,
 		CheckpointHash:   model.HashBytes(b),
 		CheckpointURI:    uri,
-		ModelConfigHash:  t.m.Config.Hash(),
+		ModelConfigHash:  m.Config.Hash(),
 		TokenizerHash:    meta.TokenizerHash,
 		ChatTemplateHash: meta.ChatTemplateHash,
 		SamplerContract:  meta.SamplerContract,
@@ -76,7 +84,7 @@ func (t *Trainer) Release(files Files, meta ReleaseMeta) (schemas.PolicyRelease,
 	if err != nil {
 		return schemas.PolicyRelease{}, fmt.Errorf("%w: %w", ErrRelease, err)
 	}
-	if _, err := files.Write(ManifestName(t.version), js); err != nil {
+	if _, err := files.Write(ManifestName(version), js); err != nil {
 		return schemas.PolicyRelease{}, fmt.Errorf("%w: %w", ErrRelease, err)
 	}
 	return rel, nil

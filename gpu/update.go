@@ -38,49 +38,68 @@ func OptimName(v int64) string { return fmt.Sprintf("policy-v%08d.optim", v) }
 
 const optimMagic = "trajflow-adam/v1"
 
-// OptimState encodes the Adam state: magic, steps, n, m1[n], m2[n]
-// (little-endian float64), then the SHA-256 of everything before it. It is
-// written beside every release, so a restarted trainer continues exactly
-// where the release left off.
-func (t *Trainer) OptimState() []byte {
-	n := len(t.m1)
+// OptimState encodes the Adam state (EncodeOptimState). It is written
+// beside every release, so a restarted trainer continues exactly where the
+// release left off.
+func (t *Trainer) OptimState() []byte { return EncodeOptimState(t.steps, t.m1, t.m2) }
+
+// SetOptimState restores the Adam state written by OptimState.
+func (t *Trainer) SetOptimState(b []byte) error {
+	steps, err := DecodeOptimState(b, t.m1, t.m2)
+	if err != nil {
+		return err
+	}
+	t.steps = steps
+	return nil
+}
+
+// EncodeOptimState is the optimizer state format of every backend: magic,
+// steps, n, m1[n], m2[n] (little-endian float64), then the SHA-256 of
+// everything before it. A run may therefore switch backends (device)
+// between restarts.
+func EncodeOptimState(steps int64, m1, m2 []float64) []byte {
+	n := len(m1)
 	b := make([]byte, 0, len(optimMagic)+16+16*n+sha256.Size)
 	b = append(b, optimMagic...)
-	b = binary.LittleEndian.AppendUint64(b, uint64(t.steps))
+	b = binary.LittleEndian.AppendUint64(b, uint64(steps))
 	b = binary.LittleEndian.AppendUint64(b, uint64(n))
-	for _, v := range t.m1 {
+	for _, v := range m1 {
 		b = binary.LittleEndian.AppendUint64(b, math.Float64bits(v))
 	}
-	for _, v := range t.m2 {
+	for _, v := range m2 {
 		b = binary.LittleEndian.AppendUint64(b, math.Float64bits(v))
 	}
 	h := sha256.Sum256(b)
 	return append(b, h[:]...)
 }
 
-// SetOptimState restores the Adam state written by OptimState.
-func (t *Trainer) SetOptimState(b []byte) error {
-	n := len(t.m1)
+// DecodeOptimState checks b (length, magic, checksum, model size
+// len(m1) == len(m2)) and only then decodes its moments into m1 and m2 and
+// returns its step count. On error m1 and m2 are unchanged.
+func DecodeOptimState(b []byte, m1, m2 []float64) (int64, error) {
+	n := len(m1)
+	if len(m2) != n {
+		return 0, fmt.Errorf("%w: optimizer state into %d and %d moments", ErrRelease, n, len(m2))
+	}
 	want := len(optimMagic) + 16 + 16*n + sha256.Size
-	if len(b) != want || string(b[:len(optimMagic)]) != optimMagic {
-		return fmt.Errorf("%w: optimizer state of %d bytes, want %d", ErrRelease, len(b), want)
+	if len(b) != want || string(b[:min(len(b), len(optimMagic))]) != optimMagic {
+		return 0, fmt.Errorf("%w: optimizer state of %d bytes, want %d", ErrRelease, len(b), want)
 	}
 	body := b[:len(b)-sha256.Size]
 	if h := sha256.Sum256(body); string(h[:]) != string(b[len(body):]) {
-		return fmt.Errorf("%w: optimizer state checksum mismatch", ErrRelease)
+		return 0, fmt.Errorf("%w: optimizer state checksum mismatch", ErrRelease)
 	}
 	p := body[len(optimMagic):]
 	steps := int64(binary.LittleEndian.Uint64(p))
 	if int(binary.LittleEndian.Uint64(p[8:])) != n {
-		return fmt.Errorf("%w: optimizer state for another model size", ErrRelease)
+		return 0, fmt.Errorf("%w: optimizer state for another model size", ErrRelease)
 	}
 	p = p[16:]
-	for i := range t.m1 {
-		t.m1[i] = math.Float64frombits(binary.LittleEndian.Uint64(p[8*i:]))
-		t.m2[i] = math.Float64frombits(binary.LittleEndian.Uint64(p[8*(n+i):]))
+	for i := range m1 {
+		m1[i] = math.Float64frombits(binary.LittleEndian.Uint64(p[8*i:]))
+		m2[i] = math.Float64frombits(binary.LittleEndian.Uint64(p[8*(n+i):]))
 	}
-	t.steps = steps
-	return nil
+	return steps, nil
 }
 
 // SetSteps sets the optimizer step count (restored from a release's

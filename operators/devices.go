@@ -9,13 +9,14 @@ import (
 )
 
 // Backend returns the train backend of device: "cpu" (or "") is the CPU
-// reference; "cuda" needs a build with the cuda tag.
+// reference; "cuda" and "cuda:N" need a build with the cuda tag.
 func Backend(device string) (gpu.BackendFactory, error) {
-	switch device {
-	case "", "cpu":
-		return gpu.CPUBackend, nil
-	case "cuda":
-		return nil, fmt.Errorf("operators: train --device cuda: this trajflow was built without CUDA support; build it with the cuda tag (make cuda-build, see gpu/README.md)")
+	cuda, _, err := parseDevice(device)
+	if err != nil {
+		return nil, err
 	}
-	return nil, fmt.Errorf("operators: train --device %q: want cpu or cuda", device)
+	if cuda {
+		return nil, fmt.Errorf("operators: train --device %s: this trajflow was built without CUDA support; build it with the cuda tag (make cuda-build, see gpu/README.md)", device)
+	}
+	return gpu.CPUBackend, nil
 }

@@ -284,7 +284,7 @@ func Planner(d Deps) (*dispatch.Planner, error) {
 // ending at a stop token.
 func RolloutSettings(c *contract.Contract, reg *rollout.Registry) model.Settings {
 	return model.Settings{
-		Behavior:  model.Behavior{Temperature: c.Sampler.Temperature, TopK: c.Sampler.TopK, TopP: c.Sampler.TopP, Grammar: reg.Grammar()},
+		Behavior:  model.Behavior{Temperature: c.Sampler.Temperature, TopK: c.Sampler.TopK, TopP: c.Sampler.TopP, MinP: c.Sampler.MinP, Grammar: reg.Grammar()},
 		MaxTokens: c.Sampler.MaxTokensPerAction,
 		Stop:      append([]int32(nil), c.Sampler.StopTokenIDs...),
 	}

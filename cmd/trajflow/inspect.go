@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 
+	"github.com/trajflow/trajflow/operators"
 	"github.com/trajflow/trajflow/pipeline/contract"
 	"github.com/trajflow/trajflow/schemas"
 )
@@ -39,7 +40,20 @@ func cmdContract(_ context.Context, args []string, stdout, stderr io.Writer) err
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(stdout, "# resolved learning contract\n# hash: %s\n# sampler: %s\n", c.Hash(), c.SamplerID())
+	// The sampler id every trajectory and release of the run records is
+	// that of the resolved sampler settings of the rollout stage
+	// (operators.RolloutSettings: the sampler section plus the task
+	// grammar), not the hash of the sampler section.
+	deps, err := operatorDeps(c, operatorsTopics(c))
+	if err != nil {
+		return err
+	}
+	reg, err := operators.TaskRegistry(deps)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "# resolved learning contract\n# hash: %s\n# sampler_id: %s (recorded by every trajectory and release)\n# sampler section hash: %s\n",
+		c.Hash(), operators.RolloutSettings(c, reg).ID(), c.SamplerID())
 	_, err = stdout.Write(y)
 	return err
 }

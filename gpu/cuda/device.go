@@ -310,6 +310,14 @@ func (d *Device) Zero(p DevPtr, bytes int64) error {
 	return nil
 }
 
+// Copy implements backend: a device-to-device copy on the default stream.
+func (d *Device) Copy(dst, src DevPtr, bytes int64) error {
+	if err := cu.MemcpyDtoDAsync(cu.DevicePtr(dst), cu.DevicePtr(src), bytes, cu.Stream{}); err != nil {
+		return devErr("device copy", err)
+	}
+	return nil
+}
+
 // Synchronize implements backend.
 func (d *Device) Synchronize() error {
 	if err := cu.Synchronize(); err != nil {

@@ -31,3 +31,14 @@ func TestDeviceParity(t *testing.T) {
 func TestDeviceDoubleBuffer(t *testing.T) {
 	checkDoubleBuffer(t, func() backend { return openDevice(t) })
 }
+
+// TestDeviceBackend: the train operator's backend on the GPU
+// (NewBackend(0), one device opened per backend): Update with two epochs
+// per batch matches the CPU trainer's metrics, parameters and Adam state
+// over real batches of the built-in loop (checkBackendParity), and an
+// untrainable batch leaves the state on the device bit for bit unchanged
+// (checkBackendUntrainable).
+func TestDeviceBackend(t *testing.T) {
+	t.Run("parity", func(t *testing.T) { checkBackendParity(t, NewBackend(0)) })
+	t.Run("untrainable", func(t *testing.T) { checkBackendUntrainable(t, NewBackend(0)) })
+}

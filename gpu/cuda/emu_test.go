@@ -88,7 +88,11 @@ func (e *emu) Download(dst unsafe.Pointer, src DevPtr, n int64) error {
 }
 
 func (e *emu) Zero(p DevPtr, n int64) error { clear(e.rest(p)[:n]); return nil }
-func (e *emu) Synchronize() error           { return nil }
+func (e *emu) Copy(dst, src DevPtr, n int64) error {
+	copy(e.rest(dst)[:n], e.rest(src)[:n])
+	return nil
+}
+func (e *emu) Synchronize() error { return nil }
 
 // Engine: copies happen at once (the ordering is tested with simEngine).
 func (e *emu) Ensure(slot, n int) error {

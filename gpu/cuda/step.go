@@ -3,6 +3,7 @@ package cuda
 import (
 	"fmt"
 	"math"
+	"strings"
 	"unsafe"
 
 	"github.com/apache/arrow-go/v18/arrow"
@@ -36,6 +37,9 @@ type backend interface {
 	Upload(dst DevPtr, src unsafe.Pointer, bytes int64) error
 	Download(dst unsafe.Pointer, src DevPtr, bytes int64) error
 	Zero(p DevPtr, bytes int64) error
+	// Copy copies bytes from src to dst on the device, on the compute
+	// stream (ordered with the kernels).
+	Copy(dst, src DevPtr, bytes int64) error
 	Synchronize() error
 	// Launch runs a kernel of kernels/trajflow.cu with a 1-D grid; args
 	// are DevPtr, int (C int), int64 (long long), float32 or float64.
@@ -108,9 +112,33 @@ type Handle struct {
 	st   *Staged
 }
 
+// Supported reports whether the device step implements behavior b for a
+// vocabulary of V tokens: it implements temperature-only behaviors. A
+// grammar, top-k (below V), top-p (below 1) or min-p (above 0) is
+// ErrUnsupported, naming the learning-contract fields that ask for it.
+func Supported(b model.Behavior, V int) error {
+	var what []string
+	if b.Grammar != nil {
+		what = append(what, fmt.Sprintf("a constrained-decoding grammar (%s, the tasks' structured-output grammar of artifacts.tool_schemas)", b.Grammar.ID()))
+	}
+	if b.TopK > 0 && b.TopK < V {
+		what = append(what, fmt.Sprintf("sampler.top_k %d", b.TopK))
+	}
+	if b.TopP > 0 && b.TopP < 1 {
+		what = append(what, fmt.Sprintf("sampler.top_p %g", b.TopP))
+	}
+	if b.MinP > 0 {
+		what = append(what, fmt.Sprintf("sampler.min_p %g", b.MinP))
+	}
+	if len(what) == 0 {
+		return nil
+	}
+	return fmt.Errorf("%w: the CUDA trainer implements temperature-only behaviors (sampler.temperature; sampler.top_k 0, sampler.top_p 1, sampler.min_p 0, no grammar); this behavior has %s: train it on the CPU (--device cpu)",
+		ErrUnsupported, strings.Join(what, ", "))
+}
+
 // newTrainer uploads m's parameters to d and starts training at version.
-// The behavior must be a pure temperature (no grammar, top-k or top-p:
-// ErrUnsupported).
+// The behavior must be a pure temperature (Supported).
 func newTrainer(d backend, m *model.Model, b model.Behavior, version int64, o TrainerOptions) (*Trainer, error) {
 	if err := m.Validate(); err != nil {
 		return nil, err
@@ -119,8 +147,8 @@ func newTrainer(d backend, m *model.Model, b model.Behavior, version int64, o Tr
 		return nil, err
 	}
 	V := m.Config.Vocab
-	if b.Grammar != nil || (b.TopK > 0 && b.TopK < V) || (b.TopP > 0 && b.TopP < 1) {
-		return nil, fmt.Errorf("%w: behavior with grammar/top-k/top-p (the device step implements temperature only)", ErrUnsupported)
+	if err := Supported(b, V); err != nil {
+		return nil, err
 	}
 	if o.ChunkVocab <= 0 {
 		o.ChunkVocab = min(V, 8192)
@@ -147,17 +175,21 @@ func newTrainer(d backend, m *model.Model, b model.Behavior, version int64, o Tr
 	alloc(&t.m1, 8*n)
 	alloc(&t.m2, 8*n)
 	alloc(&t.partial, 8*int64(t.nParts))
+	fail := func(what string, err error) (*Trainer, error) {
+		t.free()
+		return nil, devErr(what, err)
+	}
 	if err != nil {
-		return nil, devErr("alloc parameters", err)
+		return fail("alloc parameters", err)
 	}
 	if err := d.Upload(t.params, unsafe.Pointer(&m.Params[0]), 4*n); err != nil {
-		return nil, devErr("upload parameters", err)
+		return fail("upload parameters", err)
 	}
 	if err := d.Zero(t.m1, 8*n); err != nil {
-		return nil, devErr("zero moments", err)
+		return fail("zero moments", err)
 	}
 	if err := d.Zero(t.m2, 8*n); err != nil {
-		return nil, devErr("zero moments", err)
+		return fail("zero moments", err)
 	}
 	t.partsH = make([]float64, t.nParts)
 	return t, nil
@@ -171,9 +203,14 @@ func (t *Trainer) Close() error {
 		return err
 	}
 	defer done()
-	if err := t.d.Synchronize(); err != nil {
-		return err
-	}
+	serr := t.d.Synchronize()
+	t.free()
+	return serr
+}
+
+// free frees every device buffer of the trainer (the caller has entered
+// the device).
+func (t *Trainer) free() {
 	a := &t.act
 	for _, p := range []*DevPtr{&t.params, &t.grad, &t.m1, &t.m2, &t.partial, &a.X, &a.H, &a.dH, &a.dX, &a.Z,
 		&a.m, &a.s, &a.a, &a.zy, &a.lp, &a.ratio, &a.sur, &a.kl, &a.ent, &a.flags, &a.lse, &a.gw} {
@@ -183,7 +220,6 @@ func (t *Trainer) Close() error {
 		}
 	}
 	t.capT = 0
-	return nil
 }
 
 // Version is the current policy version.

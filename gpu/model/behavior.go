@@ -26,25 +26,35 @@ type Grammar interface {
 }
 
 // Behavior is the behavior distribution of the built-in sampler (pipeline
-// §5): the policy's logits z are scaled to z/Temperature, tokens the
-// Grammar forbids are removed, then top-k and top-p keep the most likely
-// tokens, and the result is renormalized.
+// §5), in this order: the policy's logits z are scaled to z/Temperature;
+// tokens the Grammar forbids are removed; top-k keeps the K most likely of
+// the rest; top-p keeps the smallest most-likely prefix of those whose
+// renormalized mass reaches TopP; min-p keeps those whose probability is
+// at least MinP times the largest probability; the result is renormalized.
+// Min-p compares probabilities with the most likely token, which every
+// earlier filter keeps, so its threshold is the same whether it is measured
+// on the masked distribution or after top-k/top-p: min-p keeps exactly the
+// tokens v with p(v) >= MinP · max p of the temperature-scaled,
+// grammar-masked distribution that top-k and top-p kept. (Applying min-p
+// last matters only for top-p, whose cumulative mass it does not change.)
 //
 // The training contract of this package is that the trainer optimizes this
 // same distribution: it applies Transform to the current logits on the
 // exact stored tokens, so that before the first update the recomputed
 // log-probs equal the behavior log-probs bit for bit (ratio exactly 1,
-// pipeline §21 "Ratio is not one before first update"). Top-k/top-p sets
-// are recomputed from the current logits and treated as constant masks by
-// the gradient. A consequence: once the parameters move, a stored token can
-// fall outside the current kept set, where its log-prob is -Inf and the
-// objective rejects the batch; contracts with top-k/top-p must therefore
-// train on-policy (one optimizer step per batch, max_lag 0). The demo
-// contract uses Temperature 1 and neither, and may train off-policy.
+// pipeline §21 "Ratio is not one before first update"). Top-k, top-p and
+// min-p sets are recomputed from the current logits and treated as
+// constant masks by the gradient. A consequence: once the parameters move,
+// a stored token can fall outside the current kept set, where its log-prob
+// is -Inf and the objective rejects the batch; contracts with top-k, top-p
+// or min-p must therefore train on-policy (one optimizer step per batch,
+// max_lag 0). The demo contract uses Temperature 1 and none of them, and
+// may train off-policy.
 type Behavior struct {
 	Temperature float64 `json:"temperature"` // > 0
 	TopK        int     `json:"top_k"`       // keep the K most likely tokens; 0 = off
 	TopP        float64 `json:"top_p"`       // keep the smallest prefix of mass >= TopP; 0 or 1 = off
+	MinP        float64 `json:"min_p"`       // keep tokens of probability >= MinP · the largest; 0 = off
 	Grammar     Grammar `json:"-"`           // nil = unconstrained
 }
 
@@ -59,18 +69,28 @@ func (b Behavior) Validate() error {
 	if !(b.TopP >= 0 && b.TopP <= 1) {
 		return fmt.Errorf("%w: top_p %v must be in [0, 1]", ErrConfig, b.TopP)
 	}
+	if !(b.MinP >= 0 && b.MinP < 1) {
+		return fmt.Errorf("%w: min_p %v must be in [0, 1)", ErrConfig, b.MinP)
+	}
 	return nil
 }
 
 // ID is "sha256:<hex>" of the resolved behavior (temperature, top-k,
-// top-p, grammar id).
+// top-p, grammar id, and min-p when it is on). A behavior without min-p
+// has the id it had before min-p existed, so the ids recorded by earlier
+// runs stay valid; the part list is length-prefixed, so an id with min-p
+// never equals one without.
 func (b Behavior) ID() string {
 	g := ""
 	if b.Grammar != nil {
 		g = b.Grammar.ID()
 	}
-	return hashStrings("behavior/v1", strconv.FormatFloat(b.Temperature, 'g', -1, 64),
-		strconv.Itoa(b.TopK), strconv.FormatFloat(b.TopP, 'g', -1, 64), g)
+	parts := []string{"behavior/v1", strconv.FormatFloat(b.Temperature, 'g', -1, 64),
+		strconv.Itoa(b.TopK), strconv.FormatFloat(b.TopP, 'g', -1, 64), g}
+	if b.MinP != 0 {
+		parts = append(parts, "min_p="+strconv.FormatFloat(b.MinP, 'g', -1, 64))
+	}
+	return hashStrings(parts...)
 }
 
 func hashStrings(parts ...string) string {
@@ -92,7 +112,7 @@ type transformer struct {
 
 // Transform writes into out the behavior logits of one position: out[v] =
 // float32(raw[v] / Temperature) for kept tokens and -Inf for tokens the
-// grammar, top-k or top-p remove. prefix is the segment up to and including
+// grammar, top-k, top-p or min-p remove. prefix is the segment up to and including
 // the position. The log-softmax of out is the behavior log-probability
 // (objective.LogSoftmaxGather computes it the same way in sampler and
 // trainer).
@@ -128,7 +148,7 @@ func (b Behavior) transform(t *transformer, raw []float32, prefix []int32, out [
 		}
 	}
 	topP := b.TopP > 0 && b.TopP < 1
-	if (b.TopK <= 0 || b.TopK >= V) && !topP {
+	if (b.TopK <= 0 || b.TopK >= V) && !topP && b.MinP <= 0 {
 		return nil
 	}
 	// Order the finite tokens by decreasing logit, ties by increasing id.
@@ -166,6 +186,18 @@ func (b Behavior) transform(t *transformer, raw []float32, prefix []int32, out [
 			cum += t.e[j] / s
 			if cum >= b.TopP {
 				keep = j + 1
+				break
+			}
+		}
+	}
+	if b.MinP > 0 {
+		// p(v) / p(top) = e^(z_v - z_top) (the normalizer cancels), float64;
+		// decreasing along the order, so the kept tokens are a prefix. The
+		// most likely token always stays (its ratio is 1 > MinP).
+		m := float64(out[t.order[0]])
+		for j := 1; j < keep; j++ {
+			if math.Exp(float64(out[t.order[j]])-m) < b.MinP {
+				keep = j
 				break
 			}
 		}

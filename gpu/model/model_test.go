@@ -239,7 +239,7 @@ func (evenOdd) Allow(prefix []int32, allowed []bool) {
 // TestSamplerLogprobsMatchTraining: the log-probs the sampler returns
 // equal, bit for bit, those the trainer recomputes on the stored tokens of
 // a packed row (pipeline §21 "Ratio is not one before first update"),
-// under temperature, grammar, top-k and top-p.
+// under temperature, grammar, top-k, top-p and min-p.
 func TestSamplerLogprobsMatchTraining(t *testing.T) {
 	cfg := Config{Vocab: 10, Window: 5, Embed: 4, Hidden: 8}
 	m := testModel(t, cfg, 9)
@@ -253,6 +253,8 @@ func TestSamplerLogprobsMatchTraining(t *testing.T) {
 		{Temperature: 1.3, TopK: 4, Grammar: evenOdd{}},
 		{Temperature: 1, TopP: 0.8},
 		{Temperature: 0.9, TopK: 6, TopP: 0.9, Grammar: evenOdd{}},
+		{Temperature: 0.8, MinP: 0.2},
+		{Temperature: 1.1, TopK: 7, TopP: 0.95, MinP: 0.05, Grammar: evenOdd{}},
 	} {
 		s := Settings{Behavior: b, MaxTokens: 12, Stop: []int32{9}}
 		reqs := []Request{
@@ -264,39 +266,48 @@ func TestSamplerLogprobsMatchTraining(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		// Pack the three sequences into one row.
-		var ids, pos, seg []int32
-		var want []float32
-		var trained []bool
-		for k, r := range reqs {
-			full := append(append([]int32(nil), r.Context...), out[k].Tokens...)
-			for j, tok := range full {
-				ids = append(ids, tok)
-				pos = append(pos, int32(j))
-				seg = append(seg, int32(k))
-			}
-			// target-aligned: entry of position j predicts full[j+1]
-			for j := range full {
-				if j+1 >= len(r.Context) && j+1 < len(full) {
-					want = append(want, out[k].Logprobs[j+1-len(r.Context)])
-					trained = append(trained, true)
-				} else {
-					want = append(want, 0)
-					trained = append(trained, false)
-				}
-			}
+		for k := range out {
 			if out[k].PolicyVersion != 3 || len(out[k].Tokens) != len(out[k].Logprobs) {
 				t.Fatalf("sample %+v", out[k])
 			}
 		}
-		got, err := m.LogprobsForTraining(b, ids, pos, seg)
-		if err != nil {
-			t.Fatal(err)
+		checkTrainerMatchesSampler(t, m, b, reqs, out)
+	}
+}
+
+// checkTrainerMatchesSampler packs the sampled sequences (context and
+// generated tokens) into one row and requires the trainer's recomputed
+// log-probs (LogprobsForTraining) to equal the sampler's bit for bit.
+func checkTrainerMatchesSampler(t *testing.T, m *Model, b Behavior, reqs []Request, out []Sample) {
+	t.Helper()
+	var ids, pos, seg []int32
+	var want []float32
+	var trained []bool
+	for k, r := range reqs {
+		full := append(append([]int32(nil), r.Context...), out[k].Tokens...)
+		for j, tok := range full {
+			ids = append(ids, tok)
+			pos = append(pos, int32(j))
+			seg = append(seg, int32(k))
 		}
-		for i := range want {
-			if trained[i] && math.Float32bits(got[i]) != math.Float32bits(want[i]) {
-				t.Fatalf("behavior %+v position %d: trainer %v, sampler %v", b, i, got[i], want[i])
+		// target-aligned: entry of position j predicts full[j+1]
+		for j := range full {
+			if j+1 >= len(r.Context) && j+1 < len(full) {
+				want = append(want, out[k].Logprobs[j+1-len(r.Context)])
+				trained = append(trained, true)
+			} else {
+				want = append(want, 0)
+				trained = append(trained, false)
 			}
+		}
+	}
+	got, err := m.LogprobsForTraining(b, ids, pos, seg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range want {
+		if trained[i] && math.Float32bits(got[i]) != math.Float32bits(want[i]) {
+			t.Fatalf("behavior %+v position %d: trainer %v, sampler %v", b, i, got[i], want[i])
 		}
 	}
 }

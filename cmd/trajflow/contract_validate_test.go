@@ -1,0 +1,80 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"path/filepath"
+	"regexp"
+	"testing"
+
+	"github.com/trajflow/trajflow/gpu"
+	"github.com/trajflow/trajflow/gpu/model"
+	"github.com/trajflow/trajflow/operators"
+	"github.com/trajflow/trajflow/operators/rollout"
+	"github.com/trajflow/trajflow/pipeline/contract"
+)
+
+// TestContractValidateSamplerID: `trajflow contract validate` prints as
+// sampler_id the id the rollout stage records: it equals the SamplerID of
+// trajectories the rollout stage's episode runner produces for the same
+// contract (the demo's, and one with temperature and min-p changed), and
+// differs from the hash of the contract's sampler section, which is
+// printed under its own name.
+func TestContractValidateSamplerID(t *testing.T) {
+	minp := contract.Default()
+	minp.Sampler.Temperature, minp.Sampler.MinP = 0.8, 0.05
+	for name, c := range map[string]*contract.Contract{"demo": contract.Default(), "min_p": minp} {
+		t.Run(name, func(t *testing.T) {
+			y, err := c.YAML()
+			if err != nil {
+				t.Fatal(err)
+			}
+			file := filepath.Join(t.TempDir(), "contract.yaml")
+			if err := os.WriteFile(file, y, 0o644); err != nil {
+				t.Fatal(err)
+			}
+			var out, errb bytes.Buffer
+			if rc := run(context.Background(), []string{"contract", "validate", file}, &out, &errb); rc != 0 {
+				t.Fatalf("exit %d: %s", rc, errb.String())
+			}
+			printed := regexp.MustCompile(`(?m)^# sampler_id: (sha256:[0-9a-f]{64}) `).FindStringSubmatch(out.String())
+			section := regexp.MustCompile(`(?m)^# sampler section hash: (sha256:[0-9a-f]{64})$`).FindStringSubmatch(out.String())
+			if printed == nil || section == nil {
+				t.Fatalf("output has no sampler_id or sampler section hash:\n%s", out.String())
+			}
+
+			// A trajectory of the rollout stage for the same contract.
+			rc, err := loadContract(file)
+			if err != nil {
+				t.Fatal(err)
+			}
+			deps, err := operatorDeps(rc, operatorsTopics(rc))
+			if err != nil {
+				t.Fatal(err)
+			}
+			reg, err := operators.TaskRegistry(deps)
+			if err != nil {
+				t.Fatal(err)
+			}
+			mc, seed := operators.ModelConfig(rc)
+			m, err := gpu.InitialModel(mc, seed)
+			if err != nil {
+				t.Fatal(err)
+			}
+			atts := rollout.Attempts(rc.RunID, reg.Train()[0], 0, 2, rc.Seed, 0, rc.Hash())
+			trajs, err := reg.RunEpisodes(context.Background(), model.NewPolicy(m, 0), atts, operators.RolloutSettings(rc, reg), operators.RolloutLimits(rc))
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, tr := range trajs {
+				if tr.SamplerID != printed[1] {
+					t.Fatalf("trajectory sampler_id %s, contract validate printed %s", tr.SamplerID, printed[1])
+				}
+			}
+			if section[1] != rc.SamplerID() || section[1] == printed[1] {
+				t.Fatalf("sampler section hash %s (contract %s), sampler_id %s", section[1], rc.SamplerID(), printed[1])
+			}
+		})
+	}
+}
