@@ -44,7 +44,7 @@ func cmdContract(_ context.Context, args []string, stdout, stderr io.Writer) err
 	// that of the resolved sampler settings of the rollout stage
 	// (operators.RolloutSettings: the sampler section plus the task
 	// grammar), not the hash of the sampler section.
-	deps, err := operatorDeps(c, operatorsTopics(c))
+	deps, err := operators.BuiltinDeps(c)
 	if err != nil {
 		return err
 	}
