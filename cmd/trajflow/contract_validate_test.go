@@ -49,7 +49,7 @@ func TestContractValidateSamplerID(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			deps, err := operatorDeps(rc, operatorsTopics(rc))
+			deps, err := operators.BuiltinDeps(rc)
 			if err != nil {
 				t.Fatal(err)
 			}
