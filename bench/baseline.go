@@ -182,6 +182,15 @@ func (r *run) baseline(ctx context.Context, topic string, d time.Duration, rate 
 		wg.Wait()
 		return nil, err
 	}
+	// On a loaded machine the group join can take longer than the warm-up:
+	// measure only once the reader consumes (bounded).
+	for deadline := time.Now().Add(30 * time.Second); consumedMsgs.Load() == 0 && time.Now().Before(deadline); {
+		if err := progress("baseline", 250*time.Millisecond); err != nil {
+			stop()
+			wg.Wait()
+			return nil, err
+		}
+	}
 	b0, m0, k0, t0, c0 := consumed.Load(), consumedMsgs.Load(), consumedTok.Load(), time.Now(), processCPU()
 	err := progress("baseline", d)
 	b1, m1, k1, secs, cpu := consumed.Load(), consumedMsgs.Load(), consumedTok.Load(), time.Since(t0).Seconds(), (processCPU() - c0).Seconds()
