@@ -2,7 +2,6 @@ package schemas
 
 import (
 	"bytes"
-	"encoding/binary"
 	"errors"
 	"testing"
 
@@ -283,52 +282,4 @@ func TestCorruptedBytes(t *testing.T) {
 // bytesOf views a slice of fixed-width values as bytes.
 func bytesOf[V int32 | int64](s []V) []byte {
 	return unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(s))), len(s)*int(unsafe.Sizeof(s[0])))
-}
-
-// Counts in the metadata are bounded by the bytes present: a vector that
-// claims billions of entries is refused before the Arrow reader would
-// allocate for them.
-func TestHugeMetadataCounts(t *testing.T) {
-	mem := newMem(t)
-	good, err := TaskAttempts.Encode(mem, sampleTaskAttempts())
-	if err != nil {
-		t.Fatal(err)
-	}
-	// vectorLenAt returns the stream position of the length of vector field
-	// i of the header table (schema message at 0) or of the message table.
-	vectorLenAt := func(onHeader bool, i int) int {
-		meta := good[8 : 8+int(binary.LittleEndian.Uint32(good[4:]))]
-		tbl, err := fbRoot(meta)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if onHeader {
-			if tbl, _, err = tbl.table(2); err != nil {
-				t.Fatal(err)
-			}
-		}
-		p, err := tbl.fieldPos(i, 4)
-		if p < 0 || err != nil {
-			t.Fatalf("field %d absent (%v)", i, err)
-		}
-		return 8 + p + int(binary.LittleEndian.Uint32(meta[p:]))
-	}
-	for _, tt := range []struct {
-		name string
-		at   int
-	}{
-		{"schema fields", vectorLenAt(true, 1)},
-		{"schema custom metadata", vectorLenAt(true, 2)},
-	} {
-		t.Run(tt.name, func(t *testing.T) {
-			b := append([]byte(nil), good...)
-			binary.LittleEndian.PutUint32(b[tt.at:], 0xffffff00)
-			if _, err := TaskAttempts.Decode(mem, b); !errors.Is(err, ErrDecode) {
-				t.Fatalf("Decode: got %v, want ErrDecode", err)
-			}
-			if _, _, err := PeekKind(b); !errors.Is(err, ErrDecode) {
-				t.Fatalf("PeekKind: got %v, want ErrDecode", err)
-			}
-		})
-	}
 }
