@@ -40,5 +40,6 @@
 // Every decoder returns an error wrapping ErrDecode for input it cannot
 // read and a *VersionError for a message of another kind or an unknown
 // version; PeekKind reads the kind of a stream from its schema message
-// alone. Describe prints all schemas.
+// alone. NewCatalog lists every kind, header and the quarantine layout
+// (with the topics a caller supplies) and Describe prints them.
 package schemas
