@@ -146,13 +146,12 @@ func (c *Codec[T]) Decode(mem memory.Allocator, b []byte, share bool) ([]T, erro
 // the loader is tested against. The framing is checked first, then the
 // schema (check), then the codec's columns are found by name.
 func (c *Codec[T]) DecodeArrow(mem memory.Allocator, b []byte, share bool) ([]T, error) {
-	var rows []T
-	err := readStream(orDefault(mem), c.check, b, func(rec arrow.RecordBatch) error {
-		var err error
-		rows, err = c.readRecord(rec, share)
-		return err
-	})
-	return rows, err
+	s, rec, err := openStream(orDefault(mem), c.check, b)
+	if err != nil {
+		return nil, err
+	}
+	defer s.release()
+	return c.readRecord(rec, share)
 }
 
 // readRecord finds the codec's columns in rec by name (extra columns are
@@ -239,29 +238,41 @@ func emptyColumns(schema *arrow.Schema) []arrow.Array {
 // ipcEOS is the end-of-stream marker: continuation, zero-length metadata.
 var ipcEOS = []byte{0xFF, 0xFF, 0xFF, 0xFF, 0, 0, 0, 0}
 
-// readStream checks the framing of b and, with check, the schema of its
-// schema message, and hands its single record batch to use. The record is
-// released when use returns.
-func readStream(mem memory.Allocator, check func(*arrow.Schema) error, b []byte, use func(arrow.RecordBatch) error) error {
+// arrowStream is a stream opened with Arrow's reader: the reader and the
+// messages it reads, released together.
+type arrowStream struct {
+	msgs *messageList
+	r    *ipc.Reader
+}
+
+func (s arrowStream) release() {
+	s.r.Release()
+	s.msgs.release()
+}
+
+// openStream checks the framing of b and, with check, the schema of its
+// schema message, and returns its single record batch, valid until the
+// stream is released.
+func openStream(mem memory.Allocator, check func(*arrow.Schema) error, b []byte) (arrowStream, arrow.RecordBatch, error) {
 	schemaMsg, batchMsg, err := splitStream(b)
 	if err != nil {
-		return err
+		return arrowStream{}, nil, err
 	}
-	msgs := newMessageList(schemaMsg, batchMsg)
-	defer msgs.release()
-	r, err := newIPCReader(msgs, mem)
+	s := arrowStream{msgs: newMessageList(schemaMsg, batchMsg)}
+	if s.r, err = newIPCReader(s.msgs, mem); err != nil {
+		s.msgs.release()
+		return arrowStream{}, nil, fmt.Errorf("schema: %v", err)
+	}
+	if err := check(s.r.Schema()); err != nil {
+		s.release()
+		return arrowStream{}, nil, err
+	}
+	rec, err := nextRecord(s.r)
 	if err != nil {
-		return fmt.Errorf("schema: %v", err)
+		s.release()
+		return arrowStream{}, nil, fmt.Errorf("record batch: %v", err)
 	}
-	defer r.Release()
-	if err := check(r.Schema()); err != nil {
-		return err
-	}
-	rec, err := nextRecord(r)
-	if err != nil {
-		return fmt.Errorf("record batch: %v", err)
-	}
-	return use(rec)
+	return s, rec, nil
 }
 
 // newIPCReader and nextRecord call into the Arrow reader. It converts its
