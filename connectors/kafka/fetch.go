@@ -15,6 +15,6 @@ import "time"
 // makes the read time out; the reader then closes the connection, dials
 // again and backs off for 100 ms to 1 s. 500 ms leaves a 125 ms margin; the
 // reconnects shorter waits caused under load are measured in
-// bench/RESULTS.md ("Readers reconnected under load").
+// bench/RESULTS.md ("Readers wait up to 500 ms for an empty fetch").
 // The price is a slower Close: a reader waits for its fetch in flight.
 const FetchMaxWait = 500 * time.Millisecond
