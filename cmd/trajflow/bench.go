@@ -20,7 +20,7 @@ import (
 )
 
 func init() {
-	register("bench", "measure throughput of validate→reward→advantage→pack beside raw kafka-go", cmdBench)
+	register("bench", "measure throughput of validate→reward→advantage→pack beside raw kafka-go (bench peers: beside Ray, ZeroMQ, raw clients)", cmdBench)
 }
 
 // benchFlags are the flags of trajflow bench.
@@ -32,6 +32,7 @@ type benchFlags struct {
 	instances, jsonOut, plot, cpuProf, memProf *string
 	inflight, maxTokens                        *int
 	asJSON, processes                          *bool
+	cpuPids                                    *string
 	logLevel, baselines, kill                  *string
 	killAt                                     *time.Duration
 }
@@ -62,6 +63,7 @@ func addBenchFlags(fs *flag.FlagSet) benchFlags {
 		processes:    fs.Bool("processes", false, "run every operator as a child process (trajflow run STAGE) instead of in this process"),
 		kill:         fs.String("kill", "", "with --processes: SIGKILL this stage's process once in the window and restart it (the accounting shows what it cost)"),
 		killAt:       fs.Duration("kill-at", 0, "when --kill strikes, into the window (0: half of --duration)"),
+		cpuPids:      fs.String("cpu-pids", "", "comma-separated pids of other local processes whose CPU time the CPU figures add (a broker's JVM)"),
 	}
 }
 
@@ -95,6 +97,9 @@ func (f benchFlags) config(stderr io.Writer) (bench.Config, error) {
 		}
 	}
 	cfg.Kill, cfg.KillAt = *f.kill, *f.killAt
+	if cfg.CPUPids, err = bench.ParsePids(*f.cpuPids); err != nil {
+		return bench.Config{}, fmt.Errorf("%w: --cpu-pids: %v", errUsage, err)
+	}
 	if *f.processes {
 		bin, err := os.Executable()
 		if err != nil {
@@ -120,6 +125,9 @@ func (f benchFlags) config(stderr io.Writer) (bench.Config, error) {
 }
 
 func cmdBench(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	if len(args) > 0 && args[0] == "peers" {
+		return cmdBenchPeers(ctx, args[1:], stdout, stderr)
+	}
 	fs := newFlags("bench", stderr)
 	f := addBenchFlags(fs)
 	if _, err := parseFlags(fs, args); err != nil {
