@@ -203,9 +203,9 @@ func (r *run) baseline(ctx context.Context, topic string, d time.Duration, rate 
 			return nil, err
 		}
 	}
-	b0, m0, k0, t0, c0 := consumed.Load(), consumedMsgs.Load(), consumedTok.Load(), time.Now(), processCPU()
+	b0, m0, k0, t0, c0 := consumed.Load(), consumedMsgs.Load(), consumedTok.Load(), time.Now(), r.cpu()
 	err = progress("baseline", d)
-	b1, m1, k1, secs, cpu := consumed.Load(), consumedMsgs.Load(), consumedTok.Load(), time.Since(t0).Seconds(), (processCPU() - c0).Seconds()
+	b1, m1, k1, secs, cpu := consumed.Load(), consumedMsgs.Load(), consumedTok.Load(), time.Since(t0).Seconds(), (r.cpu() - c0).Seconds()
 	stop()
 	wg.Wait()
 	w.Close()

@@ -108,6 +108,10 @@ type Config struct {
 	// then shows what the crash cost (Report.Kill, Report.Accounting).
 	Kill   string
 	KillAt time.Duration
+	// CPUPids are other processes whose CPU time the CPU figures add (a
+	// broker on this machine, e.g. Apache Kafka's JVM, so the pipeline and
+	// the baselines both pay for it).
+	CPUPids []int
 	// Drain bounds the wait for in-flight attempts after the measurement
 	// (default 30 s).
 	Drain time.Duration
@@ -839,10 +843,7 @@ func (r *run) snapshot() snapshot {
 	s := snapshot{
 		at: time.Now(), produced: r.produced.Load(), genNanos: r.genNanos.Load(), genToks: r.genTokens.Load(),
 		genBytes: r.genBytes.Load(), sinkB: r.sinkBytes.Load(), sinkNs: r.sinkNanos.Load(),
-		stages: map[string]instanceStats{}, cpu: processCPU(),
-	}
-	if len(r.procs) > 0 {
-		s.cpu += r.childrenCPU()
+		stages: map[string]instanceStats{}, cpu: r.cpu(),
 	}
 	for _, in := range r.stages {
 		s.stages[in.id] = in.load()

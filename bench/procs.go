@@ -111,6 +111,19 @@ func (r *run) killProc(p *proc, opErr chan<- error) (time.Duration, error) {
 	return time.Since(t0), nil
 }
 
+// cpu is the CPU time the bench's figures count: this process, the
+// operator processes (Config.Processes) and Config.CPUPids.
+func (r *run) cpu() time.Duration {
+	t := processCPU()
+	if len(r.procs) > 0 {
+		t += r.childrenCPU()
+	}
+	for _, pid := range r.cfg.CPUPids {
+		t += procCPU(pid)
+	}
+	return t
+}
+
 // childrenCPU is the CPU time of the operator processes: those that
 // exited (reaped: RUSAGE_CHILDREN) and those running (/proc).
 func (r *run) childrenCPU() time.Duration {
@@ -174,4 +187,20 @@ func (r *run) waitPolicyRead(ctx context.Context, opErr <-chan error) error {
 		}
 	}
 	return errors.New("bench: the pack process did not read the policy release within 60s")
+}
+
+// ParsePids parses comma-separated process ids.
+func ParsePids(s string) ([]int, error) {
+	var out []int
+	for _, f := range strings.Split(s, ",") {
+		if f = strings.TrimSpace(f); f == "" {
+			continue
+		}
+		pid, err := strconv.Atoi(f)
+		if err != nil || pid <= 0 {
+			return nil, fmt.Errorf("%q: want a process id", f)
+		}
+		out = append(out, pid)
+	}
+	return out, nil
 }
