@@ -2,6 +2,7 @@ package bench
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"sync/atomic"
@@ -141,6 +142,13 @@ func (r *run) baseline(ctx context.Context, topic string, d time.Duration, rate 
 		for {
 			m, err := rd.FetchMessage(cctx)
 			if err != nil {
+				// A fresh cluster answers with a retriable error until its
+				// offsets topic exists (group coordinator not available).
+				var ke kafkago.Error
+				if errors.As(err, &ke) && ke.Temporary() && cctx.Err() == nil {
+					time.Sleep(200 * time.Millisecond)
+					continue
+				}
 				if cctx.Err() == nil {
 					errc <- fmt.Errorf("bench: baseline consume: %w", err)
 				}
