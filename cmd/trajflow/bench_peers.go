@@ -19,7 +19,7 @@ import (
 // peersFlags are the flags of trajflow bench peers.
 type peersFlags struct {
 	contract, systems, kafka, kill, python, pythonPath *string
-	out, plot, jsonOut, export                         *string
+	out, plot, jsonOut, export, fromJSON               *string
 	duration, warmup, baseline                         *time.Duration
 	rounds, kafkaPid, groups, inflight, perCall        *int
 }
@@ -41,6 +41,7 @@ func addPeersFlags(fs interface {
 		plot:       fs.String("plot", "", "write every system on one chart to this PNG"),
 		jsonOut:    fs.String("json-out", "", "write every row as JSON to this file"),
 		export:     fs.String("export-corpus", "", "only export the corpus to this file and exit"),
+		fromJSON:   fs.String("from-json", "", "run nothing: print the table (and --plot) of a --json-out file"),
 		duration:   fs.Duration("duration", 15*time.Second, "measurement window of each run"),
 		warmup:     fs.Duration("warmup", 3*time.Second, "warm-up of each run"),
 		baseline:   fs.Duration("baseline", 6*time.Second, "window of each raw client's baseline"),
@@ -57,6 +58,9 @@ func cmdBenchPeers(ctx context.Context, args []string, stdout, stderr io.Writer)
 	f := addPeersFlags(fs)
 	if _, err := parseFlags(fs, args); err != nil {
 		return err
+	}
+	if *f.fromJSON != "" {
+		return peersReport(*f.fromJSON, *f.plot, stdout)
 	}
 	c, err := contract.Load(*f.contract)
 	if err != nil {
@@ -111,6 +115,24 @@ func cmdBenchPeers(ctx context.Context, args []string, stdout, stderr io.Writer)
 			return err
 		}
 		if err := os.WriteFile(*f.jsonOut, append(b, '\n'), 0o644); err != nil {
+			return err
+		}
+	}
+	return res.WriteTable(stdout)
+}
+
+// peersReport prints the table of a saved result and draws its plot.
+func peersReport(path, plot string, stdout io.Writer) error {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return err
+	}
+	var res peers.Result
+	if err := json.Unmarshal(b, &res); err != nil {
+		return fmt.Errorf("%s: %w", path, err)
+	}
+	if plot != "" {
+		if err := res.WritePlot(plot); err != nil {
 			return err
 		}
 	}
