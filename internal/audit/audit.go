@@ -21,13 +21,18 @@ type Report struct {
 	Filtered    map[string]string // trajectory id -> filter reason (census)
 	Quarantined map[string]string // attempt id -> reason (census)
 	Census      map[string]int    // census kind -> distinct events
+	// Retried counts the retried events (one per retry of an environment
+	// call) by reason; InfraFailed the failed events of the
+	// infrastructure (attempts run again).
+	Retried     map[string]int
+	InfraFailed int
 }
 
 // Collect reads the batches and census topics of t from the beginning.
 func Collect(ctx context.Context, cfg *pipeline.Config, t pipeline.Topics) (*Report, error) {
 	r := &Report{
 		BatchIDs: map[string]int{}, Admitted: map[string]int{}, Filtered: map[string]string{},
-		Quarantined: map[string]string{}, Census: map[string]int{},
+		Quarantined: map[string]string{}, Census: map[string]int{}, Retried: map[string]int{},
 	}
 	err := pipeline.ScanTail(ctx, cfg, t.Batches, 0, func(m pipeline.Message) error {
 		b, err := schemas.PackedBatches.Decode(nil, m.Value)
@@ -62,6 +67,12 @@ func Collect(ctx context.Context, cfg *pipeline.Config, t pipeline.Topics) (*Rep
 			r.Filtered[ev.AttemptID] = ev.Reason
 		case schemas.CensusQuarantined:
 			r.Quarantined[ev.AttemptID] = ev.Reason
+		case schemas.CensusRetried:
+			r.Retried[ev.Reason]++
+		case schemas.CensusFailed:
+			if ev.Infra {
+				r.InfraFailed++
+			}
 		}
 		return nil
 	})

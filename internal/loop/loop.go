@@ -41,6 +41,19 @@ type Options struct {
 	EvalSamples int32 // attempts per hidden-eval task (>= 1)
 	EvalEvery   int   // 0: the contract's dispatch.eval_every
 	Quiet       bool  // no per-update lines
+	// Env lists the `trajflow serve env` services the rollout stage runs
+	// its episodes against (empty: the registry in process); EnvKeyFile
+	// is their capability key file (operators.DialEnv).
+	Env        []string
+	EnvKeyFile string
+	// Environment is the contract's artifacts.environment (default the
+	// demo's kv environment); rollout.ArtifactLedger runs the ledger
+	// family with its validator as the reward (see Contract).
+	Environment string
+	// ToolRetries and ToolTimeoutMS, when > 0, replace the contract's
+	// sampler.tool_retries and sampler.tool_timeout_ms.
+	ToolRetries   int
+	ToolTimeoutMS int64
 }
 
 // Update is one line of the loop's output.
@@ -87,6 +100,8 @@ type Summary struct {
 	BatchHashes          []string `json:"batch_hashes"`
 	PerUpdate            []Update `json:"per_update"`
 	WallSeconds          float64  `json:"wall_seconds"`
+	// Env is the accounting of the environment services (with Options.Env).
+	Env *EnvSummary `json:"env,omitempty"`
 }
 
 // SummaryFile is the name of the summary in the output directory.
@@ -107,6 +122,9 @@ func Contract(o Options) (*contract.Contract, error) {
 	if o.Async {
 		c.Dispatch.Mode = contract.DispatchAsync
 		c.Packing.MaxLag = o.MaxLag
+	}
+	if err := environment(c, o); err != nil {
+		return nil, err
 	}
 	if err := c.Resolve(); err != nil {
 		return nil, err
@@ -168,6 +186,7 @@ func Run(ctx context.Context, o Options, stdout io.Writer) (*Summary, error) {
 	if err := r.account(ctx); err != nil {
 		return nil, err
 	}
+	r.printEnv()
 	return r.sum, r.writeSummary()
 }
 
@@ -191,6 +210,9 @@ func (r *runner) prepare(ctx context.Context) error {
 		return err
 	}
 	if r.deps, err = operators.BuiltinDeps(c); err != nil {
+		return err
+	}
+	if err := r.dialEnv(ctx); err != nil {
 		return err
 	}
 	r.topics = r.deps.Topics
