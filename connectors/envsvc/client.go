@@ -345,6 +345,8 @@ type remoteEpisode struct {
 	iss  *capability.Issuer
 	spec rollout.Spec
 	seq  uint64 // the last executed sequence number
+	// every is the renewal interval.
+	every time.Duration
 
 	lost   atomic.Pointer[error] // set when the service ended the episode
 	stop   chan struct{}
@@ -354,6 +356,12 @@ type remoteEpisode struct {
 
 func (c *Client) open(b *backend, a schemas.TaskAttempt, iss *capability.Issuer, r AllocateResponse) *remoteEpisode {
 	e := &remoteEpisode{c: c, b: b, id: r.EpisodeID, a: a, iss: iss, spec: r.Spec, stop: make(chan struct{}), done: make(chan struct{})}
+	// Renew at a third of the lease the service granted, which its
+	// --max-lease may cap below the one asked for.
+	e.every = c.o.Lease / 3
+	if granted := time.UnixMilli(r.LeaseExpiresMS).Sub(c.o.Now()); granted > 0 && granted < c.o.Lease {
+		e.every = granted / 3
+	}
 	c.cnt.allocated.Add(1)
 	c.wg.Add(1)
 	go func() {
@@ -370,10 +378,11 @@ func (e *remoteEpisode) ID() string { return e.id }
 // Spec implements rollout.Episode.
 func (e *remoteEpisode) Spec() rollout.Spec { return e.spec }
 
-// renew renews the lease every Lease/3 until the episode closes or the
-// service says it ended.
+// renew renews the lease every third of it (the lease asked, or the
+// shorter one granted) until the episode closes or the service says it
+// ended.
 func (e *remoteEpisode) renew() {
-	t := time.NewTicker(max(e.c.o.Lease/3, time.Millisecond))
+	t := time.NewTicker(max(e.every, time.Millisecond))
 	defer t.Stop()
 	for {
 		select {

@@ -588,3 +588,28 @@ func TestObservationCap(t *testing.T) {
 		t.Fatalf("ended infra/observation_size %v, live %d", got, svc.srv.Live())
 	}
 }
+
+// TestRenewalsFollowTheGrantedLease: a service whose --max-lease is
+// shorter than the lease the client asks grants the shorter one; the
+// client renews at a third of what was granted, so a live episode
+// outlives many granted leases.
+func TestRenewalsFollowTheGrantedLease(t *testing.T) {
+	ctx := ctxT(t, time.Minute)
+	regs := registries(t)
+	svc := startService(t, Config{Registries: regs, MaxLease: 300 * time.Millisecond, ReapInterval: 10 * time.Millisecond})
+	c := newClient(t, []string{svc.url}, Options{}) // asks 10 s
+	ep, _, err := c.Reset(ctx, attempts(family(regs, rollout.FamilyLedger).Train()[3:4], 1, 0)[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(1500 * time.Millisecond) // 5 granted leases
+	if _, err := ep.Step(ctx, 0, rollout.EnvAction{IDs: []int32{rollout.TokCall, rollout.TokKey0, rollout.TokEnd}}); err != nil {
+		t.Fatalf("step after 5 granted leases: %v", err)
+	}
+	if _, err := ep.Close(ctx, rollout.ReasonMaxTurns); err != nil {
+		t.Fatal(err)
+	}
+	if n := c.Counters().LeaseRenewals; n < 8 {
+		t.Fatalf("%d renewals in 1.5 s of 300 ms leases", n)
+	}
+}
