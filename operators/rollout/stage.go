@@ -32,6 +32,10 @@ type StageConfig struct {
 	// set, never task failures. After the last retry the input goes to
 	// quarantine ("infra_exhausted").
 	Retries int
+	// Backoff is the wait before the first run again (default 100 ms),
+	// doubled for each further one up to 32 times Backoff, so a service
+	// that restarts has time to come back; the wait ends with ctx.
+	Backoff time.Duration
 	// GroupTimeout bounds one run of a group's episodes (0: none); a run
 	// that exceeds it is an infrastructure timeout ("timed_out").
 	GroupTimeout time.Duration
@@ -248,6 +252,9 @@ func (s *Stage) Process(ctx context.Context, m pipeline.Message) (pipeline.Resul
 		return err
 	}
 	for try := 0; ; try++ {
+		if err := s.pause(ctx, try); err != nil {
+			return pipeline.Result{}, err // stopping: redelivered later
+		}
 		run := make([]schemas.TaskAttempt, len(atts))
 		for i, a := range atts {
 			if try > 0 {

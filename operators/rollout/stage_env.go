@@ -63,3 +63,23 @@ func (s *Stage) retryEvents(a schemas.TaskAttempt, version int64, before map[str
 	}
 	return out, nil
 }
+
+// pause waits before run try of a group (none before the first).
+func (s *Stage) pause(ctx context.Context, try int) error {
+	b := s.cfg.Backoff
+	if b <= 0 {
+		b = 100 * time.Millisecond
+	}
+	d := pipeline.Backoff{Initial: b, Max: 32 * b}.Delay(try)
+	if d <= 0 {
+		return nil
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
+}
