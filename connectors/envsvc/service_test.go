@@ -613,3 +613,36 @@ func TestRenewalsFollowTheGrantedLease(t *testing.T) {
 		t.Fatalf("%d renewals in 1.5 s of 300 ms leases", n)
 	}
 }
+
+// TestAuditStore: the audit of a store counts its episodes, their ends
+// and their actions, and tells an action executed twice for one turn.
+func TestAuditStore(t *testing.T) {
+	ctx := ctxT(t, time.Minute)
+	regs := registries(t)
+	st := openStore(t, t.TempDir(), false)
+	defer st.Close()
+	svc := startService(t, Config{Registries: regs, Store: st})
+	c := newClient(t, []string{svc.url}, Options{})
+	reg := family(regs, rollout.FamilyLedger)
+	if _, err := (rollout.Agent{Env: c, Policy: rollout.LedgerTeacher{}, Settings: rollout.DefaultSettings(reg), Limits: fixedLimits()}).Run(ctx, attempts(reg.Train()[:5], 1, 0)); err != nil {
+		t.Fatal(err)
+	}
+	// A controller that sends turn 1's action again as a new sequence
+	// number: the service executes it (it cannot know), the audit sees it.
+	r := newRaw(t, svc.url, time.Minute, nil)
+	task, att := ledgerTask(t, regs, 9)
+	id := r.allocate(att, "k", 10000).EpisodeID
+	call := []int32{rollout.TokCall, rollout.TokKey0 + task.Key, rollout.TokEnd}
+	for seq := uint64(1); seq <= 2; seq++ {
+		if got := r.send(PathStep, id, r.stepReq(id, seq, fmt.Sprint("s", seq), 0, call...)); got.Outcome != Executed {
+			t.Fatalf("step %d: %+v", seq, got)
+		}
+	}
+	a, err := AuditStore(ctx, st)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if a.Episodes != 6 || a.Live != 1 || a.Ended["completed/answer"] != 5 || a.Actions != 12 || a.ActionsByFamily[rollout.FamilyLedger] != 12 || a.DuplicateTurns != 1 {
+		t.Fatalf("audit %+v", a)
+	}
+}
