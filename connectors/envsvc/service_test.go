@@ -11,6 +11,7 @@ import (
 	"net/http/httptest"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -644,5 +645,48 @@ func TestAuditStore(t *testing.T) {
 	}
 	if a.Episodes != 6 || a.Live != 1 || a.Ended["completed/answer"] != 5 || a.Actions != 12 || a.ActionsByFamily[rollout.FamilyLedger] != 12 || a.DuplicateTurns != 1 {
 		t.Fatalf("audit %+v", a)
+	}
+}
+
+// TestBurstSpreadsEvenly: a burst of allocations sent at once (a group's
+// episodes) spreads evenly over two services although the loads they last
+// reported are as old as their last answers: b holds an episode of another
+// controller, so after each burst's episodes closed a reports 0 and b 1,
+// and the next burst must not all go to a.
+func TestBurstSpreadsEvenly(t *testing.T) {
+	ctx := ctxT(t, time.Minute)
+	regs := registries(t)
+	a := startService(t, Config{Registries: regs})
+	b := startService(t, Config{Registries: regs})
+	kv := family(regs, rollout.FamilyKV)
+	other := newRaw(t, b.url, time.Minute, nil)
+	if r := other.allocate(attempts(kv.Train()[200:201], 1, 0)[0], "other", 60000); r.Outcome != Executed {
+		t.Fatal(r)
+	}
+	c := newClient(t, []string{a.url, b.url}, Options{Concurrency: 16})
+	for round := 0; round < 3; round++ {
+		atts := attempts(kv.Train()[16*round:16*round+16], 1, 0)
+		eps := make([]rollout.Episode, len(atts))
+		var wg sync.WaitGroup
+		for i := range atts {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				ep, _, err := c.Reset(ctx, atts[i])
+				if err != nil {
+					t.Error(err)
+				}
+				eps[i] = ep
+			}()
+		}
+		wg.Wait()
+		if la, lb := a.srv.Live(), b.srv.Live(); la+lb != 17 || la-lb > 2 || lb-la > 2 {
+			t.Fatalf("round %d: live a %d, b %d (1 of another controller)", round, la, lb)
+		}
+		for _, ep := range eps {
+			if _, err := ep.Close(ctx, rollout.ReasonAborted); err != nil {
+				t.Fatal(err)
+			}
+		}
 	}
 }

@@ -216,7 +216,18 @@ func (p *Proxy) choose(kind string) Fault {
 }
 
 func (p *Proxy) forward(path string, body []byte) (int, []byte) {
-	resp, err := p.fwd.Post(p.cfg.Target+path, "application/json", bytes.NewReader(body))
+	return p.forwardMethod(http.MethodPost, path, body)
+}
+
+func (p *Proxy) forwardMethod(method, path string, body []byte) (int, []byte) {
+	req, err := http.NewRequest(method, p.cfg.Target+path, bytes.NewReader(body))
+	if err != nil {
+		return http.StatusBadGateway, []byte(err.Error())
+	}
+	if method == http.MethodPost {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	resp, err := p.fwd.Do(req)
 	if err != nil {
 		return http.StatusBadGateway, []byte(err.Error())
 	}
@@ -228,6 +239,12 @@ func (p *Proxy) forward(path string, body []byte) (int, []byte) {
 func (p *Proxy) serve(w http.ResponseWriter, r *http.Request) {
 	body, _ := io.ReadAll(r.Body)
 	path := r.URL.Path
+	if r.Method != http.MethodPost { // health and metrics pass
+		code, b := p.forwardMethod(r.Method, path, body)
+		w.WriteHeader(code)
+		w.Write(b)
+		return
+	}
 	f := p.choose(Kind(path))
 	hangUp := func() {
 		if conn, _, err := w.(http.Hijacker).Hijack(); err == nil {

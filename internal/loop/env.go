@@ -81,7 +81,7 @@ func (r *runner) accountEnv(rep *audit.Report) {
 	if r.deps.Env == nil {
 		return
 	}
-	e := &EnvSummary{Addresses: r.o.Env, Client: r.deps.Env.Counters(), RetriesByReason: rep.Retried,
+	e := &EnvSummary{Addresses: r.o.Env, Client: r.deps.Env.Counters(), RetriesByReason: rep.EnvRetries,
 		Retries: rep.Census[schemas.CensusRetried], InfraFailures: rep.InfraFailed}
 	r.sum.Env = e
 }

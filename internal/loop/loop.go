@@ -80,26 +80,29 @@ type Eval struct {
 
 // Summary is OUT/summary.json.
 type Summary struct {
-	RunID                string   `json:"run_id"`
-	ContractHash         string   `json:"contract_hash"`
-	Seed                 int64    `json:"seed"`
-	Mode                 string   `json:"mode"`
-	Rounds               int      `json:"rounds"`
-	Updates              int      `json:"updates"` // policy updates trained
-	EvalSuccessInitial   float64  `json:"eval_success_initial"`
-	EvalSuccessFinal     float64  `json:"eval_success_final"`
-	Evals                []Eval   `json:"evals"`
-	AttemptsLaunched     int      `json:"attempts_launched"`
-	TrajectoriesAdmitted int      `json:"trajectories_admitted"`
-	TrajectoriesFiltered int      `json:"trajectories_filtered"`
-	Quarantined          int      `json:"quarantined"`
-	DuplicatesAdmitted   int      `json:"duplicates_admitted"`
-	Lost                 int      `json:"lost"`
-	PackingEfficiency    float64  `json:"packing_efficiency"`
-	MaxLagSeen           int64    `json:"max_lag_seen"`
-	BatchHashes          []string `json:"batch_hashes"`
-	PerUpdate            []Update `json:"per_update"`
-	WallSeconds          float64  `json:"wall_seconds"`
+	RunID                string  `json:"run_id"`
+	ContractHash         string  `json:"contract_hash"`
+	Seed                 int64   `json:"seed"`
+	Mode                 string  `json:"mode"`
+	Rounds               int     `json:"rounds"`
+	Updates              int     `json:"updates"` // policy updates trained
+	EvalSuccessInitial   float64 `json:"eval_success_initial"`
+	EvalSuccessFinal     float64 `json:"eval_success_final"`
+	Evals                []Eval  `json:"evals"`
+	AttemptsLaunched     int     `json:"attempts_launched"`
+	TrajectoriesAdmitted int     `json:"trajectories_admitted"`
+	TrajectoriesFiltered int     `json:"trajectories_filtered"`
+	Quarantined          int     `json:"quarantined"`
+	DuplicatesAdmitted   int     `json:"duplicates_admitted"`
+	Lost                 int     `json:"lost"`
+	// AttemptsRetried counts the launched attempts that failed for the
+	// infrastructure and were run again (accounted by their retry).
+	AttemptsRetried   int      `json:"attempts_retried,omitempty"`
+	PackingEfficiency float64  `json:"packing_efficiency"`
+	MaxLagSeen        int64    `json:"max_lag_seen"`
+	BatchHashes       []string `json:"batch_hashes"`
+	PerUpdate         []Update `json:"per_update"`
+	WallSeconds       float64  `json:"wall_seconds"`
 	// Env is the accounting of the environment services (with Options.Env).
 	Env *EnvSummary `json:"env,omitempty"`
 }
