@@ -319,8 +319,8 @@ func TestEnvServiceKilled(t *testing.T) {
 		kills   []int // at these step requests of the killed service
 		resumed bool
 	}{
-		{"restart within the lease", 300 * time.Millisecond, nil, []int{150, 450}, true},
-		{"restart after the lease", 2500 * time.Millisecond, []string{"--max-lease", "1s"}, []int{200}, false},
+		{"restart within the lease", 300 * time.Millisecond, nil, []int{150, 400}, true},
+		{"restart after the lease", 2500 * time.Millisecond, []string{"--max-lease", "1s"}, []int{150, 400}, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			start := time.Now()
@@ -330,32 +330,51 @@ func TestEnvServiceKilled(t *testing.T) {
 			var restarts sync.WaitGroup
 			var restartErr error
 			steps := 0
-			pxA := envfault.New(envfault.Config{Target: a.url(), Plan: func(_ int, kind string) envfault.Fault {
-				if kind != "step" {
-					return envfault.Pass
-				}
-				mu.Lock()
-				steps++
-				n := steps
-				mu.Unlock()
-				for _, k := range tc.kills {
-					if n == k {
-						a.kill()
-						t.Logf("serve env %s killed (SIGKILL) at its step request %d", a.url(), n)
-						restarts.Add(1)
-						go func() {
-							defer restarts.Done()
-							time.Sleep(tc.down)
-							if err := a.start(); err != nil {
-								mu.Lock()
-								restartErr = err
-								mu.Unlock()
-							}
-						}()
+			kill := func(n int, when string) {
+				a.kill()
+				t.Logf("serve env %s killed (SIGKILL) %s its step request %d", a.url(), when, n)
+				restarts.Add(1)
+				go func() {
+					defer restarts.Done()
+					time.Sleep(tc.down)
+					if err := a.start(); err != nil {
+						mu.Lock()
+						restartErr = err
+						mu.Unlock()
 					}
-				}
-				return envfault.Pass
-			}})
+				}()
+			}
+			// The first kill comes before its step request is forwarded
+			// (never received: the client sends it again), the second one
+			// after the service executed and persisted it, with its answer
+			// lost (the client's status query finds it executed).
+			pxA := envfault.New(envfault.Config{Target: a.url(),
+				Plan: func(_ int, kind string) envfault.Fault {
+					if kind != "step" {
+						return envfault.Pass
+					}
+					mu.Lock()
+					steps++
+					n := steps
+					mu.Unlock()
+					for i, k := range tc.kills {
+						switch {
+						case n == k && i == 0:
+							kill(n, "before forwarding")
+						case n == k:
+							return envfault.DropReply
+						}
+					}
+					return envfault.Pass
+				},
+				Forwarded: func(kind string, f envfault.Fault) {
+					if kind == "step" && f == envfault.DropReply {
+						mu.Lock()
+						n := steps
+						mu.Unlock()
+						kill(n, "after the service answered")
+					}
+				}})
 			defer pxA.Close()
 			const updates = 2
 			s, out := ledgerRun(t, updates, []string{pxA.URL(), b.url()}, a.keyFile())
@@ -379,12 +398,14 @@ func TestEnvServiceKilled(t *testing.T) {
 			if executed := audits[0].Actions + audits[1].Actions; executed < turns || audits[0].Actions == 0 || audits[1].Actions == 0 {
 				t.Fatalf("%d + %d actions executed for %d turns recorded", audits[0].Actions, audits[1].Actions, turns)
 			}
-			if tc.resumed && (e.InfraFailures != 0 || e.Client.EpisodesLost != 0) {
-				t.Fatalf("restart within the lease: %d infrastructure failures, %d episodes lost", e.InfraFailures, e.Client.EpisodesLost)
+			if tc.resumed && (e.InfraFailures != 0 || e.Client.EpisodesLost != 0 || e.Client.StatusExecuted == 0 || e.Client.StatusUnknown == 0) {
+				t.Fatalf("restart within the lease: %d infrastructure failures, %d episodes lost; status queries: %d found the action executed, %d not received",
+					e.InfraFailures, e.Client.EpisodesLost, e.Client.StatusExecuted, e.Client.StatusUnknown)
 			}
-			if !tc.resumed && (e.InfraFailures == 0 || audits[0].Ended["infra/"+envsvc.ReasonLeaseExpired] == 0) {
-				t.Fatalf("restart after the lease: %d infrastructure failures, ends %v", e.InfraFailures, audits[0].Ended)
+			if !tc.resumed && (e.InfraFailures == 0 || s.AttemptsRetried == 0 || audits[0].Ended["infra/"+envsvc.ReasonLeaseExpired] == 0) {
+				t.Fatalf("restart after the lease: %d infrastructure failures, %d attempts retried, ends %v", e.InfraFailures, s.AttemptsRetried, audits[0].Ended)
 			}
+			t.Logf("%d attempts failed for the infrastructure and were run again", s.AttemptsRetried)
 			record(t, scenarioResult{Name: "env service SIGKILL, " + tc.name, Broker: "embedded", Kills: len(tc.kills),
 				Counts: accounted(s), Elapsed: time.Since(start)})
 		})

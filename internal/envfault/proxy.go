@@ -104,6 +104,11 @@ type Config struct {
 	Key        []byte
 	Run        string
 	StepAction func(turn int32, a rollout.EnvAction) []byte
+	// Forwarded, when set, is called after a request of kind with fault
+	// f (Pass, DropReply or Duplicate) was forwarded and answered, before
+	// the answer goes back or the connection closes: a test kills the
+	// service there to lose the answer of an action it executed.
+	Forwarded func(kind string, f Fault)
 }
 
 // Proxy is a running proxy (an httptest server on 127.0.0.1).
@@ -245,7 +250,13 @@ func (p *Proxy) serve(w http.ResponseWriter, r *http.Request) {
 		w.Write(b)
 		return
 	}
-	f := p.choose(Kind(path))
+	kind := Kind(path)
+	f := p.choose(kind)
+	forwarded := func() {
+		if p.cfg.Forwarded != nil {
+			p.cfg.Forwarded(kind, f)
+		}
+	}
 	hangUp := func() {
 		if conn, _, err := w.(http.Hijacker).Hijack(); err == nil {
 			conn.Close()
@@ -260,6 +271,7 @@ func (p *Proxy) serve(w http.ResponseWriter, r *http.Request) {
 		return
 	case DropReply:
 		p.forward(path, body)
+		forwarded()
 		hangUp()
 		return
 	case Duplicate:
@@ -276,6 +288,9 @@ func (p *Proxy) serve(w http.ResponseWriter, r *http.Request) {
 	code, b := p.forward(path, body)
 	if f == Replay && outcome(b) == "executed" {
 		p.sideDelivery(f, path, body)
+	}
+	if f == Pass || f == Duplicate {
+		forwarded()
 	}
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(code)
