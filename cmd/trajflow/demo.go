@@ -25,10 +25,17 @@ func cmdDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	fs.BoolVar(&o.Async, "async", false, "asynchronous mode: up to max-lag+1 rounds in flight, stale samples dropped")
 	fs.Int64Var(&o.MaxLag, "max-lag", 1, "policy versions a sample may lag the trainer (with --async)")
 	evalSamples := fs.Int("eval-samples", 4, "attempts per hidden-eval task (fixed seeds)")
-	if _, err := parseFlags(fs, args); err != nil {
+	env := addEnvFlags(fs)
+	fs.StringVar(&o.Environment, "environment", "", "the contract's artifacts.environment (default the demo's kv; builtin:env/ledger-env@v1: the ledger family)")
+	_, err := parseFlags(fs, args)
+	if err != nil {
 		return err
 	}
 	o.Brokers = splitList(*brokers)
+	if o.Env, err = env.list(); err != nil {
+		return err
+	}
+	o.EnvKeyFile = *env.keyFile
 	o.EvalSamples = int32(*evalSamples)
 	if o.Updates < 1 || o.EvalSamples < 1 {
 		return fmt.Errorf("%w: --updates and --eval-samples must be positive", errUsage)

@@ -23,6 +23,9 @@ type Report struct {
 	FailedTask  map[string]bool
 	Launched    []Attempt // attempts whose trajectory was recorded, by id
 	Admitted    map[string]bool
+	// Retried counts the retried events (one per retry of an environment
+	// call by the rollout stage's client), by reason.
+	Retried map[string]int
 }
 
 // Attempt is what the selection-bias check compares of one attempt.
@@ -46,7 +49,7 @@ func Collect(runDir string) (*Report, error) {
 		return nil, err
 	}
 	r := &Report{Kinds: map[string]map[string]bool{}, Reasons: map[string]map[string]bool{},
-		FailedInfra: map[string]bool{}, FailedTask: map[string]bool{}, Admitted: map[string]bool{}}
+		FailedInfra: map[string]bool{}, FailedTask: map[string]bool{}, Admitted: map[string]bool{}, Retried: map[string]int{}}
 	if err := r.addEvents(snap.Topics["census"]); err != nil {
 		return nil, err
 	}
@@ -86,6 +89,8 @@ func (r *Report) addEvents(msgs []parquet.Message) error {
 			}
 		case schemas.CensusAdmitted:
 			r.Admitted[ev.AttemptID] = true
+		case schemas.CensusRetried:
+			r.Retried[ev.Reason]++
 		}
 	}
 	return nil

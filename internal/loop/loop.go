@@ -41,6 +41,19 @@ type Options struct {
 	EvalSamples int32 // attempts per hidden-eval task (>= 1)
 	EvalEvery   int   // 0: the contract's dispatch.eval_every
 	Quiet       bool  // no per-update lines
+	// Env lists the `trajflow serve env` services the rollout stage runs
+	// its episodes against (empty: the registry in process); EnvKeyFile
+	// is their capability key file (operators.DialEnv).
+	Env        []string
+	EnvKeyFile string
+	// Environment is the contract's artifacts.environment (default the
+	// demo's kv environment); rollout.ArtifactLedger runs the ledger
+	// family with its validator as the reward (see Contract).
+	Environment string
+	// ToolRetries and ToolTimeoutMS, when > 0, replace the contract's
+	// sampler.tool_retries and sampler.tool_timeout_ms.
+	ToolRetries   int
+	ToolTimeoutMS int64
 }
 
 // Update is one line of the loop's output.
@@ -67,26 +80,31 @@ type Eval struct {
 
 // Summary is OUT/summary.json.
 type Summary struct {
-	RunID                string   `json:"run_id"`
-	ContractHash         string   `json:"contract_hash"`
-	Seed                 int64    `json:"seed"`
-	Mode                 string   `json:"mode"`
-	Rounds               int      `json:"rounds"`
-	Updates              int      `json:"updates"` // policy updates trained
-	EvalSuccessInitial   float64  `json:"eval_success_initial"`
-	EvalSuccessFinal     float64  `json:"eval_success_final"`
-	Evals                []Eval   `json:"evals"`
-	AttemptsLaunched     int      `json:"attempts_launched"`
-	TrajectoriesAdmitted int      `json:"trajectories_admitted"`
-	TrajectoriesFiltered int      `json:"trajectories_filtered"`
-	Quarantined          int      `json:"quarantined"`
-	DuplicatesAdmitted   int      `json:"duplicates_admitted"`
-	Lost                 int      `json:"lost"`
-	PackingEfficiency    float64  `json:"packing_efficiency"`
-	MaxLagSeen           int64    `json:"max_lag_seen"`
-	BatchHashes          []string `json:"batch_hashes"`
-	PerUpdate            []Update `json:"per_update"`
-	WallSeconds          float64  `json:"wall_seconds"`
+	RunID                string  `json:"run_id"`
+	ContractHash         string  `json:"contract_hash"`
+	Seed                 int64   `json:"seed"`
+	Mode                 string  `json:"mode"`
+	Rounds               int     `json:"rounds"`
+	Updates              int     `json:"updates"` // policy updates trained
+	EvalSuccessInitial   float64 `json:"eval_success_initial"`
+	EvalSuccessFinal     float64 `json:"eval_success_final"`
+	Evals                []Eval  `json:"evals"`
+	AttemptsLaunched     int     `json:"attempts_launched"`
+	TrajectoriesAdmitted int     `json:"trajectories_admitted"`
+	TrajectoriesFiltered int     `json:"trajectories_filtered"`
+	Quarantined          int     `json:"quarantined"`
+	DuplicatesAdmitted   int     `json:"duplicates_admitted"`
+	Lost                 int     `json:"lost"`
+	// AttemptsRetried counts the launched attempts that failed for the
+	// infrastructure and were run again (accounted by their retry).
+	AttemptsRetried   int      `json:"attempts_retried,omitempty"`
+	PackingEfficiency float64  `json:"packing_efficiency"`
+	MaxLagSeen        int64    `json:"max_lag_seen"`
+	BatchHashes       []string `json:"batch_hashes"`
+	PerUpdate         []Update `json:"per_update"`
+	WallSeconds       float64  `json:"wall_seconds"`
+	// Env is the accounting of the environment services (with Options.Env).
+	Env *EnvSummary `json:"env,omitempty"`
 }
 
 // SummaryFile is the name of the summary in the output directory.
@@ -107,6 +125,9 @@ func Contract(o Options) (*contract.Contract, error) {
 	if o.Async {
 		c.Dispatch.Mode = contract.DispatchAsync
 		c.Packing.MaxLag = o.MaxLag
+	}
+	if err := environment(c, o); err != nil {
+		return nil, err
 	}
 	if err := c.Resolve(); err != nil {
 		return nil, err
@@ -168,6 +189,7 @@ func Run(ctx context.Context, o Options, stdout io.Writer) (*Summary, error) {
 	if err := r.account(ctx); err != nil {
 		return nil, err
 	}
+	r.printEnv()
 	return r.sum, r.writeSummary()
 }
 
@@ -191,6 +213,9 @@ func (r *runner) prepare(ctx context.Context) error {
 		return err
 	}
 	if r.deps, err = operators.BuiltinDeps(c); err != nil {
+		return err
+	}
+	if err := r.dialEnv(ctx); err != nil {
 		return err
 	}
 	r.topics = r.deps.Topics
