@@ -679,4 +679,3 @@ func (f *fleet) logUsage() {
 		f.t.Logf("usage %-9s%s", st, b.String())
 	}
 }
-
