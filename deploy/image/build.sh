@@ -52,7 +52,7 @@ case "$builder" in
   buildah) cmd=(buildah bud) ;;
   *) cmd=("$builder" build) ;;
 esac
-"${cmd[@]}" -q -f deploy/image/Dockerfile -t "$TAG" \
+"${cmd[@]}" -q --no-cache -f deploy/image/Dockerfile -t "$TAG" \
   --build-arg VERSION="$VERSION" --build-arg REVISION="$REVISION" \
   --build-arg CREATED="$(date -u +%Y-%m-%dT%H:%M:%SZ)" --build-arg CA_CERTIFICATES="$CA_VERSION" \
   "$CTX" >&2
