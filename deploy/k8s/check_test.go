@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/trajflow/trajflow/operators"
+	"github.com/trajflow/trajflow/pipeline/contract"
 )
 
 // kedaModule is the KEDA release whose CRD schemas the ScaledObject and
@@ -91,7 +92,7 @@ func TestManifests(t *testing.T) {
 		dir           string
 		scaledObjects int
 		clientConfig  bool
-	}{{"base", 0, false}, {"overlays/dev", 0, false}, {"overlays/production", 4, true}} {
+	}{{"base", 0, false}, {"overlays/dev", 0, false}, {"overlays/production", 4, true}, {"overlays/second-run", 4, true}} {
 		t.Run(tc.dir, func(t *testing.T) {
 			s, errs := load(t, tc.dir)
 			for _, err := range errs {
@@ -119,6 +120,44 @@ func TestManifests(t *testing.T) {
 				t.Errorf("want the topics Job, got %d Jobs", len(s.Jobs))
 			}
 		})
+	}
+}
+
+// overlays/second-run shares the cluster with overlays/production and
+// nothing else: another namespace, run id, topic prefix and consumer groups.
+func TestSecondRun(t *testing.T) {
+	type run struct {
+		ns, id string
+		groups []string
+	}
+	read := func(dir string) run {
+		s, errs := load(t, dir)
+		if len(errs) > 0 {
+			t.Fatalf("%s: %v", dir, errs)
+		}
+		var r run
+		for _, cm := range s.ConfigMaps {
+			if strings.HasPrefix(cm.Name, "trajflow-contract") {
+				c, err := contract.Parse([]byte(cm.Data["contract.yaml"]))
+				if err != nil {
+					t.Fatal(err)
+				}
+				r.id, r.ns = c.RunID, cm.Namespace
+			}
+		}
+		for _, so := range s.ScaledObjects {
+			r.groups = append(r.groups, so.Spec.Triggers[0].Metadata["consumerGroup"], so.Spec.Triggers[0].Metadata["topic"])
+		}
+		return r
+	}
+	a, b := read("overlays/production"), read("overlays/second-run")
+	if a.id == b.id || a.ns == b.ns || a.id == "" {
+		t.Fatalf("runs %q/%q in namespaces %q/%q", a.id, b.id, a.ns, b.ns)
+	}
+	for _, g := range b.groups {
+		if slices.Contains(a.groups, g) || !strings.HasPrefix(g, b.id+".") {
+			t.Errorf("second run's KEDA trigger names %s", g)
+		}
 	}
 }
 
