@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/trajflow/trajflow/connectors/kafka"
+	"github.com/trajflow/trajflow/connectors/parquet"
 	"github.com/trajflow/trajflow/internal/loop"
 	"github.com/trajflow/trajflow/pipeline/contract"
 )
@@ -43,6 +44,11 @@ type Config struct {
 	EvalSamples int
 	Logger      *slog.Logger
 }
+
+// ErrConfig wraps every error of a configuration the dashboard cannot
+// serve (no such directory or run, both sources or none, a contract that
+// does not load): retrying cannot fix it.
+var ErrConfig = errors.New("dashboard: configuration")
 
 // State is everything one read of the run produced.
 type State struct {
@@ -81,13 +87,13 @@ type Dashboard struct {
 // New validates cfg and reads the run once.
 func New(ctx context.Context, cfg Config) (*Dashboard, error) {
 	if (cfg.Dir == "") == (len(cfg.Brokers) == 0) {
-		return nil, errors.New("dashboard: give a snapshot directory or --brokers (one of them)")
+		return nil, fmt.Errorf("%w: give a snapshot directory or brokers (one of them)", ErrConfig)
 	}
 	if cfg.Refresh <= 0 {
 		cfg.Refresh = 5 * time.Second
 	}
 	if cfg.EvalSamples < 0 {
-		return nil, fmt.Errorf("dashboard: eval samples %d: want 0 (none) or more", cfg.EvalSamples)
+		return nil, fmt.Errorf("%w: eval samples %d: want 0 (none) or more", ErrConfig, cfg.EvalSamples)
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
@@ -95,13 +101,24 @@ func New(ctx context.Context, cfg Config) (*Dashboard, error) {
 	d := &Dashboard{cfg: cfg, log: cfg.Logger}
 	if cfg.Dir != "" {
 		if _, err := os.Stat(cfg.Dir); err != nil {
-			return nil, fmt.Errorf("dashboard: snapshot directory: %w", err)
+			return nil, fmt.Errorf("%w: snapshot directory: %w", ErrConfig, err)
+		}
+		if _, err := parquet.FindRun(cfg.Dir, cfg.Run); err != nil {
+			return nil, fmt.Errorf("%w: %w", ErrConfig, err)
 		}
 	} else if err := d.prepareLive(); err != nil {
 		return nil, err
 	}
 	if err := d.Refresh(ctx); err != nil {
-		return nil, err
+		if d.live == nil || !errors.Is(err, errNoTopics) {
+			return nil, err
+		}
+		// A live run whose topics do not exist yet: serve an empty run and
+		// keep reading.
+		d.log.Warn("dashboard: waiting for the run's topics", "err", err)
+		d.state = &State{Source: "brokers " + strings.Join(cfg.Brokers, ","), Live: true, Run: d.live.run,
+			Contract: d.contract, Records: d.live.recs, ReadAt: time.Now()}
+		d.view = Assemble(d.state)
 	}
 	return d, nil
 }
@@ -112,7 +129,7 @@ func (d *Dashboard) prepareLive() error {
 	if d.cfg.Contract != "" {
 		var err error
 		if c, err = loadContract(d.cfg.Contract, ""); err != nil {
-			return err
+			return fmt.Errorf("%w: %w", ErrConfig, err)
 		}
 	} else {
 		c = contract.Default()
@@ -127,12 +144,12 @@ func (d *Dashboard) prepareLive() error {
 	if run != c.RunID {
 		c.RunID = run
 		if err := c.Resolve(); err != nil {
-			return err
+			return fmt.Errorf("%w: run %q: %w", ErrConfig, run, err)
 		}
 	}
 	l, err := newLive(d.cfg.Brokers, d.cfg.Client, run, c.Topics.MaxMessageBytes)
 	if err != nil {
-		return err
+		return fmt.Errorf("%w: %w", ErrConfig, err)
 	}
 	d.live, d.contract = l, c
 	d.cfg.Run = run

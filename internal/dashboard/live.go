@@ -2,6 +2,7 @@ package dashboard
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -14,6 +15,9 @@ import (
 	"github.com/trajflow/trajflow/internal/loop"
 	"github.com/trajflow/trajflow/pipeline"
 )
+
+// errNoTopics says the cluster has none of the run's topics.
+var errNoTopics = errors.New("dashboard: no topics")
 
 // live follows a run's topics on a cluster: every poll reads what each
 // partition gained since the previous one (from the first offset at the
@@ -75,7 +79,7 @@ func (l *live) partitions(ctx context.Context, c *kafkago.Client) (map[string]ma
 		}
 	}
 	if len(req) == 0 {
-		return nil, fmt.Errorf("dashboard: run %s has no topics on %s", l.run, strings.Join(l.brokers, ","))
+		return nil, fmt.Errorf("%w: run %s has no topics on %s (yet: `trajflow topics create` makes them)", errNoTopics, l.run, strings.Join(l.brokers, ","))
 	}
 	lo, err := c.ListOffsets(ctx, &kafkago.ListOffsetsRequest{Topics: req})
 	if err != nil {

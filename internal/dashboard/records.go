@@ -52,19 +52,19 @@ type Records struct {
 
 // RewardInfo is what the rewarded topic adds to a trajectory.
 type RewardInfo struct {
-	Rewards []schemas.RewardComponent
-	Total   float64
+	Rewards []schemas.RewardComponent `json:"rewards"`
+	Total   float64                   `json:"reward_total"`
 }
 
 // ScoredInfo is what the scored topic adds to a trajectory.
 type ScoredInfo struct {
-	TurnRewards      []float32
-	TurnReturns      []float32
-	TurnAdvantages   []float32
-	TurnValueTargets []float32
-	Group            schemas.GroupStats
-	Estimator        string
-	EstimatorVersion string
+	TurnRewards      []float32          `json:"turn_rewards"`
+	TurnReturns      []float32          `json:"turn_returns"`
+	TurnAdvantages   []float32          `json:"turn_advantages"`
+	TurnValueTargets []float32          `json:"turn_value_targets"`
+	Group            schemas.GroupStats `json:"group"`
+	Estimator        string             `json:"estimator"`
+	EstimatorVersion string             `json:"estimator_version"`
 }
 
 // BatchRec is one message of the batches topic.

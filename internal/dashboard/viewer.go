@@ -3,6 +3,7 @@ package dashboard
 import (
 	"encoding/json"
 	"fmt"
+	"math"
 	"slices"
 	"strings"
 
@@ -123,6 +124,7 @@ type TurnView struct {
 	Observation int      `json:"observation"`
 	Call        string   `json:"call"`   // the action, decoded
 	Result      string   `json:"result"` // the observation, decoded
+	Value       *float64 `json:"value"`  // the critic's value before the action (none: no critic)
 	GenMS       float64  `json:"gen_ms"`
 	EnvMS       float64  `json:"env_ms"`
 	Reward      *float64 `json:"reward"`
@@ -199,12 +201,27 @@ func (v *View) Detail(id string) (*TrajectoryDetail, error) {
 	if t == nil {
 		return d, nil
 	}
-	d.Trajectory = t
+	// The turns are laid out in Tokens and Turns; the copy keeps the
+	// trajectory's own fields (JSON has no NaN: a critic's missing value).
+	tc := *t
+	tc.Turns, tc.BootstrapValue = nil, float32(finite(float64(t.BootstrapValue)))
+	d.Trajectory = &tc
 	if ri := r.Rewarded[id]; ri != nil {
-		total := ri.Total
-		d.Rewards, d.Reward = ri.Rewards, &total
+		total := finite(ri.Total)
+		d.Reward = &total
+		for _, c := range ri.Rewards {
+			c.Raw, c.Weight, c.Value, c.Uncertainty = finite(c.Raw), finite(c.Weight), finite(c.Value), finite(c.Uncertainty)
+			d.Rewards = append(d.Rewards, c)
+		}
 	}
-	d.Scored = r.Scored[id]
+	if sc := r.Scored[id]; sc != nil {
+		c := *sc
+		c.TurnRewards, c.TurnReturns = finite32s(sc.TurnRewards), finite32s(sc.TurnReturns)
+		c.TurnAdvantages, c.TurnValueTargets = finite32s(sc.TurnAdvantages), finite32s(sc.TurnValueTargets)
+		c.Group.Mean, c.Group.Std = finite(c.Group.Mean), finite(c.Group.Std)
+		c.Group.Min, c.Group.Max = finite(c.Group.Min), finite(c.Group.Max)
+		d.Scored = &c
+	}
 	d.Vocabulary = vocabulary(t)
 	d.Tokens, d.Turns = v.stream(t, d.Scored)
 	if ref, ok := r.Segments[id]; ok {
@@ -236,6 +253,10 @@ func (v *View) stream(t *schemas.Trajectory, sc *ScoredInfo) ([]Token, []TurnVie
 		tv := TurnView{Index: turn.Index, Version: turn.PolicyVersion, Decision: turn.Decision, Reason: turn.DecisionReason,
 			Start: len(toks), Prompt: len(turn.PromptIDs), Action: len(turn.ActionIDs), Observation: len(turn.ObservationIDs),
 			GenMS: float64(turn.GenLatencyUS) / 1000, EnvMS: float64(turn.EnvLatencyUS) / 1000}
+		if !math.IsNaN(float64(turn.Value)) && !math.IsInf(float64(turn.Value), 0) {
+			val := float64(turn.Value)
+			tv.Value = &val
+		}
 		var adv *float64
 		if sc != nil {
 			tv.Reward, tv.Return, tv.Advantage = at32(sc.TurnRewards, ti), at32(sc.TurnReturns, ti), at32(sc.TurnAdvantages, ti)
@@ -262,6 +283,15 @@ func (v *View) stream(t *schemas.Trajectory, sc *ScoredInfo) ([]Token, []TurnVie
 		turns = append(turns, tv)
 	}
 	return toks, turns
+}
+
+// finite32s is a copy of s with NaN and infinities replaced by 0.
+func finite32s(s []float32) []float32 {
+	out := make([]float32, len(s))
+	for i, x := range s {
+		out[i] = float32(finite(float64(x)))
+	}
+	return out
 }
 
 func at32(s []float32, i int) *float64 {

@@ -80,7 +80,7 @@ function lineChart(opts, series) {
   if (y1 === y0) { y1 = y0 + 1; }
   const X = x => L + (x - x0) / (x1 - x0) * (W - L - R);
   const Y = y => H - B - (y - y0) / (y1 - y0) * (H - T - B);
-  axes(s, W, H, L, R, T, B, x0, x1, y0, y1, X, Y, opts);
+  axes(s, W, H, L, R, T, B, x0, x1, y0, y1, X, Y, { ...opts, intX: pts.every(p => Number.isInteger(p.x)) });
   series.forEach((sr, i) => {
     const color = sr.color || COLORS[i % COLORS.length];
     const ps = sr.points.slice().sort((a, b) => a.x - b.x);
@@ -106,13 +106,22 @@ function lineChart(opts, series) {
 function axes(s, W, H, L, R, T, B, x0, x1, y0, y1, X, Y, opts) {
   s.append(svg("line", { x1: L, x2: W - R, y1: H - B, y2: H - B, stroke: "#99a" }));
   s.append(svg("line", { x1: L, x2: L, y1: T, y2: H - B, stroke: "#99a" }));
+  let xs = [0, 1, 2, 3, 4].map(i => x0 + (x1 - x0) * i / 4);
+  if (opts.intX) {
+    const step = Math.max(1, Math.ceil((x1 - x0) / 6));
+    xs = [];
+    for (let x = Math.ceil(x0); x <= x1; x += step) xs.push(x);
+  }
   for (let i = 0; i <= 4; i++) {
-    const yv = y0 + (y1 - y0) * i / 4, xv = x0 + (x1 - x0) * i / 4;
+    const yv = y0 + (y1 - y0) * i / 4;
     const ty = svg("text", { x: L - 4, y: Y(yv) + 3, "text-anchor": "end" });
     ty.textContent = tick(yv);
+    s.append(ty, svg("line", { x1: L, x2: W - R, y1: Y(yv), y2: Y(yv), stroke: "#eef" }));
+  }
+  for (const xv of opts.noX ? [] : xs) {
     const tx = svg("text", { x: X(xv), y: H - B + 12, "text-anchor": "middle" });
     tx.textContent = tick(xv);
-    s.append(ty, tx, svg("line", { x1: L, x2: W - R, y1: Y(yv), y2: Y(yv), stroke: "#eef" }));
+    s.append(tx);
   }
   if (opts.xlabel) {
     const t = svg("text", { x: (L + W - R) / 2, y: H - 4, "text-anchor": "middle" });
@@ -153,11 +162,9 @@ function barChart(opts, bars) {
     return box;
   }
   const vmax = Math.max(...bars.map(b => b.value), 1e-12);
-  const bw = (W - L - R) / bars.length;
+  const bw = Math.min(60, (W - L - R) / bars.length);
   const Y = v => H - B - v / vmax * (H - T - B);
-  axes(s, W, H, L, R, T, B, 0, 1, 0, vmax, x => L + x * (W - L - R), Y, {});
-  // the x ticks of axes() mean nothing for bars: drop them.
-  s.querySelectorAll("text").forEach((t, i) => { if (i % 2 === 1) t.remove(); });
+  axes(s, W, H, L, R, T, B, 0, 1, 0, vmax, x => L + x * (W - L - R), Y, { noX: true });
   bars.forEach((b, i) => {
     const r = svg("rect", { class: "bar", x: L + i * bw + 2, y: Y(b.value), width: Math.max(1, bw - 4), height: H - B - Y(b.value),
       fill: b.color || COLORS[0] });
@@ -238,9 +245,10 @@ function renderCapability(S) {
       ["pass@k", e => e.pass_at_k.map(p => `@${p.k} ${fmt(p.value)}`).join("  ")],
       ["summary.json", e => e.recorded === undefined ? null : e.recorded, 1],
       ["", e => e.recorded === undefined ? "" : el("span", { class: e.match ? "ok" : "bad", text: e.match ? "equal" : "DIFFERENT" })]], c.eval));
-  body.append(el("h3", { text: `by task (${c.by_task.length} of ${c.tasks} tasks, most attempts first)` }),
+  const tasks = c.by_task.slice(0, 15);
+  body.append(el("h3", { text: `by task (${tasks.length} of ${c.tasks} tasks, most attempts first; find the others in the viewer)` }),
     table("by-task", [["task", t => taskLink(t.task)], ["attempts", t => t.attempts, 1], ["admitted", t => t.admitted, 1],
-      ["successes", t => t.successes, 1], ["success", t => t.success, 1], ["95% interval", t => `[${fmt(t.lo)}, ${fmt(t.hi)}]`]], c.by_task));
+      ["successes", t => t.successes, 1], ["success", t => t.success, 1], ["95% interval", t => `[${fmt(t.lo)}, ${fmt(t.hi)}]`]], tasks));
   return body;
 }
 
