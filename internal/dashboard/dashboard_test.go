@@ -434,3 +434,29 @@ func TestLiveWaitsForTopics(t *testing.T) {
 		t.Errorf("a directory without a run: %v", err)
 	}
 }
+
+// TestTextFamilyTurns: a trajectory of a tokenizer the dashboard does not
+// have shows its token ids and the action texts its environment logged.
+func TestTextFamilyTurns(t *testing.T) {
+	r := NewRecords()
+	art, _ := json.Marshal(rollout.TextArtifacts{Actions: []rollout.TextArtifactAction{
+		{Turn: 0, Text: "<tool>calc: 2+3</tool>", Decision: schemas.DecisionOK, Tool: "calc", Arg: "2+3"},
+		{Turn: 1, Text: "<answer>5</answer>", Decision: schemas.DecisionOK}}, AnswerTurn: 1})
+	traj := schemas.Trajectory{RecordID: "x1", TaskID: "text-1", GroupID: "g", TokenizerHash: "sha256:smollm", Artifacts: string(art),
+		Turns: []schemas.Turn{{PromptIDs: []int32{100, 101}, ActionIDs: []int32{500, 501}, ActionLogprobs: []float32{-0.5, -0.1}, ObservationIDs: []int32{7}},
+			{Index: 1, ActionIDs: []int32{600}, ActionLogprobs: []float32{-0.2}}}}
+	b, err := schemas.Trajectories.Encode(nil, []schemas.Trajectory{traj})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.Add("trajectories", parquet.Message{Value: b})
+	det, err := Assemble(&State{Records: r}).Detail("x1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(det.Tokens) != 6 || det.Tokens[2].Text != "#500" || *det.Tokens[2].Logprob != -0.5 || det.Tokens[0].Logprob != nil ||
+		det.Turns[0].Call != `calc(2+3) — "<tool>calc: 2+3</tool>"` || det.Turns[1].Call != "<answer>5</answer>" ||
+		!strings.Contains(det.Vocabulary, "sha256:smollm") {
+		t.Errorf("tokens %+v, turns %+v, vocabulary %q", det.Tokens, det.Turns, det.Vocabulary)
+	}
+}
