@@ -296,9 +296,15 @@ func Planner(d Deps) (*dispatch.Planner, error) {
 // (pipeline §5): temperature, top-k, top-p, min-p, the task grammar as the
 // constrained-decoding mask, actions of at most max_tokens_per_action
 // ending at a stop token.
+//
+// A nil reg (an environment that is not built in) has no grammar.
 func RolloutSettings(c *contract.Contract, reg *rollout.Registry) model.Settings {
+	b := model.Behavior{Temperature: c.Sampler.Temperature, TopK: c.Sampler.TopK, TopP: c.Sampler.TopP, MinP: c.Sampler.MinP}
+	if reg != nil {
+		b.Grammar = reg.Grammar()
+	}
 	return model.Settings{
-		Behavior:  model.Behavior{Temperature: c.Sampler.Temperature, TopK: c.Sampler.TopK, TopP: c.Sampler.TopP, MinP: c.Sampler.MinP, Grammar: reg.Grammar()},
+		Behavior:  b,
 		MaxTokens: c.Sampler.MaxTokensPerAction,
 		Stop:      append([]int32(nil), c.Sampler.StopTokenIDs...),
 	}
@@ -324,12 +330,18 @@ func TrainConfig(d Deps) (train.StageConfig, error) {
 	if err != nil {
 		return train.StageConfig{}, err
 	}
-	reg, err := TaskRegistry(d)
-	if err != nil {
-		return train.StageConfig{}, err
-	}
 	c := d.Contract
-	s := RolloutSettings(c, reg)
+	var s model.Settings
+	switch reg, err := TaskRegistry(d); {
+	case errors.Is(err, rollout.ErrNotBuiltin):
+		// A run of an environment of its own: no built-in grammar masks
+		// its sampler, so the release records the sampler without one.
+		s = RolloutSettings(c, nil)
+	case err != nil:
+		return train.StageConfig{}, err
+	default:
+		s = RolloutSettings(c, reg)
+	}
 	mc, seed := ModelConfig(c)
 	o := c.Loss.Optimizer
 	return train.StageConfig{
