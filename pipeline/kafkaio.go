@@ -79,6 +79,18 @@ func transient(err error) bool {
 	return false
 }
 
+// groupReader is what an operator needs of its consumer-group reader
+// (kafka-go's *kafka.Reader).
+type groupReader interface {
+	FetchMessage(ctx context.Context) (kafka.Message, error)
+	CommitMessages(ctx context.Context, msgs ...kafka.Message) error
+	Close() error
+}
+
+// fetchRetryPause is the pause after a transient fetch failure: kafka-go's
+// reader paces its own retries, so the runtime only yields (see fetchLoop).
+const fetchRetryPause = 10 * time.Millisecond
+
 // backoffRetry is the runtime's retry policy for transient broker errors:
 // 100 ms doubling to 2 s.
 var backoffRetry = Backoff{Initial: 100 * time.Millisecond, Max: 2 * time.Second}

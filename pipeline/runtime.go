@@ -132,7 +132,7 @@ type Operator struct {
 	cfg     Config
 	stage   Stage
 	env     *Env
-	reader  *kafka.Reader
+	reader  groupReader
 	writer  *kafka.Writer
 	track   *tracker
 	flow    *flowControl
@@ -147,6 +147,10 @@ type Operator struct {
 	readyOK sync.Once
 	// degraded counts the consecutive transient fetch failures (0: healthy).
 	degraded atomic.Int64
+
+	// newReader builds the consumer-group reader (kafka-go's; tests
+	// substitute one).
+	newReader func(kafka.ReaderConfig) groupReader
 }
 
 // NewOperator builds an operator for stage; Run starts it.
@@ -173,6 +177,7 @@ func NewOperator(cfg Config, stage Stage) (*Operator, error) {
 		fatal: make(chan error, 1),
 		ready: make(chan struct{}),
 	}
+	o.newReader = func(c kafka.ReaderConfig) groupReader { return kafka.NewReader(c) }
 	for _, h := range cfg.Hooks {
 		if p, ok := h.(ProcessHook); ok {
 			o.process = append(o.process, p)
@@ -233,7 +238,7 @@ func (o *Operator) Run(ctx context.Context) (err error) {
 			return fmt.Errorf("pipeline: start %s: %w", o.stage.Name(), err)
 		}
 	}
-	o.reader = kafka.NewReader(kafka.ReaderConfig{
+	o.reader = o.newReader(kafka.ReaderConfig{
 		Brokers:           cfg.Brokers,
 		GroupID:           cfg.GroupID,
 		GroupTopics:       o.stage.Topics(),
@@ -393,14 +398,19 @@ func (o *Operator) fetchLoop(fetchCtx context.Context, log *slog.Logger) error {
 			if !transient(err) {
 				return fmt.Errorf("pipeline: fetch: %w", err)
 			}
-			// kafka-go's group reader heals by itself (it rejoins the group
-			// and re-dials partition leaders): wait and fetch again.
+			// kafka-go's group reader heals by itself: it rejoins the group
+			// and re-dials partition leaders, each with its own backoff, and
+			// queues every failure among the records (up to its queue
+			// capacity), so a failure read here may be long past. A backoff
+			// per failure would turn a queue of stale ones into minutes of
+			// crawl after the cluster healed: fetch again at once (the
+			// reader's own pacing bounds this loop).
 			n := o.degraded.Add(1)
 			o.m.retries.WithLabelValues("fetch").Inc()
 			if ok, held := lim.allow(time.Now()); ok {
 				log.Warn("fetch failed; retrying in place", "err", err, "failures", n, "not_logged", held)
 			}
-			if !sleepCtx(fetchCtx, backoffRetry.Delay(int(min(n, 10)))) {
+			if !sleepCtx(fetchCtx, fetchRetryPause) {
 				return nil
 			}
 			continue
