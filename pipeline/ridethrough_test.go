@@ -2,12 +2,16 @@ package pipeline
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"net"
 	"sync"
 	"syscall"
 	"testing"
 
 	"github.com/segmentio/kafka-go"
+	"github.com/segmentio/kafka-go/protocol"
+	produceapi "github.com/segmentio/kafka-go/protocol/produce"
 )
 
 // queuedFailures is a group reader whose first fetches return the
@@ -79,5 +83,93 @@ func TestOperatorDrainsQueuedFetchFailures(t *testing.T) {
 	out := drain(t, addr, "out", 1)
 	if string(out[0].Value) != "AFTER THE OUTAGE" {
 		t.Fatalf("output %q", out[0].Value)
+	}
+}
+
+// noLeaderFor fails the first n produce requests the way kafka-go's
+// transport does when its cached metadata names no leader for the
+// partition, then passes requests on.
+type noLeaderFor struct {
+	next kafka.RoundTripper
+	mu   sync.Mutex
+	n    int
+	seen int
+}
+
+func (f *noLeaderFor) RoundTrip(ctx context.Context, addr net.Addr, req kafka.Request) (kafka.Response, error) {
+	if p, ok := req.(*produceapi.Request); ok {
+		f.mu.Lock()
+		fail := f.n > 0
+		if fail {
+			f.n--
+			f.seen++
+		}
+		f.mu.Unlock()
+		if fail {
+			return nil, produceapi.NewError(protocol.NewErrNoLeader(p.Topics[0].Topic, p.Topics[0].Partitions[0].Partition))
+		}
+	}
+	return f.next.RoundTrip(ctx, addr, req)
+}
+
+// TestOperatorRetriesProduceWithoutLeader: right after a partition leader
+// moves, kafka-go's writer can route a batch by metadata that names no
+// leader, and it does not retry that ("topic partition has no leader").
+// The runtime retries the batch in place, in order, instead of stopping
+// the operator: every output arrives, in input order per key, and the
+// inputs are committed.
+func TestOperatorRetriesProduceWithoutLeader(t *testing.T) {
+	addr := startCluster(t, "in", "out", "quarantine")
+	var vals [][]byte
+	for i := 0; i < 40; i++ {
+		vals = append(vals, []byte(fmt.Sprintf("rec-%03d", i)))
+	}
+	produce(t, addr, "in", vals...)
+	op, err := NewOperator(testConfig(addr), upper{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	base := &kafka.Transport{}
+	defer base.CloseIdleConnections()
+	flaky := &noLeaderFor{next: base, n: 6}
+	op.transport = flaky
+	runUntil(t, op, func() bool { return lastOffsets(t, addr, "out") >= 40 })
+	if flaky.seen != 6 {
+		t.Fatalf("%d produce requests failed without a leader, want 6", flaky.seen)
+	}
+	out := drain(t, addr, "out", 40)
+	last := map[string]string{}
+	for _, m := range out {
+		k := string(m.Key)
+		if prev, ok := last[k]; ok && string(m.Value) < prev {
+			t.Fatalf("key %s: %q after %q: a retried batch was reordered", k, m.Value, prev)
+		}
+		last[k] = string(m.Value)
+	}
+	if got := committed(t, addr, "trajflow-upper", "in"); got != 40 {
+		t.Fatalf("committed offsets sum = %d, want 40", got)
+	}
+}
+
+func TestProduceTransient(t *testing.T) {
+	for _, tc := range []struct {
+		err  error
+		want bool
+	}{
+		{produceapi.NewError(protocol.NewErrNoLeader("t", 0)), true},
+		{fmt.Errorf("kafka.(*Client).Produce: %w", produceapi.NewError(protocol.NewErrNoPartition("t", 3))), true},
+		{syscall.ECONNREFUSED, true},
+		{kafka.NotEnoughReplicas, true},
+		{kafka.MessageSizeTooLarge, false},
+		{kafka.TopicAuthorizationFailed, false},
+		{errors.New("something else"), false},
+	} {
+		if got := produceTransient(tc.err); got != tc.want {
+			t.Errorf("produceTransient(%v) = %v, want %v", tc.err, got, tc.want)
+		}
+	}
+	var temp interface{ Temporary() bool }
+	if err := error(temporaryError{syscall.ECONNRESET}); !errors.As(err, &temp) || !temp.Temporary() || !errors.Is(err, syscall.ECONNRESET) {
+		t.Fatalf("temporaryError %v is not temporary or hides its cause", err)
 	}
 }

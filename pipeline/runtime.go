@@ -149,8 +149,10 @@ type Operator struct {
 	degraded atomic.Int64
 
 	// newReader builds the consumer-group reader (kafka-go's; tests
-	// substitute one).
+	// substitute one); transport carries the writer's requests under
+	// produceRetry (cfg.Transport; nil: a plaintext one per Run).
 	newReader func(kafka.ReaderConfig) groupReader
+	transport kafka.RoundTripper
 }
 
 // NewOperator builds an operator for stage; Run starts it.
@@ -178,6 +180,9 @@ func NewOperator(cfg Config, stage Stage) (*Operator, error) {
 		ready: make(chan struct{}),
 	}
 	o.newReader = func(c kafka.ReaderConfig) groupReader { return kafka.NewReader(c) }
+	if cfg.Transport != nil {
+		o.transport = cfg.Transport
+	}
 	for _, h := range cfg.Hooks {
 		if p, ok := h.(ProcessHook); ok {
 			o.process = append(o.process, p)
@@ -271,12 +276,15 @@ func (o *Operator) Run(ctx context.Context) (err error) {
 		// error is temporary: enough attempts to ride through a leader
 		// election (about the broker session timeout) and a broker restart.
 		MaxAttempts: max(10, int(cfg.ProduceRetryWindow/writeBackoffMax)+4),
-		Transport:   cfg.Transport,
 		Completion:  o.completion,
 	}
-	if cfg.Transport == nil {
-		o.writer.Transport = &kafka.Transport{}
+	base := o.transport
+	if base == nil {
+		own := &kafka.Transport{MetadataTTL: tfkafka.MetadataTTL}
+		defer own.CloseIdleConnections()
+		base = own
 	}
+	o.writer.Transport = produceRetry{base}
 
 	fetchCtx, stopFetch := context.WithCancel(context.Background())
 	defer stopFetch()

@@ -327,7 +327,8 @@ func (c ClientConfig) Dialer() (*kafkago.Dialer, error) {
 }
 
 // Transport builds a *kafka.Transport for kafka.Writer.Transport and
-// kafka.Client.Transport. Call CloseIdleConnections on it when done.
+// kafka.Client.Transport, refreshing its metadata every MetadataTTL. Call
+// CloseIdleConnections on it when done.
 func (c ClientConfig) Transport() (*kafkago.Transport, error) {
 	tc, mech, err := c.security()
 	if err != nil {
@@ -336,6 +337,7 @@ func (c ClientConfig) Transport() (*kafkago.Transport, error) {
 	return &kafkago.Transport{
 		ClientID:    c.ClientID,
 		DialTimeout: c.dialTimeout(),
+		MetadataTTL: MetadataTTL,
 		TLS:         tc,
 		SASL:        mech,
 	}, nil
