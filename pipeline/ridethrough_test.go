@@ -8,6 +8,7 @@ import (
 	"sync"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/segmentio/kafka-go"
 	"github.com/segmentio/kafka-go/protocol"
@@ -171,5 +172,47 @@ func TestProduceTransient(t *testing.T) {
 	var temp interface{ Temporary() bool }
 	if err := error(temporaryError{syscall.ECONNRESET}); !errors.As(err, &temp) || !temp.Temporary() || !errors.Is(err, syscall.ECONNRESET) {
 		t.Fatalf("temporaryError %v is not temporary or hides its cause", err)
+	}
+}
+
+// refuseProduce fails every produce request with err.
+type refuseProduce struct {
+	next kafka.RoundTripper
+	err  error
+}
+
+func (f refuseProduce) RoundTrip(ctx context.Context, addr net.Addr, req kafka.Request) (kafka.Response, error) {
+	if _, ok := req.(*produceapi.Request); ok {
+		return nil, f.err
+	}
+	return f.next.RoundTrip(ctx, addr, req)
+}
+
+// TestOperatorStopsOnFatalProduceWhileIdle: a produce that fails for good
+// ends Run with its error even when no further record arrives (the fetch
+// waiting for one is interrupted), so that the operator can be restarted
+// instead of hanging.
+func TestOperatorStopsOnFatalProduceWhileIdle(t *testing.T) {
+	addr := startCluster(t, "in", "out", "quarantine")
+	r := &queuedFailures{records: []kafka.Message{{Topic: "in", Partition: 0, Offset: 0, Key: []byte("k"), Value: []byte("v")}}}
+	op, err := NewOperator(testConfig(addr), upper{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	op.newReader = func(kafka.ReaderConfig) groupReader { return r }
+	base := &kafka.Transport{}
+	defer base.CloseIdleConnections()
+	op.transport = refuseProduce{next: base, err: kafka.TopicAuthorizationFailed}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	err = op.Run(ctx)
+	if ctx.Err() != nil {
+		t.Fatal("Run did not return after a fatal produce error (it waited for a record that never came)")
+	}
+	if !errors.Is(err, kafka.TopicAuthorizationFailed) {
+		t.Fatalf("Run = %v, want the produce error", err)
+	}
+	if got := r.committedThrough("in", 0); got >= 0 {
+		t.Fatalf("committed through %d although the output failed", got)
 	}
 }

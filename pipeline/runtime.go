@@ -143,6 +143,7 @@ type Operator struct {
 
 	errOnce sync.Once
 	fatal   chan error
+	failed  chan struct{} // closed with the first fatal error
 	ready   chan struct{}
 	readyOK sync.Once
 	// degraded counts the consecutive transient fetch failures (0: healthy).
@@ -179,6 +180,7 @@ func NewOperator(cfg Config, stage Stage) (*Operator, error) {
 		fatal: make(chan error, 1),
 		ready: make(chan struct{}),
 	}
+	o.failed = make(chan struct{})
 	o.newReader = func(c kafka.ReaderConfig) groupReader { return kafka.NewReader(c) }
 	if cfg.Transport != nil {
 		o.transport = cfg.Transport
@@ -203,7 +205,7 @@ func (o *Operator) Stage() Stage { return o.stage }
 func (o *Operator) Degraded() bool { return o.degraded.Load() > 0 }
 
 func (o *Operator) fail(err error) {
-	o.errOnce.Do(func() { o.fatal <- err })
+	o.errOnce.Do(func() { o.fatal <- err; close(o.failed) })
 }
 
 // inputTopics are the topics the operator needs before it starts: its
@@ -307,11 +309,15 @@ func (o *Operator) Run(ctx context.Context) (err error) {
 			}()
 		}
 	}
-	// Cancelling ctx stops fetching; the loop below then drains.
+	// Cancelling ctx stops fetching; the loop below then drains. A fatal
+	// error (a produce that failed for good, a side input, a tick) stops it
+	// too: a fetch waiting for records that may never come must not keep
+	// the operator from stopping and restarting.
 	go func() {
 		select {
 		case <-ctx.Done():
 		case <-fetchCtx.Done():
+		case <-o.failed:
 		}
 		stopFetch()
 	}()
@@ -391,6 +397,16 @@ func (o *Operator) observe(m *Message, res *Result, err error, took time.Duratio
 
 // fetchLoop returns nil when fetchCtx is cancelled, or the first fatal error.
 func (o *Operator) fetchLoop(fetchCtx context.Context, log *slog.Logger) error {
+	// stopped is what to return once fetchCtx is done: the fatal error that
+	// cancelled it, if any.
+	stopped := func() error {
+		select {
+		case err := <-o.fatal:
+			return err
+		default:
+			return nil
+		}
+	}
 	lim := logLimiter{every: 10 * time.Second}
 	for {
 		select {
@@ -401,7 +417,7 @@ func (o *Operator) fetchLoop(fetchCtx context.Context, log *slog.Logger) error {
 		km, err := o.reader.FetchMessage(fetchCtx)
 		if err != nil {
 			if fetchCtx.Err() != nil {
-				return nil
+				return stopped()
 			}
 			if !transient(err) {
 				return fmt.Errorf("pipeline: fetch: %w", err)
@@ -419,7 +435,7 @@ func (o *Operator) fetchLoop(fetchCtx context.Context, log *slog.Logger) error {
 				log.Warn("fetch failed; retrying in place", "err", err, "failures", n, "not_logged", held)
 			}
 			if !sleepCtx(fetchCtx, fetchRetryPause) {
-				return nil
+				return stopped()
 			}
 			continue
 		}
@@ -443,13 +459,13 @@ func (o *Operator) fetchLoop(fetchCtx context.Context, log *slog.Logger) error {
 		res, self, err := o.outcome(&m, res, err, log)
 		if err != nil {
 			if fetchCtx.Err() != nil {
-				return nil // stopping: the input is redelivered later
+				return stopped() // the input is redelivered later
 			}
 			return err
 		}
 		if err := o.submitFor(fetchCtx, res, self, &m); err != nil {
 			if fetchCtx.Err() != nil {
-				return nil
+				return stopped()
 			}
 			return err
 		}
