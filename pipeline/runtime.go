@@ -245,6 +245,15 @@ func (o *Operator) Run(ctx context.Context) (err error) {
 			return fmt.Errorf("pipeline: start %s: %w", o.stage.Name(), err)
 		}
 	}
+	// A member that died (an operator killed, the group's coordinator
+	// lost with its connections) is dropped after the session timeout,
+	// and a join waits at most the rebalance timeout for the members
+	// the coordinator still knows: kafka-go forgets its member id after
+	// a coordinator failure and joins as a new member, so each
+	// coordinator loss costs the new coordinator's wait for the old
+	// id. 6 s is the brokers' smallest session timeout by default
+	// (group.min.session.timeout.ms); 4 s to rejoin leaves kafka-go's
+	// members (heartbeat every second) time to leave a generation.
 	o.reader = o.newReader(kafka.ReaderConfig{
 		Brokers:           cfg.Brokers,
 		GroupID:           cfg.GroupID,
@@ -256,8 +265,8 @@ func (o *Operator) Run(ctx context.Context) (err error) {
 		StartOffset:       kafka.FirstOffset,
 		CommitInterval:    0, // commits are explicit and synchronous
 		HeartbeatInterval: time.Second,
-		SessionTimeout:    10 * time.Second,
-		RebalanceTimeout:  10 * time.Second,
+		SessionTimeout:    6 * time.Second,
+		RebalanceTimeout:  4 * time.Second,
 		JoinGroupBackoff:  500 * time.Millisecond,
 		ReadBackoffMin:    10 * time.Millisecond,
 		ReadBackoffMax:    200 * time.Millisecond,
