@@ -352,7 +352,7 @@ var errFn = errors.New("scan callback")
 // the last record fn took, minus from.
 func scanRange(ctx context.Context, cfg *Config, topic string, partition int, from, end int64, fn func(Message) error) (int64, error) {
 	r := kafka.NewReader(kafka.ReaderConfig{
-		Brokers: cfg.Brokers, Topic: topic, Partition: partition, Dialer: cfg.Dialer,
+		Brokers: cfg.Brokers, Topic: topic, Partition: partition, Dialer: cfg.dialer(),
 		MinBytes: 1, MaxBytes: max(cfg.MaxMessageBytes, 1<<20) + (1 << 20), MaxWait: scanMaxWait,
 		MaxAttempts: 3,
 	})
@@ -447,7 +447,7 @@ func followPartition(ctx context.Context, cfg *Config, topic string, partition i
 	next := kafka.FirstOffset
 	for failures := 0; ctx.Err() == nil; {
 		r := kafka.NewReader(kafka.ReaderConfig{
-			Brokers: cfg.Brokers, Topic: topic, Partition: partition, Dialer: cfg.Dialer,
+			Brokers: cfg.Brokers, Topic: topic, Partition: partition, Dialer: cfg.dialer(),
 			MinBytes: 1, MaxBytes: max(cfg.MaxMessageBytes, 1<<20) + (1 << 20), MaxWait: tfkafka.FetchMaxWait,
 		})
 		err := r.SetOffset(next)

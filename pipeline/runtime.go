@@ -94,12 +94,14 @@ func (c *Config) defaults() {
 	}
 }
 
-// dialer is the configured Dialer, or a plaintext one.
+// dialer is the configured Dialer, or a plaintext one that fails a dial
+// to a broker that accepts connections but does not answer
+// (tfkafka.ProbingDial).
 func (c *Config) dialer() *kafka.Dialer {
 	if c.Dialer != nil {
 		return c.Dialer
 	}
-	return &kafka.Dialer{Timeout: 10 * time.Second}
+	return &kafka.Dialer{Timeout: 10 * time.Second, DialFunc: tfkafka.ProbingDial}
 }
 
 // Hook observes an operator. The runtime calls the methods of the hook
@@ -258,7 +260,7 @@ func (o *Operator) Run(ctx context.Context) (err error) {
 		Brokers:           cfg.Brokers,
 		GroupID:           cfg.GroupID,
 		GroupTopics:       o.stage.Topics(),
-		Dialer:            cfg.Dialer,
+		Dialer:            cfg.dialer(),
 		MinBytes:          1,
 		MaxBytes:          cfg.MaxMessageBytes + (1 << 20),
 		MaxWait:           tfkafka.FetchMaxWait,

@@ -317,13 +317,17 @@ func (c ClientConfig) Dialer() (*kafkago.Dialer, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &kafkago.Dialer{
+	d := &kafkago.Dialer{
 		ClientID:      c.ClientID,
 		Timeout:       c.dialTimeout(),
 		DualStack:     true,
 		TLS:           tc,
 		SASLMechanism: mech,
-	}, nil
+	}
+	if tc == nil {
+		d.DialFunc = ProbingDial // a hung broker fails the dial (see ProbingDial)
+	}
+	return d, nil
 }
 
 // Transport builds a *kafka.Transport for kafka.Writer.Transport and
