@@ -6,6 +6,7 @@ package audit
 
 import (
 	"context"
+	"crypto/sha256"
 	"fmt"
 	"sort"
 
@@ -21,14 +22,22 @@ type Report struct {
 	Filtered    map[string]string // trajectory id -> filter reason (census)
 	Quarantined map[string]string // attempt id -> reason (census)
 	Census      map[string]int    // census kind -> distinct events
+	// Copies counts batch messages that repeat an earlier one byte for byte
+	// (same batch id, same content): a producer's retry of a write whose
+	// acknowledgement was lost, which the trainer skips by batch id.
+	// Conflicts counts batch ids seen again with other content.
+	Copies, Conflicts int
+	// distinct counts trajectory ids over the first copy of each batch.
+	distinct map[string]int
 }
 
 // Collect reads the batches and census topics of t from the beginning.
 func Collect(ctx context.Context, cfg *pipeline.Config, t pipeline.Topics) (*Report, error) {
 	r := &Report{
 		BatchIDs: map[string]int{}, Admitted: map[string]int{}, Filtered: map[string]string{},
-		Quarantined: map[string]string{}, Census: map[string]int{},
+		Quarantined: map[string]string{}, Census: map[string]int{}, distinct: map[string]int{},
 	}
+	firstCopy := map[string][32]byte{}
 	err := pipeline.ScanTail(ctx, cfg, t.Batches, 0, func(m pipeline.Message) error {
 		b, err := schemas.PackedBatches.Decode(nil, m.Value)
 		if err != nil {
@@ -36,9 +45,22 @@ func Collect(ctx context.Context, cfg *pipeline.Config, t pipeline.Topics) (*Rep
 		}
 		r.Batches++
 		r.BatchIDs[b.BatchID]++
+		h := sha256.Sum256(m.Value)
+		first, seen := firstCopy[b.BatchID]
+		switch {
+		case !seen:
+			firstCopy[b.BatchID] = h
+		case first == h:
+			r.Copies++
+		default:
+			r.Conflicts++
+		}
 		for _, row := range b.Rows {
 			for _, id := range row.SegTrajectoryIDs {
 				r.Admitted[id]++
+				if !seen {
+					r.distinct[id]++
+				}
 			}
 		}
 		return nil
@@ -109,6 +131,18 @@ func (r *Report) Account(launched []string) Counts {
 		}
 	}
 	sort.Strings(c.LostIDs)
+	return c
+}
+
+// AccountDistinct is Account over the batches as the trainer takes them:
+// the first copy of each batch id. Identical copies (Copies) are not
+// duplicates there; a trajectory in two batches, or a batch id with two
+// contents (Conflicts), still is.
+func (r *Report) AccountDistinct(launched []string) Counts {
+	d := *r
+	d.Admitted, d.BatchIDs = r.distinct, map[string]int{}
+	c := d.Account(launched)
+	c.Duplicated += r.Conflicts
 	return c
 }
 
