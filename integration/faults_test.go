@@ -20,7 +20,7 @@ import (
 // outages (the CI subset).
 const (
 	warmRounds  = 8                // rounds decided before the first fault
-	healthyFor  = 8 * time.Second  // healthy interval measured before a fault
+	healthyFor  = 6 * time.Second  // healthy interval measured before and after a fault
 	brokerDown  = 40 * time.Second // a killed broker stays down this long
 	pauseFor    = 20 * time.Second // a paused broker: longer than every session timeout (10 s)
 	finishAfter = 3                // rounds dispatched after the faults are over

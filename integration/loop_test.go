@@ -71,7 +71,7 @@ func loopMaxRounds() int {
 	if v, err := strconv.Atoi(os.Getenv("TRAJFLOW_FAULTS_ROUNDS")); err == nil && v > 0 {
 		return v
 	}
-	return 480
+	return 320
 }
 
 var (
@@ -403,6 +403,7 @@ func (l *loopRun) brokerFault(name string, node string, how string, down time.Du
 		during()
 	}
 	l.sleep(down - time.Since(at))
+	restart := time.Now()
 	if how == "pause" {
 		clusterScript(l.t, "resume", node)
 	} else {
@@ -419,7 +420,7 @@ func (l *loopRun) brokerFault(name string, node string, how string, down time.Du
 		isr.Round(time.Millisecond), l.w.progress())
 	after := time.Now()
 	l.sleep(healthyFor)
-	l.faults = append(l.faults, faultRecord{Name: name, At: at, Healed: healed, HealthyFrom: healthyFrom, Broker: true, ISRFull: isr,
+	l.faults = append(l.faults, faultRecord{Name: name, At: at, Restart: restart, Healed: healed, HealthyFrom: healthyFrom, Broker: true, ISRFull: isr,
 		Node: node, Coordinators: coord, HealthyAfter: after, HealthyUntil: time.Now()})
 	return after
 }
@@ -627,8 +628,16 @@ func (l *loopRun) check(ref []string) {
 			if after > 0 {
 				fr.HealthyRate = (before + after) / 2
 			}
-			fr.DegradedRate = rate(fr.At, fr.Healed)
-			fr.SteadyRate = rate(fr.At.Add(last), fr.Healed)
+			// While one broker is down: until it is started again (its
+			// start, a JVM's, competes for the machine's two cores), or,
+			// for a restart that follows its stop at once, until it serves.
+			end := fr.Restart
+			if end.Sub(fr.At) < 10*time.Second {
+				end = fr.Healed
+			}
+			fr.DegradedRate = rate(fr.At, end)
+			fr.SteadyRate = rate(fr.At.Add(last), end)
+			fr.RestartRate = rate(fr.Restart, fr.Healed)
 		}
 	}
 	// A broker fault must never restart an operator (kills of operators

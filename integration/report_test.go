@@ -44,9 +44,11 @@ type loopResult struct {
 
 // faultRecord is one fault of a loop scenario and what it did to the loop.
 type faultRecord struct {
-	Name        string
-	At, Healed  time.Time // injected; node started or resumed again
-	HealthyFrom time.Time // start of the healthy interval before it
+	Name string
+	// At: injected; Restart: the node's start (or SIGCONT) issued;
+	// Healed: the node serves again.
+	At, Restart, Healed time.Time
+	HealthyFrom         time.Time // start of the healthy interval before it
 	// HealthyAfter and HealthyUntil bound the healthy interval after it
 	// (zero: none).
 	HealthyAfter, HealthyUntil time.Time
@@ -58,8 +60,9 @@ type faultRecord struct {
 	// Measured after the run.
 	Recovery     map[string]time.Duration // stage -> first new committed offset of its group after At
 	HealthyRate  float64                  // rounds decided per second in the healthy intervals (their mean)
-	DegradedRate float64                  // rounds decided per second in [At, Healed)
-	SteadyRate   float64                  // the same from the last group's recovery to Healed
+	DegradedRate float64                  // rounds decided per second while the node was down, in [At, Restart)
+	SteadyRate   float64                  // the same from the last group's recovery on
+	RestartRate  float64                  // rounds decided per second while the node started, in [Restart, Healed)
 	Restarts     int                      // in-place operator restarts in [At, next fault)
 	ISRFull      time.Duration            // from Healed until every ISR was full again
 }
@@ -198,19 +201,22 @@ func clusterSection(rs []scenarioResult, now string) string {
 			r.Elapsed.Round(time.Second), l.Load)
 	}
 	b.WriteString("\nPer fault: recovery is the time from the fault to the first poll (every 300 ms) that saw the consumer\n")
-	b.WriteString("group's committed offsets move (\"-\": none before the run ended); the rates are rounds decided per second\n")
-	b.WriteString("in the healthy interval just before the fault, while the node was down (from the fault until it was\n")
-	b.WriteString("started or resumed) and, steady, from the last group's recovery until then. Restarts are in-place operator\n")
-	b.WriteString("restarts from the fault to the next one. * marks a group whose coordinator was the faulted node.\n\n")
-	b.WriteString("| scenario | fault | down | " + strings.Join(reportStages, " | ") + " | slowest | healthy r/s | degraded r/s | degraded / healthy | steady / healthy | operator restarts | ISR full after |\n")
-	b.WriteString("|---|---|---:|" + strings.Repeat("---:|", len(reportStages)) + "---:|---:|---:|---:|---:|---:|---:|\n")
+	b.WriteString("group's committed offsets move past what the first poll after the fault saw (\"-\": none before the run\n")
+	b.WriteString("ended); * marks a group whose coordinator was the faulted node. The loop is synchronous, so a group waiting\n")
+	b.WriteString("for its input recovers when the slowest stage upstream does. Rates are rounds decided per second: healthy\n")
+	b.WriteString("is the mean of the intervals just before the fault and after the node's ISRs were full again (rounds get\n")
+	b.WriteString("cheaper as the policy learns); degraded while the node was down (until its start was issued; for a\n")
+	b.WriteString("rolling restart, until it served again) and, steady, from the slowest group's recovery on; restarting while\n")
+	b.WriteString("the node's JVM started. Restarts are in-place operator restarts from the fault to the next one.\n\n")
+	b.WriteString("| scenario | fault | down | starting | " + strings.Join(reportStages, " | ") + " | slowest | healthy r/s | degraded r/s | degraded / healthy | steady / healthy | restarting r/s | operator restarts | ISR full after |\n")
+	b.WriteString("|---|---|---:|---:|" + strings.Repeat("---:|", len(reportStages)) + "---:|---:|---:|---:|---:|---:|---:|---:|\n")
 	for _, r := range rs {
 		for _, f := range r.Loop.Faults {
 			fmt.Fprintf(&b, "| %s | %s | ", r.Name, f.Name)
 			if f.Broker {
-				fmt.Fprintf(&b, "%.1fs |", f.Healed.Sub(f.At).Seconds())
+				fmt.Fprintf(&b, "%.1fs | %.1fs |", f.Restart.Sub(f.At).Seconds(), f.Healed.Sub(f.Restart).Seconds())
 			} else {
-				b.WriteString("- |")
+				b.WriteString("- | - |")
 			}
 			var slowest time.Duration
 			for _, s := range reportStages {
@@ -227,10 +233,10 @@ func clusterSection(rs []scenarioResult, now string) string {
 			}
 			fmt.Fprintf(&b, " %.1fs |", slowest.Seconds())
 			if f.Broker && f.HealthyRate > 0 {
-				fmt.Fprintf(&b, " %.2f | %.2f | %.0f%% | %.0f%% | %d | %.1fs |\n", f.HealthyRate, f.DegradedRate,
-					100*f.DegradedRate/f.HealthyRate, 100*f.SteadyRate/f.HealthyRate, f.Restarts, f.ISRFull.Seconds())
+				fmt.Fprintf(&b, " %.2f | %.2f | %.0f%% | %.0f%% | %.2f | %d | %.1fs |\n", f.HealthyRate, f.DegradedRate,
+					100*f.DegradedRate/f.HealthyRate, 100*f.SteadyRate/f.HealthyRate, f.RestartRate, f.Restarts, f.ISRFull.Seconds())
 			} else {
-				fmt.Fprintf(&b, " - | - | - | - | %d | - |\n", f.Restarts)
+				fmt.Fprintf(&b, " - | - | - | - | - | %d | - |\n", f.Restarts)
 			}
 		}
 	}
