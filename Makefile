@@ -3,7 +3,7 @@ GO      ?= go
 BIN     ?= bin/trajflow
 PKGS    ?= ./...
 
-.PHONY: build test test-short lint bench fuzz demo clean tidy-check kafka-up kafka-down test-integration cluster-up cluster-down test-cluster llama-build llama-up llama-down test-llama cuda-headers cuda-ptx cuda-build image test-image test-rolling test-k8s
+.PHONY: build test test-short lint bench fuzz demo clean tidy-check kafka-up kafka-down test-integration cluster-up cluster-down test-cluster test-faults test-faults-ci llama-build llama-up llama-down test-llama cuda-headers cuda-ptx cuda-build image test-image test-rolling test-k8s
 
 build:
 	$(GO) build -o $(BIN) ./cmd/trajflow
@@ -44,7 +44,7 @@ kafka-down:
 # the scenarios' counts go to integration/REPORT.md.
 test-integration: build
 	eval "$$($(KAFKA_SH) env)" && export TRAJFLOW_KAFKA TRAJFLOW_KAFKA_SASL TRAJFLOW_KAFKA_HOME && \
-	  TRAJFLOW_REPORT=$(CURDIR)/integration/REPORT.md $(GO) test -count=1 -timeout 15m -tags integration -skip '^TestCluster' -v ./integration/
+	  TRAJFLOW_REPORT=$(CURDIR)/integration/REPORT.md $(GO) test -count=1 -timeout 15m -tags integration -skip '^(TestCluster|TestFaults)' -v ./integration/
 
 # A replicated Kafka: three KRaft nodes (broker+controller each) on
 # 127.0.0.1:19201-19203, replication 3, min.insync.replicas 2, with per-node
@@ -108,6 +108,27 @@ llama-down:
 test-llama: llama-build
 	eval "$$($(LLAMA_SH) env)" && export TRAJFLOW_LLAMA_SERVER TRAJFLOW_LLAMA_MODEL && \
 	  $(GO) test -count=1 -timeout 10m -tags llama ./internal/llamatest/ ./connectors/policy/llamacpp/
+
+# The RL loop (eight `trajflow run` processes) on the cluster under broker
+# and operator faults (TestFaults*, integration/faults_test.go): starts the
+# cluster unless it runs, checks every scenario against a clean run of the
+# same seed, writes the measurements to integration/REPORT.md and keeps the
+# fleet's logs of a failed scenario in build/faults-logs. FAULTS selects
+# scenarios (a -run pattern); TRAJFLOW_FAULTS_DOWN shortens the outages.
+FAULTS ?= ^TestFaults
+FAULTS_TIMEOUT ?= 30m
+test-faults: build
+	$(CLUSTER_SH) up
+	eval "$$($(CLUSTER_SH) env)" && export TRAJFLOW_KAFKA_CLUSTER TRAJFLOW_KAFKA_CLUSTER_HOME && \
+	  TRAJFLOW_REPORT=$(CURDIR)/integration/REPORT.md TRAJFLOW_KEEP_LOGS=$(CURDIR)/build/faults-logs \
+	  $(GO) test -count=1 -timeout $(FAULTS_TIMEOUT) -tags integration -run '$(FAULTS)' -v ./integration/
+
+# The CI's subset of test-faults: the pack kill, the scored leader killed
+# with operator kills, a hung broker, a rolling restart; outages of 20 s
+# and a reference run of 300 rounds.
+test-faults-ci:
+	$(MAKE) test-faults FAULTS='^TestFaults(PackKill|KillLeaderAndOperators|PauseBroker|RollingRestart)$$' \
+	  FAULTS_TIMEOUT=14m TRAJFLOW_FAULTS_DOWN=20s TRAJFLOW_FAULTS_ROUNDS=300
 
 # CUDA backend (gpu/cuda, build tag cuda), built without a GPU or a CUDA
 # toolkit: headers, NVRTC and ptxas come from pinned PyPI wheels, libcuda

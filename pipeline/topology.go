@@ -82,7 +82,7 @@ var topology = []TopicInfo{
 		Scanned: []string{"dispatch", "train"},
 		Doc:     "policy release manifests (compacted: the latest release per key)"},
 	{Short: "windows", Kind: schemas.KindWindowRecord, Plane: PlaneJSON, Partitions: 1, Key: "run id",
-		Producers: []string{"pack"}, Consumers: []string{"dispatch"}, Scanned: []string{"dispatch"},
+		Producers: []string{"pack"}, Consumers: []string{"dispatch"}, Scanned: []string{"dispatch", "pack"},
 		Doc: "pack's window decisions: lineage for replay, round completion for dispatch"},
 }
 

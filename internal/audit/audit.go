@@ -6,6 +6,7 @@ package audit
 
 import (
 	"context"
+	"crypto/sha256"
 	"fmt"
 	"sort"
 
@@ -28,6 +29,13 @@ type Report struct {
 	EnvRetries  map[string]int
 	InfraFailed int
 	FailedInfra map[string]bool
+	// Copies counts batch messages that repeat an earlier one byte for byte
+	// (same batch id, same content): a producer's retry of a write whose
+	// acknowledgement was lost, which the trainer skips by batch id.
+	// Conflicts counts batch ids seen again with other content.
+	Copies, Conflicts int
+	// distinct counts trajectory ids over the first copy of each batch.
+	distinct map[string]int
 }
 
 // Collect reads the batches and census topics of t from the beginning.
@@ -35,8 +43,9 @@ func Collect(ctx context.Context, cfg *pipeline.Config, t pipeline.Topics) (*Rep
 	r := &Report{
 		BatchIDs: map[string]int{}, Admitted: map[string]int{}, Filtered: map[string]string{},
 		Quarantined: map[string]string{}, Census: map[string]int{}, EnvRetries: map[string]int{},
-		FailedInfra: map[string]bool{},
+		FailedInfra: map[string]bool{}, distinct: map[string]int{},
 	}
+	firstCopy := map[string][32]byte{}
 	err := pipeline.ScanTail(ctx, cfg, t.Batches, 0, func(m pipeline.Message) error {
 		b, err := schemas.PackedBatches.Decode(nil, m.Value)
 		if err != nil {
@@ -44,9 +53,22 @@ func Collect(ctx context.Context, cfg *pipeline.Config, t pipeline.Topics) (*Rep
 		}
 		r.Batches++
 		r.BatchIDs[b.BatchID]++
+		h := sha256.Sum256(m.Value)
+		first, seen := firstCopy[b.BatchID]
+		switch {
+		case !seen:
+			firstCopy[b.BatchID] = h
+		case first == h:
+			r.Copies++
+		default:
+			r.Conflicts++
+		}
 		for _, row := range b.Rows {
 			for _, id := range row.SegTrajectoryIDs {
 				r.Admitted[id]++
+				if !seen {
+					r.distinct[id]++
+				}
 			}
 		}
 		return nil
@@ -158,6 +180,18 @@ func (r *Report) AccountAttempts(launched []schemas.TaskAttempt) Counts {
 // quarantined.
 func (r *Report) decided(id string) bool {
 	return r.Admitted[id] > 0 || r.Filtered[id] != "" || r.Quarantined[id] != ""
+}
+
+// AccountDistinct is Account over the batches as the trainer takes them:
+// the first copy of each batch id. Identical copies (Copies) are not
+// duplicates there; a trajectory in two batches, or a batch id with two
+// contents (Conflicts), still is.
+func (r *Report) AccountDistinct(launched []string) Counts {
+	d := *r
+	d.Admitted, d.BatchIDs = r.distinct, map[string]int{}
+	c := d.Account(launched)
+	c.Duplicated += r.Conflicts
+	return c
 }
 
 func (c Counts) String() string {
