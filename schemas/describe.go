@@ -46,6 +46,7 @@ func Describe(w io.Writer) error {
 	}{
 		{KindPolicyRelease, reflect.TypeFor[PolicyRelease]()},
 		{KindCensusEvent, reflect.TypeFor[CensusEvent]()},
+		{KindWeightAck, reflect.TypeFor[WeightAck]()},
 	} {
 		fmt.Fprintf(&b, "%s v%d (JSON document {\"kind\",\"version\",\"data\"}; data fields:)\n", j.kind, Versions[j.kind])
 		for i := range j.typ.NumField() {
