@@ -57,6 +57,9 @@ type Deps struct {
 	// Device selects the train stage's backend ("cpu", the default, or
 	// "cuda" in a build with the cuda tag).
 	Device string
+	// PolicyTrace sees every call of the rollout stage's policy server
+	// clients, request and response bodies (nil: none; a test's log).
+	PolicyTrace func(method, path string, req []byte, status int, resp []byte)
 }
 
 // Factory builds a stage.
@@ -78,6 +81,7 @@ var specs = []Spec{
 	{"advantage", "assembles groups and computes returns and advantages (GRPO, RLOO, GAE)", newAdvantage},
 	{"pack", "the lag-aware admission window: reconstruction and packing into batches", newPack},
 	{"train", "trains on every batch and publishes a policy release (--releases)", newTrain},
+	{"weightsync", "loads every release into every policy server replica and acknowledges the version each serves", newWeightsync},
 	{"snapshot", "writes every topic of the run to Parquet snapshots (--snapshot-dir)", newSnapshot},
 }
 
@@ -177,12 +181,21 @@ func newRollout(d Deps) (pipeline.Stage, error) {
 	if err != nil {
 		return nil, err
 	}
-	return rollout.NewStage(rollout.StageConfig{
+	cfg := rollout.StageConfig{
 		Registry: reg, Settings: RolloutSettings(d.Contract, reg), Limits: RolloutLimits(d.Contract),
 		Topics: d.Topics, RunID: d.Contract.RunID, Load: gpu.PolicyFromRelease,
 		Retries:      d.Contract.Sampler.ToolRetries,
 		GroupTimeout: time.Duration(d.Contract.Sampler.ToolTimeoutMS) * time.Millisecond * time.Duration(max(1, d.Contract.Sampler.MaxTurns)),
-	})
+	}
+	// A contract whose policy runs on servers: the gateway (policy.go).
+	if err := rolloutServer(d, reg, &cfg); err != nil {
+		return nil, err
+	}
+	st, err := rollout.NewStage(cfg)
+	if c, ok := cfg.Server.(interface{ Close() }); ok && err != nil {
+		c.Close() // the gateway's health checks
+	}
+	return st, err
 }
 
 func newTrain(d Deps) (pipeline.Stage, error) {

@@ -39,6 +39,19 @@ type StageConfig struct {
 	// attempt asks for (0: until the operator stops).
 	PolicyWait time.Duration
 	Now        func() time.Time
+	// Server, when set, is where the stage generates: policy server
+	// replicas (the contract's policy section; the registry builds a
+	// gateway). Releases are then not loaded here (Load is unused): the
+	// stage follows the weights topic, where weight sync acknowledges the
+	// version each replica serves, and a group waits until a replica
+	// serves the version its attempts ask for.
+	Server Server
+	// Exact makes a group on a Server want exactly its attempts' version
+	// (stop-and-synchronize mode) instead of that version or a newer one.
+	Exact bool
+	// RetryBackoff is the wait before a group's retry after an
+	// infrastructure failure: Initial, doubling up to Max (zero: none).
+	RetryBackoff pipeline.Backoff
 }
 
 // Stage is the rollout operator: it consumes the tasks topic (one message
@@ -63,12 +76,14 @@ type Stage struct {
 	mu      sync.Mutex
 	current *model.Policy
 	changed chan struct{} // closed and replaced on every switch
+
+	reps *replicas // with a Server: the versions replicas serve
 }
 
 // NewStage validates cfg and returns the stage.
 func NewStage(cfg StageConfig) (*Stage, error) {
-	if cfg.Registry == nil || cfg.Load == nil {
-		return nil, errors.New("rollout: stage needs a registry and a loader")
+	if cfg.Registry == nil || (cfg.Load == nil && cfg.Server == nil) {
+		return nil, errors.New("rollout: stage needs a registry, and a loader or a policy server")
 	}
 	if err := cfg.Settings.Validate(); err != nil {
 		return nil, fmt.Errorf("rollout: stage: %w", err)
@@ -76,7 +91,7 @@ func NewStage(cfg StageConfig) (*Stage, error) {
 	if cfg.Limits.MaxTurns <= 0 || cfg.Limits.MaxEpisodeTokens <= 0 || cfg.Retries < 0 {
 		return nil, fmt.Errorf("rollout: stage: limits %+v, retries %d", cfg.Limits, cfg.Retries)
 	}
-	return &Stage{cfg: cfg, changed: make(chan struct{})}, nil
+	return &Stage{cfg: cfg, changed: make(chan struct{}), reps: newReplicas()}, nil
 }
 
 // Name implements pipeline.Stage.
@@ -85,7 +100,9 @@ func (*Stage) Name() string { return "rollout" }
 // Topics implements pipeline.Stage.
 func (s *Stage) Topics() []string { return s.cfg.Topics.Names(pipeline.InputsOf(s.Name())) }
 
-// SideTopics implements pipeline.SideInputs: the policy topic.
+// SideTopics implements pipeline.SideInputs: the policy topic (releases
+// to load, in process) and the weights topic (the versions policy server
+// replicas serve).
 func (s *Stage) SideTopics() []string {
 	return s.cfg.Topics.Names(pipeline.SideInputsOf(s.Name()))
 }
@@ -104,6 +121,13 @@ func (s *Stage) Start(_ context.Context, env *pipeline.Env) error {
 // switched to. A record that does not decode, or a release that fails to
 // load, is logged and skipped: the current version keeps serving.
 func (s *Stage) Side(_ context.Context, m pipeline.Message) error {
+	if m.Topic == s.cfg.Topics.Weights {
+		s.sideWeights(m)
+		return nil
+	}
+	if s.cfg.Server != nil {
+		return nil // weight sync loads releases into the servers
+	}
 	rel, err := schemas.DecodeRelease(m.Value)
 	if err != nil || !rel.Ready {
 		s.log().Warn("policy topic: record skipped", "source", m.Ref.String(), "err", err)
@@ -220,7 +244,7 @@ func (s *Stage) Process(ctx context.Context, m pipeline.Message) (pipeline.Resul
 		}
 		want = max(want, a.PolicyVersion)
 	}
-	pol, err := s.await(ctx, want)
+	pol, version, err := s.policyFor(ctx, want)
 	if err != nil {
 		return pipeline.Result{}, err // the operator stops; the group is redelivered
 	}
@@ -228,7 +252,7 @@ func (s *Stage) Process(ctx context.Context, m pipeline.Message) (pipeline.Resul
 	census := func(a schemas.TaskAttempt, kind, reason string, infra bool, tokens, lat int64, at time.Time) error {
 		ev, err := stagekit.Census(s.cfg.Topics.Census, schemas.CensusEvent{
 			RunID: a.RunID, AttemptID: a.AttemptID, TaskID: a.TaskID, GroupID: a.GroupID, Kind: kind,
-			Stage: s.Name(), Reason: reason, Infra: infra, PolicyVersion: pol.Version(), Tokens: tokens,
+			Stage: s.Name(), Reason: reason, Infra: infra, PolicyVersion: version, Tokens: tokens,
 			LatencyUS: lat, At: at.UnixMicro(),
 		})
 		if err == nil {
@@ -237,6 +261,11 @@ func (s *Stage) Process(ctx context.Context, m pipeline.Message) (pipeline.Resul
 		return err
 	}
 	for try := 0; ; try++ {
+		if try > 0 {
+			if err := wait(ctx, s.cfg.RetryBackoff.Delay(try)); err != nil {
+				return pipeline.Result{}, err // stopping: redelivered later
+			}
+		}
 		run := make([]schemas.TaskAttempt, len(atts))
 		for i, a := range atts {
 			if try > 0 {
@@ -260,7 +289,11 @@ func (s *Stage) Process(ctx context.Context, m pipeline.Message) (pipeline.Resul
 		if lim.Now == nil {
 			lim.Now = s.now
 		}
-		trajs, err := s.cfg.Registry.RunEpisodes(rctx, pol, run, s.cfg.Settings, lim)
+		err := s.prepare(rctx)
+		var trajs []schemas.Trajectory
+		if err == nil {
+			trajs, err = s.cfg.Registry.RunEpisodes(rctx, pol, run, s.cfg.Settings, lim)
+		}
 		cancel()
 		end := s.now()
 		if err == nil {
@@ -285,9 +318,13 @@ func (s *Stage) Process(ctx context.Context, m pipeline.Message) (pipeline.Resul
 			return pipeline.Result{}, ctx.Err() // stopping: redelivered later
 		}
 		kind, reason := schemas.CensusFailed, "infra_error"
+		if r := InfraReason(err); r != "" {
+			reason = "policy_" + r // a policy server's failure, by reason
+		}
 		if errors.Is(err, context.DeadlineExceeded) {
 			kind, reason = schemas.CensusTimedOut, "timed_out"
 		}
+		s.log().Warn("group failed for a reason of the infrastructure", "group", run[0].GroupID, "try", try, "reason", reason, "err", err)
 		for _, a := range run {
 			if cerr := census(a, kind, reason, true, 0, end.Sub(start).Microseconds(), end); cerr != nil {
 				return pipeline.Result{}, cerr
@@ -303,3 +340,42 @@ func (s *Stage) Process(ctx context.Context, m pipeline.Message) (pipeline.Resul
 
 // now is the stage's clock (stagekit.Now).
 func (s *Stage) now() time.Time { return stagekit.Now(s.cfg.Now) }
+
+// policyFor is the policy a group whose attempts want version v runs on,
+// once it is there: the in-process snapshot (version >= v), or the policy
+// servers (a replica serving v) — and the version its census events name.
+func (s *Stage) policyFor(ctx context.Context, v int64) (Policy, int64, error) {
+	if s.cfg.Server != nil {
+		p, err := s.awaitServed(ctx, v)
+		return p, v, err
+	}
+	p, err := s.await(ctx, v)
+	if err != nil {
+		return nil, 0, err
+	}
+	return p, p.Version(), nil
+}
+
+// wait waits d or until ctx ends.
+func wait(ctx context.Context, d time.Duration) error {
+	if d <= 0 {
+		return ctx.Err()
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
+}
+
+// Close closes the policy server (its health checks) when it has a
+// Close method.
+func (s *Stage) Close() error {
+	if c, ok := s.cfg.Server.(interface{ Close() }); ok {
+		c.Close()
+	}
+	return nil
+}
