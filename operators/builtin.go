@@ -21,7 +21,12 @@ func BuiltinDeps(c *contract.Contract) (Deps, error) {
 	if err != nil {
 		return Deps{}, fmt.Errorf("%w: %w", ErrConfig, err)
 	}
-	reg, err := rollout.NewRegistry(rollout.DefaultRegistryConfig())
+	// The registry of the built-in family the contract's environment
+	// names (kv, ledger, text); the kv family's for any other environment.
+	reg, err := rollout.RegistryForArtifact(c.Artifacts.Environment)
+	if _, ferr := rollout.FamilyOfArtifact(c.Artifacts.Environment); ferr != nil {
+		reg, err = rollout.NewRegistry(rollout.DefaultRegistryConfig())
+	}
 	if err != nil {
 		return Deps{}, err
 	}

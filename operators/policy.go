@@ -195,7 +195,8 @@ func newWeightsync(d Deps) (pipeline.Stage, error) {
 
 // rolloutServer sets the policy server of a rollout stage configuration
 // when the contract's policy runs on servers: the gateway, exact versions
-// in stop-and-synchronize mode, a backoff between a group's tries, and a
+// in stop-and-synchronize mode, a backoff between a group's tries (1 s
+// doubling to 10 s), and a
 // group timeout that includes the generation requests'.
 func rolloutServer(d Deps, reg *rollout.Registry, cfg *rollout.StageConfig) error {
 	tok := ""
@@ -209,7 +210,7 @@ func rolloutServer(d Deps, reg *rollout.Registry, cfg *rollout.StageConfig) erro
 	c := d.Contract
 	cfg.Server = srv
 	cfg.Exact = c.Dispatch.Mode == contract.DispatchSync
-	cfg.RetryBackoff = pipeline.Backoff{Initial: 200 * time.Millisecond, Max: 5 * time.Second}
+	cfg.RetryBackoff = pipeline.Backoff{Initial: time.Second, Max: 10 * time.Second}
 	cfg.GroupTimeout = time.Duration(c.Sampler.ToolTimeoutMS+c.Policy.TimeoutMS) * time.Millisecond * time.Duration(max(1, c.Sampler.MaxTurns))
 	return nil
 }

@@ -57,6 +57,10 @@ type Deps struct {
 	// Device selects the train stage's backend ("cpu", the default, or
 	// "cuda" in a build with the cuda tag).
 	Device string
+	// NoTrain says that no train stage runs (a model the built-in trainer
+	// cannot train): dispatch completes a round once pack decided its
+	// groups instead of waiting for the release trained on them.
+	NoTrain bool
 	// PolicyTrace sees every call of the rollout stage's policy server
 	// clients, request and response bodies (nil: none; a test's log).
 	PolicyTrace func(method, path string, req []byte, status int, resp []byte)
@@ -172,7 +176,7 @@ func newDispatch(d Deps) (pipeline.Stage, error) {
 	}
 	return dispatch.NewStage(dispatch.StageConfig{
 		Planner: p, Topics: d.Topics, RunID: d.Contract.RunID, Mode: d.Contract.Dispatch.Mode,
-		MaxLag: d.Contract.Packing.MaxLag, Rounds: d.Rounds,
+		MaxLag: d.Contract.Packing.MaxLag, Rounds: d.Rounds, Untrained: d.NoTrain,
 	})
 }
 

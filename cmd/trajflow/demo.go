@@ -25,7 +25,11 @@ func cmdDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	fs.BoolVar(&o.Async, "async", false, "asynchronous mode: up to max-lag+1 rounds in flight, stale samples dropped")
 	fs.Int64Var(&o.MaxLag, "max-lag", 1, "policy versions a sample may lag the trainer (with --async)")
 	evalSamples := fs.Int("eval-samples", 4, "attempts per hidden-eval task (fixed seeds)")
+	pf := addPolicyFlags(fs, &o)
 	if _, err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	if err := pf.apply(&o); err != nil {
 		return err
 	}
 	o.Brokers = splitList(*brokers)

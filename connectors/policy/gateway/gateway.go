@@ -260,7 +260,8 @@ func b2f(b bool) float64 {
 }
 
 // SetReady records that replica serves version v >= 0 (weight sync
-// verified it; 0 is the initial policy); v < 0 records that it serves no
+// verified it; 0 is the initial policy), which also marks it healthy
+// until the next health check; v < 0 records that it serves no
 // acknowledged version. Requests in flight on the replica are not
 // affected. A client that names models by version in calls that carry no
 // version (a llama.cpp router's tokenizer calls) is told through its
@@ -274,6 +275,13 @@ func (g *Gateway) SetReady(name string, v int64) error {
 	}
 	r.ready = max(v, -1)
 	g.metrics.ready.WithLabelValues(name).Set(float64(r.ready))
+	if v >= 0 {
+		// Weight sync just verified what the replica serves: it answers
+		// (a health check that failed before its first load, say, is
+		// stale). The next health check decides again.
+		r.healthy = true
+		g.metrics.healthy.WithLabelValues(name).Set(1)
+	}
 	if s, ok := r.c.(interface{ Served(int64) }); ok && v >= 0 {
 		s.Served(v)
 	}
