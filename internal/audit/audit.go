@@ -21,13 +21,18 @@ type Report struct {
 	Filtered    map[string]string // trajectory id -> filter reason (census)
 	Quarantined map[string]string // attempt id -> reason (census)
 	Census      map[string]int    // census kind -> distinct events
+	// Retried are the attempts that failed for a reason of the
+	// infrastructure (census failed or timed_out with infra set): rollout
+	// ran their group again under the next attempt number. Attempt id ->
+	// reason.
+	Retried map[string]string
 }
 
 // Collect reads the batches and census topics of t from the beginning.
 func Collect(ctx context.Context, cfg *pipeline.Config, t pipeline.Topics) (*Report, error) {
 	r := &Report{
 		BatchIDs: map[string]int{}, Admitted: map[string]int{}, Filtered: map[string]string{},
-		Quarantined: map[string]string{}, Census: map[string]int{},
+		Quarantined: map[string]string{}, Census: map[string]int{}, Retried: map[string]string{},
 	}
 	err := pipeline.ScanTail(ctx, cfg, t.Batches, 0, func(m pipeline.Message) error {
 		b, err := schemas.PackedBatches.Decode(nil, m.Value)
@@ -62,6 +67,10 @@ func Collect(ctx context.Context, cfg *pipeline.Config, t pipeline.Topics) (*Rep
 			r.Filtered[ev.AttemptID] = ev.Reason
 		case schemas.CensusQuarantined:
 			r.Quarantined[ev.AttemptID] = ev.Reason
+		case schemas.CensusFailed, schemas.CensusTimedOut:
+			if ev.Infra {
+				r.Retried[ev.AttemptID] = ev.Reason
+			}
 		}
 		return nil
 	})
@@ -80,6 +89,9 @@ type Counts struct {
 	Lost        int // launched, never admitted, filtered or quarantined
 	Duplicated  int // extra occurrences of admitted ids, plus repeated batch ids
 	LostIDs     []string
+	// Retried counts the tries that failed for a reason of the
+	// infrastructure and were run again (AccountAttempts), by reason.
+	Retried map[string]int
 }
 
 // Account compares the report with the launched attempt ids.
@@ -109,6 +121,32 @@ func (r *Report) Account(launched []string) Counts {
 		}
 	}
 	sort.Strings(c.LostIDs)
+	return c
+}
+
+// AccountAttempts is Account over launched attempts, following each try
+// that failed for a reason of the infrastructure to its retry (rollout
+// runs the group again under the next attempt number,
+// schemas.AttemptID(run, task, group, member, n+1)): an attempt is
+// accounted by the fate of its last try, and Retried counts the failed
+// tries by reason. A failed try whose retry has no fate is lost.
+func (r *Report) AccountAttempts(launched []schemas.TaskAttempt) Counts {
+	last := make([]string, len(launched))
+	retried := map[string]int{}
+	for i, a := range launched {
+		id := a.AttemptID
+		for n := a.Attempt; ; n++ {
+			reason := r.Retried[id]
+			if reason == "" || r.Admitted[id] > 0 || r.Filtered[id] != "" || r.Quarantined[id] != "" {
+				break
+			}
+			retried[reason]++
+			id = schemas.AttemptID(a.RunID, a.TaskID, a.GroupID, a.Member, n+1)
+		}
+		last[i] = id
+	}
+	c := r.Account(last)
+	c.Retried = retried
 	return c
 }
 

@@ -104,8 +104,12 @@ type Summary struct {
 	PackingEfficiency    float64  `json:"packing_efficiency"`
 	MaxLagSeen           int64    `json:"max_lag_seen"`
 	BatchHashes          []string `json:"batch_hashes"`
-	PerUpdate            []Update `json:"per_update"`
-	WallSeconds          float64  `json:"wall_seconds"`
+	// InfraRetries counts the tries that failed for a reason of the
+	// infrastructure (a policy server down, slow, or answering garbage)
+	// and were run again, by census reason; never task failures.
+	InfraRetries map[string]int `json:"infra_retries,omitempty"`
+	PerUpdate    []Update       `json:"per_update"`
+	WallSeconds  float64        `json:"wall_seconds"`
 }
 
 // SummaryFile is the name of the summary in the output directory.

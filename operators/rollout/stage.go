@@ -318,10 +318,10 @@ func (s *Stage) Process(ctx context.Context, m pipeline.Message) (pipeline.Resul
 			return pipeline.Result{}, ctx.Err() // stopping: redelivered later
 		}
 		kind, reason := schemas.CensusFailed, "infra_error"
-		if r := InfraReason(err); r != "" {
-			reason = "policy_" + r // a policy server's failure, by reason
-		}
-		if errors.Is(err, context.DeadlineExceeded) {
+		switch r := InfraReason(err); {
+		case r != "":
+			reason = "policy_" + r // a policy server's failure, by reason (its own timeouts included)
+		case errors.Is(err, context.DeadlineExceeded):
 			kind, reason = schemas.CensusTimedOut, "timed_out"
 		}
 		s.log().Warn("group failed for a reason of the infrastructure", "group", run[0].GroupID, "try", try, "reason", reason, "err", err)
@@ -331,6 +331,14 @@ func (s *Stage) Process(ctx context.Context, m pipeline.Message) (pipeline.Resul
 			}
 		}
 		if try >= s.cfg.Retries {
+			// The last try's attempts are quarantined with the group's
+			// tasks record: the census says so, so that no attempt is
+			// unaccounted for.
+			for _, a := range run {
+				if cerr := census(a, schemas.CensusQuarantined, "infra_exhausted", true, 0, 0, end); cerr != nil {
+					return pipeline.Result{}, cerr
+				}
+			}
 			r := pipeline.Refuse("infra_exhausted", "group %s: %d tries: %v", run[0].GroupID, try+1, err)
 			r.Also = res.Outputs
 			return pipeline.Result{}, r

@@ -62,9 +62,13 @@ package llamacpp
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"io"
 	"math"
+	"os"
 	"slices"
 	"sync/atomic"
 
@@ -393,12 +397,19 @@ func (c *Client) Identity(ctx context.Context) (policy.Identity, error) {
 		if props.ChatTemplate != "" {
 			tpl = policy.HashText(props.ChatTemplate)
 		}
-		mp := props.ModelPath
+		mp, modelHash := props.ModelPath, ""
 		if c.cfg.Router {
 			mp = "router"
+		} else if th == "" && mp != "" {
+			// A GGUF file embeds its tokenizer: a llama-server reports no
+			// tokenizer hash, so the model file's sha256 names it (and the
+			// weights), when the file is readable here.
+			if h, err := fileSHA256(mp); err == nil {
+				th, modelHash = h, h
+			}
 		}
 		return policy.Identity{
-			Protocol: policy.LlamaCpp, Addr: c.conn.Addr, Server: "llama.cpp " + props.BuildInfo, Model: mp,
+			Protocol: policy.LlamaCpp, Addr: c.conn.Addr, Server: "llama.cpp " + props.BuildInfo, Model: mp, ModelHash: modelHash,
 			Vocab: vocab, TokenizerHash: th, ChatTemplateHash: tpl, Grammar: props.Grammar,
 			Logprobs: "log(completion_probabilities[i].prob) with post_sampling_probs (after temperature, top-k, top-p)",
 			Seed64:   props.TrajflowSeed,
@@ -482,3 +493,17 @@ func (c *Client) TokenizerHash() string { return c.id.Cached().TokenizerHash }
 
 // ChatTemplateHash implements rollout.Tokenizer (from the identity).
 func (c *Client) ChatTemplateHash() string { return c.id.Cached().ChatTemplateHash }
+
+// fileSHA256 is "sha256:<hex>" of a file.
+func fileSHA256(path string) (string, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return "", err
+	}
+	defer f.Close()
+	h := sha256.New()
+	if _, err := io.Copy(h, f); err != nil {
+		return "", err
+	}
+	return "sha256:" + hex.EncodeToString(h.Sum(nil)), nil
+}
