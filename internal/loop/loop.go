@@ -60,6 +60,9 @@ type Options struct {
 	StopTokenIDs []int32
 	// PolicyTrace sees every call of rollout's policy server clients.
 	PolicyTrace func(method, path string, req []byte, status int, resp []byte)
+	// Edit, when set, changes the contract before it is resolved (a
+	// test's smaller run).
+	Edit func(c *contract.Contract)
 }
 
 // Update is one line of the loop's output.
@@ -132,6 +135,9 @@ func Contract(o Options) (*contract.Contract, error) {
 		c.Packing.MaxLag = o.MaxLag
 	}
 	applyPolicy(c, o)
+	if o.Edit != nil {
+		o.Edit(c)
+	}
 	if err := c.Resolve(); err != nil {
 		return nil, err
 	}

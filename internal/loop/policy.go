@@ -182,13 +182,16 @@ func textStops(ctx context.Context, o Options) ([]int32, error) {
 	if !ok {
 		return nil, fmt.Errorf("loop: the %s client has no tokenizer", c.Policy.Protocol)
 	}
-	msgs := []rollout.ChatMessage{{Role: "user", Content: "q"}, {Role: "assistant", Content: "\u27e6a\u27e7"}}
+	// A final assistant message is rendered open (for the model to go
+	// on): follow it with a user message, and take the text between them.
+	msgs := []rollout.ChatMessage{{Role: "user", Content: "q"}, {Role: "assistant", Content: "\u27e6a\u27e7"}, {Role: "user", Content: "\u27e6u\u27e7"}}
 	text, err := tok.ApplyTemplate(ctx, msgs, false)
 	if err != nil {
 		return nil, fmt.Errorf("loop: the policy server's chat template: %w", err)
 	}
-	_, closing, ok := strings.Cut(text, "\u27e6a\u27e7")
-	if !ok || closing == "" {
+	_, rest, ok := strings.Cut(text, "\u27e6a\u27e7")
+	closing, _, ok2 := strings.Cut(rest, "\u27e6u\u27e7")
+	if !ok || !ok2 || closing == "" {
 		return nil, fmt.Errorf("loop: the policy server's chat template closes no assistant message")
 	}
 	ids, err := tok.Tokenize(ctx, closing)
