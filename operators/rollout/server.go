@@ -256,3 +256,10 @@ func (r *replicas) setReady() {
 	r.ready = true
 	r.mu.Unlock()
 }
+
+// ServedPolicy is the Policy a group wanting version v (or newer, with
+// atLeast) runs on srv, as the stage builds it: samples are checked to
+// come from such a version, and its sampler id and tokenizer are srv's.
+func ServedPolicy(srv Server, v int64, atLeast bool) Policy {
+	return served{srv: srv, version: v, atLeast: atLeast}
+}
