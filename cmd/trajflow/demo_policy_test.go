@@ -19,6 +19,7 @@ import (
 	"github.com/trajflow/trajflow/gpu"
 	"github.com/trajflow/trajflow/internal/loop"
 	"github.com/trajflow/trajflow/pipeline"
+	"github.com/trajflow/trajflow/pipeline/contract"
 )
 
 var (
@@ -165,3 +166,31 @@ func TestDemoPolicyUsage(t *testing.T) {
 		}
 	}
 }
+
+// policyContract writes the demo contract with a policy section naming
+// one replica of protocol at url, and returns its path.
+func policyContract(t *testing.T, dir, protocol, url string) string {
+	t.Helper()
+	c := contract.Default()
+	c.Policy.Protocol, c.Policy.Endpoints = protocol, []string{url}
+	c.Policy.Router = protocol == contract.PolicyLlamaCpp
+	if err := c.Resolve(); err != nil {
+		t.Fatal(err)
+	}
+	y, err := c.YAML()
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(dir, "contract.yaml")
+	if err := os.WriteFile(path, y, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+// TestFleetOnPolicyServer runs the loop as separate processes —
+// `trajflow run dispatch|rollout|validate|reward|advantage|pack|train|
+// weightsync --contract F` — whose contract's policy section names a
+// `trajflow serve policy --protocol vllm` process: the batches are those
+// of the in-process demo, bit for bit.
+func TestFleetOnPolicyServer(t *testing.T) { fleet(t, 3, 0, contract.PolicyVLLM) }

@@ -306,6 +306,12 @@ func (c *Client) one(ctx context.Context, r model.Request, want policy.Want) (mo
 	raw := policy.Raw{Tokens: toks, Version: version, TokensField: "tokens", LogprobsField: "completion_probabilities"}
 	for i, p := range probs {
 		if p.ID == nil || (i < len(toks) && *p.ID != toks[i]) {
+			if len(probs) < len(toks) {
+				// llama-server leaves out the entry of a token after which
+				// the text ends inside a UTF-8 character (deploy/local/
+				// LLAMA.md): that token's log-prob is unknown.
+				return model.Sample{}, policy.Infra(policy.ReasonBadResponse, addr, "completion_probabilities[%d].id does not match tokens[%d]: %d entries for %d tokens (the server left out the entry of a token, so its log-prob is unknown)", i, i, len(probs), len(toks))
+			}
 			return model.Sample{}, policy.Infra(policy.ReasonBadResponse, addr, "completion_probabilities[%d].id does not match tokens[%d]", i, i)
 		}
 		if !p.Prob.Set {
