@@ -161,7 +161,8 @@ func (s *syncer) modelPath() string {
 	return strings.TrimPrefix(s.rel.CheckpointURI, "file://")
 }
 
-// checkHash compares a reported checkpoint hash with the release's.
+// checkHash compares a reported checkpoint hash with the release's (a
+// release without one takes the reported hash as its acknowledgement's).
 func (s *syncer) checkHash(reported string) (string, error) {
 	if reported == "" {
 		return "", nil
@@ -169,7 +170,7 @@ func (s *syncer) checkHash(reported string) (string, error) {
 	if !strings.HasPrefix(reported, "sha256:") {
 		reported = "sha256:" + reported
 	}
-	if reported != s.rel.CheckpointHash {
+	if s.rel.CheckpointHash != "" && reported != s.rel.CheckpointHash {
 		return "", fmt.Errorf("%w: checkpoint hash %s, the release's is %s", ErrVerify, reported, s.rel.CheckpointHash)
 	}
 	return reported, nil
