@@ -103,11 +103,13 @@ llama-up:
 llama-down:
 	$(LLAMA_SH) down
 
-# The tests and benchmarks that start their own llama-server (build tag
-# llama, internal/llamatest).
+# The tests that start their own llama-server (build tag llama,
+# internal/llamatest): the client against SmolLM2, and the text task run
+# end to end and a router weight switch (internal/loop, -run Llama).
 test-llama: llama-build
 	eval "$$($(LLAMA_SH) env)" && export TRAJFLOW_LLAMA_SERVER TRAJFLOW_LLAMA_MODEL && \
-	  $(GO) test -count=1 -timeout 10m -tags llama ./internal/llamatest/ ./connectors/policy/llamacpp/
+	  $(GO) test -count=1 -timeout 15m -tags llama ./internal/llamatest/ ./connectors/policy/llamacpp/ && \
+	  $(GO) test -count=1 -timeout 15m -tags llama -run Llama ./internal/loop/
 
 # The RL loop (eight `trajflow run` processes) on the cluster under broker
 # and operator faults (TestFaults*, integration/faults_test.go): starts the

@@ -65,6 +65,13 @@ type Deps struct {
 	// per client: the stage puts the client's retries during a group's
 	// run into that group's census.
 	Env *envsvc.Client
+	// NoTrain says that no train stage runs (a model the built-in trainer
+	// cannot train): dispatch completes a round once pack decided its
+	// groups instead of waiting for the release trained on them.
+	NoTrain bool
+	// PolicyTrace sees every call of the rollout stage's policy server
+	// clients, request and response bodies (nil: none; a test's log).
+	PolicyTrace func(method, path string, req []byte, status int, resp []byte)
 }
 
 // Factory builds a stage.
@@ -86,6 +93,7 @@ var specs = []Spec{
 	{"advantage", "assembles groups and computes returns and advantages (GRPO, RLOO, GAE)", newAdvantage},
 	{"pack", "the lag-aware admission window: reconstruction and packing into batches", newPack},
 	{"train", "trains on every batch and publishes a policy release (--releases)", newTrain},
+	{"weightsync", "loads every release into every policy server replica and acknowledges the version each serves", newWeightsync},
 	{"snapshot", "writes every topic of the run to Parquet snapshots (--snapshot-dir)", newSnapshot},
 }
 
@@ -176,7 +184,7 @@ func newDispatch(d Deps) (pipeline.Stage, error) {
 	}
 	return dispatch.NewStage(dispatch.StageConfig{
 		Planner: p, Topics: d.Topics, RunID: d.Contract.RunID, Mode: d.Contract.Dispatch.Mode,
-		MaxLag: d.Contract.Packing.MaxLag, Rounds: d.Rounds,
+		MaxLag: d.Contract.Packing.MaxLag, Rounds: d.Rounds, Untrained: d.NoTrain,
 	})
 }
 
@@ -192,7 +200,15 @@ func newRollout(d Deps) (pipeline.Stage, error) {
 		GroupTimeout: time.Duration(d.Contract.Sampler.ToolTimeoutMS) * time.Millisecond * time.Duration(max(1, d.Contract.Sampler.MaxTurns)),
 	}
 	rolloutEnv(d, &cfg)
-	return rollout.NewStage(cfg)
+	// A contract whose policy runs on servers: the gateway (policy.go).
+	if err := rolloutServer(d, reg, &cfg); err != nil {
+		return nil, err
+	}
+	st, err := rollout.NewStage(cfg)
+	if c, ok := cfg.Server.(interface{ Close() }); ok && err != nil {
+		c.Close() // the gateway's health checks
+	}
+	return st, err
 }
 
 func newTrain(d Deps) (pipeline.Stage, error) {

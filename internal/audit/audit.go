@@ -23,12 +23,13 @@ type Report struct {
 	Quarantined map[string]string // attempt id -> reason (census)
 	Census      map[string]int    // census kind -> distinct events
 	// EnvRetries counts the retried events (one per retry of an
-	// environment call) by reason; InfraFailed the failed events of the
-	// infrastructure, whose attempts the rollout stage runs again under
-	// the next attempt number (FailedInfra: their attempt ids).
+	// environment call) by reason; InfraFailed the failed and timed_out
+	// events of the infrastructure, whose attempts the rollout stage runs
+	// again under the next attempt number (FailedInfra: attempt id ->
+	// reason).
 	EnvRetries  map[string]int
 	InfraFailed int
-	FailedInfra map[string]bool
+	FailedInfra map[string]string
 	// Copies counts batch messages that repeat an earlier one byte for byte
 	// (same batch id, same content): a producer's retry of a write whose
 	// acknowledgement was lost, which the trainer skips by batch id.
@@ -43,7 +44,7 @@ func Collect(ctx context.Context, cfg *pipeline.Config, t pipeline.Topics) (*Rep
 	r := &Report{
 		BatchIDs: map[string]int{}, Admitted: map[string]int{}, Filtered: map[string]string{},
 		Quarantined: map[string]string{}, Census: map[string]int{}, EnvRetries: map[string]int{},
-		FailedInfra: map[string]bool{}, distinct: map[string]int{},
+		FailedInfra: map[string]string{}, distinct: map[string]int{},
 	}
 	firstCopy := map[string][32]byte{}
 	err := pipeline.ScanTail(ctx, cfg, t.Batches, 0, func(m pipeline.Message) error {
@@ -94,10 +95,10 @@ func Collect(ctx context.Context, cfg *pipeline.Config, t pipeline.Topics) (*Rep
 			r.Quarantined[ev.AttemptID] = ev.Reason
 		case schemas.CensusRetried:
 			r.EnvRetries[ev.Reason]++
-		case schemas.CensusFailed:
+		case schemas.CensusFailed, schemas.CensusTimedOut:
 			if ev.Infra {
 				r.InfraFailed++
-				r.FailedInfra[ev.AttemptID] = true
+				r.FailedInfra[ev.AttemptID] = ev.Reason
 			}
 		}
 		return nil
@@ -116,11 +117,12 @@ type Counts struct {
 	Quarantined int
 	Lost        int // launched, never admitted, filtered or quarantined
 	Duplicated  int // extra occurrences of admitted ids, plus repeated batch ids
+	LostIDs     []string
 	// Retried counts the launched attempts (AccountAttempts) that failed
-	// for the infrastructure and are accounted by the attempt that ran
-	// them again.
-	Retried int
-	LostIDs []string
+	// for the infrastructure and are accounted by the try that ran them
+	// again; RetriedTries counts those failed tries by reason.
+	Retried      int
+	RetriedTries map[string]int
 }
 
 // Account compares the report with the launched attempt ids.
@@ -153,25 +155,32 @@ func (r *Report) Account(launched []string) Counts {
 	return c
 }
 
-// AccountAttempts is Account over the launched attempts, following
-// infrastructure retries: an attempt with a failed event of the
-// infrastructure was run again as the next attempt number
-// (schemas.AttemptID(run, task, group, member, n+1)), whose fate is then
-// its fate (Counts.Retried counts those).
+// AccountAttempts is Account over launched attempts, following each try
+// that failed for a reason of the infrastructure to its retry (rollout
+// runs the group again under the next attempt number,
+// schemas.AttemptID(run, task, group, member, n+1)): an attempt is
+// accounted by the fate of its last try. A failed try whose retry has no
+// fate is lost.
 func (r *Report) AccountAttempts(launched []schemas.TaskAttempt) Counts {
-	ids := make([]string, len(launched))
-	retried := 0
+	last := make([]string, len(launched))
+	retried, tries := 0, map[string]int{}
 	for i, a := range launched {
 		id := a.AttemptID
-		for n := a.Attempt + 1; r.FailedInfra[id] && !r.decided(id); n++ {
-			id = schemas.AttemptID(a.RunID, a.TaskID, a.GroupID, a.Member, n)
+		for n := a.Attempt; ; n++ {
+			reason, failed := r.FailedInfra[id]
+			if !failed || r.decided(id) {
+				break
+			}
+			tries[reason]++
+			id = schemas.AttemptID(a.RunID, a.TaskID, a.GroupID, a.Member, n+1)
 		}
 		if id != a.AttemptID {
 			retried++
 		}
-		ids[i] = id
+		last[i] = id
 	}
-	c := r.Account(ids)
+	c := r.Account(last)
+	c.RetriedTries = tries
 	c.Retried = retried
 	return c
 }

@@ -83,15 +83,15 @@ func TestAccountAttemptsFollowsRetries(t *testing.T) {
 	}
 	id := func(member, n int32) string { return schemas.AttemptID("run", "task", "g", member, n) }
 	r := &Report{Admitted: map[string]int{}, Filtered: map[string]string{}, Quarantined: map[string]string{},
-		FailedInfra: map[string]bool{}, BatchIDs: map[string]int{}}
-	r.Admitted[id(0, 0)] = 1                                                   // never failed
-	r.FailedInfra[id(1, 0)], r.Admitted[id(1, 1)] = true, 1                    // retried once
-	r.FailedInfra[id(2, 0)], r.FailedInfra[id(2, 1)] = true, true              // retried twice
-	r.Filtered[id(2, 2)] = "zero_variance"                                     //
-	r.FailedInfra[id(3, 0)] = true                                             // retry never decided
-	r.FailedInfra[id(4, 0)], r.Quarantined[id(4, 0)] = true, "infra_exhausted" // decided itself
+		FailedInfra: map[string]string{}, BatchIDs: map[string]int{}}
+	r.Admitted[id(0, 0)] = 1                                                      // never failed
+	r.FailedInfra[id(1, 0)], r.Admitted[id(1, 1)] = "timeout", 1                  // retried once
+	r.FailedInfra[id(2, 0)], r.FailedInfra[id(2, 1)] = "timeout", "reset"         // retried twice
+	r.Filtered[id(2, 2)] = "zero_variance"                                        //
+	r.FailedInfra[id(3, 0)] = "timeout"                                           // retry never decided
+	r.FailedInfra[id(4, 0)], r.Quarantined[id(4, 0)] = "reset", "infra_exhausted" // decided itself
 	c := r.AccountAttempts([]schemas.TaskAttempt{att(0), att(1), att(2), att(3), att(4)})
-	if c.Launched != 5 || c.Admitted != 2 || c.Filtered != 1 || c.Quarantined != 1 || c.Lost != 1 || c.Retried != 3 || c.LostIDs[0] != id(3, 1) {
+	if c.Launched != 5 || c.Admitted != 2 || c.Filtered != 1 || c.Quarantined != 1 || c.Lost != 1 || c.Retried != 3 || c.RetriedTries["timeout"] != 3 || c.RetriedTries["reset"] != 1 || c.LostIDs[0] != id(3, 1) {
 		t.Fatalf("%v retried %d lost %v", c, c.Retried, c.LostIDs)
 	}
 	if plain := r.Account([]string{id(1, 0)}); plain.Lost != 1 {

@@ -32,6 +32,9 @@ func (r *runner) account(ctx context.Context) error {
 	s.AttemptsLaunched, s.TrajectoriesAdmitted, s.TrajectoriesFiltered = counts.Launched, counts.Admitted, counts.Filtered
 	s.Quarantined, s.DuplicatesAdmitted, s.Lost = counts.Quarantined, counts.Duplicated, counts.Lost
 	s.AttemptsRetried = counts.Retried
+	if len(counts.RetriedTries) > 0 {
+		s.InfraRetries = counts.RetriedTries
+	}
 	s.BatchHashes, err = BatchHashes(actx, cfg, r.topics)
 	r.accountEnv(rep)
 	return err

@@ -27,8 +27,9 @@ type fleet struct {
 // group of its own, through operators.NewOperator.
 func (r *runner) startOperators() (*fleet, error) {
 	ctx, cancel := context.WithCancel(context.Background())
-	f := &fleet{cancel: cancel, errs: make(chan error, len(Stages))}
-	for _, name := range Stages {
+	stages := r.stages()
+	f := &fleet{cancel: cancel, errs: make(chan error, len(stages))}
+	for _, name := range stages {
 		op, err := operators.NewOperator(name, r.deps, pipeline.Config{
 			Brokers: r.brokers, StateDir: filepath.Join(r.o.Out, "state", name),
 			Logger: r.log.With("stage", name), Instance: "demo-" + name,

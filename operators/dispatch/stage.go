@@ -34,6 +34,10 @@ type StageConfig struct {
 	MaxLag int64
 	// Rounds is how many rounds to dispatch (0: until stopped).
 	Rounds int64
+	// Untrained: no trainer runs (its releases never come), so in sync
+	// mode a round is complete once every group of it was decided by pack;
+	// every round runs on the versions already released.
+	Untrained bool
 	// RebuildScan bounds how many records per partition Start reads back
 	// from the tasks, windows and policy topics (0: all).
 	RebuildScan int64
@@ -186,7 +190,7 @@ func (s *Stage) complete(r int64) bool {
 	if !ok {
 		return true
 	}
-	if s.cfg.Mode == ModeAsync {
+	if s.cfg.Mode == ModeAsync || s.cfg.Untrained {
 		return len(rd.pending) == 0
 	}
 	return len(rd.pending) == 0 && s.policy >= rd.need
