@@ -326,7 +326,7 @@ class LLMTrainer:
         for ms in (self.m1, self.m2):
             for m in ms:
                 k = m.numel()
-                m.copy_(torch.from_numpy(np.frombuffer(b, dtype="<f4", count=k, offset=off).reshape(m.shape)))
+                m.copy_(torch.from_numpy(np.frombuffer(b, dtype="<f4", count=k, offset=off).reshape(m.shape).copy()))
                 off += 4 * k
         self.steps = int(steps)
 
