@@ -141,3 +141,103 @@ def test_mismatch_per_version(tmp_path):
     for m in (v1, v2):
         assert m["rollout_logprobs_diff_mean"] < 0.01, m
         assert m["mismatch_kl"] < 1e-3, m
+
+
+def test_trainer_process_real_model(tf_bin, broker, tmp_path):
+    """`python -m trajflow.train --model gguf:SmolLM2` over Kafka for two
+    updates, with llama-server in router mode over the release directory
+    itself: version 0 (the Q4_1 file the trainer releases at start) samples
+    batch 0; the trainer trains it and releases the F32 GGUF of version 1;
+    the router loads that file (rescan + load; the file it serves is hashed
+    against the manifest) and samples batch 1 with it; version 2 follows.
+    The update records carry the mismatch of each behavior version."""
+    import subprocess
+    from conftest import ROOT
+    from fleet import Procs, python
+    from trajflow import contract as C
+    from trajflow.batches import encode_packed_batch
+    from trajflow.kafka import AckProducer
+    from trajflow.release import manifest_name, update_name
+    binary, q41 = server_path(), smollm2_path()
+    run = "llmproc"
+    src = (ROOT / "testdata" / "contracts" / "demo.yaml").read_text()
+    for a, b in [("run_id: demo", f"run_id: {run}"), ("lr: 0.01 ", "lr: 1.0e-5 "), ("entropy_coef: 0.05 ", "entropy_coef: 0 "),
+                 ("epochs: 2 ", "epochs: 1 ")]:
+        assert a in src, a
+        src = src.replace(a, b)
+    cp = tmp_path / "c.yaml"
+    cp.write_text(src)
+    subprocess.run([tf_bin, "topics", "create", "--brokers", broker, "--contract", str(cp)], check=True,
+                   capture_output=True, timeout=60)
+    resolved = tmp_path / "resolved.yaml"
+    resolved.write_bytes(subprocess.run([tf_bin, "contract", "validate", str(cp)], check=True, capture_output=True).stdout)
+    c = C.load(str(resolved))
+    rel = tmp_path / "releases"
+    rel.mkdir()
+    procs = Procs(str(tmp_path))
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "connectors" / "python"), HF_HUB_OFFLINE="1")
+    t0 = time.monotonic()
+    p = procs.start("train", [python(), "-m", "trajflow.train", "--brokers", broker, "--run", run, "--releases", str(rel),
+                              "--contract", str(resolved), "--model", f"gguf:{q41}", "--threads", "2", "--print-updates"],
+                    env=env)
+    tok = G.load_tokenizer(q41)
+    prompts_ids = []
+    for q in PROMPTS[:4]:
+        ids = tok.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True, tokenize=True)
+        prompts_ids.append(list(ids["input_ids"] if hasattr(ids, "keys") else ids))
+    lines = []
+    try:
+        deadline = time.monotonic() + 600
+        while "trainer ready" not in procs.log("train", "out"):
+            assert p.poll() is None, procs.log("train")
+            assert time.monotonic() < deadline
+            time.sleep(0.2)
+        ready_s = time.monotonic() - t0
+        with LlamaServer(binary, models_dir=str(rel), log_path=str(tmp_path / "llama.log")).wait_ready() as srv:
+            for v in range(2):
+                name = f"policy-v{v:08d}"
+                man = json.loads((rel / manifest_name(v)).read_text())
+                sync_s = srv.load(name)
+                # The replica serves the release's file, and that file is the
+                # manifest's checkpoint.
+                served = srv.model_path(name)
+                assert G.file_hash(served) == man["checkpoint_hash"]
+                if v:
+                    srv.unload(f"policy-v{v - 1:08d}")
+                t = time.monotonic()
+                segs = sample(srv, name, prompts_ids, v, 77 + v)
+                gen_s = time.monotonic() - t
+                b = PackedBatch(batch_id=batch_id(run, v), batch_index=v, run_id=run, contract_hash=c.hash,
+                                trainer_version=v, token_budget=c["packing"]["token_budget"],
+                                rows=pack_segments(segs, c["packing"]["token_budget"]))
+                AckProducer(broker).send([(f"{run}.batches", run.encode()) + encode_packed_batch(b)])
+                t = time.monotonic()
+                deadline = t + 900
+                while not (rel / manifest_name(v + 1)).exists():
+                    assert p.poll() is None, procs.log("train")
+                    assert time.monotonic() < deadline, "the trainer did not release in time"
+                    time.sleep(0.2)
+                wait_s = time.monotonic() - t
+                u = json.loads((rel / update_name(v + 1)).read_text())["data"]
+                lines.append({"version": v + 1, "sampled_with": v, "weight_sync_s": sync_s, "generation_s": gen_s,
+                              "train_and_release_s": wait_s, "train_s": u["step_seconds"],
+                              "tokens": u["metrics"]["tokens"], **{k: u["trainer"]["mismatch"][k] for k in
+                              ("rollout_logprobs_diff_mean", "rollout_logprobs_diff_max", "rollout_probs_diff_mean",
+                               "mismatch_kl")}})
+            sync_s = srv.load("policy-v00000002")
+            assert G.file_hash(srv.model_path("policy-v00000002")) == json.loads((rel / manifest_name(2)).read_text())["checkpoint_hash"]
+        p.terminate()
+        assert p.wait(60) == 0
+    finally:
+        procs.stop()
+    out = [json.loads(x[len("update "):]) for x in procs.log("train", "out").splitlines() if x.startswith("update ")]
+    assert [o["version"] for o in out] == [1, 2]
+    print(f"\ntrainer ready after {ready_s:.1f} s; " + json.dumps(lines, indent=1))
+    o = os.environ.get("TRAJFLOW_LLM_PROC_OUT")
+    if o:
+        with open(o, "w") as f:
+            json.dump({"ready_s": ready_s, "updates": lines, "printed": out}, f, indent=1)
+    # Version 0 is the quantized model: its samples disagree with the
+    # trainer's float32 recomputation far more than those of the F32 export.
+    assert lines[0]["rollout_logprobs_diff_mean"] > 5 * lines[1]["rollout_logprobs_diff_mean"]
+    assert lines[1]["rollout_logprobs_diff_mean"] < 0.01

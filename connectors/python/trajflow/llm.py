@@ -36,7 +36,8 @@ behavior transform is :class:`trajflow.model.Behavior` without a grammar
 Optimizer: Adam in float32 (moments float32, 2 x 4 bytes per parameter:
 1.1 GB for SmolLM2-135M), bias-corrected, decoupled weight decay, one
 global-norm gradient clip (float64 norm) — the update rule of
-``gpu.Trainer.Step`` with float32 instead of float64 moments.
+``gpu.Trainer.Step`` with float32 instead of float64 moments, evaluated in
+place as ``p -= (lr/c1) m1 / (sqrt(m2)/sqrt(c2) + eps)``.
 """
 
 from __future__ import annotations
@@ -384,7 +385,7 @@ class LLMTrainer:
         sq = 0.0
         for p in self.plist:
             if p.grad is not None:
-                sq += float((p.grad.double() ** 2).sum())
+                sq += float(torch.linalg.vector_norm(p.grad.reshape(-1), dtype=torch.float64)) ** 2
         norm = math.sqrt(sq)
         if not math.isfinite(norm):
             for p in self.plist:
@@ -394,25 +395,31 @@ class LLMTrainer:
         self.steps += 1
         c1 = 1 - adam.beta1 ** self.steps
         c2 = 1 - adam.beta2 ** self.steps
+        sc2 = math.sqrt(c2)
         with torch.no_grad():
             for p, m1, m2 in zip(self.plist, self.m1, self.m2):
                 g = p.grad if p.grad is not None else torch.zeros_like(p)
-                g = g * scale
+                if scale != 1.0:
+                    g.mul_(scale)
                 m1.mul_(adam.beta1).add_(g, alpha=1 - adam.beta1)
                 m2.mul_(adam.beta2).addcmul_(g, g, value=1 - adam.beta2)
-                upd = (m1 / c1) / ((m2 / c2).sqrt_() + adam.eps)
+                # p -= lr (m1/c1) / (sqrt(m2/c2) + eps), in place: one temporary.
+                den = m2.sqrt().div_(sc2).add_(adam.eps)
                 if adam.weight_decay:
                     p.mul_(1 - adam.lr * adam.weight_decay)
-                p.sub_(upd, alpha=adam.lr)
+                p.addcdiv_(m1, den, value=-adam.lr / c1)
                 p.grad = None
+                del den
         t2 = time.monotonic()
         self.timings = {"forward_backward_s": t1 - t0, "optimizer_s": t2 - t1}
+        res_timings = dict(self.timings)
         from_v = self.version
         self.version += 1
         res = StepResult(stats=st, lag=merge_lag(lags), grad_norm=norm, grad_scale=scale, rows=len(batch.rows),
                          segments=sum(len(r.segment_lengths) for r in batch.rows),
                          input_tokens=sum(len(r.input_ids) for r in batch.rows), from_version=from_v, version=self.version)
-        res.extra = {"mismatch": mismatch_metrics(np.concatenate(curs), np.concatenate(olds), np.concatenate(vers))}
+        res.extra = {"mismatch": mismatch_metrics(np.concatenate(curs), np.concatenate(olds), np.concatenate(vers)),
+                     "timings": res_timings}
         return res
 
     def update(self, batch: PackedBatch, opts: Options, adam: Adam, epochs: int) -> tuple[StepResult, Stats]:
