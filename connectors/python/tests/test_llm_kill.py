@@ -40,8 +40,8 @@ from trajflow.release import checkpoint_path, decode_release, manifest_name, opt
 from trajflow.train import llm_config_from_contract
 
 RUN = "llmkill"
-BATCHES = 30
-KILLS = 12
+BATCHES = 20
+KILLS = 10
 
 
 class Watcher(threading.Thread):
