@@ -228,3 +228,32 @@ def test_smollm2_export_roundtrip(smollm2, tmp_path):
     for (n, p), (_, q) in zip(smollm2.params(), back.params()):
         assert torch.equal(p, q), n
     assert os.path.getsize(out) > 4 * 134_000_000
+
+
+def test_llm_contract_config(tf_bin, tiny, tmp_path):
+    """--model gguf:PATH: the release identities come from the GGUF, the
+    behavior has no grammar, and bad settings are refused by name."""
+    import subprocess
+    from conftest import ROOT
+    from trajflow import contract as C
+    from trajflow.train import llm_config_from_contract, main
+    text = subprocess.run([tf_bin, "contract", "validate", str(ROOT / "testdata" / "contracts" / "demo.yaml")],
+                          check=True, capture_output=True, text=True).stdout
+    c = C.parse(text)
+    cfg = llm_config_from_contract(c, "127.0.0.1:1", str(tmp_path), None, tiny)
+    ident = G.identity(G.read_gguf(tiny, dequantize=False))
+    assert cfg.meta.tokenizer_hash == ident.tokenizer_hash and cfg.meta.chat_template_hash == ident.chat_template_hash
+    assert cfg.behavior.grammar is None and cfg.backend.model_path == tiny
+    with pytest.raises(C.ContractError, match="no such file"):
+        llm_config_from_contract(c, "127.0.0.1:1", str(tmp_path), None, str(tmp_path / "missing.gguf"))
+    notgguf = tmp_path / "x.gguf"
+    notgguf.write_bytes(b"not a gguf")
+    with pytest.raises(C.ContractError, match="x.gguf"):
+        llm_config_from_contract(c, "127.0.0.1:1", str(tmp_path), None, str(notgguf))
+    bad = C.parse(text.replace("min_p: 0\n", "min_p: 0.1\n").replace("# hash:", "# was:"))
+    with pytest.raises(C.ContractError, match="min_p"):
+        llm_config_from_contract(bad, "127.0.0.1:1", str(tmp_path), None, tiny)
+    cp = tmp_path / "resolved.yaml"
+    cp.write_text(text)
+    assert main(["--brokers", "127.0.0.1:1", "--run", "demo", "--releases", str(tmp_path), "--contract", str(cp),
+                 "--model", "onnx:x"]) == 2

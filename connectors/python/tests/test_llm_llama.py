@@ -120,6 +120,15 @@ def test_mismatch_per_version(tmp_path):
             else:
                 mm = recompute(tr.policy, batch, beh)
                 ratio, export_s, load_v = {}, None, None
+                # The same weights exported as F16 (what --export-dtype f16
+                # releases): llama.cpp samples from rounded weights, the
+                # trainer keeps float32 ones.
+                write_atomic(str(models / "f16-v2.gguf"), lambda path: tr.policy.export(path, "f16"))
+                srv.load("f16-v2")
+                srv.unload(name)
+                f16 = recompute(tr.policy, batch_of(sample(srv, "f16-v2", prompts_ids, v, 1000 * (v + 1)), v), beh)
+                report["f16_export_v2"] = {k: x for k, x in f16.items() if k != "by_version"}
+                report["f16_export_bytes"] = os.path.getsize(models / "f16-v2.gguf")
             report["versions"][str(v)].update({"tokens": mm["tokens"], "generation_s": gen_s, **ratio,
                                                **{k: x for k, x in mm.items() if k != "by_version"}})
             if v < 2:
@@ -141,6 +150,10 @@ def test_mismatch_per_version(tmp_path):
     for m in (v1, v2):
         assert m["rollout_logprobs_diff_mean"] < 0.01, m
         assert m["mismatch_kl"] < 1e-3, m
+    # F16 weights (and llama.cpp's F16 activations in their dot products)
+    # stay well below the Q4_1 mismatch.
+    f16 = report["f16_export_v2"]
+    assert f16["rollout_logprobs_diff_mean"] < v0["rollout_logprobs_diff_mean"] / 3, f16
 
 
 def test_trainer_process_real_model(tf_bin, broker, tmp_path):

@@ -45,6 +45,7 @@ from __future__ import annotations
 import hashlib
 import math
 import os
+import resource
 import shutil
 import struct
 import time
@@ -455,6 +456,7 @@ class LLMTrainer:
         first.version = self.version
         first.extra["train_seconds"] = time.monotonic() - t0
         first.extra["trained_tokens"] = first.stats.tokens
+        first.extra["max_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
         return first, last
 
 

@@ -175,6 +175,9 @@ def update_line(stage: TrainStage) -> dict:
            "clip_frac_pos": m.get("clip_frac_pos"), "clip_frac_neg": m.get("clip_frac_neg"),
            "entropy": m.get("entropy"), "grad_norm": m.get("grad_norm"), "train_s": rec.get("step_seconds"),
            "release_s": stage.release_seconds}
+    for k in ("timings", "max_rss_mb"):
+        if k in t:
+            out[k] = t[k]
     if "mismatch" in t:
         out["mismatch"] = {k: v for k, v in t["mismatch"].items() if k != "by_version"}
     return out
