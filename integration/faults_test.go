@@ -143,7 +143,7 @@ func (l *loopRun) healthOf(inst string) string {
 	return addr
 }
 
-// consumerLag reads trajflow_consumer_lag of topic partition 0 from an
+// consumerLag reads trajflow_consumer_lag_records of topic partition 0 from an
 // operator's /metrics (-1: not reported yet).
 func consumerLag(t *testing.T, addr, topic string) int64 {
 	resp, err := http.Get("http://" + addr + "/metrics")
@@ -155,7 +155,7 @@ func consumerLag(t *testing.T, addr, topic string) int64 {
 	sc.Buffer(make([]byte, 1<<20), 1<<20)
 	for sc.Scan() {
 		line := sc.Text()
-		if strings.HasPrefix(line, "trajflow_consumer_lag{") && strings.Contains(line, `topic="`+topic+`"`) &&
+		if strings.HasPrefix(line, "trajflow_consumer_lag_records{") && strings.Contains(line, `topic="`+topic+`"`) &&
 			strings.Contains(line, `partition="0"`) {
 			f := strings.Fields(line)
 			v, err := strconv.ParseFloat(f[len(f)-1], 64)

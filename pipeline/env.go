@@ -33,6 +33,8 @@ type Env struct {
 	scanner  Scanner
 	stateDir string
 	releases ReleaseStore
+	dups     func(id string)
+	dupLog   logLimiter
 
 	mu    sync.Mutex
 	store *state.Store
@@ -61,6 +63,9 @@ type EnvConfig struct {
 	StateDir string
 	// Releases is the release store; nil makes Releases an error.
 	Releases ReleaseStore
+	// Duplicates receives the ids of the duplicates the stage drops
+	// (DuplicateDropped); nil: they are only logged.
+	Duplicates func(id string)
 }
 
 // NewEnv returns an Env.
@@ -71,7 +76,26 @@ func NewEnv(c EnvConfig) *Env {
 	if c.Now == nil {
 		c.Now = time.Now
 	}
-	return &Env{Logger: c.Logger, now: c.Now, scanner: c.Scanner, stateDir: c.StateDir, releases: c.Releases}
+	return &Env{Logger: c.Logger, now: c.Now, scanner: c.Scanner, stateDir: c.StateDir, releases: c.Releases,
+		dups: c.Duplicates, dupLog: logLimiter{every: 10 * time.Second}}
+}
+
+// DuplicateDropped reports that the stage consumed a record and dropped
+// it as a duplicate of one it already decided (id: the record's or the
+// batch's id): a redelivery after a crash or a rebalance, or a record an
+// upstream stage produced twice. The runtime counts it
+// (trajflow_duplicates_dropped_total) and logs it, at most once every 10
+// s with the number held back. A nil Env does nothing.
+func (e *Env) DuplicateDropped(id string) {
+	if e == nil {
+		return
+	}
+	if e.dups != nil {
+		e.dups(id)
+	}
+	if ok, held := e.dupLog.allow(time.Now()); ok {
+		e.Logger.Info("duplicate dropped", "id", id, "not_logged", held)
+	}
 }
 
 // Now is the stage's clock. Record ids and random streams never depend on

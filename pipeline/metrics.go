@@ -12,7 +12,10 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/trajflow/trajflow/internal/buildinfo"
 )
 
 // Metrics holds the Prometheus collectors of the operators of one process.
@@ -28,41 +31,82 @@ type Metrics struct {
 	commitLatency *prometheus.HistogramVec
 	retries       *prometheus.CounterVec
 	commits       *prometheus.CounterVec
+	duplicates    *prometheus.CounterVec
 }
 
+// ReplicaLabel is the label naming the operator process (its --instance,
+// by default host-pid) on every operator metric. It is not "instance":
+// Prometheus sets that label on every scraped series itself (the scrape
+// target), and a target's own "instance" label would be renamed to
+// "exported_instance" or overwrite it.
+const ReplicaLabel = "replica"
+
 // NewMetrics registers the operator collectors on reg (a new registry when
-// nil).
+// nil), together with the standard collectors of the process: the Go
+// runtime (go_*), the process (process_*, where the platform has them),
+// go_build_info and trajflow_build_info (the module version, VCS revision
+// and Go version of the binary). Metric names follow the Prometheus
+// conventions: a unit suffix in base units (_seconds, _bytes, _records),
+// _total on counters.
 func NewMetrics(reg *prometheus.Registry) *Metrics {
 	if reg == nil {
 		reg = prometheus.NewRegistry()
 	}
-	lbl := []string{"stage", "instance"}
+	RegisterProcessCollectors(reg)
+	lbl := []string{"stage", ReplicaLabel}
 	m := &Metrics{
 		Registry: reg,
 		in: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "trajflow_records_in_total", Help: "Records consumed."}, lbl),
 		inBytes: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "trajflow_bytes_in_total", Help: "Record value bytes consumed."}, lbl),
+			Name: "trajflow_in_bytes_total", Help: "Record value bytes consumed."}, lbl),
 		out: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "trajflow_records_out_total", Help: "Records produced and acknowledged."}, append(lbl, "topic")),
 		outBytes: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "trajflow_bytes_out_total", Help: "Record bytes produced and acknowledged."}, lbl),
+			Name: "trajflow_out_bytes_total", Help: "Record bytes (key and value) produced and acknowledged."}, lbl),
 		quarantined: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "trajflow_records_quarantined_total", Help: "Records sent to quarantine, by reason."}, append(lbl, "reason")),
 		lag: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Name: "trajflow_consumer_lag", Help: "High-water mark minus next offset, per input partition."}, append(lbl, "topic", "partition")),
+			Name: "trajflow_consumer_lag_records", Help: "Records of an input partition not yet consumed: its high-water mark minus the next offset, as of the last record fetched."}, append(lbl, "topic", "partition")),
 		inFlight: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "trajflow_in_flight_records", Help: "Records produced but not yet acknowledged."}, lbl),
 		commitLatency: prometheus.NewHistogramVec(prometheus.HistogramOpts{
-			Name: "trajflow_commit_seconds", Help: "Offset commit latency.",
+			Name: "trajflow_commit_duration_seconds", Help: "Time an offset commit took, until the group coordinator acknowledged it.",
 			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 14)}, lbl),
 		retries: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "trajflow_broker_retries_total", Help: "Transient broker failures retried in place, by operation (fetch, commit)."}, append(lbl, "op")),
 		commits: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "trajflow_commits_total", Help: "Offset commits acknowledged by the group coordinator."}, lbl),
+		duplicates: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "trajflow_duplicates_dropped_total", Help: "Input records a stage dropped as redelivered or re-produced duplicates of records it had already decided (pack: a trajectory already admitted; advantage: a member of a group already scored; train: a batch already trained)."}, lbl),
 	}
-	reg.MustRegister(m.in, m.inBytes, m.out, m.outBytes, m.quarantined, m.lag, m.inFlight, m.commitLatency, m.retries, m.commits)
+	reg.MustRegister(m.in, m.inBytes, m.out, m.outBytes, m.quarantined, m.lag, m.inFlight, m.commitLatency, m.retries, m.commits, m.duplicates)
 	return m
+}
+
+// RegisterProcessCollectors registers on reg the Go runtime, process and
+// build-info collectors and trajflow_build_info; collectors reg already
+// holds are kept.
+func RegisterProcessCollectors(reg prometheus.Registerer) {
+	bi := buildinfo.Read()
+	build := prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "trajflow_build_info", Help: "Always 1; the labels say which build of trajflow runs (module version, VCS revision, Go version).",
+		ConstLabels: prometheus.Labels{"version": bi.Version, "revision": bi.Revision, "goversion": bi.Go},
+	})
+	build.Set(1)
+	for _, c := range []prometheus.Collector{
+		collectors.NewGoCollector(),
+		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
+		collectors.NewBuildInfoCollector(),
+		build,
+	} {
+		if err := reg.Register(c); err != nil {
+			var are prometheus.AlreadyRegisteredError
+			if !errors.As(err, &are) {
+				panic(err)
+			}
+		}
+	}
 }
 
 type stageMetrics struct {
@@ -74,10 +118,11 @@ type stageMetrics struct {
 	commitLatency         prometheus.Observer
 	retries               *prometheus.CounterVec
 	commits               prometheus.Counter
+	duplicates            prometheus.Counter
 }
 
 func (m *Metrics) forStage(stage, instance string) *stageMetrics {
-	l := prometheus.Labels{"stage": stage, "instance": instance}
+	l := prometheus.Labels{"stage": stage, ReplicaLabel: instance}
 	return &stageMetrics{
 		in:            m.in.With(l),
 		inBytes:       m.inBytes.With(l),
@@ -89,6 +134,7 @@ func (m *Metrics) forStage(stage, instance string) *stageMetrics {
 		commitLatency: m.commitLatency.With(l),
 		retries:       m.retries.MustCurryWith(l),
 		commits:       m.commits.With(l),
+		duplicates:    m.duplicates.With(l),
 	}
 }
 

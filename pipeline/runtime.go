@@ -13,7 +13,19 @@ import (
 	"github.com/segmentio/kafka-go"
 
 	tfkafka "github.com/trajflow/trajflow/connectors/kafka"
+	"github.com/trajflow/trajflow/schemas"
 )
+
+// headerValue is the value of the last header named key ("" if none).
+func headerValue(hs []Header, key string) string {
+	v := ""
+	for _, h := range hs {
+		if h.Key == key {
+			v = string(h.Value)
+		}
+	}
+	return v
+}
 
 // Config configures one operator process.
 type Config struct {
@@ -230,7 +242,8 @@ func (o *Operator) inputTopics() []string {
 func (o *Operator) Run(ctx context.Context) (err error) {
 	cfg := &o.cfg
 	log := cfg.Logger.With("stage", o.stage.Name(), "instance", cfg.Instance)
-	o.env = NewEnv(EnvConfig{Logger: log, Now: cfg.Now, Scanner: kafkaScanner{cfg}, StateDir: cfg.StateDir, Releases: cfg.Releases})
+	o.env = NewEnv(EnvConfig{Logger: log, Now: cfg.Now, Scanner: kafkaScanner{cfg}, StateDir: cfg.StateDir, Releases: cfg.Releases,
+		Duplicates: func(string) { o.m.duplicates.Inc() }})
 	defer func() {
 		if cerr := closeStage(o.stage, o.env); cerr != nil && err == nil {
 			err = cerr
@@ -493,7 +506,6 @@ func (o *Operator) outcome(m *Message, res Result, err error, log *slog.Logger) 
 		if !ok {
 			return Result{}, nil, fmt.Errorf("pipeline: %s at %s: %w", o.stage.Name(), m.Ref, err)
 		}
-		o.m.quarantined.WithLabelValues(ref.Reason).Inc()
 		if log != nil {
 			log.Warn("record quarantined", "source", m.Ref.String(), "reason", ref.Reason, "detail", ref.Detail)
 		}
@@ -550,7 +562,6 @@ func (o *Operator) oversize(outs []Output, src *Message) ([]Output, error) {
 				o.stage.Name(), len(outs[i].Value), outs[i].Topic, o.cfg.MaxMessageBytes)
 		}
 		detail := fmt.Sprintf("output to %s is %d bytes, limit %d", outs[i].Topic, len(outs[i].Value), o.cfg.MaxMessageBytes)
-		o.m.quarantined.WithLabelValues("output_oversize").Inc()
 		return []Output{QuarantineRecord(o.cfg.QuarantineTopic, o.stage.Name(), *src, "output_oversize", detail)}, nil
 	}
 	return outs, nil
@@ -575,6 +586,11 @@ func (o *Operator) submitFor(ctx context.Context, res Result, self []Ref, src *M
 	g := &ackGroup{remaining: len(outs), refs: refs}
 	msgs := make([]kafka.Message, len(outs))
 	for i, out := range outs {
+		if out.Topic == o.cfg.QuarantineTopic {
+			// Every quarantine record counts, a refused message's and a
+			// refused row's alike, by its reason.
+			o.m.quarantined.WithLabelValues(headerValue(out.Headers, schemas.HeaderReason)).Inc()
+		}
 		n := int64(len(out.Value) + len(out.Key))
 		g.bytes += n
 		if out.Release != nil {

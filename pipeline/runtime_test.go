@@ -322,13 +322,14 @@ func TestHealthAndMetrics(t *testing.T) {
 	}
 	runUntil(t, op, func() bool {
 		_, body := get("/metrics")
-		return strings.Contains(body, `trajflow_records_in_total{instance="",stage="upper"} 3`)
+		return strings.Contains(body, `trajflow_records_in_total{replica="",stage="upper"} 3`)
 	})
 	_, body := get("/metrics")
 	for _, want := range []string{
-		`trajflow_records_quarantined_total{instance="",reason="bad_input",stage="upper"} 1`,
-		`trajflow_records_out_total{instance="",stage="upper",topic="out"} 2`,
-		`trajflow_consumer_lag{`, `trajflow_in_flight_records{`, `trajflow_commit_seconds_count{`,
+		`trajflow_records_quarantined_total{reason="bad_input",replica="",stage="upper"} 1`,
+		`trajflow_records_out_total{replica="",stage="upper",topic="out"} 2`,
+		`trajflow_consumer_lag_records{`, `trajflow_in_flight_records{`, `trajflow_commit_duration_seconds_count{`,
+		`go_goroutines `, `trajflow_build_info{`, `go_build_info{`,
 	} {
 		if !strings.Contains(body, want) {
 			t.Errorf("/metrics lacks %s", want)

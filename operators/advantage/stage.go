@@ -46,6 +46,7 @@ type Stage struct {
 	asm     *Assembler
 	store   *state.Store
 	emitted state.IDSet // emitted groups read back from the scored topic
+	env     *pipeline.Env // counts the duplicates dropped
 	// msgGroups counts, per held input message, the groups it still feeds.
 	msgGroups map[pipeline.Ref]int
 	groupMsgs map[string][]pipeline.Ref
@@ -82,6 +83,7 @@ const emittedPrefix = "advantage/emitted/"
 
 // Start opens the state store and loads (or rebuilds) the emitted groups.
 func (s *Stage) Start(ctx context.Context, env *pipeline.Env) error {
+	s.env = env
 	if s.cfg.Now == nil {
 		s.cfg.Now = env.Now
 	}
@@ -166,6 +168,9 @@ func (s *Stage) Process(ctx context.Context, m pipeline.Message) (pipeline.Resul
 			}
 			res.Outputs = append(res.Outputs, outs...)
 			continue
+		}
+		if out == Duplicate || out == Late {
+			s.env.DuplicateDropped(r.RecordID)
 		}
 		done := group != nil
 		if out == Added || done {

@@ -74,6 +74,7 @@ type Stage struct {
 	closedGroups map[string]struct{}
 	// bounded deduplication memory (see remember)
 	recent *idset.Ring
+	env    *pipeline.Env // counts the duplicates dropped
 	// statistics of the records decided in the open window
 	records   int
 	rewardSum float64
@@ -110,6 +111,7 @@ const seenPrefix = "pack/admitted/"
 
 // Start restores the admitted ids and the next batch index.
 func (s *Stage) Start(ctx context.Context, env *pipeline.Env) error {
+	s.env = env
 	if s.cfg.Now == nil {
 		s.cfg.Now = env.Now
 	}
@@ -246,6 +248,7 @@ func (s *Stage) Process(ctx context.Context, m pipeline.Message) (pipeline.Resul
 		if dup, err := s.admittedBefore(r.RecordID); err != nil {
 			return pipeline.Result{}, err
 		} else if dup {
+			s.env.DuplicateDropped(r.RecordID)
 			s.win.MarkSeen(r.RecordID)
 			s.remember(r.RecordID)
 			continue
@@ -286,6 +289,8 @@ func (s *Stage) Process(ctx context.Context, m pipeline.Message) (pipeline.Resul
 			s.held[m.Ref] = struct{}{}
 		}
 		switch out.Outcome {
+		case Duplicate:
+			s.env.DuplicateDropped(r.RecordID)
 		case Filtered:
 			ev, err := s.census(r.RecordID, r.TaskID, r.GroupID, schemas.CensusFiltered, string(out.Filter), "", 0, now)
 			if err != nil {

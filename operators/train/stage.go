@@ -287,6 +287,7 @@ func (s *Stage) Process(_ context.Context, m pipeline.Message) (pipeline.Result,
 		return res, refuse(err)
 	}
 	if batch.BatchIndex <= s.lastIndex {
+		s.env.DuplicateDropped(batch.BatchID)
 		return res, nil // redelivered: trained already
 	}
 	if batch.ContractHash != s.cfg.ContractHash {

@@ -1,0 +1,62 @@
+package pipeline
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/prometheus/client_golang/prometheus/testutil/promlint"
+)
+
+// Every metric family an operator process exposes passes promlint (unit
+// suffixes, _total on counters, no camelCase), no family carries a label
+// named "instance" (Prometheus sets it on every scraped series), and the
+// Go, process and build-info collectors are there.
+func TestMetricsPassPromlint(t *testing.T) {
+	m := NewMetrics(nil)
+	sm := m.forStage("pack", "host-1")
+	sm.in.Inc()
+	sm.inBytes.Add(10)
+	sm.outBytes.Add(10)
+	sm.out.WithLabelValues("batches").Inc()
+	sm.quarantined.WithLabelValues("bad_input").Inc()
+	sm.lag.WithLabelValues("scored", "0").Set(3)
+	sm.inFlight.Set(1)
+	sm.commitLatency.Observe(0.01)
+	sm.retries.WithLabelValues("fetch").Inc()
+	sm.commits.Inc()
+	sm.duplicates.Inc()
+	// A second registration of the process collectors is harmless.
+	RegisterProcessCollectors(m.Registry)
+
+	mfs, err := m.Registry.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	problems, err := promlint.NewWithMetricFamilies(mfs).Lint()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range problems {
+		t.Errorf("promlint: %s: %s", p.Metric, p.Text)
+	}
+	have := map[string]bool{}
+	for _, mf := range mfs {
+		have[mf.GetName()] = true
+		for _, met := range mf.GetMetric() {
+			for _, l := range met.GetLabel() {
+				if l.GetName() == "instance" {
+					t.Errorf("%s has a label named instance", mf.GetName())
+				}
+			}
+		}
+		if n := mf.GetName(); strings.HasPrefix(n, "trajflow_") && strings.Contains(n, "_bytes_") && !strings.HasSuffix(n, "_bytes_total") {
+			t.Errorf("%s: the unit goes last (before _total)", n)
+		}
+	}
+	for _, want := range []string{"go_goroutines", "go_build_info", "trajflow_build_info",
+		"trajflow_duplicates_dropped_total", "trajflow_consumer_lag_records", "trajflow_in_bytes_total"} {
+		if !have[want] {
+			t.Errorf("no %s family", want)
+		}
+	}
+}
