@@ -2,10 +2,12 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"log/slog"
+	"strings"
 	"time"
 
 	"github.com/trajflow/trajflow/connectors/kafka"
@@ -87,6 +89,7 @@ func cmdTopics(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	rf := fs.Int("replication-factor", 0, "replicas per partition (0: the contract's topics.replication when written, else 3 on 3 or more brokers, 1 on one)")
 	minISR := fs.Int("min-insync-replicas", 0, "topic min.insync.replicas (0: 2 with 3 or more replicas, else 1)")
 	unsafe := fs.Bool("allow-unsafe-replication", false, "accept replication that cannot survive the loss of one broker")
+	wait := fs.Duration("wait", time.Minute, "how long to wait for a broker at --brokers to answer (one just started in the background)")
 	pos, err := parseFlags(fs, args)
 	if err != nil {
 		return err
@@ -107,7 +110,7 @@ func cmdTopics(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		return err
 	}
 	specs := operators.TopicSpecs(c, topics)
-	brokers, err := kafka.ListBrokers(ctx, cc, cc.Brokers)
+	brokers, err := waitForBrokers(ctx, cc, *wait, stderr)
 	if err != nil {
 		return err
 	}
@@ -125,4 +128,54 @@ func cmdTopics(ctx context.Context, args []string, stdout, stderr io.Writer) err
 			s.Name, s.Partitions, s.ReplicationFactor, s.MinInsyncReplicas, s.MaxMessageBytes, s.Compacted)
 	}
 	return nil
+}
+
+// waitForBrokers lists the brokers of the cluster at cc.Brokers, retrying
+// until one answers with at least one broker or wait has passed. It says
+// on stderr that it waits, and its error names the addresses, the last
+// cause and what to check.
+func waitForBrokers(ctx context.Context, cc kafka.ClientConfig, wait time.Duration, stderr io.Writer) ([]kafka.BrokerInfo, error) {
+	addrs := strings.Join(cc.Brokers, ",")
+	wctx, cancel := context.WithTimeout(ctx, wait)
+	defer cancel()
+	start := time.Now()
+	backoff := 100 * time.Millisecond
+	var told time.Time
+	for {
+		brokers, err := kafka.ListBrokers(wctx, cc, cc.Brokers)
+		if err == nil && len(brokers) > 0 {
+			if !told.IsZero() {
+				fmt.Fprintf(stderr, "broker at %s answered after %s\n", addrs, time.Since(start).Round(100*time.Millisecond))
+			}
+			return brokers, nil
+		}
+		if err == nil {
+			err = errors.New("the cluster lists no broker yet")
+		}
+		if ctx.Err() != nil {
+			return nil, fmt.Errorf("waiting for a broker at %s: %w (last: %w)", addrs, ctx.Err(), err)
+		}
+		if time.Since(told) >= 10*time.Second {
+			fmt.Fprintf(stderr, "waiting up to %s for a Kafka broker at %s: %v\n", wait, addrs, err)
+			told = time.Now()
+		}
+		t := time.NewTimer(backoff)
+		select {
+		case <-wctx.Done():
+			t.Stop()
+			return nil, brokerUnreachable(addrs, wait, err)
+		case <-t.C:
+		}
+		backoff = min(2*backoff, time.Second)
+	}
+}
+
+// brokerUnreachable is the error of a cluster that did not answer within
+// wait: the addresses, the cause and what to check.
+func brokerUnreachable(addrs string, wait time.Duration, err error) error {
+	hint := "is a broker running there (trajflow broker --port N, or your cluster)? Check --brokers, or wait longer with --wait"
+	if strings.Contains(err.Error(), "ApiVersions") {
+		hint = "something accepts connections there but does not answer the Kafka protocol: check the port in --brokers"
+	}
+	return fmt.Errorf("no Kafka broker answered at %s within %s: %w; %s", addrs, wait, err, hint)
 }

@@ -24,10 +24,6 @@ example: trajflow demo --out out/demo && trajflow dashboard out/demo --port 8080
 
 func cmdDashboard(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := newFlags("dashboard", stderr)
-	fs.Usage = func() {
-		fmt.Fprintln(stderr, "usage: "+dashboardUsage)
-		fs.PrintDefaults()
-	}
 	var cfg dashboard.Config
 	brokers := fs.String("brokers", "", "comma-separated brokers of a running cluster: serve the run live from its topics")
 	clientCfg := fs.String("client-config", "", "YAML file with TLS/SASL client settings for --brokers")

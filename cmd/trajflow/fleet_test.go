@@ -146,3 +146,70 @@ func TestRunHealthPortTaken(t *testing.T) {
 		time.Sleep(100 * time.Millisecond)
 	}
 }
+
+// topics create started before the broker waits for it (the README starts
+// the broker in the background and creates the topics at once); without
+// one it gives up after --wait with an error naming the address, the
+// cause and what to check, for a closed port and for a port that is not
+// Kafka.
+func TestTopicsCreateWaitsForTheBroker(t *testing.T) {
+	hold, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := hold.Addr().String()
+	hold.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	done := make(chan int, 1)
+	var out, errb lockedBuffer
+	go func() { done <- run(ctx, []string{"topics", "create", "--brokers", addr, "--wait", "40s"}, &out, &errb) }()
+	time.Sleep(1500 * time.Millisecond)
+	b, err := kafka.StartBroker(ctx, kafka.BrokerConfig{Addr: addr, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	if code := <-done; code != 0 {
+		t.Fatalf("topics create before the broker: exit %d: %s", code, errb.String())
+	}
+	if !strings.Contains(errb.String(), "waiting up to 40s for a Kafka broker at "+addr) {
+		t.Errorf("no waiting notice naming %s: %s", addr, errb.String())
+	}
+	if !strings.Contains(out.String(), "partitions=") {
+		t.Errorf("no topic created: %s", out.String())
+	}
+
+	// Nothing listens: the error names the address and the refusal.
+	var o2, e2 bytes.Buffer
+	start := time.Now()
+	code := run(ctx, []string{"topics", "create", "--brokers", "127.0.0.1:1", "--wait", "1s"}, &o2, &e2)
+	if code != 1 || !strings.Contains(e2.String(), "no Kafka broker answered at 127.0.0.1:1 within 1s") ||
+		!strings.Contains(e2.String(), "connection refused") || !strings.Contains(e2.String(), "is a broker running there") {
+		t.Errorf("closed port: exit %d: %s", code, e2.String())
+	}
+	if d := time.Since(start); d > 15*time.Second {
+		t.Errorf("closed port: gave up after %s, want about --wait", d)
+	}
+
+	// A listener that never answers the Kafka protocol.
+	sink, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sink.Close()
+	go func() {
+		for {
+			c, err := sink.Accept()
+			if err != nil {
+				return
+			}
+			defer c.Close()
+		}
+	}()
+	e2.Reset()
+	code = run(ctx, []string{"topics", "create", "--brokers", sink.Addr().String(), "--wait", "1s"}, &o2, &e2)
+	if code != 1 || !strings.Contains(e2.String(), "at "+sink.Addr().String()) || !strings.Contains(e2.String(), "does not answer the Kafka protocol") {
+		t.Errorf("non-Kafka port: exit %d: %s", code, e2.String())
+	}
+}

@@ -137,10 +137,6 @@ func stateDir(dir, name string) (string, func(), error) {
 func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := newFlags("run", stderr)
 	of := addOperatorFlags(fs)
-	fs.Usage = func() {
-		fmt.Fprintf(fs.Output(), "usage: trajflow run NAME [flags]\n\nstages:\n%s\n\nflags:\n", stageList())
-		fs.PrintDefaults()
-	}
 	pos, err := parseFlags(fs, args)
 	if err != nil {
 		return err

@@ -24,7 +24,7 @@ func TestNoContractNotice(t *testing.T) {
 		{"stage", "validate", "--in", in, "--out", filepath.Join(dir, "valid.arrow")},
 		// train without --releases stops at once with a configuration error.
 		{"run", "train", "--brokers", "127.0.0.1:1", "--state", t.TempDir()},
-		{"topics", "create", "--brokers", "127.0.0.1:1"},
+		{"topics", "create", "--brokers", "127.0.0.1:1", "--wait", "1s"},
 	}
 	for _, args := range cases {
 		var stdout, stderr bytes.Buffer

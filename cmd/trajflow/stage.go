@@ -25,10 +25,6 @@ func cmdStage(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	fs.Int64Var(&o.TrainerVersion, "trainer-version", -1, "pack: a policy version the trainer published before the first record (default: from the input records)")
 	releases := fs.String("releases", "", "train: the release directory to write (checkpoints, manifests, update records)")
 	device := fs.String("device", "cpu", "train: the trainer's backend (cpu or cuda)")
-	fs.Usage = func() {
-		fmt.Fprintf(fs.Output(), "usage: trajflow stage %s --in FILE --out FILE [flags]\n\n", strings.Join(offline.Stages, "|"))
-		fs.PrintDefaults()
-	}
 	pos, err := parseFlags(fs, args)
 	if err != nil {
 		return err
