@@ -3,11 +3,13 @@ package main
 import (
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"path/filepath"
 
 	"github.com/trajflow/trajflow/internal/loop"
+	"github.com/trajflow/trajflow/pipeline/contract"
 )
 
 func init() {
@@ -21,18 +23,29 @@ func cmdDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	fs.StringVar(&o.Out, "out", filepath.Join("out", "demo"), "output directory (summary.json, releases/, demo.log)")
 	fs.Int64Var(&o.Seed, "seed", 1, "contract seed (random streams and initial weights)")
 	brokers := fs.String("brokers", "", "comma-separated brokers of an external cluster (default: start the embedded broker)")
-	fs.StringVar(&o.RunID, "run", "", "run id, the topic prefix (default: the demo contract's)")
+	fs.StringVar(&o.RunID, "run", "", "run id (default: the contract's): the prefix of every topic and the namespace of every record id and random stream, so another id gives other (equally valid) results")
 	fs.BoolVar(&o.Async, "async", false, "asynchronous mode: up to max-lag+1 rounds in flight, stale samples dropped")
 	fs.Int64Var(&o.MaxLag, "max-lag", 1, "policy versions a sample may lag the trainer (with --async)")
 	evalSamples := fs.Int("eval-samples", 4, "attempts per hidden-eval task (fixed seeds)")
 	env := addEnvFlags(fs)
 	fs.StringVar(&o.Environment, "environment", "", "the contract's artifacts.environment (default the demo's kv; builtin:env/ledger-env@v1: the ledger family)")
 	pf := addPolicyFlags(fs, &o)
+	cpath := fs.String("contract", "", "learning contract the run starts from (default: the built-in demo contract); --seed, --run, --async and --max-lag, when given, replace its fields")
 	if _, err := parseFlags(fs, args); err != nil {
 		return err
 	}
+	set := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	if set["max-lag"] && !o.Async {
+		return fmt.Errorf("%w: --max-lag %d has no effect without --async (a synchronous run trains every round on the policy that generated it)", errUsage, o.MaxLag)
+	}
 	if err := pf.apply(&o); err != nil {
 		return err
+	}
+	if *cpath != "" {
+		if err := demoBase(&o, *cpath, set); err != nil {
+			return err
+		}
 	}
 	o.Brokers = splitList(*brokers)
 	var err error
@@ -54,5 +67,29 @@ func cmdDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	fmt.Fprintf(stdout, "hidden-eval success %.3f -> %.3f in %d updates (%.1fs); launched %d, admitted %d, filtered %d, duplicates %d, lost %d; summary in %s\n",
 		s.EvalSuccessInitial, s.EvalSuccessFinal, s.Updates, s.WallSeconds, s.AttemptsLaunched, s.TrajectoriesAdmitted,
 		s.TrajectoriesFiltered, s.DuplicatesAdmitted, s.Lost, filepath.Join(o.Out, loop.SummaryFile))
+	return nil
+}
+
+// demoBase makes the contract at path the base of the demo run: its seed
+// and, when --async is not given, its dispatch mode and lag bound are
+// kept; a policy section on servers is taken unless --policy is given.
+func demoBase(o *loop.Options, path string, set map[string]bool) error {
+	base, err := contract.Load(path)
+	if err != nil {
+		return fmt.Errorf("%w: --contract: %w", errUsage, err)
+	}
+	if err := base.Clone().Resolve(); err != nil {
+		return fmt.Errorf("%w: --contract %s: %w", errUsage, path, err)
+	}
+	if !set["seed"] {
+		o.Seed = base.Seed
+	}
+	if !set["async"] && base.Dispatch.Mode == contract.DispatchAsync {
+		o.Async, o.MaxLag = true, base.Packing.MaxLag
+	}
+	if !set["policy"] && base.Policy.Protocol != "" && base.Policy.Protocol != contract.PolicyBuiltin {
+		o.Policy = base.Policy
+	}
+	o.Base = base
 	return nil
 }

@@ -283,3 +283,54 @@ func (w *prefixWriter) Write(b []byte) (int, error) {
 	}
 	return len(b), nil
 }
+
+// `demo --contract FILE` runs the contract of FILE: its run id, seed and
+// hash are the summary's; --max-lag without --async is refused at once.
+func TestDemoContractFile(t *testing.T) {
+	dir := t.TempDir()
+	b, err := os.ReadFile(filepath.Join("..", "..", "testdata", "contracts", "demo.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	y := strings.Replace(strings.Replace(string(b), "run_id: demo", "run_id: fromfile", 1), "seed: 1 ", "seed: 7 ", 1)
+	path := filepath.Join(dir, "c.yaml")
+	if err := os.WriteFile(path, []byte(y), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	c, err := loadContract(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.RunID != "fromfile" || c.Seed != 7 {
+		t.Fatalf("edited contract: run %q seed %d", c.RunID, c.Seed)
+	}
+	out := filepath.Join(dir, "out")
+	var stdout, stderr bytes.Buffer
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	if code := run(ctx, []string{"demo", "--contract", path, "--updates", "1", "--eval-samples", "1", "--out", out}, &stdout, &stderr); code != 0 {
+		t.Fatalf("demo --contract: exit %d: %s", code, stderr.String())
+	}
+	sb, err := os.ReadFile(filepath.Join(out, "summary.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var s loop.Summary
+	if err := json.Unmarshal(sb, &s); err != nil {
+		t.Fatal(err)
+	}
+	if s.RunID != "fromfile" || s.Seed != 7 || s.ContractHash != c.Hash() {
+		t.Errorf("summary: run %q seed %d hash %s, want fromfile 7 %s", s.RunID, s.Seed, s.ContractHash, c.Hash())
+	}
+
+	stderr.Reset()
+	start := time.Now()
+	code := run(ctx, []string{"demo", "--max-lag", "2", "--out", filepath.Join(dir, "x")}, &stdout, &stderr)
+	if code != 2 || !strings.Contains(stderr.String(), "--max-lag 2 has no effect without --async") || time.Since(start) > 5*time.Second {
+		t.Errorf("--max-lag without --async: exit %d after %s: %s", code, time.Since(start), stderr.String())
+	}
+	stderr.Reset()
+	if code := run(ctx, []string{"demo", "--contract", filepath.Join(dir, "missing.yaml")}, &stdout, &stderr); code != 2 || !strings.Contains(stderr.String(), "missing.yaml") {
+		t.Errorf("missing contract: exit %d: %s", code, stderr.String())
+	}
+}

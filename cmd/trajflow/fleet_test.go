@@ -163,7 +163,9 @@ func TestTopicsCreateWaitsForTheBroker(t *testing.T) {
 	defer cancel()
 	done := make(chan int, 1)
 	var out, errb lockedBuffer
-	go func() { done <- run(ctx, []string{"topics", "create", "--brokers", addr, "--wait", "40s"}, &out, &errb) }()
+	go func() {
+		done <- run(ctx, []string{"topics", "create", "--brokers", addr, "--wait", "40s"}, &out, &errb)
+	}()
 	time.Sleep(1500 * time.Millisecond)
 	b, err := kafka.StartBroker(ctx, kafka.BrokerConfig{Addr: addr, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	if err != nil {

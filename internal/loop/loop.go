@@ -76,6 +76,10 @@ type Options struct {
 	// Edit, when set, changes the contract before it is resolved (a
 	// test's smaller run).
 	Edit func(c *contract.Contract)
+	// Base, when set, is the contract the run starts from instead of the
+	// demo contract (`trajflow demo --contract FILE`); the options above
+	// that are set still replace its fields.
+	Base *contract.Contract
 }
 
 // Update is one line of the loop's output.
@@ -145,6 +149,9 @@ var ErrRunUsed = errors.New("loop: run id already used on this cluster")
 // Contract is the demo contract (contract.Default) for o.
 func Contract(o Options) (*contract.Contract, error) {
 	c := contract.Default()
+	if o.Base != nil {
+		c = o.Base.Clone()
+	}
 	c.Seed = o.Seed
 	if o.RunID != "" {
 		c.RunID = o.RunID
