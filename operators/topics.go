@@ -51,3 +51,21 @@ func ReplicationRequest(c *contract.Contract, brokers, factor, minInsync int, al
 	}
 	return r
 }
+
+// SnapshotLayout is what a complete snapshot of a run of c holds per
+// topic (short name): its partition count, and whether every partition
+// starts at offset 0 (every topic that is not compacted: the snapshot
+// stage reads from the beginning). parquet.Holes checks a snapshot
+// against it.
+func SnapshotLayout(c *contract.Contract) (partitions map[string]int, fromStart map[string]bool) {
+	partitions, fromStart = map[string]int{}, map[string]bool{}
+	for _, info := range pipeline.Topology() {
+		n := info.Partitions
+		if n == 0 {
+			n = c.Topics.Partitions
+		}
+		partitions[info.Short] = n
+		fromStart[info.Short] = !info.Compacted
+	}
+	return partitions, fromStart
+}

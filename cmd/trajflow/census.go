@@ -33,5 +33,8 @@ func cmdCensus(_ context.Context, args []string, stdout, stderr io.Writer) error
 		return err
 	}
 	rep.Print(stdout, *top)
+	for _, w := range rep.Warnings {
+		fmt.Fprintf(stderr, "warning: snapshot incomplete: %s\n", w)
+	}
 	return nil
 }

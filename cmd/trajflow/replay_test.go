@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -142,7 +143,7 @@ func TestReplaySyntheticRun(t *testing.T) {
 		}
 	})
 
-	t.Run("missing trajectories name the batch", func(t *testing.T) {
+	t.Run("a missing trajectories file is refused", func(t *testing.T) {
 		files, err := parquet.List(dir)
 		if err != nil {
 			t.Fatal(err)
@@ -161,7 +162,9 @@ func TestReplaySyntheticRun(t *testing.T) {
 		defer os.Rename(moved, victim.Path)
 		var out, errb bytes.Buffer
 		code := run(context.Background(), []string{"replay", dir}, &out, &errb)
-		if code != 1 || !strings.Contains(errb.String(), "first difference: batch ") {
+		// The first file of its partition: the replay refuses the
+		// snapshot, naming the partition, before it compares anything.
+		if code != 1 || !strings.Contains(errb.String(), "incomplete snapshot") || !strings.Contains(errb.String(), fmt.Sprintf("trajectories/%d", victim.Partition)) {
 			t.Fatalf("replay without %s: exit %d, stdout %q, stderr %q", victim.Path, code, out.String(), errb.String())
 		}
 		t.Log(strings.TrimSpace(errb.String()))
@@ -279,4 +282,94 @@ func TestSnapshotSIGKILL(t *testing.T) {
 			seen[k] = true
 		}
 	}
+}
+
+// copySnapshot copies the snapshot directory src to a new directory.
+func copySnapshot(t *testing.T, src string) string {
+	t.Helper()
+	dst := filepath.Join(t.TempDir(), "snap")
+	if err := os.CopyFS(dst, os.DirFS(src)); err != nil {
+		t.Fatal(err)
+	}
+	return dst
+}
+
+// TestIncompleteSnapshots: census refuses a snapshot without its census
+// topic and warns about a missing partition, counts the quarantine
+// records it cannot tie to an attempt; replay refuses a snapshot missing
+// a trajectories partition; replay --to-brokers refuses topics that
+// already hold the run.
+func TestIncompleteSnapshots(t *testing.T) {
+	out := t.TempDir()
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	var so, se bytes.Buffer
+	if code := run(ctx, []string{"demo", "--updates", "1", "--eval-samples", "1", "--out", out}, &so, &se); code != 0 {
+		t.Fatalf("demo: exit %d: %s", code, se.String())
+	}
+	cli := func(args ...string) (int, string, string) {
+		var o, e bytes.Buffer
+		code := run(ctx, args, &o, &e)
+		return code, o.String(), e.String()
+	}
+	if code, o, e := cli("census", out); code != 0 || strings.Contains(o+e, "warning") {
+		t.Fatalf("census of the complete snapshot: exit %d: %s %s", code, o, e)
+	}
+
+	t.Run("no census topic", func(t *testing.T) {
+		dir := copySnapshot(t, out)
+		if err := os.RemoveAll(filepath.Join(dir, "run=demo", "topic=census")); err != nil {
+			t.Fatal(err)
+		}
+		code, o, e := cli("census", dir)
+		if code != 1 || !strings.Contains(e, "holds no census record") || !strings.Contains(e, "topic trajectories") {
+			t.Fatalf("census without census topic: exit %d: %s %s", code, o, e)
+		}
+	})
+
+	t.Run("missing trajectories partition", func(t *testing.T) {
+		dir := copySnapshot(t, out)
+		if err := os.RemoveAll(filepath.Join(dir, "run=demo", "topic=trajectories", "partition=1")); err != nil {
+			t.Fatal(err)
+		}
+		code, o, e := cli("census", dir)
+		if code != 0 || !strings.Contains(e, "warning: snapshot incomplete: trajectories/1: no snapshot file for partition 1 of 4") ||
+			!strings.Contains(o, "trajectories/1") {
+			t.Fatalf("census without trajectories/1: exit %d: %s %s", code, o, e)
+		}
+		code, o, e = cli("replay", dir)
+		if code != 1 || !strings.Contains(e, "incomplete snapshot") || !strings.Contains(e, "trajectories/1") {
+			t.Fatalf("replay without trajectories/1: exit %d: %s %s", code, o, e)
+		}
+	})
+
+	t.Run("quarantine records tied to no attempt", func(t *testing.T) {
+		dir := copySnapshot(t, out)
+		info, err := parquet.ReadRunInfo(filepath.Join(dir, "run=demo"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		q := []parquet.Message{{Offset: 0, Value: []byte("not arrow"), Headers: []pipeline.Header{
+			{Key: "trajflow-id", Value: []byte("message-id-of-no-attempt")}, {Key: "trajflow-reason", Value: []byte("decode_error")}}},
+			{Offset: 1, Value: []byte("x"), Headers: []pipeline.Header{{Key: "trajflow-reason", Value: []byte("decode_error")}}}}
+		tgt := parquet.Target{Dir: dir, Run: "demo", Topic: "demo.quarantine", ContractHash: info.ContractHash}
+		if _, _, err := parquet.WriteFile(tgt, 0, q, parquet.WriteOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		code, o, e := cli("census", dir)
+		if code != 0 || !strings.Contains(o, "quarantine topic: 2 records, 2 tied to no attempt") || !strings.Contains(o, "decode_error") {
+			t.Fatalf("census with quarantine records: exit %d: %s %s", code, o, e)
+		}
+	})
+
+	t.Run("to-brokers twice", func(t *testing.T) {
+		addr := startBroker(t)
+		if code, o, e := cli("replay", out, "--to-brokers", addr); code != 0 {
+			t.Fatalf("first re-emit: exit %d: %s %s", code, o, e)
+		}
+		code, o, e := cli("replay", out, "--to-brokers", addr)
+		if code != 1 || !strings.Contains(e, "already hold records of run demo") || !strings.Contains(e, "demo.batches") {
+			t.Fatalf("second re-emit: exit %d: %s %s", code, o, e)
+		}
+	})
 }

@@ -98,3 +98,63 @@ func ReadRun(runDir string, topics []string, opts ReadOptions) (*Run, error) {
 	r.Gaps = Contiguity(r.Files)
 	return r, nil
 }
+
+// Hole is something a snapshot lacks of a topic it holds: a partition
+// with no file, or offsets missing before a partition's first file.
+type Hole struct {
+	Topic     string // short topic name
+	Partition int
+	// Partitions is the topic's partition count; Before, when > 0, the
+	// first offset of the partition's first file (offsets 0..Before-1
+	// are missing). Before == 0 means the partition has no file.
+	Partitions int
+	Before     int64
+}
+
+func (h Hole) String() string {
+	if h.Before > 0 {
+		return fmt.Sprintf("%s/%d: offsets 0..%d missing before the first snapshot file", h.Topic, h.Partition, h.Before-1)
+	}
+	return fmt.Sprintf("%s/%d: no snapshot file for partition %d of %d (it received no record, or the snapshot is incomplete)",
+		h.Topic, h.Partition, h.Partition, h.Partitions)
+}
+
+// Holes lists the holes of the files of one run (as List returns them)
+// for every topic of partitions (short name -> partition count) that has
+// at least one file: a topic with no file at all is not a hole here (the
+// caller knows which topics it needs). Topics in fromStart must begin at
+// offset 0 in every partition (not compacted, retention not yet
+// reached).
+func Holes(files []File, partitions map[string]int, fromStart map[string]bool) []Hole {
+	first := map[string]map[int]int64{}
+	for _, f := range files {
+		if first[f.Topic] == nil {
+			first[f.Topic] = map[int]int64{}
+		}
+		if o, ok := first[f.Topic][f.Partition]; !ok || f.FirstOffset < o {
+			first[f.Topic][f.Partition] = f.FirstOffset
+		}
+	}
+	var out []Hole
+	topics := make([]string, 0, len(partitions))
+	for t := range partitions {
+		topics = append(topics, t)
+	}
+	slices.Sort(topics)
+	for _, t := range topics {
+		parts := first[t]
+		if len(parts) == 0 {
+			continue
+		}
+		for p := 0; p < partitions[t]; p++ {
+			o, ok := parts[p]
+			switch {
+			case !ok:
+				out = append(out, Hole{Topic: t, Partition: p, Partitions: partitions[t]})
+			case o > 0 && fromStart[t]:
+				out = append(out, Hole{Topic: t, Partition: p, Partitions: partitions[t], Before: o})
+			}
+		}
+	}
+	return out
+}

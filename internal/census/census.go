@@ -6,11 +6,16 @@
 package census
 
 import (
+	"errors"
 	"fmt"
+	"io/fs"
+	"path/filepath"
 	"slices"
 	"strings"
 
 	"github.com/trajflow/trajflow/connectors/parquet"
+	"github.com/trajflow/trajflow/operators"
+	"github.com/trajflow/trajflow/pipeline/contract"
 	"github.com/trajflow/trajflow/schemas"
 )
 
@@ -26,6 +31,15 @@ type Report struct {
 	// Retried counts the retried events (one per retry of an environment
 	// call by the rollout stage's client), by reason.
 	Retried map[string]int
+	// QuarantineRecords counts the records of the quarantine topic;
+	// Unattributed, by reason, those the census cannot tie to an attempt
+	// (a whole message refused before its rows were read: its id is the
+	// message's, not an attempt's, and no census event names it).
+	QuarantineRecords int
+	Unattributed      map[string]int
+	// Warnings says what the snapshot lacks (parquet.Holes, gaps between
+	// files): the counts are those of what it holds.
+	Warnings []string
 }
 
 // Attempt is what the selection-bias check compares of one attempt.
@@ -41,20 +55,113 @@ type Attempt struct {
 // Count is the number of attempts with a census event of kind.
 func (r *Report) Count(kind string) int { return len(r.Kinds[kind]) }
 
-// Collect reads the census, trajectories and rewarded topics of the run
-// snapshot in runDir.
+// ErrIncomplete marks a snapshot the census cannot be counted from.
+var ErrIncomplete = errors.New("census: incomplete snapshot")
+
+// read are the topics the census reads.
+var read = []string{"census", "trajectories", "rewarded", "quarantine"}
+
+// Collect reads the census, trajectories, rewarded and quarantine topics
+// of the run snapshot in runDir. A snapshot with trajectories or batches
+// but no census record is refused (ErrIncomplete): its funnel would read
+// zero everywhere. Partitions without a file and missing offsets are
+// Warnings (checked against the contract the snapshot recorded).
 func Collect(runDir string) (*Report, error) {
-	snap, err := parquet.ReadRun(runDir, []string{"census", "trajectories", "rewarded"}, parquet.ReadOptions{})
+	snap, err := parquet.ReadRun(runDir, read, parquet.ReadOptions{})
 	if err != nil {
 		return nil, err
 	}
+	files, err := parquet.List(runDir)
+	if err != nil {
+		return nil, err
+	}
+	if len(snap.Topics["census"]) == 0 {
+		held := map[string]int{}
+		for _, f := range files {
+			held[f.Topic]++
+		}
+		for _, t := range []string{"trajectories", "batches", "windows", "rewarded"} {
+			if held[t] > 0 {
+				return nil, fmt.Errorf("%w: %s holds no census record but %d file(s) of topic %s: the census topic was not "+
+					"snapshotted (or its files were removed), so every count would read 0; snapshot every topic of the run "+
+					"(trajflow run snapshot, or trajflow demo --out)", ErrIncomplete, runDir, held[t], t)
+			}
+		}
+	}
 	r := &Report{Kinds: map[string]map[string]bool{}, Reasons: map[string]map[string]bool{},
-		FailedInfra: map[string]bool{}, FailedTask: map[string]bool{}, Admitted: map[string]bool{}, Retried: map[string]int{}}
+		FailedInfra: map[string]bool{}, FailedTask: map[string]bool{}, Admitted: map[string]bool{}, Retried: map[string]int{},
+		Unattributed: map[string]int{}}
+	r.Warnings = holes(runDir, files)
+	for _, g := range snap.Gaps {
+		if slices.Contains(read, g.Topic) {
+			r.Warnings = append(r.Warnings, g.String())
+		}
+	}
 	if err := r.addEvents(snap.Topics["census"]); err != nil {
 		return nil, err
 	}
 	r.addAttempts(snap.Topics["trajectories"], rewards(snap.Topics["rewarded"]))
+	r.addQuarantine(snap.Topics["quarantine"])
 	return r, nil
+}
+
+// holes checks the files of the topics the census reads against the
+// layout of the contract the snapshot recorded (none when it recorded
+// none, or one that does not load).
+func holes(runDir string, files []parquet.File) []string {
+	path := filepath.Join(runDir, parquet.ContractFile)
+	c, err := contract.Load(path)
+	if err != nil {
+		if errors.Is(err, fs.ErrNotExist) {
+			return nil
+		}
+		return []string{fmt.Sprintf("partitions not checked: %v", err)}
+	}
+	if err := c.Resolve(); err != nil {
+		return []string{fmt.Sprintf("partitions not checked: contract %s: %v", path, err)}
+	}
+	parts, fromStart := operators.SnapshotLayout(c)
+	for t := range parts {
+		if !slices.Contains(read, t) || t == "quarantine" {
+			delete(parts, t) // a quarantine partition without a record is the normal case
+		}
+	}
+	var out []string
+	for _, h := range parquet.Holes(files, parts, fromStart) {
+		out = append(out, h.String())
+	}
+	return out
+}
+
+// addQuarantine counts the quarantine records and, by reason, those no
+// census event ties to an attempt: a refused row carries its attempt's
+// id (trajflow-id) and a quarantined event; a refused message carries
+// its own id.
+func (r *Report) addQuarantine(msgs []parquet.Message) {
+	attempts := map[string]bool{}
+	for _, ids := range r.Kinds {
+		for id := range ids {
+			attempts[id] = true
+		}
+	}
+	for _, m := range msgs {
+		r.QuarantineRecords++
+		id, reason := "", ""
+		for _, h := range m.Headers {
+			switch h.Key {
+			case schemas.HeaderID:
+				id = string(h.Value)
+			case schemas.HeaderReason:
+				reason = string(h.Value)
+			}
+		}
+		if id == "" || !attempts[id] {
+			if reason == "" {
+				reason = "(no reason header)"
+			}
+			r.Unattributed[reason]++
+		}
+	}
 }
 
 // addEvents counts the census events; a redelivered event (same id)

@@ -79,6 +79,26 @@ func (r *Report) printFunnel(w io.Writer) {
 			fmt.Fprintf(w, "  %-34s %8d\n", k, r.Retried[k])
 		}
 	}
+	r.printQuarantine(w)
+}
+
+// printQuarantine writes the quarantine topic's records and those tied to
+// no attempt, by reason; then what the snapshot lacks.
+func (r *Report) printQuarantine(w io.Writer) {
+	n := 0
+	reasons := make([]string, 0, len(r.Unattributed))
+	for k, v := range r.Unattributed {
+		reasons = append(reasons, k)
+		n += v
+	}
+	sort.Strings(reasons)
+	fmt.Fprintf(w, "quarantine topic: %d records, %d tied to no attempt (not in the funnel above)\n", r.QuarantineRecords, n)
+	for _, k := range reasons {
+		fmt.Fprintf(w, "  %-34s %8d\n", k, r.Unattributed[k])
+	}
+	for _, s := range r.Warnings {
+		fmt.Fprintf(w, "warning: snapshot incomplete: %s\n", s)
+	}
 }
 
 // admitted are the launched attempts that were admitted to a batch.

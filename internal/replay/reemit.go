@@ -2,8 +2,10 @@ package replay
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"time"
 
 	kafkago "github.com/segmentio/kafka-go"
@@ -38,6 +40,9 @@ func Reemit(ctx context.Context, runDir, contractPath string, cc kafka.ClientCon
 	if err != nil {
 		return 0, err
 	}
+	if err := refuseUsed(ctx, cc, transport, snap); err != nil {
+		return 0, err
+	}
 	w := &kafkago.Writer{
 		Addr: kafkago.TCP(cc.Brokers...), RequiredAcks: kafkago.RequireAll, BatchTimeout: 5 * time.Millisecond,
 		BatchBytes: kafka.WriterBatchBytes(c.Topics.MaxMessageBytes),
@@ -66,6 +71,44 @@ func Reemit(ctx context.Context, runDir, contractPath string, cc kafka.ClientCon
 		}
 	}
 	return n, nil
+}
+
+// ErrTopicUsed marks a re-emit into a topic that already holds records.
+var ErrTopicUsed = errors.New("replay: topic already holds records")
+
+// refuseUsed refuses a re-emit into topics that already hold records (a
+// second re-emit, or the live run itself): each message would be there
+// twice, and every stage downstream would see it twice.
+func refuseUsed(ctx context.Context, cc kafka.ClientConfig, transport *kafkago.Transport, snap *parquet.Run) error {
+	dialer, err := cc.Dialer()
+	if err != nil {
+		return err
+	}
+	cfg := &pipeline.Config{Brokers: cc.Brokers, Dialer: dialer, Transport: transport}
+	var used []string
+	for short, full := range snap.FullTopics {
+		if len(snap.Topics[short]) == 0 {
+			continue
+		}
+		n := 0
+		err := pipeline.ScanTail(ctx, cfg, full, 1, func(pipeline.Message) error {
+			n++
+			return nil
+		})
+		if err != nil {
+			return fmt.Errorf("re-emit: read %s: %w", full, err)
+		}
+		if n > 0 {
+			used = append(used, full)
+		}
+	}
+	if len(used) > 0 {
+		slices.Sort(used)
+		return fmt.Errorf("%w: %s on %s already hold records of run %s; re-emitting would write every message twice: "+
+			"re-emit into an empty cluster, or delete those topics first", ErrTopicUsed, strings.Join(used, ", "),
+			strings.Join(cc.Brokers, ","), snap.Info.Run)
+	}
+	return nil
 }
 
 // produce writes msgs to topic, each to its recorded partition, 256 at a

@@ -14,11 +14,13 @@ package replay
 import (
 	"context"
 	"crypto/sha256"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"path/filepath"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/trajflow/trajflow/connectors/parquet"
@@ -98,6 +100,9 @@ func Run(ctx context.Context, runDir, contractPath string) (*Report, error) {
 	for _, g := range snap.Gaps {
 		rep.Notes = append(rep.Notes, "warning: "+g.String())
 	}
+	if err := checkComplete(c, snap, rep); err != nil {
+		return nil, err
+	}
 	in := recorded(deps.Topics.Trajectories, snap.Topics["trajectories"])
 	for _, s := range chain {
 		if in, err = drive(ctx, deps, s, in, snap, rep); err != nil {
@@ -173,4 +178,52 @@ func sameValues(outs []pipeline.Output, recorded []parquet.Message) int {
 		}
 	}
 	return n
+}
+
+// ErrIncomplete marks a snapshot that lacks records a replay needs.
+var ErrIncomplete = errors.New("replay: incomplete snapshot")
+
+// checkComplete refuses a snapshot that lacks a partition or the first
+// offsets of a topic the replay reads. tasks, trajectories, valid and
+// rewarded share the key and the partition count, and each feeds the
+// next, so a partition of one of them without a file is a hole when the
+// same partition has a file in a topic that it feeds (a stage may refuse
+// every record of a partition, so the other way round proves nothing)
+// or, for trajectories, in tasks. Any other hole is a note.
+func checkComplete(c *contract.Contract, snap *parquet.Run, rep *Report) error {
+	parts, fromStart := operators.SnapshotLayout(c)
+	has := map[string]map[int]bool{}
+	for _, f := range snap.Files {
+		if has[f.Topic] == nil {
+			has[f.Topic] = map[int]bool{}
+		}
+		has[f.Topic][f.Partition] = true
+	}
+	evidence := map[string][]string{
+		"trajectories": {"tasks", "valid", "rewarded"},
+		"valid":        {"rewarded"},
+	}
+	needed := []string{"trajectories", "valid", "rewarded", "scored", "windows", "batches"}
+	var refused []string
+	for _, h := range parquet.Holes(snap.Files, parts, fromStart) {
+		proven := h.Before > 0 && slices.Contains(needed, h.Topic)
+		for _, t := range evidence[h.Topic] {
+			if has[t][h.Partition] {
+				proven = true
+			}
+		}
+		if proven {
+			refused = append(refused, h.String())
+		} else {
+			rep.Notes = append(rep.Notes, "warning: "+h.String())
+		}
+	}
+	if len(snap.Topics["trajectories"]) == 0 && len(snap.Topics["batches"]) > 0 {
+		refused = append(refused, "no trajectories file, though the snapshot holds batches")
+	}
+	if len(refused) > 0 {
+		return fmt.Errorf("%w: %s: %s; a replay rebuilds every batch from every recorded trajectory, so it needs every partition",
+			ErrIncomplete, snap.Dir, strings.Join(refused, "; "))
+	}
+	return nil
 }
