@@ -45,7 +45,7 @@ type Stage struct {
 	cfg     StageConfig
 	asm     *Assembler
 	store   *state.Store
-	emitted state.IDSet // emitted groups read back from the scored topic
+	emitted state.IDSet   // emitted groups read back from the scored topic
 	env     *pipeline.Env // counts the duplicates dropped
 	// msgGroups counts, per held input message, the groups it still feeds.
 	msgGroups map[pipeline.Ref]int
