@@ -240,13 +240,32 @@ func fleet(t *testing.T, rounds int, crashAt int64, protocol string, rolloutArgs
 		}
 		time.Sleep(300 * time.Millisecond)
 	}
-	// Stop the operators gracefully, then account.
+	// Every operator, run with --rounds, exits 0 by itself once the run
+	// is done and its inputs are drained; then account.
+	exited := make(chan error, len(procs)-1)
 	for _, p := range procs[1:] {
-		p.Process.Signal(syscall.SIGINT)
+		go func() {
+			err := p.Wait()
+			if err != nil {
+				err = fmt.Errorf("operator %v: %w", p.Args[1:3], err)
+			}
+			exited <- err
+		}()
 	}
-	for _, p := range procs[1:] {
-		if err := p.Wait(); err != nil {
-			t.Errorf("operator %v: %v", p.Args[1:3], err)
+	limit := time.After(60 * time.Second)
+	for range procs[1:] {
+		select {
+		case err := <-exited:
+			if err != nil {
+				t.Error(err)
+			}
+		case <-limit:
+			for _, p := range procs[1:] {
+				if p.ProcessState == nil {
+					t.Errorf("operator %v still running 60s after the run was done", p.Args[1:3])
+				}
+			}
+			t.FailNow()
 		}
 	}
 	procs = procs[:1]

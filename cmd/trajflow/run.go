@@ -51,7 +51,7 @@ func addOperatorFlags(fs *flag.FlagSet) operatorFlags {
 		maxWait:  fs.Duration("window-max-wait", 0, "close a non-full pack window after this long (pack; 0: wait)"),
 		snapshot: fs.String("snapshot-dir", "", "directory of the Parquet snapshots (snapshot)"),
 		releases: fs.String("releases", "", "policy releases directory shared by train (writes) and rollout (train)"),
-		rounds:   fs.Int64("rounds", 0, "update rounds to dispatch (dispatch; 0: until stopped)"),
+		rounds:   fs.Int64("rounds", 0, "update rounds of the run: dispatch launches this many; every operator given it exits 0 once every round is decided and trained and its inputs are drained (0: run until stopped)"),
 		snapRoll: fs.Int64("snapshot-roll-bytes", 0, "close a snapshot file at this many bytes (snapshot; 0: 64 MiB)"),
 		snapAge:  fs.Duration("snapshot-roll-interval", 0, "close a snapshot file this long after its first message (snapshot; 0: 30s)"),
 		device:   fs.String("device", "cpu", "the train stage's backend: cpu or cuda (a build with the cuda tag)"),
@@ -176,19 +176,51 @@ func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		defer env.deps.Env.Close()
 	}
 	policy := operators.Restarts{Max: *of.restarts, Logger: env.cfg.Logger.With("stage", name, "instance", env.cfg.Instance)}
-	return operators.RunRestarting(ctx, policy, func(ctx context.Context) error {
-		return runOperatorOnce(ctx, name, env.deps, env.cfg, hs)
+	var watch *endWatch
+	if *of.rounds > 0 {
+		if watch, err = newEndWatch(of, name, env); err != nil {
+			return err
+		}
+		wctx, stopRun := context.WithCancel(ctx)
+		defer stopRun()
+		go watch.run(wctx, stopRun)
+		ctx = wctx
+	}
+	err = operators.RunRestarting(ctx, policy, func(ctx context.Context) error {
+		return runOperatorOnce(ctx, name, env.deps, env.cfg, hs, watch)
 	})
+	if err == nil && watch != nil && watch.ended.Load() {
+		p := watch.final
+		fmt.Fprintf(stdout, "operator %s done: %d rounds, %d groups decided, %d batches, policy version %d; inputs drained\n",
+			name, *of.rounds, p.Decided, p.Batches, p.Version)
+	}
+	return err
+}
+
+// newEndWatch is the end watch of an operator run with --rounds.
+func newEndWatch(of operatorFlags, name string, env *operatorEnv) (*endWatch, error) {
+	cc, err := of.client.load()
+	if err != nil {
+		return nil, err
+	}
+	c := env.deps.Contract
+	cfg := env.cfg
+	return &endWatch{cc: cc, cfg: &cfg, topics: env.deps.Topics, group: c.RunID + "." + name,
+		want: int(*of.rounds) * c.Dispatch.GroupsPerUpdate, every: time.Second,
+		log: env.cfg.Logger.With("stage", name, "instance", env.cfg.Instance)}, nil
 }
 
 // runOperatorOnce builds the stage and its operator and runs it until a
 // graceful stop (nil) or a fatal error.
-func runOperatorOnce(ctx context.Context, name string, deps operators.Deps, cfg pipeline.Config, hs *pipeline.HealthServer) error {
+func runOperatorOnce(ctx context.Context, name string, deps operators.Deps, cfg pipeline.Config, hs *pipeline.HealthServer, watch *endWatch) error {
 	op, err := operators.NewOperator(name, deps, cfg)
 	if err != nil {
 		return err
 	}
 	hs.SetOperators(op)
+	if watch != nil {
+		watch.op.Store(op)
+	}
 	err = op.Run(ctx)
 	if errors.Is(err, pipeline.ErrStopped) {
 		return nil

@@ -89,3 +89,119 @@ func groupGaps(ctx context.Context, client *kafkago.Client, group, topic string)
 	slices.SortFunc(gaps, func(a, b OffsetGap) int { return a.Partition - b.Partition })
 	return gaps, nil
 }
+
+// PartitionLag is a consumer group's position on one partition.
+type PartitionLag struct {
+	Topic     string
+	Partition int
+	// Committed is the group's committed offset (-1: none); Start and End
+	// the partition's log start and high-water mark.
+	Committed, Start, End int64
+}
+
+// Lag is the number of records of the partition the group has not
+// committed: End minus the committed offset (or the log start when the
+// group never committed).
+func (p PartitionLag) Lag() int64 {
+	from := p.Committed
+	if from < p.Start {
+		from = p.Start
+	}
+	return max(0, p.End-from)
+}
+
+// GroupLag reports the group's committed offset, the log start and the
+// high-water mark of every partition of topics, sorted by topic and
+// partition.
+func GroupLag(ctx context.Context, dial ClientConfig, brokers []string, group string, topics []string) ([]PartitionLag, error) {
+	var out []PartitionLag
+	err := withAdminClient(ctx, dial, brokers, func(client *kafkago.Client) error {
+		out = out[:0]
+		md, err := client.Metadata(ctx, &kafkago.MetadataRequest{Topics: topics})
+		if err != nil {
+			return fmt.Errorf("metadata: %w", err)
+		}
+		parts := map[string][]int{}
+		firsts := map[string][]kafkago.OffsetRequest{}
+		lasts := map[string][]kafkago.OffsetRequest{}
+		for _, t := range md.Topics {
+			if t.Error != nil {
+				return fmt.Errorf("topic %q: %w", t.Name, t.Error)
+			}
+			for _, p := range t.Partitions {
+				parts[t.Name] = append(parts[t.Name], p.ID)
+				firsts[t.Name] = append(firsts[t.Name], kafkago.FirstOffsetOf(p.ID))
+				lasts[t.Name] = append(lasts[t.Name], kafkago.LastOffsetOf(p.ID))
+			}
+		}
+		of, err := client.OffsetFetch(ctx, &kafkago.OffsetFetchRequest{GroupID: group, Topics: parts})
+		if err != nil {
+			return fmt.Errorf("committed offsets of group %q: %w", group, err)
+		}
+		if of.Error != nil {
+			return fmt.Errorf("committed offsets of group %q: %w", group, of.Error)
+		}
+		lo, err := client.ListOffsets(ctx, &kafkago.ListOffsetsRequest{Topics: firsts})
+		if err != nil {
+			return fmt.Errorf("log start offsets: %w", err)
+		}
+		hi, err := client.ListOffsets(ctx, &kafkago.ListOffsetsRequest{Topics: lasts})
+		if err != nil {
+			return fmt.Errorf("end offsets: %w", err)
+		}
+		at := map[string]map[int]*PartitionLag{}
+		for t, ps := range parts {
+			at[t] = map[int]*PartitionLag{}
+			for _, p := range ps {
+				out = append(out, PartitionLag{Topic: t, Partition: p, Committed: -1})
+			}
+		}
+		for i := range out {
+			at[out[i].Topic][out[i].Partition] = &out[i]
+		}
+		for t, ps := range of.Topics {
+			for _, p := range ps {
+				if p.Error != nil {
+					return fmt.Errorf("committed offset of %s/%d: %w", t, p.Partition, p.Error)
+				}
+				if pl := at[t][p.Partition]; pl != nil {
+					pl.Committed = p.CommittedOffset
+				}
+			}
+		}
+		for t, ps := range lo.Topics {
+			for _, p := range ps {
+				if p.Error != nil {
+					return fmt.Errorf("log start of %s/%d: %w", t, p.Partition, p.Error)
+				}
+				if pl := at[t][p.Partition]; pl != nil {
+					pl.Start = p.FirstOffset
+				}
+			}
+		}
+		for t, ps := range hi.Topics {
+			for _, p := range ps {
+				if p.Error != nil {
+					return fmt.Errorf("end offset of %s/%d: %w", t, p.Partition, p.Error)
+				}
+				if pl := at[t][p.Partition]; pl != nil {
+					pl.End = p.LastOffset
+				}
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("group lag of %q: %w", group, err)
+	}
+	slices.SortFunc(out, func(a, b PartitionLag) int {
+		if a.Topic != b.Topic {
+			if a.Topic < b.Topic {
+				return -1
+			}
+			return 1
+		}
+		return a.Partition - b.Partition
+	})
+	return out, nil
+}
