@@ -13,6 +13,7 @@ import (
 	"github.com/trajflow/trajflow/connectors/kafka"
 	"github.com/trajflow/trajflow/operators"
 	"github.com/trajflow/trajflow/pipeline"
+	"github.com/trajflow/trajflow/pipeline/contract"
 )
 
 func init() {
@@ -105,16 +106,29 @@ func cmdTopics(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	if err != nil {
 		return err
 	}
+	return createTopics(ctx, cc, c, topicOptions{factor: *rf, minISR: *minISR, unsafe: *unsafe, wait: *wait}, stdout, stderr)
+}
+
+// topicOptions are the flags of topics create.
+type topicOptions struct {
+	factor, minISR int
+	unsafe         bool
+	wait           time.Duration
+}
+
+// createTopics waits for the cluster of cc, plans the replication and
+// creates every topic of the run of c, printing each.
+func createTopics(ctx context.Context, cc kafka.ClientConfig, c *contract.Contract, o topicOptions, stdout, stderr io.Writer) error {
 	topics, err := pipeline.TopicsFor(c.RunID)
 	if err != nil {
 		return err
 	}
 	specs := operators.TopicSpecs(c, topics)
-	brokers, err := waitForBrokers(ctx, cc, *wait, stderr)
+	brokers, err := waitForBrokers(ctx, cc, o.wait, stderr)
 	if err != nil {
 		return err
 	}
-	repl, why, err := kafka.PlanReplication(operators.ReplicationRequest(c, len(brokers), *rf, *minISR, *unsafe))
+	repl, why, err := kafka.PlanReplication(operators.ReplicationRequest(c, len(brokers), o.factor, o.minISR, o.unsafe))
 	if err != nil {
 		return fmt.Errorf("topics create: %w", err)
 	}

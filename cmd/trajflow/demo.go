@@ -64,9 +64,7 @@ func cmdDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(stdout, "hidden-eval success %.3f -> %.3f in %d updates (%.1fs); launched %d, admitted %d, filtered %d, duplicates %d, lost %d; summary in %s\n",
-		s.EvalSuccessInitial, s.EvalSuccessFinal, s.Updates, s.WallSeconds, s.AttemptsLaunched, s.TrajectoriesAdmitted,
-		s.TrajectoriesFiltered, s.DuplicatesAdmitted, s.Lost, filepath.Join(o.Out, loop.SummaryFile))
+	fmt.Fprintln(stdout, loop.SummaryLine(s, filepath.Join(o.Out, loop.SummaryFile)))
 	return nil
 }
 
