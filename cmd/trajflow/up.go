@@ -28,6 +28,15 @@ func init() {
 // (`trajflow status --out DIR` checks their health).
 const FleetFile = "fleet.json"
 
+// fleetDoc is OUT/fleet.json.
+type fleetDoc struct {
+	Run       string        `json:"run"`
+	Brokers   string        `json:"brokers"`
+	Contract  string        `json:"contract,omitempty"` // the --contract file ("": the built-in demo contract)
+	Rounds    int64         `json:"rounds"`
+	Operators []fleetMember `json:"operators"`
+}
+
 // fleetMember is one operator of fleet.json.
 type fleetMember struct {
 	Stage  string `json:"stage"`
@@ -96,7 +105,7 @@ func cmdUp(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if err := os.MkdirAll(filepath.Join(*out, "logs"), 0o755); err != nil {
 		return fmt.Errorf("up: %w", err)
 	}
-	f := &fleetProcs{exe: exe, out: *out, brokers: strings.Join(cc.Brokers, ","), contract: *path, rounds: *rounds, level: *level, stdout: stdout}
+	f := &fleetProcs{exe: exe, out: *out, brokers: strings.Join(cc.Brokers, ","), contract: *path, rounds: *rounds, level: *level, run: c.RunID, stdout: stdout}
 	start := time.Now()
 	fmt.Fprintf(stdout, "fleet of run %s on %s: %d rounds; logs in %s\n", c.RunID, f.brokers, *rounds, filepath.Join(*out, "logs"))
 	for i, name := range fleetStages(c) {
@@ -167,7 +176,7 @@ func refuseUsedRun(ctx context.Context, cc kafka.ClientConfig, c *contract.Contr
 
 // fleetProcs is the operator processes of `trajflow up`.
 type fleetProcs struct {
-	exe, out, brokers, contract, level string
+	exe, out, brokers, contract, level, run string
 	rounds                             int64
 	stdout                             io.Writer
 	members                            []fleetMember
@@ -223,7 +232,8 @@ func (f *fleetProcs) start(name string, port int) error {
 }
 
 func (f *fleetProcs) writeMembers() error {
-	b, err := json.MarshalIndent(f.members, "", "  ")
+	doc := fleetDoc{Run: f.run, Brokers: f.brokers, Contract: f.contract, Rounds: f.rounds, Operators: f.members}
+	b, err := json.MarshalIndent(doc, "", "  ")
 	if err != nil {
 		return err
 	}

@@ -2,6 +2,7 @@ package kafka
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 
@@ -138,7 +139,7 @@ func GroupLag(ctx context.Context, dial ClientConfig, brokers []string, group st
 		if err != nil {
 			return fmt.Errorf("committed offsets of group %q: %w", group, err)
 		}
-		if of.Error != nil {
+		if of.Error != nil && !errors.Is(of.Error, kafkago.GroupIdNotFound) {
 			return fmt.Errorf("committed offsets of group %q: %w", group, of.Error)
 		}
 		lo, err := client.ListOffsets(ctx, &kafkago.ListOffsetsRequest{Topics: firsts})
@@ -161,6 +162,9 @@ func GroupLag(ctx context.Context, dial ClientConfig, brokers []string, group st
 		}
 		for t, ps := range of.Topics {
 			for _, p := range ps {
+				if p.Error != nil && errors.Is(p.Error, kafkago.GroupIdNotFound) {
+					continue // a group that never committed: Committed stays -1
+				}
 				if p.Error != nil {
 					return fmt.Errorf("committed offset of %s/%d: %w", t, p.Partition, p.Error)
 				}
