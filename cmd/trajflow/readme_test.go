@@ -108,8 +108,8 @@ func TestReadmeFleet(t *testing.T) {
 	want := demo(t, loop.Options{Updates: rounds, Seed: 1, EvalSamples: 4})
 	type counts struct {
 		Launched, Admitted, Filtered, Quarantined, Duplicates, Lost, Updates int
-		EvalInitial, EvalFinal, Packing                                     float64
-		Hashes                                                              []string
+		EvalInitial, EvalFinal, Packing                                      float64
+		Hashes                                                               []string
 	}
 	of := func(s *loop.Summary) counts {
 		return counts{s.AttemptsLaunched, s.TrajectoriesAdmitted, s.TrajectoriesFiltered, s.Quarantined, s.DuplicatesAdmitted,

@@ -177,11 +177,11 @@ func refuseUsedRun(ctx context.Context, cc kafka.ClientConfig, c *contract.Contr
 // fleetProcs is the operator processes of `trajflow up`.
 type fleetProcs struct {
 	exe, out, brokers, contract, level, run string
-	rounds                             int64
-	stdout                             io.Writer
-	members                            []fleetMember
-	procs                              []*exec.Cmd
-	logs                               []*os.File
+	rounds                                  int64
+	stdout                                  io.Writer
+	members                                 []fleetMember
+	procs                                   []*exec.Cmd
+	logs                                    []*os.File
 }
 
 // freeHealthPort returns a port of 127.0.0.1 nothing listens on now (an
