@@ -1,6 +1,8 @@
 package pipeline
 
 import (
+	"context"
+	"slices"
 	"strings"
 	"testing"
 
@@ -58,5 +60,44 @@ func TestMetricsPassPromlint(t *testing.T) {
 		if !have[want] {
 			t.Errorf("no %s family", want)
 		}
+	}
+}
+
+// named is a stage of the topology's name over a run's topics.
+type named struct {
+	name   string
+	topics []string
+}
+
+func (n named) Name() string     { return n.name }
+func (n named) Topics() []string { return n.topics }
+func (named) Process(context.Context, Message) (Result, error) {
+	return Result{}, nil
+}
+
+// A stateful stage waits for the topics it reads back at start (its own
+// outputs), not only for its inputs: pack reads back windows and batches.
+func TestInputTopicsIncludeReadBack(t *testing.T) {
+	tp, err := TopicsFor("r1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	op, err := NewOperator(Config{Brokers: []string{"127.0.0.1:1"}, QuarantineTopic: tp.Quarantine},
+		named{"pack", []string{tp.Scored}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := op.inputTopics()
+	for _, want := range []string{tp.Scored, tp.Windows, tp.Batches} {
+		if !slices.Contains(got, want) {
+			t.Errorf("pack waits for %v, not %s", got, want)
+		}
+	}
+	op, err = NewOperator(Config{Brokers: []string{"127.0.0.1:1"}, QuarantineTopic: "q"}, named{"upper", []string{"in"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := op.inputTopics(); !slices.Equal(got, []string{"in"}) {
+		t.Errorf("a stage outside the topology waits for %v, want [in]", got)
 	}
 }

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -223,11 +225,29 @@ func (o *Operator) fail(err error) {
 }
 
 // inputTopics are the topics the operator needs before it starts: its
-// inputs and its side inputs.
+// inputs, its side inputs and, for a stage of the topology, the topics it
+// reads back when it starts (Scanned: its own outputs, to rebuild lost
+// state), so that a stateful stage waits for them instead of failing.
 func (o *Operator) inputTopics() []string {
 	ts := append([]string(nil), o.stage.Topics()...)
 	if si, ok := o.stage.(SideInputs); ok {
 		ts = append(ts, si.SideTopics()...)
+	}
+	name := o.stage.Name()
+	prefix, found := "", false
+	for _, short := range InputsOf(name) {
+		for _, t := range o.stage.Topics() {
+			if strings.HasSuffix(t, "."+short) {
+				prefix, found = strings.TrimSuffix(t, short), true
+			}
+		}
+	}
+	if found {
+		for _, short := range shortsWhere(func(t TopicInfo) []string { return t.Scanned }, name) {
+			if full := prefix + short; !slices.Contains(ts, full) {
+				ts = append(ts, full)
+			}
+		}
 	}
 	return ts
 }
