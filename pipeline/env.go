@@ -34,6 +34,7 @@ type Env struct {
 	stateDir string
 	releases ReleaseStore
 	dups     func(id string)
+	domain   *Domain
 	dupLog   logLimiter
 
 	mu    sync.Mutex
@@ -66,6 +67,8 @@ type EnvConfig struct {
 	// Duplicates receives the ids of the duplicates the stage drops
 	// (DuplicateDropped); nil: they are only logged.
 	Duplicates func(id string)
+	// Domain receives the stage's domain metrics (Metrics); nil: none.
+	Domain *Domain
 }
 
 // NewEnv returns an Env.
@@ -77,7 +80,17 @@ func NewEnv(c EnvConfig) *Env {
 		c.Now = time.Now
 	}
 	return &Env{Logger: c.Logger, now: c.Now, scanner: c.Scanner, stateDir: c.StateDir, releases: c.Releases,
-		dups: c.Duplicates, dupLog: logLimiter{every: 10 * time.Second}}
+		dups: c.Duplicates, domain: c.Domain, dupLog: logLimiter{every: 10 * time.Second}}
+}
+
+// Metrics is where the stage reports its domain metrics (policy
+// versions, updates, rewards, packing, lag); nil (its methods do nothing)
+// when the stage runs without metrics. A nil Env has none.
+func (e *Env) Metrics() *Domain {
+	if e == nil {
+		return nil
+	}
+	return e.domain
 }
 
 // DuplicateDropped reports that the stage consumed a record and dropped

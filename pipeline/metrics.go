@@ -32,6 +32,7 @@ type Metrics struct {
 	retries       *prometheus.CounterVec
 	commits       *prometheus.CounterVec
 	duplicates    *prometheus.CounterVec
+	domain        *domainVecs
 }
 
 // ReplicaLabel is the label naming the operator process (its --instance,
@@ -80,6 +81,7 @@ func NewMetrics(reg *prometheus.Registry) *Metrics {
 		duplicates: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "trajflow_duplicates_dropped_total", Help: "Input records a stage dropped as redelivered or re-produced duplicates of records it had already decided (pack: a trajectory already admitted; advantage: a member of a group already scored; train: a batch already trained)."}, lbl),
 	}
+	m.domain = newDomainVecs(reg, lbl)
 	reg.MustRegister(m.in, m.inBytes, m.out, m.outBytes, m.quarantined, m.lag, m.inFlight, m.commitLatency, m.retries, m.commits, m.duplicates)
 	return m
 }
@@ -119,6 +121,7 @@ type stageMetrics struct {
 	retries               *prometheus.CounterVec
 	commits               prometheus.Counter
 	duplicates            prometheus.Counter
+	domain                *Domain
 }
 
 func (m *Metrics) forStage(stage, instance string) *stageMetrics {
@@ -135,6 +138,7 @@ func (m *Metrics) forStage(stage, instance string) *stageMetrics {
 		retries:       m.retries.MustCurryWith(l),
 		commits:       m.commits.With(l),
 		duplicates:    m.duplicates.With(l),
+		domain:        m.domain.forStage(l),
 	}
 }
 

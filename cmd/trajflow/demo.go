@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 
 	"github.com/trajflow/trajflow/internal/loop"
+	"github.com/trajflow/trajflow/pipeline"
 	"github.com/trajflow/trajflow/pipeline/contract"
 )
 
@@ -30,6 +31,7 @@ func cmdDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	env := addEnvFlags(fs)
 	fs.StringVar(&o.Environment, "environment", "", "the contract's artifacts.environment (default the demo's kv; builtin:env/ledger-env@v1: the ledger family)")
 	pf := addPolicyFlags(fs, &o)
+	health := fs.String("health", "", "serve /healthz, /readyz and /metrics of every operator of the demo on ADDR (e.g. 127.0.0.1:9464) while it runs (default: none)")
 	cpath := fs.String("contract", "", "learning contract the run starts from (default: the built-in demo contract); --seed, --run, --async and --max-lag, when given, replace its fields")
 	if _, err := parseFlags(fs, args); err != nil {
 		return err
@@ -56,6 +58,17 @@ func cmdDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	o.EvalSamples = int32(*evalSamples)
 	if o.Updates < 1 || o.EvalSamples < 1 {
 		return fmt.Errorf("%w: --updates and --eval-samples must be positive", errUsage)
+	}
+	if *health != "" {
+		o.Metrics = pipeline.NewMetrics(nil)
+		hs, err := pipeline.NewHealthServer(*health, o.Metrics)
+		if err != nil {
+			return fmt.Errorf("%w: --health: %w", errUsage, err)
+		}
+		hctx, stop := context.WithCancel(ctx)
+		defer stop()
+		go func() { _ = hs.Serve(hctx) }()
+		fmt.Fprintf(stdout, "demo metrics on http://%s/metrics\n", hs.Addr())
 	}
 	s, err := loop.Run(ctx, o, stdout)
 	if errors.Is(err, loop.ErrRunUsed) {

@@ -76,6 +76,10 @@ type Options struct {
 	// Edit, when set, changes the contract before it is resolved (a
 	// test's smaller run).
 	Edit func(c *contract.Contract)
+	// Metrics, when set, collects the metrics of every operator of the
+	// run (`trajflow demo --health ADDR` serves them); nil: each operator
+	// keeps its own, unexposed.
+	Metrics *pipeline.Metrics
 	// Base, when set, is the contract the run starts from instead of the
 	// demo contract (`trajflow demo --contract FILE`); the options above
 	// that are set still replace its fields.

@@ -34,6 +34,7 @@ func (r *runner) startOperators() (*fleet, error) {
 			Brokers: r.brokers, StateDir: filepath.Join(r.o.Out, "state", name),
 			Logger: r.log.With("stage", name), Instance: "demo-" + name,
 			CommitInterval: 100 * time.Millisecond, TickInterval: 50 * time.Millisecond, BatchTimeout: time.Millisecond,
+			Metrics: r.o.Metrics,
 		})
 		if err != nil {
 			f.stop()
@@ -94,6 +95,7 @@ func (r *runner) startSnapshot() (*snapshot, error) {
 		Brokers: r.brokers, StateDir: filepath.Join(dir, "state", "snapshot"),
 		Logger: r.log.With("stage", "snapshot"), Instance: "snapshot",
 		CommitInterval: 100 * time.Millisecond, TickInterval: 200 * time.Millisecond,
+		Metrics: r.o.Metrics,
 	})
 	if err != nil {
 		return nil, err

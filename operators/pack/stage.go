@@ -292,6 +292,7 @@ func (s *Stage) Process(ctx context.Context, m pipeline.Message) (pipeline.Resul
 		case Duplicate:
 			s.env.DuplicateDropped(r.RecordID)
 		case Filtered:
+			s.env.Metrics().Filtered(string(out.Filter))
 			ev, err := s.census(r.RecordID, r.TaskID, r.GroupID, schemas.CensusFiltered, string(out.Filter), "", 0, now)
 			if err != nil {
 				return pipeline.Result{}, err
@@ -353,11 +354,14 @@ func (s *Stage) close(res *pipeline.Result, by string) error {
 	s.records, s.rewardSum, s.successes = 0, 0, 0
 	for _, a := range closed.Admitted {
 		rec.Admitted = append(rec.Admitted, a.RecordID)
-		if lag := batch.TrainerVersion - a.PolicyVersion; lag > rec.MaxLag {
+		lag := batch.TrainerVersion - a.PolicyVersion
+		if lag > rec.MaxLag {
 			rec.MaxLag = lag
 		}
+		s.env.Metrics().Admitted(lag)
 	}
 	if len(batch.Rows) > 0 {
+		s.env.Metrics().Batch(closed.Stats.Efficiency, closed.Stats.Tokens)
 		b, release, err := schemas.PackedBatches.EncodePooled(batch)
 		if err != nil {
 			return fmt.Errorf("pack: encode batch %d: %w", index, err)

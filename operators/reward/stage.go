@@ -30,7 +30,10 @@ type StageConfig struct {
 // scored by each declared component's evaluator, components kept separate.
 // A trajectory whose evaluators keep failing goes to quarantine with reason
 // reward_unavailable — an infrastructure failure, never a task failure.
-type Stage struct{ cfg StageConfig }
+type Stage struct {
+	cfg StageConfig
+	env *pipeline.Env // reports the rewards (Env.Metrics)
+}
 
 // NewStage validates cfg and returns the stage.
 func NewStage(cfg StageConfig) (*Stage, error) {
@@ -63,6 +66,7 @@ func (s *Stage) Topics() []string { return s.cfg.Topics.Names(pipeline.InputsOf(
 
 // Start takes the runtime's clock when none is configured.
 func (s *Stage) Start(_ context.Context, env *pipeline.Env) error {
+	s.env = env
 	if s.cfg.Now == nil {
 		s.cfg.Now = env.Now
 	}
@@ -97,6 +101,7 @@ func (s *Stage) Process(ctx context.Context, m pipeline.Message) (pipeline.Resul
 			return pipeline.Result{}, err
 		}
 		if v.OK() {
+			s.env.Metrics().Rewarded(&r)
 			out = append(out, r)
 			ids = append(ids, t.RecordID)
 			continue

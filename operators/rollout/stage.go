@@ -176,6 +176,7 @@ func (s *Stage) offer(rel schemas.PolicyRelease) {
 		return
 	}
 	s.Switch(p)
+	s.env.Metrics().PolicyVersion("served", p.Version())
 	s.log().Info("policy switched", "version", p.Version())
 }
 

@@ -194,6 +194,7 @@ func (s *Stage) Start(ctx context.Context, env *pipeline.Env) error {
 		}
 		s.lastIndex = u.BatchIndex
 	}
+	env.Metrics().PolicyVersion("trained", latest.PolicyVersion)
 	ids := 0
 	err = env.Scan(ctx, s.cfg.Topics.Batches, s.cfg.RebuildScan, func(m pipeline.Message) error {
 		b, err := schemas.PackedBatches.DecodeShared(nil, m.Value)
@@ -336,6 +337,7 @@ func (s *Stage) Process(_ context.Context, m pipeline.Message) (pipeline.Result,
 	if _, err := s.files.Write(gpu.OptimName(u.Version), s.tr.OptimState()); err != nil {
 		return res, err
 	}
+	s.env.Metrics().Update(u)
 	out, err := s.release()
 	if err != nil {
 		return res, err
