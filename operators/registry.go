@@ -336,6 +336,21 @@ func RolloutSettings(c *contract.Contract, reg *rollout.Registry) model.Settings
 	}
 }
 
+// SamplerSettings are the sampler settings a run's trajectories and
+// releases record (their sampler_id): RolloutSettings over the task
+// registry of d, or, for an environment that is not built in, without a
+// grammar (none of ours masks its sampler).
+func SamplerSettings(d Deps) (model.Settings, error) {
+	reg, err := TaskRegistry(d)
+	switch {
+	case errors.Is(err, rollout.ErrNotBuiltin):
+		return RolloutSettings(d.Contract, nil), nil
+	case err != nil:
+		return model.Settings{}, err
+	}
+	return RolloutSettings(d.Contract, reg), nil
+}
+
 // RolloutLimits are the contract's episode budgets and seed.
 func RolloutLimits(c *contract.Contract) rollout.Limits {
 	return rollout.Limits{MaxTurns: c.Sampler.MaxTurns, MaxEpisodeTokens: c.Sampler.MaxTokensPerEpisode, ContractSeed: c.Seed}
@@ -357,16 +372,9 @@ func TrainConfig(d Deps) (train.StageConfig, error) {
 		return train.StageConfig{}, err
 	}
 	c := d.Contract
-	var s model.Settings
-	switch reg, err := TaskRegistry(d); {
-	case errors.Is(err, rollout.ErrNotBuiltin):
-		// A run of an environment of its own: no built-in grammar masks
-		// its sampler, so the release records the sampler without one.
-		s = RolloutSettings(c, nil)
-	case err != nil:
+	s, err := SamplerSettings(d)
+	if err != nil {
 		return train.StageConfig{}, err
-	default:
-		s = RolloutSettings(c, reg)
 	}
 	mc, seed := ModelConfig(c)
 	o := c.Loss.Optimizer
