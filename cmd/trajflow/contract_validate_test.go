@@ -5,8 +5,8 @@ import (
 	"context"
 	"os"
 	"path/filepath"
-	"strings"
 	"regexp"
+	"strings"
 	"testing"
 
 	"github.com/trajflow/trajflow/gpu"
