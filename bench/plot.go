@@ -3,6 +3,7 @@ package bench
 import (
 	"fmt"
 	"image/color"
+	"math"
 	"os"
 
 	"gonum.org/v1/plot"
@@ -53,10 +54,14 @@ func WritePlot(rep *Report, path string) error {
 	lp.X.Tick.Marker = plot.LogTicks{Prec: -1}
 	pts := make(plotter.XYs, 0, len(rep.LatencyMS.Buckets))
 	for i, ub := range rep.LatencyMS.Buckets {
+		if ub <= 0 || math.IsInf(ub, 0) || math.IsNaN(ub) {
+			continue // not on a log axis (a run whose records all took < 1 µs)
+		}
 		pts = append(pts, plotter.XY{X: ub, Y: float64(rep.LatencyMS.Counts[i])})
 	}
-	if len(pts) == 0 {
-		pts = append(pts, plotter.XY{X: 1, Y: 0})
+	if len(pts) < 2 {
+		// LogTicks needs a positive range on both ends.
+		pts = append(pts, plotter.XY{X: 1, Y: 0}, plotter.XY{X: 10, Y: 0})
 	}
 	line, err := plotter.NewLine(pts)
 	if err != nil {

@@ -214,3 +214,9 @@ func rolloutServer(d Deps, reg *rollout.Registry, cfg *rollout.StageConfig) erro
 	cfg.GroupTimeout = time.Duration(c.Sampler.ToolTimeoutMS+c.Policy.TimeoutMS) * time.Millisecond * time.Duration(max(1, c.Sampler.MaxTurns))
 	return nil
 }
+
+// onPolicyServers reports whether c's policy runs on servers (weight sync
+// is then part of the run).
+func onPolicyServers(c *contract.Contract) bool {
+	return c.Policy.Protocol != "" && c.Policy.Protocol != contract.PolicyBuiltin
+}

@@ -82,23 +82,33 @@ type Spec struct {
 	Name string
 	Doc  string
 	New  Factory
+	// Needed reports whether a run of the contract needs the stage (nil:
+	// every run does).
+	Needed func(c *contract.Contract) bool
 }
 
 // specs is every stage `trajflow run NAME` can start, in pipeline order.
 var specs = []Spec{
-	{"dispatch", "plans rounds of task attempts (curriculum, quotas, denylist) and paces them", newDispatch},
-	{"rollout", "runs the agent loop of each group on the policy (built-in or a server)", newRollout},
-	{"validate", "checks every trajectory; refusals go to quarantine with a reason", newValidate},
-	{"reward", "scores trajectories with separately kept, versioned reward components", newReward},
-	{"advantage", "assembles groups and computes returns and advantages (GRPO, RLOO, GAE)", newAdvantage},
-	{"pack", "the lag-aware admission window: reconstruction and packing into batches", newPack},
-	{"train", "trains on every batch and publishes a policy release (--releases)", newTrain},
-	{"weightsync", "loads every release into every policy server replica and acknowledges the version each serves", newWeightsync},
-	{"snapshot", "writes every topic of the run to Parquet snapshots (--snapshot-dir)", newSnapshot},
+	{Name: "dispatch", Doc: "plans rounds of task attempts (curriculum, quotas, denylist) and paces them", New: newDispatch},
+	{Name: "rollout", Doc: "runs the agent loop of each group on the policy (built-in or a server)", New: newRollout},
+	{Name: "validate", Doc: "checks every trajectory; refusals go to quarantine with a reason", New: newValidate},
+	{Name: "reward", Doc: "scores trajectories with separately kept, versioned reward components", New: newReward},
+	{Name: "advantage", Doc: "assembles groups and computes returns and advantages (GRPO, RLOO, GAE)", New: newAdvantage},
+	{Name: "pack", Doc: "the lag-aware admission window: reconstruction and packing into batches", New: newPack},
+	{Name: "train", Doc: "trains on every batch and publishes a policy release (--releases)", New: newTrain},
+	{Name: "weightsync", Doc: "loads every release into every policy server replica and acknowledges the version each serves", New: newWeightsync, Needed: onPolicyServers},
+	{Name: "snapshot", Doc: "writes every topic of the run to Parquet snapshots (--snapshot-dir)", New: newSnapshot},
 }
 
 // Specs lists the registered stages, in pipeline order.
 func Specs() []Spec { return append([]Spec(nil), specs...) }
+
+// Needed reports whether a run of c needs the stage name (a registered
+// one): weight sync only when the contract's policy runs on servers.
+func Needed(name string, c *contract.Contract) bool {
+	sp, ok := Lookup(name)
+	return ok && (sp.Needed == nil || sp.Needed(c))
+}
 
 // Names lists the registered stage names, in pipeline order.
 func Names() []string {
@@ -326,6 +336,21 @@ func RolloutSettings(c *contract.Contract, reg *rollout.Registry) model.Settings
 	}
 }
 
+// SamplerSettings are the sampler settings a run's trajectories and
+// releases record (their sampler_id): RolloutSettings over the task
+// registry of d, or, for an environment that is not built in, without a
+// grammar (none of ours masks its sampler).
+func SamplerSettings(d Deps) (model.Settings, error) {
+	reg, err := TaskRegistry(d)
+	switch {
+	case errors.Is(err, rollout.ErrNotBuiltin):
+		return RolloutSettings(d.Contract, nil), nil
+	case err != nil:
+		return model.Settings{}, err
+	}
+	return RolloutSettings(d.Contract, reg), nil
+}
+
 // RolloutLimits are the contract's episode budgets and seed.
 func RolloutLimits(c *contract.Contract) rollout.Limits {
 	return rollout.Limits{MaxTurns: c.Sampler.MaxTurns, MaxEpisodeTokens: c.Sampler.MaxTokensPerEpisode, ContractSeed: c.Seed}
@@ -347,16 +372,9 @@ func TrainConfig(d Deps) (train.StageConfig, error) {
 		return train.StageConfig{}, err
 	}
 	c := d.Contract
-	var s model.Settings
-	switch reg, err := TaskRegistry(d); {
-	case errors.Is(err, rollout.ErrNotBuiltin):
-		// A run of an environment of its own: no built-in grammar masks
-		// its sampler, so the release records the sampler without one.
-		s = RolloutSettings(c, nil)
-	case err != nil:
+	s, err := SamplerSettings(d)
+	if err != nil {
 		return train.StageConfig{}, err
-	default:
-		s = RolloutSettings(c, reg)
 	}
 	mc, seed := ModelConfig(c)
 	o := c.Loss.Optimizer

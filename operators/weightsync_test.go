@@ -103,3 +103,24 @@ func TestWeightSyncRetriesAFailedReplica(t *testing.T) {
 		t.Fatalf("the refusing replica after the tick: %+v", acks[2])
 	}
 }
+
+// TestWeightsyncNeededOnPolicyServers: a run needs weight sync only when
+// its policy runs on servers; every other stage is needed by every run.
+func TestWeightsyncNeededOnPolicyServers(t *testing.T) {
+	c, err := contract.Load("../testdata/contracts/demo.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, st := range operators.Names() {
+		if got := operators.Needed(st, c); got != (st != "weightsync") {
+			t.Errorf("built-in policy: Needed(%s) = %v", st, got)
+		}
+	}
+	c.Policy.Protocol, c.Policy.Endpoints = contract.PolicyVLLM, []string{"http://127.0.0.1:8000"}
+	if !operators.Needed("weightsync", c) {
+		t.Error("vLLM replicas: weightsync not needed")
+	}
+	if operators.Needed("bogus", c) {
+		t.Error("an unregistered stage is needed")
+	}
+}

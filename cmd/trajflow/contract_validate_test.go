@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"strings"
 	"testing"
 
 	"github.com/trajflow/trajflow/gpu"
@@ -76,5 +77,31 @@ func TestContractValidateSamplerID(t *testing.T) {
 				t.Fatalf("sampler section hash %s (contract %s), sampler_id %s", section[1], rc.SamplerID(), printed[1])
 			}
 		})
+	}
+}
+
+// TestContractValidateEveryTestdataContract: every valid contract of
+// testdata/contracts validates, those of an environment that is not built
+// in (synthetic rollouts: bench, conformance) included; the invalid_*
+// ones are refused.
+func TestContractValidateEveryTestdataContract(t *testing.T) {
+	files, err := filepath.Glob("../../testdata/contracts/*.yaml")
+	if err != nil || len(files) < 4 {
+		t.Fatalf("contracts %v (%v)", files, err)
+	}
+	for _, f := range files {
+		var out, errb bytes.Buffer
+		rc := run(context.Background(), []string{"contract", "validate", f}, &out, &errb)
+		if strings.HasPrefix(filepath.Base(f), "invalid_") {
+			if rc == 0 {
+				t.Errorf("%s: validated", f)
+			}
+			continue
+		}
+		if rc != 0 {
+			t.Errorf("%s: exit %d: %s", f, rc, errb.String())
+		} else if !bytes.Contains(out.Bytes(), []byte("# sampler_id: sha256:")) {
+			t.Errorf("%s: no sampler_id:\n%s", f, out.String())
+		}
 	}
 }

@@ -78,12 +78,12 @@ func cmdContract(_ context.Context, args []string, stdout, stderr io.Writer) err
 	if err != nil {
 		return err
 	}
-	reg, err := operators.TaskRegistry(deps)
+	settings, err := operators.SamplerSettings(deps)
 	if err != nil {
 		return err
 	}
 	fmt.Fprintf(stdout, "# resolved learning contract\n# hash: %s\n# sampler_id: %s (recorded by every trajectory and release)\n# sampler section hash: %s\n",
-		c.Hash(), operators.RolloutSettings(c, reg).ID(), c.SamplerID())
+		c.Hash(), settings.ID(), c.SamplerID())
 	fmt.Fprintf(stdout, "# policy: %s (not hashed: where the policy runs; trajectories on a server record its identity in sampler_id)\n", policySummary(c.Policy))
 	_, err = stdout.Write(y)
 	return err

@@ -27,7 +27,8 @@ const DefaultDrainTimeout = 30 * time.Second
 
 // Rules are what Check holds the manifests to.
 type Rules struct {
-	// Stages must each run in exactly one workload.
+	// Stages must each run in exactly one workload (those the fleet's
+	// contract needs: operators.Needed).
 	Stages []string
 	// Stateful stages keep local state (Badger, release or snapshot files):
 	// a StatefulSet whose --state (and --snapshot-dir) live on a volume
@@ -76,12 +77,16 @@ func (c *checker) run() {
 		c.fail("Secret %q is in the manifests: credentials are created apart (deploy/README.md) and only referenced", sec.Name)
 	}
 	byStage := c.s.StageWorkloads()
+	for _, w := range c.s.Workloads() {
+		c.workload(w) // loads the fleet's contract
+	}
 	for _, st := range c.r.Stages {
-		switch n := len(byStage[st]); n {
-		case 0:
+		switch n := len(byStage[st]); {
+		case n == 0 && c.contract != nil && !operators.Needed(st, c.contract):
+			// e.g. weightsync, for a run whose policy is not on servers
+		case n == 0:
 			c.fail("stage %s: no Deployment or StatefulSet runs `trajflow run %s`", st, st)
-		case 1:
-		default:
+		case n > 1:
 			c.fail("stage %s: %d workloads run it, want one", st, n)
 		}
 	}
@@ -89,9 +94,6 @@ func (c *checker) run() {
 		if !slices.Contains(c.r.Stages, st) {
 			c.fail("a workload runs `trajflow run %s`: not a registered stage (%v)", st, c.r.Stages)
 		}
-	}
-	for _, w := range c.s.Workloads() {
-		c.workload(w)
 	}
 	for _, j := range c.s.Jobs {
 		for _, ct := range j.Spec.Template.Spec.Containers {

@@ -54,6 +54,12 @@ SCHEMA: list = [
                   ("mode", S)]),
 ]
 
+# The policy section: where the policy runs (in process or on inference
+# servers). Parsed and checked like the rest, but not part of the hash
+# (SCHEMA is what the hash covers), as in pipeline/contract.
+POLICY = [("protocol", S), ("endpoints", LISTS), ("timeout_ms", I), ("retries", I), ("concurrency", I), ("router", B)]
+RESOLVED: list = SCHEMA + [("policy", POLICY)]
+
 
 class ContractError(ValueError):
     pass
@@ -191,7 +197,7 @@ def parse(text: str, name: str = "contract") -> Contract:
         raw = yaml.load(text, Loader=yaml.BaseLoader)  # every scalar as text; types from SCHEMA
     except yaml.YAMLError as e:
         raise ContractError(f"{name}: {e}") from None
-    doc = _parse("", SCHEMA, raw)
+    doc = _parse("", RESOLVED, raw)
     h = "sha256:" + hashlib.sha256(b"trajflow/contract/v1\n" + canonical(doc).encode()).hexdigest()
     sout: list = []
     _canon(dict(SCHEMA)["sampler"], doc["sampler"], sout)
