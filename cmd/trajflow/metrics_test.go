@@ -1,6 +1,9 @@
 package main
 
 import (
+	"os"
+	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus/testutil/promlint"
@@ -17,7 +20,16 @@ import (
 // reasons, the served version; and the whole exposition passes promlint.
 func TestDemoDomainMetrics(t *testing.T) {
 	m := pipeline.NewMetrics(nil)
-	s := demo(t, loop.Options{Updates: 2, Seed: 1, Metrics: m})
+	out := t.TempDir()
+	s := demo(t, loop.Options{Updates: 2, Seed: 1, Metrics: m, Out: out})
+	// The trainer logs every update with its statistics.
+	lb, err := os.ReadFile(filepath.Join(out, "demo.log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := strings.Count(string(lb), `msg="policy updated"`); n != s.Updates || !strings.Contains(string(lb), "approx_kl=") {
+		t.Errorf("demo.log has %d policy updated lines, want %d", n, s.Updates)
+	}
 	mfs, err := m.Registry.Gather()
 	if err != nil {
 		t.Fatal(err)

@@ -338,6 +338,9 @@ func (s *Stage) Process(_ context.Context, m pipeline.Message) (pipeline.Result,
 		return res, err
 	}
 	s.env.Metrics().Update(u)
+	s.env.Logger.Info("policy updated", "version", u.Version, "batch", batch.BatchID, "loss", u.Last.Loss,
+		"approx_kl", u.Last.ApproxKLOld, "clip_pos", u.Last.ClipFracPos, "clip_neg", u.Last.ClipFracNeg,
+		"entropy", u.Last.Entropy, "duplicates", dups, "seconds", u.StepSeconds)
 	out, err := s.release()
 	if err != nil {
 		return res, err
