@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/segmentio/kafka-go"
+	"go.opentelemetry.io/otel/trace"
 
 	tfkafka "github.com/trajflow/trajflow/connectors/kafka"
 	"github.com/trajflow/trajflow/schemas"
@@ -65,6 +66,9 @@ type Config struct {
 	Logger *slog.Logger
 	// Metrics receives the operator's collectors; nil: a private registry.
 	Metrics *Metrics
+	// TracerProvider makes the span of every record's processing (nil:
+	// the global provider, a no-op unless the program installs one).
+	TracerProvider trace.TracerProvider
 	// Hooks observe the operator: each is called through the hook
 	// interfaces it implements (ProcessHook).
 	Hooks []Hook
@@ -452,6 +456,7 @@ func (o *Operator) fetchLoop(fetchCtx context.Context, log *slog.Logger) error {
 		}
 	}
 	lim := logLimiter{every: 10 * time.Second}
+	tr := o.tracer()
 	for {
 		select {
 		case err := <-o.fatal:
@@ -495,7 +500,9 @@ func (o *Operator) fetchLoop(fetchCtx context.Context, log *slog.Logger) error {
 		}
 		o.stageMu.Lock()
 		t0 := time.Now()
-		res, err := o.stage.Process(fetchCtx, m)
+		sctx, span := o.startSpan(fetchCtx, tr, &m)
+		res, err := o.stage.Process(sctx, m)
+		endSpan(span, &res, err)
 		if len(o.process) > 0 {
 			o.observe(&m, &res, err, time.Since(t0))
 		}

@@ -36,6 +36,7 @@ type operatorFlags struct {
 	snapAge  *time.Duration
 	device   *string
 	restarts *int
+	otlp     *string
 	envSvc   envFlags
 }
 
@@ -56,6 +57,7 @@ func addOperatorFlags(fs *flag.FlagSet) operatorFlags {
 		snapAge:  fs.Duration("snapshot-roll-interval", 0, "close a snapshot file this long after its first message (snapshot; 0: 30s)"),
 		device:   fs.String("device", "cpu", "the train stage's backend: cpu or cuda (a build with the cuda tag)"),
 		restarts: fs.Int("restarts", -1, "restart the operator in place after a fatal error at most this many times (-1: always); configuration errors are never retried"),
+		otlp:     fs.String("otlp-endpoint", "", "export a span per processed record over OTLP/HTTP to this URL, e.g. http://127.0.0.1:4318/v1/traces (default: OTEL_EXPORTER_OTLP_ENDPOINT when set, else no spans)"),
 		envSvc:   addEnvFlags(fs),
 	}
 }
@@ -157,6 +159,18 @@ func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	}
 	defer env.cleanup()
 	env.cfg.Metrics = pipeline.NewMetrics(nil)
+	tp, err := tracing(ctx, *of.otlp, "trajflow-"+name)
+	if err != nil {
+		return err
+	}
+	if tp != nil {
+		env.cfg.TracerProvider = tp
+		defer func() {
+			sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			_ = tp.Shutdown(sctx)
+		}()
+	}
 	hs, err := pipeline.NewHealthServer(*of.health, env.cfg.Metrics)
 	if err != nil {
 		return err
