@@ -9,7 +9,13 @@ import (
 	"sync"
 	"time"
 
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/trajflow/trajflow/gpu/model"
+	"github.com/trajflow/trajflow/operators/stagekit"
 	"github.com/trajflow/trajflow/schemas"
 )
 
@@ -281,7 +287,10 @@ func (ag Agent) Run(ctx context.Context, atts []schemas.TaskAttempt) ([]schemas.
 			return trajs, nil
 		}
 		t0 := now()
-		samples, err := ag.Policy.Generate(ctx, reqs)
+		gctx, gspan := tracerOf(ctx).Start(ctx, "rollout generate", trace.WithAttributes(
+			attribute.Int("trajflow.turn", int(turn)), attribute.Int("trajflow.requests", len(reqs))))
+		samples, err := ag.Policy.Generate(gctx, reqs)
+		endTraced(gspan, err)
 		if err != nil {
 			return nil, fmt.Errorf("rollout: turn %d: %w", turn, err)
 		}
@@ -307,7 +316,14 @@ func (ag Agent) Run(ctx context.Context, atts []schemas.TaskAttempt) ([]schemas.
 				act.Text = txt
 			}
 			t1 := now()
-			tr, err := e.ep.Step(ctx, turn, act)
+			sctx, sspan := tracerOf(ctx).Start(attemptTrace(ctx, atts[i].AttemptID), "rollout env step", trace.WithAttributes(
+				attribute.String("trajflow.attempt_id", atts[i].AttemptID), attribute.Int("trajflow.turn", int(turn)),
+				attribute.Int("trajflow.action_tokens", len(sm.Tokens))))
+			tr, err := e.ep.Step(sctx, turn, act)
+			if err == nil {
+				sspan.SetAttributes(attribute.String("trajflow.decision", tr.Decision))
+			}
+			endTraced(sspan, err)
 			if err != nil {
 				return fmt.Errorf("rollout: attempt %s: %w", atts[i].AttemptID, err)
 			}
@@ -436,4 +452,26 @@ func DefaultSettings(reg *Registry) model.Settings {
 		MaxTokens: 3,
 		Stop:      []int32{TokEnd},
 	}
+}
+
+// tracerOf is the rollout tracer of the provider of ctx's span (the
+// operator's, when the stage runs in one; a no-op otherwise).
+func tracerOf(ctx context.Context) trace.Tracer {
+	return trace.SpanFromContext(ctx).TracerProvider().Tracer("github.com/trajflow/trajflow/operators/rollout")
+}
+
+// attemptTrace is ctx under the span of the attempt's traceparent (trace
+// id derived from the attempt id, as on every record of the attempt), so
+// that the environment steps of an attempt join its trace.
+func attemptTrace(ctx context.Context, attemptID string) context.Context {
+	return propagation.TraceContext{}.Extract(ctx, propagation.MapCarrier{"traceparent": stagekit.TraceParent(attemptID)})
+}
+
+// endTraced ends span, recording err.
+func endTraced(span trace.Span, err error) {
+	if err != nil {
+		span.RecordError(err)
+		span.SetStatus(codes.Error, err.Error())
+	}
+	span.End()
 }
