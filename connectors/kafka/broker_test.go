@@ -291,3 +291,50 @@ func TestDataDirExclusive(t *testing.T) {
 	}
 	startTestBroker(t, BrokerConfig{DataDir: dir}) // released by Close
 }
+
+// GroupLag reports every partition's committed offset and end; a group
+// that never committed lags by everything, without an error.
+func TestGroupLag(t *testing.T) {
+	b := startTestBroker(t, BrokerConfig{})
+	cc := ClientConfig{Brokers: []string{b.Addr()}}
+	createTopics(t, b.Addr(), TopicSpec{Name: "in", Partitions: 2})
+	ctx := testCtx(t, 15*time.Second)
+	w := newWriter(t, cc, "in", 0)
+	w.Balancer = kafkago.BalancerFunc(func(m kafkago.Message, _ ...int) int { return int(m.Key[0] - '0') })
+	for _, k := range []string{"0", "0", "0", "1"} {
+		if err := w.WriteMessages(ctx, kafkago.Message{Key: []byte(k), Value: []byte("v")}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	total := func() (n int64, committed int) {
+		lags, err := GroupLag(ctx, cc, cc.Brokers, "g", []string{"in"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(lags) != 2 || lags[0].Partition != 0 || lags[1].Partition != 1 || lags[0].End != 3 || lags[1].End != 1 {
+			t.Fatalf("lags %+v", lags)
+		}
+		for _, l := range lags {
+			n += l.Lag()
+			if l.Committed >= 0 {
+				committed++
+			}
+		}
+		return n, committed
+	}
+	if n, c := total(); n != 4 || c != 0 {
+		t.Fatalf("before any commit: lag %d, %d partitions committed; want 4, 0", n, c)
+	}
+	r := groupReader(t, cc, "g", "in")
+	m, err := r.FetchMessage(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := r.CommitMessages(ctx, m); err != nil {
+		t.Fatal(err)
+	}
+	_ = r.Close()
+	if n, c := total(); n != 3 || c != 1 {
+		t.Fatalf("after one commit: lag %d, %d partitions committed; want 3, 1", n, c)
+	}
+}
