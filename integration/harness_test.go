@@ -230,6 +230,25 @@ func (f *fleet) exited() []string {
 	return out
 }
 
+// exitedFailing is exited without the operators that exited 0: one run
+// with --rounds exits 0 by itself once that run is done and drained.
+func (f *fleet) exitedFailing() []string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var out []string
+	for inst, p := range f.procs {
+		select {
+		case <-p.done:
+			if p.err != nil {
+				out = append(out, fmt.Sprintf("%s exited: %v\n%s", inst, p.err, tail(p.log, 15)))
+			}
+		default:
+		}
+	}
+	sort.Strings(out)
+	return out
+}
+
 func (f *fleet) stopAll() {
 	f.mu.Lock()
 	insts := make([]string, 0, len(f.procs))
