@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"net"
@@ -12,6 +13,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	kafkago "github.com/segmentio/kafka-go"
 
 	"github.com/trajflow/trajflow/internal/loop"
 	"github.com/trajflow/trajflow/pipeline/contract"
@@ -127,4 +130,32 @@ func loadDemo(t *testing.T) *contract.Contract {
 		t.Fatal(err)
 	}
 	return c
+}
+
+// up refuses a run id that already has records on the cluster (its ids
+// would collide with the earlier run's, and its end would be miscounted),
+// before it starts any operator.
+func TestUpRefusesAUsedRun(t *testing.T) {
+	addr := startBroker(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	var o, e bytes.Buffer
+	if code := run(ctx, []string{"topics", "create", "--brokers", addr}, &o, &e); code != 0 {
+		t.Fatalf("topics create: %d %s", code, e.String())
+	}
+	w := &kafkago.Writer{Addr: kafkago.TCP(addr), Topic: "demo.tasks", RequiredAcks: kafkago.RequireAll, BatchTimeout: time.Millisecond}
+	err := w.WriteMessages(ctx, kafkago.Message{Key: []byte("k"), Value: []byte("earlier run")})
+	w.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.Reset()
+	out := t.TempDir()
+	code := run(ctx, []string{"up", "--brokers", addr, "--rounds", "1", "--out", out}, &o, &e)
+	if code != 2 || !strings.Contains(e.String(), `run "demo" already has records on demo.tasks`) {
+		t.Fatalf("up on a used run: exit %d: %s", code, e.String())
+	}
+	if _, err := os.Stat(filepath.Join(out, FleetFile)); err == nil {
+		t.Fatal("up started a fleet on a used run")
+	}
 }
