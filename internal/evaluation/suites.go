@@ -58,6 +58,10 @@ const (
 	// MetricUnsafeActionRate is the share of safety-suite episodes in
 	// which the environment executed an action on forbidden data.
 	MetricUnsafeActionRate = "unsafe_action_rate"
+	// MetricKLToReference is the mean per-token KL(policy || reference)
+	// on the policy's own validation episodes (k3 estimator), the
+	// reference being PlaneConfig.Reference (the initial policy).
+	MetricKLToReference = "kl_to_reference"
 	// MetricForbiddenAttemptRate is the share of safety-suite episodes
 	// with an action that names forbidden data (denied or not).
 	MetricForbiddenAttemptRate = "forbidden_attempt_rate"
@@ -66,7 +70,7 @@ const (
 // Metrics lists every metric the plane can measure.
 func Metrics() []string {
 	return []string{MetricVerifiedSuccess, MetricEvalSuccess, MetricEvalPassAtK, MetricP95Turns,
-		MetricRegressionSuccess, MetricUnsafeActionRate, MetricForbiddenAttemptRate}
+		MetricRegressionSuccess, MetricUnsafeActionRate, MetricForbiddenAttemptRate, MetricKLToReference}
 }
 
 // PlaneConfig configures the evaluation plane.
@@ -88,6 +92,9 @@ type PlaneConfig struct {
 	// ValidationTasks is how many train tasks (the first, in the
 	// registry's order) the validation suite holds; 0: 64 or all.
 	ValidationTasks int
+	// Reference is the KL reference model (artifacts.policy_checkpoint:
+	// the initial policy); required.
+	Reference *model.Model
 	// Resamples is the bootstrap resamples of the intervals without a
 	// closed form; 0: 1000.
 	Resamples int
@@ -110,6 +117,8 @@ func NewPlane(c PlaneConfig) (*Plane, error) {
 		return nil, errors.New("evaluation: the task registry has no hidden eval split")
 	case c.Samples < 1:
 		return nil, fmt.Errorf("evaluation: samples %d: want at least 1 attempt per task", c.Samples)
+	case c.Reference == nil:
+		return nil, errors.New("evaluation: no KL reference model")
 	case c.ValidationTasks < 0 || c.Resamples < 0:
 		return nil, fmt.Errorf("evaluation: validation tasks %d, resamples %d: want >= 0", c.ValidationTasks, c.Resamples)
 	case c.Regression != nil && c.Regression.Family() == c.Registry.Family():
@@ -201,11 +210,14 @@ func (p *Plane) Evaluate(ctx context.Context, pol *model.Policy) (*Report, error
 		rep.Suites = append(rep.Suites, s)
 		return nil
 	}
-	val, err := p.success(ctx, SuiteValidation, reg, pol, p.attempts(RunValidation, reg.Train()[:p.cfg.ValidationTasks], v), p.cfg.Settings)
+	val, trajs, err := p.run(ctx, SuiteValidation, reg, pol, p.attempts(RunValidation, reg.Train()[:p.cfg.ValidationTasks], v), p.cfg.Settings)
 	if err := add(val, err); err != nil {
 		return nil, err
 	}
 	m[MetricVerifiedSuccess] = val.Success
+	if m[MetricKLToReference], err = p.klOf(trajs); err != nil {
+		return nil, fmt.Errorf("evaluation: KL at version %d: %w", v, err)
+	}
 	held, err := p.success(ctx, SuiteHeldout, reg, pol, p.attempts(RunID, reg.Eval(), v), p.cfg.Settings)
 	if err := add(held, err); err != nil {
 		return nil, err
@@ -249,10 +261,16 @@ func (p *Plane) Release(ctx context.Context, rel schemas.PolicyRelease) (*Report
 // success runs a suite's attempts and measures validated success (with
 // pass@k and p95 turns for the held-out suite).
 func (p *Plane) success(ctx context.Context, suite string, reg *rollout.Registry, pol *model.Policy, atts []schemas.TaskAttempt, s model.Settings) (SuiteResult, error) {
+	res, _, err := p.run(ctx, suite, reg, pol, atts, s)
+	return res, err
+}
+
+// run is success, with the suite's trajectories.
+func (p *Plane) run(ctx context.Context, suite string, reg *rollout.Registry, pol *model.Policy, atts []schemas.TaskAttempt, s model.Settings) (SuiteResult, []schemas.Trajectory, error) {
 	res := SuiteResult{Suite: suite, Family: reg.Family(), AttemptsHash: attemptsHash(atts), Attempts: len(atts), Tasks: len(atts) / int(p.cfg.Samples)}
 	trajs, err := reg.RunEpisodes(ctx, pol, atts, s, p.cfg.Limits)
 	if err != nil {
-		return res, err
+		return res, nil, err
 	}
 	val := rollout.NewValidator(reg)
 	correct := map[string]int{}
@@ -261,7 +279,7 @@ func (p *Plane) success(ctx context.Context, suite string, reg *rollout.Registry
 		task, _ := reg.Lookup(trajs[i].TaskID)
 		ok, _, err := val.Validate(task, &trajs[i])
 		if err != nil {
-			return res, fmt.Errorf("validate %s: %w", trajs[i].RecordID, err)
+			return res, nil, fmt.Errorf("validate %s: %w", trajs[i].RecordID, err)
 		}
 		if ok {
 			res.Successes++
@@ -270,17 +288,17 @@ func (p *Plane) success(ctx context.Context, suite string, reg *rollout.Registry
 		turns[i] = float64(len(trajs[i].Turns))
 	}
 	if res.Success, err = rate(res.Successes, len(trajs)); err != nil {
-		return res, err
+		return res, nil, err
 	}
 	if suite != SuiteHeldout {
-		return res, nil
+		return res, trajs, nil
 	}
 	k := int(p.cfg.Samples)
 	perTask := make([]float64, 0, res.Tasks)
 	for i := 0; i < len(atts); i += k {
 		pk, err := gate.PassAtK(k, correct[atts[i].TaskID], k)
 		if err != nil {
-			return res, err
+			return res, nil, err
 		}
 		perTask = append(perTask, pk)
 	}
@@ -293,15 +311,15 @@ func (p *Plane) success(ctx context.Context, suite string, reg *rollout.Registry
 	}
 	lo, hi, err := gate.Bootstrap(perTask, mean, p.cfg.Resamples, 0.95, schemas.SeedFor(p.cfg.Seed, suite+"/pass_at_k", "bootstrap"))
 	if err != nil {
-		return res, err
+		return res, nil, err
 	}
 	res.K, res.PassAtK = k, &gate.Estimate{Value: mean(perTask), Lo: lo, Hi: hi, N: len(perTask)}
 	p95 := func(xs []float64) float64 { q, _ := gate.Quantile(xs, 0.95); return q }
 	if lo, hi, err = gate.Bootstrap(turns, p95, p.cfg.Resamples, 0.95, schemas.SeedFor(p.cfg.Seed, suite+"/p95_turns", "bootstrap")); err != nil {
-		return res, err
+		return res, nil, err
 	}
 	res.P95Turns = &gate.Estimate{Value: p95(turns), Lo: lo, Hi: hi, N: len(turns)}
-	return res, nil
+	return res, trajs, nil
 }
 
 // safety runs the held-out tasks in the adversarial environment and
@@ -344,4 +362,79 @@ func (p *Plane) safety(ctx context.Context, pol *model.Policy, v int64) (SuiteRe
 func rate(k, n int) (gate.Estimate, error) {
 	lo, hi, err := gate.Wilson(k, n, gate.Z95)
 	return gate.Estimate{Value: float64(k) / float64(n), Lo: lo, Hi: hi, N: n}, err
+}
+
+// KL is the mean per-token KL(pol || reference) on pol's episodes of the
+// validation tasks, one attempt each (run id eval-kl): the k3 estimate of
+// every sampled action token against the reference's log-probability of
+// it under the same sampler, and a token-bootstrap interval.
+func (p *Plane) KL(ctx context.Context, pol *model.Policy) (gate.Estimate, error) {
+	reg := p.cfg.Registry
+	var atts []schemas.TaskAttempt
+	for i, t := range reg.Train()[:p.cfg.ValidationTasks] {
+		atts = append(atts, rollout.Attempts(RunKL, t, int64(i), 1, p.cfg.Seed, pol.Version(), ContractHash)...)
+	}
+	trajs, err := reg.RunEpisodes(ctx, pol, atts, p.cfg.Settings, p.cfg.Limits)
+	if err != nil {
+		return gate.Estimate{}, fmt.Errorf("evaluation: KL at version %d: %w", pol.Version(), err)
+	}
+	return p.klOf(trajs)
+}
+
+// RunKL is the run id of the KL probe's attempts.
+const RunKL = "eval-kl"
+
+// klOf estimates KL(behavior || reference) on trajectories: per turn the
+// stream PromptIDs ++ ActionIDs ++ ObservationIDs (as pack reconstructs
+// it), the reference's log-probs of the action tokens, and k3 of each
+// against the behavior log-prob the trajectory recorded.
+func (p *Plane) klOf(trajs []schemas.Trajectory) (gate.Estimate, error) {
+	var ks []float64
+	b := p.cfg.Settings.Behavior
+	for i := range trajs {
+		var stream []int32
+		var at []int // stream index of every action token
+		var cur []float32
+		for _, t := range trajs[i].Turns {
+			stream = append(stream, t.PromptIDs...)
+			for j, id := range t.ActionIDs {
+				at = append(at, len(stream))
+				stream = append(stream, id)
+				cur = append(cur, t.ActionLogprobs[j])
+			}
+			stream = append(stream, t.ObservationIDs...)
+		}
+		if len(at) == 0 {
+			continue
+		}
+		pos, seg := make([]int32, len(stream)), make([]int32, len(stream))
+		for j := range pos {
+			pos[j] = int32(j)
+		}
+		ref, err := p.cfg.Reference.LogprobsForTraining(b, stream, pos, seg)
+		if err != nil {
+			return gate.Estimate{}, fmt.Errorf("reference log-probs of %s: %w", trajs[i].RecordID, err)
+		}
+		for j, a := range at {
+			if a == 0 {
+				return gate.Estimate{}, fmt.Errorf("trajectory %s starts with an action token", trajs[i].RecordID)
+			}
+			ks = append(ks, gate.K3(float64(ref[a-1])-float64(cur[j])))
+		}
+	}
+	if len(ks) == 0 {
+		return gate.Estimate{}, errors.New("no action tokens")
+	}
+	mean := func(xs []float64) float64 {
+		t := 0.0
+		for _, x := range xs {
+			t += x
+		}
+		return t / float64(len(xs))
+	}
+	lo, hi, err := gate.Bootstrap(ks, mean, p.cfg.Resamples, 0.95, schemas.SeedFor(p.cfg.Seed, "kl_to_reference", "bootstrap"))
+	if err != nil {
+		return gate.Estimate{}, err
+	}
+	return gate.Estimate{Value: mean(ks), Lo: lo, Hi: hi, N: len(ks)}, nil
 }

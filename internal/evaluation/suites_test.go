@@ -27,8 +27,13 @@ func newPlane(t *testing.T, samples int32) (*evaluation.Plane, *contract.Contrac
 	if err != nil {
 		t.Fatal(err)
 	}
+	mc, seed := operators.ModelConfig(c)
+	ref, err := gpu.InitialModel(mc, seed)
+	if err != nil {
+		t.Fatal(err)
+	}
 	p, err := evaluation.NewPlane(evaluation.PlaneConfig{Registry: reg, Regression: led, Settings: operators.RolloutSettings(c, reg),
-		Limits: operators.RolloutLimits(c), Seed: c.Seed, Samples: samples, ValidationTasks: 32, Resamples: 200})
+		Limits: operators.RolloutLimits(c), Seed: c.Seed, Samples: samples, ValidationTasks: 32, Resamples: 200, Reference: ref})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -60,7 +65,7 @@ func TestPlaneSuites(t *testing.T) {
 	}
 	b.Version, b.Evaluation.Version = 0, 0
 	if !reflect.DeepEqual(a, b) {
-		t.Fatalf("the same weights at another version measured differently:\n%+v\n%+v", a, b)
+		t.Fatalf("the same weights at another version measured differently:\n%+v\n%+v", a.Evaluation, b.Evaluation)
 	}
 	want := map[string]struct {
 		family string
@@ -93,6 +98,10 @@ func TestPlaneSuites(t *testing.T) {
 			t.Errorf("metric %s: %+v (measured %v)", name, e, ok)
 		}
 	}
+	// The initial policy is the reference: every k3 term is exactly 0.
+	if kl := a.Evaluation.Metrics[evaluation.MetricKLToReference]; kl.Value != 0 || kl.Hi != 0 || kl.N == 0 {
+		t.Errorf("KL of the reference to itself: %+v", kl)
+	}
 	held, _ := a.Suite(evaluation.SuiteHeldout)
 	// pass@2 is the share of tasks with a success among their 2 attempts'
 	// unbiased estimate: never below the success rate (pass@1).
@@ -106,6 +115,32 @@ func TestPlaneSuites(t *testing.T) {
 	if safe.ForbiddenEpisodes == 0 || safe.Violations != 0 || a.Evaluation.UnsafeActions != 0 || a.Evaluation.Metrics[evaluation.MetricUnsafeActionRate].Value != 0 {
 		t.Errorf("safety suite: %+v", safe)
 	}
+}
+
+// TestKLToReference: another policy is at a positive KL from the
+// reference; the probe is deterministic.
+func TestKLToReference(t *testing.T) {
+	p, c := newPlane(t, 1)
+	mc, _ := operators.ModelConfig(c)
+	other, err := gpu.InitialModel(mc, 99)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	a, err := p.KL(ctx, model.NewPolicy(other, 3))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := p.KL(ctx, model.NewPolicy(other, 3))
+	if !(a.Value > 0) || a.Lo > a.Value || a.Hi < a.Value || a != b {
+		t.Fatalf("KL of another policy: %+v, again %+v", a, b)
+	}
+	mc, seed := operators.ModelConfig(c)
+	ref, _ := gpu.InitialModel(mc, seed)
+	if z, err := p.KL(ctx, model.NewPolicy(ref, 0)); err != nil || z.Value != 0 {
+		t.Fatalf("KL of the reference: %+v, %v", z, err)
+	}
+	t.Logf("KL(seed-99 policy || reference) = %.4f [%.4f, %.4f] over %d tokens", a.Value, a.Lo, a.Hi, a.N)
 }
 
 func mustLedger(t *testing.T) *rollout.Registry {
@@ -133,6 +168,7 @@ func TestPlaneConfigErrors(t *testing.T) {
 		"regression of the same": {Registry: reg, Regression: other, Samples: 1},
 		"text (no adversarial)":  {Registry: txt, Samples: 1},
 		"negative resamples":     {Registry: reg, Samples: 1, Resamples: -1},
+		"no reference":           {Registry: reg, Samples: 1},
 	} {
 		if _, err := evaluation.NewPlane(c); err == nil {
 			t.Errorf("%s: accepted", name)

@@ -114,3 +114,7 @@ func Bootstrap(xs []float64, stat func([]float64) float64, b int, level float64,
 	hi, err = Quantile(vals, (1+level)/2)
 	return lo, hi, err
 }
+
+// K3 is the k3 estimator of KL(p || q) for one token sampled from p with
+// logr = log q - log p: exp(logr) - 1 - logr, unbiased and >= 0.
+func K3(logr float64) float64 { return math.Expm1(logr) - logr }

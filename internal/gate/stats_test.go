@@ -135,3 +135,12 @@ func TestBootstrap(t *testing.T) {
 		t.Error("no values: no error")
 	}
 }
+
+// k3(ln 2) = 2 - 1 - 0.693147 = 0.306853; k3(-ln 2) = 0.5 - 1 + 0.693147.
+func TestK3HandComputed(t *testing.T) {
+	for _, c := range []struct{ logr, want float64 }{{0, 0}, {math.Ln2, 0.306853}, {-math.Ln2, 0.193147}} {
+		if got := K3(c.logr); !near(got, c.want, 1e-6) {
+			t.Errorf("K3(%v) = %v, want %v", c.logr, got, c.want)
+		}
+	}
+}
