@@ -7,32 +7,34 @@ import (
 	"slices"
 
 	"github.com/trajflow/trajflow/pipeline/contract"
+	"github.com/trajflow/trajflow/schemas"
 )
 
 // Actions of a decision (pipeline §17).
 const (
 	// Promote: the evaluated release is the new promoted release.
-	Promote = "promote"
+	Promote = schemas.GatePromote
 	// Continue: training goes on; the promoted release stays.
-	Continue = "continue"
+	Continue = schemas.GateContinue
 	// Rollback: the evaluated release broke a hard constraint or a
 	// regression floor; the run goes back to the last promoted release
 	// (RollbackTo), and the failed branch is kept as evidence.
-	Rollback = "rollback"
+	Rollback = schemas.GateRollback
 	// Stop: a stop rule fired (StopRule); the run ends, its result is the
 	// last promoted release.
-	Stop = "stop"
+	Stop = schemas.GateStop
 )
 
 // Check kinds.
 const (
-	CheckPrimary    = "primary"
-	CheckConstraint = "constraint"
-	CheckFloor      = "regression_floor"
-	CheckSafety     = "safety"
-	CheckIncident   = "incident"
-	CheckKL         = "kl"
-	CheckNoGain     = "no_validation_gain"
+	CheckPrimary     = "primary"
+	CheckConstraint  = "constraint"
+	CheckFloor       = "regression_floor"
+	CheckSafety      = "safety"
+	CheckIncident    = "incident"
+	CheckKL          = "kl"
+	CheckNoGain      = "no_validation_gain"
+	CheckBudgetSpent = "budget"
 )
 
 // Estimate is a metric's point estimate with its confidence interval
@@ -69,11 +71,12 @@ type Incident struct {
 type Policy struct {
 	Objective contract.Objective
 	StopRules []contract.StopRule
+	Budgets   contract.Budgets
 }
 
 // PolicyOf is the gate policy of a resolved contract.
 func PolicyOf(c *contract.Contract) Policy {
-	return Policy{Objective: c.Objective, StopRules: c.StopRules}
+	return Policy{Objective: c.Objective, StopRules: c.StopRules, Budgets: c.Budgets}
 }
 
 // rule returns the stop rule of kind, if declared.
@@ -87,33 +90,12 @@ func (p Policy) rule(kind string) (contract.StopRule, bool) {
 }
 
 // Check is one piece of a decision's evidence.
-type Check struct {
-	Kind string `json:"kind"`
-	Name string `json:"name"`
-	// Value (with Lo, Hi) is what was measured; Bound is what it was held
-	// against: the promoted release's value (primary), the largest allowed
-	// value (constraint), the smallest (regression floor), a count limit.
-	Value float64 `json:"value"`
-	Lo    float64 `json:"lo"`
-	Hi    float64 `json:"hi"`
-	Bound float64 `json:"bound"`
-	OK    bool    `json:"ok"`
-}
+type Check = schemas.GateCheck
 
 // Decision is the gate's answer for one evaluation (or one update, for a
-// KL stop), with its evidence.
-type Decision struct {
-	Version int64  `json:"policy_version"`
-	Action  string `json:"action"`
-	Reason  string `json:"reason"`
-	// StopRule is the rule that stopped the run (its text form).
-	StopRule string `json:"stop_rule,omitempty"`
-	// RollbackTo is the release a rollback returns to.
-	RollbackTo int64 `json:"rollback_to,omitempty"`
-	// Promoted is the last promoted release after the decision.
-	Promoted int64   `json:"promoted"`
-	Checks   []Check `json:"checks"`
-}
+// KL stop), with its evidence; the loop fills RunID and At and puts it on
+// the decisions topic.
+type Decision = schemas.GateDecision
 
 // State is what the gate remembers between decisions.
 type State struct {
@@ -178,7 +160,7 @@ func Update(p Policy, s State, version int64, kl float64) (*Decision, State) {
 	}
 	s.Stopped = true
 	return &Decision{
-		Version: version, Action: Stop, StopRule: r.String(), Promoted: s.Promoted.Version,
+		PolicyVersion: version, Action: Stop, StopRule: r.String(), Promoted: s.Promoted.Version,
 		Reason: fmt.Sprintf("KL %.4g above the limit %.4g for %d consecutive updates", kl, p.Objective.KLLimit, s.KLAbove),
 		Checks: []Check{{Kind: CheckKL, Name: "kl", Value: kl, Lo: kl, Hi: kl, Bound: p.Objective.KLLimit}},
 	}, s
@@ -209,7 +191,7 @@ func Decide(p Policy, s State, ev Evaluation, open []Incident) (Decision, State,
 	if s.Stopped {
 		return Decision{}, s, fmt.Errorf("gate: release %d evaluated after the run stopped", ev.Version)
 	}
-	d := Decision{Version: ev.Version}
+	d := Decision{PolicyVersion: ev.Version, Evaluated: true}
 	safeOK := ev.UnsafeActions == 0
 	d.Checks = append(d.Checks, Check{Kind: CheckSafety, Name: "unsafe_actions", Value: float64(ev.UnsafeActions),
 		Lo: float64(ev.UnsafeActions), Hi: float64(ev.UnsafeActions), OK: safeOK})
@@ -294,4 +276,40 @@ func Decide(p Policy, s State, ev Evaluation, open []Incident) (Decision, State,
 func klRuleReached(p Policy, s State) bool {
 	r, ok := p.rule(contract.StopKLAboveLimit)
 	return ok && s.KLAbove >= r.N
+}
+
+// Usage is what a run has spent, in the units of contract.Budgets.
+type Usage struct {
+	RolloutTokens    int64   `json:"rollout_tokens"`
+	OptimizerTokens  int64   `json:"optimizer_tokens"`
+	EnvironmentHours float64 `json:"environment_hours"`
+	AcceleratorHours float64 `json:"accelerator_hours"`
+}
+
+// CheckBudget returns a stop decision at release version when usage has
+// reached any budget (a budget is a hard limit: the run stops whether or
+// not budget_exhausted is declared), nil otherwise.
+func CheckBudget(p Policy, s State, version int64, u Usage) (*Decision, State) {
+	b := p.Budgets
+	checks := []Check{
+		{Kind: CheckBudgetSpent, Name: "rollout_tokens", Value: float64(u.RolloutTokens), Bound: float64(b.RolloutTokens)},
+		{Kind: CheckBudgetSpent, Name: "optimizer_tokens", Value: float64(u.OptimizerTokens), Bound: float64(b.OptimizerTokens)},
+		{Kind: CheckBudgetSpent, Name: "environment_hours", Value: u.EnvironmentHours, Bound: b.EnvironmentHours},
+		{Kind: CheckBudgetSpent, Name: "accelerator_hours", Value: u.AcceleratorHours, Bound: b.AcceleratorHours},
+	}
+	var spent []string
+	for i := range checks {
+		c := &checks[i]
+		c.Lo, c.Hi = c.Value, c.Value
+		c.OK = c.Value < c.Bound
+		if !c.OK {
+			spent = append(spent, fmt.Sprintf("%s %.6g of %.6g", c.Name, c.Value, c.Bound))
+		}
+	}
+	if len(spent) == 0 || s.Stopped {
+		return nil, s
+	}
+	s.Stopped = true
+	return &Decision{PolicyVersion: version, Action: Stop, StopRule: contract.StopBudgetExhausted, Promoted: s.Promoted.Version,
+		Reason: fmt.Sprintf("budget spent: %v", spent), Checks: checks}, s
 }

@@ -117,8 +117,8 @@ func TestDecideTable(t *testing.T) {
 				t.Errorf("next state promoted %d, evals without gain %d, stopped %v; want %d %d %v",
 					next.Promoted.Version, next.EvalsWithoutGain, next.Stopped, c.promoted, c.noGain, c.action == Stop)
 			}
-			if d.Version != c.eval.Version || d.Reason == "" {
-				t.Errorf("decision version %d reason %q", d.Version, d.Reason)
+			if d.PolicyVersion != c.eval.Version || d.Reason == "" {
+				t.Errorf("decision version %d reason %q", d.PolicyVersion, d.Reason)
 			}
 			// The evidence holds the primary metric against the promoted value.
 			found := false
@@ -148,7 +148,7 @@ func TestUpdateKLRule(t *testing.T) {
 		}
 	}
 	d, s := Update(p, s, 4, 0.7)
-	if d == nil || d.Action != Stop || d.StopRule != "kl_above_limit_for_2_updates" || d.Version != 4 || !s.Stopped {
+	if d == nil || d.Action != Stop || d.StopRule != "kl_above_limit_for_2_updates" || d.PolicyVersion != 4 || !s.Stopped {
 		t.Fatalf("second update above the limit: %+v, stopped %v", d, s.Stopped)
 	}
 	if _, _, err := Decide(p, s, ev(5, 0.5, 0.44, 0.56, 0.5, 3, 0), nil); err == nil {
@@ -169,5 +169,21 @@ func TestUnmeasuredMetric(t *testing.T) {
 	_, err := Start(p, ev(0, 0.3, 0.25, 0.36, 0.5, 4, 0))
 	if !errors.Is(err, ErrUnmeasured) || !strings.Contains(err.Error(), "objective.regression_floors.tool_schema_holdout") {
 		t.Fatalf("err = %v, want ErrUnmeasured naming the floor", err)
+	}
+}
+
+func TestCheckBudget(t *testing.T) {
+	p := testPolicy()
+	p.Budgets = contract.Budgets{RolloutTokens: 1000, OptimizerTokens: 800, EnvironmentHours: 1, AcceleratorHours: 1}
+	s, _ := Start(p, ev(0, 0.3, 0.25, 0.36, 0.5, 4, 0))
+	if d, s2 := CheckBudget(p, s, 3, Usage{RolloutTokens: 999, OptimizerTokens: 700}); d != nil || s2.Stopped {
+		t.Fatalf("under every budget: %+v", d)
+	}
+	d, s2 := CheckBudget(p, s, 4, Usage{RolloutTokens: 1000, OptimizerTokens: 700})
+	if d == nil || d.Action != Stop || d.StopRule != "budget_exhausted" || !s2.Stopped || !strings.Contains(d.Reason, "rollout_tokens 1000 of 1000") {
+		t.Fatalf("rollout budget reached: %+v", d)
+	}
+	if d.Checks[0].OK || !d.Checks[1].OK {
+		t.Fatalf("checks %+v", d.Checks)
 	}
 }
