@@ -56,6 +56,10 @@ type Deps struct {
 	// Rounds is how many update rounds dispatch launches (0: until
 	// stopped).
 	Rounds int64
+	// Gated: a gate rules on every release on the decisions topic, and
+	// dispatch launches a round at a release only after its ruling
+	// (dispatch.StageConfig.Gated).
+	Gated bool
 	// Device selects the train stage's backend ("cpu", the default, or
 	// "cuda" in a build with the cuda tag).
 	Device string
@@ -184,7 +188,7 @@ func newDispatch(d Deps) (pipeline.Stage, error) {
 	}
 	return dispatch.NewStage(dispatch.StageConfig{
 		Planner: p, Topics: d.Topics, RunID: d.Contract.RunID, Mode: d.Contract.Dispatch.Mode,
-		MaxLag: d.Contract.Packing.MaxLag, Rounds: d.Rounds, Untrained: d.NoTrain,
+		MaxLag: d.Contract.Packing.MaxLag, Rounds: d.Rounds, Untrained: d.NoTrain, Gated: d.Gated,
 	})
 }
 
