@@ -54,5 +54,13 @@ func cmdDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	fmt.Fprintf(stdout, "hidden-eval success %.3f -> %.3f in %d updates (%.1fs); launched %d, admitted %d, filtered %d, duplicates %d, lost %d; summary in %s\n",
 		s.EvalSuccessInitial, s.EvalSuccessFinal, s.Updates, s.WallSeconds, s.AttemptsLaunched, s.TrajectoriesAdmitted,
 		s.TrajectoriesFiltered, s.DuplicatesAdmitted, s.Lost, filepath.Join(o.Out, loop.SummaryFile))
+	if g := s.Gate; g != nil {
+		stop := "ran every round"
+		if g.Stop != nil {
+			stop = fmt.Sprintf("stopped by %s at release %d", g.Stop.StopRule, g.Stop.PolicyVersion)
+		}
+		fmt.Fprintf(stdout, "gate: promoted release %d (%d promotions, %d rollbacks), %s; spent %d rollout and %d optimizer tokens\n",
+			g.Promoted, g.Promotions, g.Rollbacks, stop, g.Usage.RolloutTokens, g.Usage.OptimizerTokens)
+	}
 	return nil
 }

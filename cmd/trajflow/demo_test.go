@@ -83,6 +83,58 @@ func TestDemoEndToEnd(t *testing.T) {
 	if n := strings.Count(stdout.String(), "\n"); n < s.Updates {
 		t.Fatalf("%d output lines for %d updates", n, s.Updates)
 	}
+	checkGate(t, &s, out, stdout.String())
+}
+
+// checkGate: the gate ruled on every release, promoted at least once on
+// an interval that cleared the promoted release, and every evaluation
+// ran the four suites on the same frozen attempts; the decisions topic
+// is in the snapshot.
+func checkGate(t *testing.T, s *loop.Summary, out, stdout string) {
+	t.Helper()
+	g := s.Gate
+	if g == nil || g.Promotions < 1 || g.Promoted == 0 || g.Stop != nil || !strings.Contains(stdout, ": promote;") {
+		t.Fatalf("gate summary %+v", g)
+	}
+	ruled := map[int64]bool{}
+	for _, d := range g.Decisions {
+		ruled[d.PolicyVersion] = true
+		if d.Action == "promote" {
+			var primary bool
+			for _, c := range d.Checks {
+				primary = primary || (c.Kind == "primary" && c.OK && c.Lo > c.Bound)
+			}
+			if !primary || !d.Evaluated {
+				t.Fatalf("promotion without a clearing interval: %+v", d)
+			}
+		}
+	}
+	for v := int64(0); v <= int64(s.Updates); v++ {
+		if !ruled[v] {
+			t.Fatalf("no decision on release %d", v)
+		}
+	}
+	hashes := map[string]string{}
+	for _, e := range g.Evaluations {
+		if len(e.Suites) != 4 {
+			t.Fatalf("evaluation of release %d: %d suites", e.Version, len(e.Suites))
+		}
+		for _, su := range e.Suites {
+			if h, ok := hashes[su.Suite]; ok && h != su.AttemptsHash {
+				t.Fatalf("suite %s: attempts of release %d differ from the first evaluation's", su.Suite, e.Version)
+			}
+			hashes[su.Suite] = su.AttemptsHash
+			if su.Success.Lo > su.Success.Value || su.Success.Hi < su.Success.Value {
+				t.Fatalf("suite %s at %d: %+v", su.Suite, e.Version, su.Success)
+			}
+		}
+	}
+	if _, ok := g.PromotedMetrics["verified_success_rate"]; !ok {
+		t.Fatalf("promoted metrics %v", g.PromotedMetrics)
+	}
+	if _, err := os.Stat(filepath.Join(out, "run=demo", "topic=decisions")); err != nil {
+		t.Fatalf("decisions topic not snapshotted: %v", err)
+	}
 }
 
 func lastLines(s string, n int) string {
