@@ -290,18 +290,9 @@ type Usage struct {
 // reached any budget (a budget is a hard limit: the run stops whether or
 // not budget_exhausted is declared), nil otherwise.
 func CheckBudget(p Policy, s State, version int64, u Usage) (*Decision, State) {
-	b := p.Budgets
-	checks := []Check{
-		{Kind: CheckBudgetSpent, Name: "rollout_tokens", Value: float64(u.RolloutTokens), Bound: float64(b.RolloutTokens)},
-		{Kind: CheckBudgetSpent, Name: "optimizer_tokens", Value: float64(u.OptimizerTokens), Bound: float64(b.OptimizerTokens)},
-		{Kind: CheckBudgetSpent, Name: "environment_hours", Value: u.EnvironmentHours, Bound: b.EnvironmentHours},
-		{Kind: CheckBudgetSpent, Name: "accelerator_hours", Value: u.AcceleratorHours, Bound: b.AcceleratorHours},
-	}
+	checks := BudgetChecks(p, u)
 	var spent []string
-	for i := range checks {
-		c := &checks[i]
-		c.Lo, c.Hi = c.Value, c.Value
-		c.OK = c.Value < c.Bound
+	for _, c := range checks {
 		if !c.OK {
 			spent = append(spent, fmt.Sprintf("%s %.6g of %.6g", c.Name, c.Value, c.Bound))
 		}
@@ -312,4 +303,21 @@ func CheckBudget(p Policy, s State, version int64, u Usage) (*Decision, State) {
 	s.Stopped = true
 	return &Decision{PolicyVersion: version, Action: Stop, StopRule: contract.StopBudgetExhausted, Promoted: s.Promoted.Version,
 		Reason: fmt.Sprintf("budget spent: %v", spent), Checks: checks}, s
+}
+
+// BudgetChecks holds usage against every budget (OK: not yet reached).
+func BudgetChecks(p Policy, u Usage) []Check {
+	b := p.Budgets
+	checks := []Check{
+		{Kind: CheckBudgetSpent, Name: "rollout_tokens", Value: float64(u.RolloutTokens), Bound: float64(b.RolloutTokens)},
+		{Kind: CheckBudgetSpent, Name: "optimizer_tokens", Value: float64(u.OptimizerTokens), Bound: float64(b.OptimizerTokens)},
+		{Kind: CheckBudgetSpent, Name: "environment_hours", Value: u.EnvironmentHours, Bound: b.EnvironmentHours},
+		{Kind: CheckBudgetSpent, Name: "accelerator_hours", Value: u.AcceleratorHours, Bound: b.AcceleratorHours},
+	}
+	for i := range checks {
+		c := &checks[i]
+		c.Lo, c.Hi = c.Value, c.Value
+		c.OK = c.Value < c.Bound
+	}
+	return checks
 }

@@ -29,6 +29,9 @@ type progress struct {
 	// want is the groups the run will decide: every round's, or after a
 	// stop the groups of the rounds dispatch launched (its halted record).
 	want int
+	// census feeds the budgets; completed counts its completed events.
+	census    <-chan kafkago.Message
+	completed int
 }
 
 type queuedUpdate struct {
@@ -72,7 +75,7 @@ func (r *runner) follow(ctx context.Context, errs <-chan error) error {
 		}
 	}
 	p := &progress{byBatch: map[string]schemas.WindowRecord{}, lastAt: time.Now(), evaluated: map[int64]bool{0: true},
-		want: r.o.Updates * r.c.Dispatch.GroupsPerUpdate}
+		want: r.o.Updates * r.c.Dispatch.GroupsPerUpdate, census: census}
 	// Without a trainer (NoTrain) the run ends once every group is decided.
 	for p.decided < p.want || (!r.o.NoTrain && (p.lastVersion < int64(p.batches) || len(p.queued) > 0)) {
 		var err error
@@ -89,7 +92,7 @@ func (r *runner) follow(ctx context.Context, errs <-chan error) error {
 		case km := <-incidents:
 			r.g.onIncident(km.Value)
 		case km := <-census:
-			r.g.onCensus(km.Value)
+			p.completed += r.g.onCensus(km.Value)
 		}
 		if err == nil {
 			err = r.report(ctx, p)
@@ -188,6 +191,7 @@ func (r *runner) report(ctx context.Context, p *progress) error {
 		evalNote := ""
 		var d *gate.Decision
 		if r.g != nil && !r.g.st.Stopped {
+			r.awaitCensus(ctx, p)
 			ev, dd, kl, err := r.judge(ctx, rel, u, rel.PolicyVersion%int64(r.evalEvery) == 0)
 			if err != nil {
 				return err
@@ -211,6 +215,26 @@ func (r *runner) report(ctx context.Context, p *progress) error {
 		}
 	}
 	return nil
+}
+
+// awaitCensus reads the census until it holds a completed episode for
+// every attempt of the groups pack decided (the budgets then count every
+// round the release was trained on), or for at most 5 s: an attempt that
+// failed or was quarantined never completes.
+func (r *runner) awaitCensus(ctx context.Context, p *progress) {
+	need := p.decided * r.c.Sampler.GroupSize
+	deadline := time.NewTimer(5 * time.Second)
+	defer deadline.Stop()
+	for p.completed < need {
+		select {
+		case <-ctx.Done():
+			return
+		case <-deadline.C:
+			return
+		case km := <-p.census:
+			p.completed += r.g.onCensus(km.Value)
+		}
+	}
 }
 
 // onDecision reads the decisions topic for dispatch's halted record: the

@@ -175,18 +175,24 @@ func (r *runner) judge(ctx context.Context, rel schemas.PolicyRelease, u gpu.Upd
 			Checks: []gate.Check{{Kind: gate.CheckKL, Name: contract.StopKLAboveLimit, Value: kl.Value, Lo: kl.Lo, Hi: kl.Hi,
 				Bound: g.pol.Objective.KLLimit, OK: g.pol.Objective.KLLimit == 0 || kl.Value <= g.pol.Objective.KLLimit}}}
 	}
+	if d.StopRule != contract.StopBudgetExhausted {
+		d.Checks = append(d.Checks, gate.BudgetChecks(g.pol, g.usage)...)
+	}
 	return eval, d, kl.Value, r.publish(ctx, *d)
 }
 
-// onCensus counts one census event toward the budgets: the tokens and the
-// time of every completed episode.
-func (g *gating) onCensus(v []byte) {
+// onCensus counts one census event toward the budgets: the tokens of the
+// stream (prompts, actions, observations) and the time of every completed
+// episode. It returns 1 for a completed episode not counted before.
+func (g *gating) onCensus(v []byte) int {
 	ev, err := schemas.DecodeCensus(v)
-	if err != nil || ev.Kind != schemas.CensusCompleted {
-		return
+	if err != nil || ev.Kind != schemas.CensusCompleted || g.seen[ev.EventID] {
+		return 0
 	}
+	g.seen[ev.EventID] = true
 	g.usage.RolloutTokens += ev.Tokens
 	g.usage.EnvironmentHours += float64(ev.LatencyUS) / 3.6e9
+	return 1
 }
 
 // onIncident records an incident of the run: every incident stays open

@@ -20,6 +20,7 @@ import (
 	"github.com/trajflow/trajflow/operators"
 	"github.com/trajflow/trajflow/operators/rollout"
 	"github.com/trajflow/trajflow/pipeline"
+	"github.com/trajflow/trajflow/pipeline/contract"
 	"github.com/trajflow/trajflow/schemas"
 )
 
@@ -256,4 +257,51 @@ func TestContractEnvironment(t *testing.T) {
 			t.Fatalf("%s: %v", env, err)
 		}
 	}
+}
+
+// TestBudgetStop: with a rollout_tokens budget of about two rounds, the
+// gate stops the run at the first release whose rounds reached it, and
+// dispatch launches no round after; every attempt is accounted.
+func TestBudgetStop(t *testing.T) {
+	const budget = 10_000
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	s, err := loop.Run(ctx, loop.Options{Updates: 10, Seed: 1, EvalSamples: 1, Out: t.TempDir(), Quiet: true,
+		Edit: func(c *contract.Contract) { c.Budgets.RolloutTokens = budget }}, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := s.Gate
+	if s.StoppedBy != "budget_exhausted" || g.Stop == nil || g.Halted == nil || g.Usage.RolloutTokens < budget {
+		t.Fatalf("stopped by %q, stop %+v, usage %+v", s.StoppedBy, g.Stop, g.Usage)
+	}
+	v := g.Stop.PolicyVersion
+	if s.Rounds >= 10 || int64(s.Rounds) != v || g.Halted.RoundsDispatched != v {
+		t.Fatalf("stop at release %d, %d rounds dispatched (halted record: %d)", v, s.Rounds, g.Halted.RoundsDispatched)
+	}
+	// The ruling on the release before the stop saw the budget not yet
+	// spent: the stop came within one round of it.
+	checked := false
+	for _, d := range g.Decisions {
+		if d.PolicyVersion != v-1 {
+			continue
+		}
+		for _, c := range d.Checks {
+			if c.Name == "rollout_tokens" {
+				checked = true
+				if !c.OK || c.Value >= budget || c.Bound != budget {
+					t.Fatalf("release %d already over budget: %+v", v-1, c)
+				}
+			}
+		}
+	}
+	if !checked && v > 1 {
+		t.Fatalf("the ruling on release %d holds no budget check", v-1)
+	}
+	if s.Lost != 0 || s.DuplicatesAdmitted != 0 || s.AttemptsLaunched != s.Rounds*16*16 ||
+		s.AttemptsLaunched != s.TrajectoriesAdmitted+s.TrajectoriesFiltered+s.Quarantined {
+		t.Fatalf("accounting: launched %d for %d rounds, admitted %d, filtered %d, quarantined %d, lost %d, duplicates %d",
+			s.AttemptsLaunched, s.Rounds, s.TrajectoriesAdmitted, s.TrajectoriesFiltered, s.Quarantined, s.Lost, s.DuplicatesAdmitted)
+	}
+	t.Logf("stopped at release %d after %d rounds: %d rollout tokens of %d; %s", v, s.Rounds, g.Usage.RolloutTokens, budget, g.Stop.Reason)
 }
