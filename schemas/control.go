@@ -210,6 +210,10 @@ type UpdateRecord struct {
 	// trajectory was already trained.
 	Duplicates  int     `json:"duplicates"`
 	StepSeconds float64 `json:"step_seconds"`
+	// MinibatchOrder is, with loss.optimizer.minibatches > 1, the row
+	// indexes of every minibatch of every epoch in the order they were
+	// stepped (seeded: gpu.MinibatchOrder); absent with one minibatch.
+	MinibatchOrder [][][]int `json:"minibatch_order,omitempty"`
 	// Trainer holds what a trainer records beyond these fields (an
 	// external trainer's own details, e.g. the Python trainer's); absent for
 	// the built-in one.

@@ -305,3 +305,25 @@ func TestBudgetStop(t *testing.T) {
 	}
 	t.Logf("stopped at release %d after %d rounds: %d rollout tokens of %d; %s", v, s.Rounds, g.Usage.RolloutTokens, budget, g.Stop.Reason)
 }
+
+// TestMinibatchesRecorded: loss.optimizer.minibatches 2 trains every
+// epoch in two seeded minibatches, and the update record holds the order.
+func TestMinibatchesRecorded(t *testing.T) {
+	out := t.TempDir()
+	demo(t, loop.Options{Updates: 2, Seed: 1, Out: out, Edit: func(c *contract.Contract) { c.Loss.Optimizer.Minibatches = 2 }})
+	files, err := pipeline.NewDirReleases(filepath.Join(out, "releases"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	u, err := gpu.ReadUpdate(files, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(u.MinibatchOrder) != 2 || len(u.MinibatchOrder[0]) != 2 || len(u.MinibatchOrder[0][0]) == 0 {
+		t.Fatalf("minibatch order %v", u.MinibatchOrder)
+	}
+	want, err := gpu.MinibatchOrder(len(u.MinibatchOrder[0][0])+len(u.MinibatchOrder[0][1]), 2, 2, 1, u.BatchID)
+	if err != nil || !reflect.DeepEqual(want, u.MinibatchOrder) {
+		t.Fatalf("recorded order %v, the seeded one %v (%v)", u.MinibatchOrder, want, err)
+	}
+}

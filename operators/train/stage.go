@@ -36,6 +36,12 @@ type StageConfig struct {
 	// Epochs is the number of optimizer steps on every batch (>= 1). An
 	// update is all of them; it produces one policy version.
 	Epochs int
+	// Minibatches splits every epoch into that many optimizer steps over
+	// a seeded order of the batch's rows (gpu.MinibatchOrder, seeded by
+	// Seed, the contract seed); 0 or 1: one step per epoch on the whole
+	// batch. The backend must implement gpu.MinibatchUpdater.
+	Minibatches int
+	Seed        int64
 	// Backend builds the trainer (default gpu.CPUBackend).
 	Backend gpu.BackendFactory
 	Meta    gpu.ReleaseMeta
@@ -90,8 +96,8 @@ func NewStage(cfg StageConfig) (*Stage, error) {
 	if err := cfg.Model.Validate(); err != nil {
 		return nil, err
 	}
-	if cfg.Epochs < 1 {
-		return nil, fmt.Errorf("train: epochs %d", cfg.Epochs)
+	if cfg.Epochs < 1 || cfg.Minibatches < 0 {
+		return nil, fmt.Errorf("train: epochs %d, minibatches %d", cfg.Epochs, cfg.Minibatches)
 	}
 	if cfg.Backend == nil {
 		cfg.Backend = gpu.CPUBackend
@@ -164,6 +170,9 @@ func (s *Stage) Start(ctx context.Context, env *pipeline.Env) error {
 		if s.tr, err = s.cfg.Backend(m, s.cfg.Behavior, 0); err != nil {
 			return err
 		}
+		if err := s.checkMinibatches(); err != nil {
+			return err
+		}
 		s.initial = true
 		env.Logger.Info("trainer starts from the initial policy", "version", 0)
 		return nil
@@ -177,6 +186,9 @@ func (s *Stage) Start(ctx context.Context, env *pipeline.Env) error {
 		return err
 	}
 	if s.tr, err = s.cfg.Backend(m, s.cfg.Behavior, latest.PolicyVersion); err != nil {
+		return err
+	}
+	if err := s.checkMinibatches(); err != nil {
 		return err
 	}
 	s.tr.SetSteps(latest.TrainingStep)
@@ -313,7 +325,19 @@ func (s *Stage) Process(_ context.Context, m pipeline.Message) (pipeline.Result,
 		return res, refuse(pipeline.Refuse("duplicate_batch", "every trajectory of batch %s was trained already", batch.BatchID))
 	}
 	start := time.Now()
-	met, last, err := s.tr.Update(batch, s.cfg.Objective, s.cfg.Adam, s.cfg.Epochs)
+	var (
+		met   gpu.Metrics
+		last  objective.Stats
+		order [][][]int
+	)
+	if s.cfg.Minibatches > 1 {
+		mu, _ := s.tr.(gpu.MinibatchUpdater) // checkMinibatches at Start
+		if order, err = gpu.MinibatchOrder(len(batch.Rows), s.cfg.Minibatches, s.cfg.Epochs, s.cfg.Seed, batch.BatchID); err == nil {
+			met, last, err = mu.UpdateMinibatches(batch, s.cfg.Objective, s.cfg.Adam, order)
+		}
+	} else {
+		met, last, err = s.tr.Update(batch, s.cfg.Objective, s.cfg.Adam, s.cfg.Epochs)
+	}
 	if err != nil {
 		if gpu.Untrainable(err) {
 			// A batch the policy cannot train on (for example a token
@@ -324,7 +348,7 @@ func (s *Stage) Process(_ context.Context, m pipeline.Message) (pipeline.Result,
 		return res, fmt.Errorf("train batch %s: %w", batch.BatchID, err)
 	}
 	u := schemas.UpdateRecord{Version: s.tr.Version(), BatchID: batch.BatchID, BatchIndex: batch.BatchIndex,
-		Metrics: met, Last: last, Duplicates: dups, StepSeconds: time.Since(start).Seconds()}
+		Metrics: met, Last: last, Duplicates: dups, StepSeconds: time.Since(start).Seconds(), MinibatchOrder: order}
 	ub, err := schemas.EncodeUpdate(u)
 	if err != nil {
 		return res, fmt.Errorf("train: update record: %w", err)
@@ -369,3 +393,15 @@ func (s *Stage) Process(_ context.Context, m pipeline.Message) (pipeline.Result,
 
 // now is the stage's clock (stagekit.Now).
 func (s *Stage) now() time.Time { return stagekit.Now(s.cfg.Now) }
+
+// checkMinibatches refuses minibatches > 1 on a backend that cannot split
+// an epoch.
+func (s *Stage) checkMinibatches() error {
+	if _, ok := s.tr.(gpu.MinibatchUpdater); s.cfg.Minibatches > 1 && !ok {
+		err := fmt.Errorf("train: the %T backend does not implement loss.optimizer.minibatches > 1 (%d): use the cpu backend or minibatches 1", s.tr, s.cfg.Minibatches)
+		s.tr.Close()
+		s.tr = nil
+		return err
+	}
+	return nil
+}
