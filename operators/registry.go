@@ -378,9 +378,10 @@ func TrainConfig(d Deps) (train.StageConfig, error) {
 // component is required on every rewarded trajectory, and a component with
 // a declared raw_range must score inside it.
 func RewardChecks(c *contract.Contract) validate.RewardOptions {
-	o := validate.RewardOptions{Ranges: map[string]validate.Range{}}
+	o := validate.RewardOptions{Ranges: map[string]validate.Range{}, Scopes: map[string]string{}}
 	for _, r := range c.Rewards {
 		o.Required = append(o.Required, r.Name)
+		o.Scopes[r.Name] = r.Scope
 		if len(r.RawRange) == 2 {
 			o.Ranges[r.Name] = validate.Range{Min: r.RawRange[0], Max: r.RawRange[1]}
 		}

@@ -6,11 +6,14 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
 
 	"github.com/trajflow/trajflow/gpu"
 	"github.com/trajflow/trajflow/gpu/model"
 	"github.com/trajflow/trajflow/internal/gate"
 	"github.com/trajflow/trajflow/operators/rollout"
+	"github.com/trajflow/trajflow/pipeline/contract"
 	"github.com/trajflow/trajflow/schemas"
 )
 
@@ -437,4 +440,26 @@ func (p *Plane) klOf(trajs []schemas.Trajectory) (gate.Estimate, error) {
 		return gate.Estimate{}, err
 	}
 	return gate.Estimate{Value: mean(ks), Lo: lo, Hi: hi, N: len(ks)}, nil
+}
+
+// CheckObjective reports every metric the contract's objective names that
+// the evaluation plane does not measure (primary metric, constraints,
+// regression floors): the gate could not hold the run to it, so it is
+// refused as not implemented.
+func CheckObjective(o contract.Objective) error {
+	known := Metrics()
+	var errs []error
+	check := func(key, m string) {
+		if !slices.Contains(known, m) {
+			errs = append(errs, fmt.Errorf("%s: metric %q is not implemented: the evaluation plane measures %v", key, m, known))
+		}
+	}
+	check("objective.primary_metric", o.PrimaryMetric)
+	for _, m := range slices.Sorted(maps.Keys(o.Constraints)) {
+		check("objective.constraints."+m, m)
+	}
+	for _, m := range slices.Sorted(maps.Keys(o.RegressionFloors)) {
+		check("objective.regression_floors."+m, m)
+	}
+	return errors.Join(errs...)
 }

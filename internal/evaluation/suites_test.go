@@ -3,6 +3,7 @@ package evaluation_test
 import (
 	"context"
 	"reflect"
+	"strings"
 	"testing"
 
 	"github.com/trajflow/trajflow/gpu"
@@ -172,6 +173,22 @@ func TestPlaneConfigErrors(t *testing.T) {
 	} {
 		if _, err := evaluation.NewPlane(c); err == nil {
 			t.Errorf("%s: accepted", name)
+		}
+	}
+}
+
+func TestCheckObjective(t *testing.T) {
+	c := contract.Default()
+	if err := evaluation.CheckObjective(c.Objective); err != nil {
+		t.Fatalf("the demo objective: %v", err)
+	}
+	c.Objective.Constraints["p95_episode_cost_usd"] = 0.2
+	c.Objective.RegressionFloors["base_knowledge_eval"] = contract.Floor{Value: 0.98, Relative: true}
+	err := evaluation.CheckObjective(c.Objective)
+	for _, want := range []string{`objective.constraints.p95_episode_cost_usd: metric "p95_episode_cost_usd" is not implemented`,
+		`objective.regression_floors.base_knowledge_eval: metric "base_knowledge_eval" is not implemented`} {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("error %v, want %q", err, want)
 		}
 	}
 }
