@@ -2,6 +2,7 @@ package loop_test
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"log/slog"
 	"path/filepath"
@@ -325,5 +326,55 @@ func TestMinibatchesRecorded(t *testing.T) {
 	want, err := gpu.MinibatchOrder(len(u.MinibatchOrder[0][0])+len(u.MinibatchOrder[0][1]), 2, 2, 1, u.BatchID)
 	if err != nil || !reflect.DeepEqual(want, u.MinibatchOrder) {
 		t.Fatalf("recorded order %v, the seeded one %v (%v)", u.MinibatchOrder, want, err)
+	}
+}
+
+// TestBrokenRewardRollsBackAndStops: a deliberately broken reward (the
+// validator's success negated: the policy is paid to fail) drives the
+// held-out success under its regression floor (0.95 of the initial); the
+// gate rolls back to the promoted release, the initial one, and after two
+// evaluations without a gain stops the run by rule. Every attempt is
+// accounted.
+func TestBrokenRewardRollsBackAndStops(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
+	defer cancel()
+	s, err := loop.Run(ctx, loop.Options{Updates: 30, Seed: 1, EvalSamples: 4, EvalEvery: 1, Out: t.TempDir(), Quiet: true,
+		Edit: func(c *contract.Contract) {
+			c.Rewards[0].Transform = contract.TransformNegate
+			for i := range c.StopRules {
+				if c.StopRules[i].Kind == contract.StopNoValidationGain {
+					c.StopRules[i].N = 2
+				}
+			}
+		}}, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := s.Gate
+	var actions []string
+	for _, d := range g.Decisions {
+		if d.Evaluated {
+			actions = append(actions, fmt.Sprintf("%d:%s", d.PolicyVersion, d.Action))
+		}
+	}
+	t.Logf("evaluated decisions %v; stop %+v", actions, g.Stop)
+	if g.Rollbacks < 1 || g.Stop == nil || g.Stop.StopRule != "no_validation_gain_for_2_evals" || g.Promoted != 0 {
+		t.Fatalf("rollbacks %d, promoted %d, stop %+v", g.Rollbacks, g.Promoted, g.Stop)
+	}
+	back := false
+	for _, d := range g.Decisions {
+		if d.Action == "rollback" && d.RollbackTo == 0 {
+			for _, c := range d.Checks {
+				back = back || (c.Kind == "regression_floor" && !c.OK)
+			}
+		}
+	}
+	if !back {
+		t.Fatal("no rollback on a broken regression floor")
+	}
+	if s.StoppedBy != g.Stop.StopRule || s.Rounds >= 30 || s.Lost != 0 || s.DuplicatesAdmitted != 0 ||
+		s.AttemptsLaunched != s.Rounds*16*16 || s.AttemptsLaunched != s.TrajectoriesAdmitted+s.TrajectoriesFiltered+s.Quarantined {
+		t.Fatalf("stopped by %q after %d rounds: launched %d, admitted %d, filtered %d, quarantined %d, lost %d, duplicates %d",
+			s.StoppedBy, s.Rounds, s.AttemptsLaunched, s.TrajectoriesAdmitted, s.TrajectoriesFiltered, s.Quarantined, s.Lost, s.DuplicatesAdmitted)
 	}
 }
