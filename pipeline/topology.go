@@ -88,8 +88,8 @@ var topology = []TopicInfo{
 		Producers: []string{"weightsync"}, Side: []string{"rollout"},
 		Doc: "policy server replicas' acknowledgements of releases, the version each serves: rollout routes a group only to replicas serving its version (compacted: the latest per replica)"},
 	{Short: "decisions", Kind: schemas.KindGateDecision, Plane: PlaneJSON, Partitions: 1, Key: "run id",
-		Producers: []string{"gate", "dispatch"}, Consumers: []string{"dispatch"}, Scanned: []string{"dispatch"},
-		Doc: "the gate's decision on every release (promote, continue, rollback, stop) with its evidence; dispatch's acknowledgement of a stop (halted)"},
+		Producers: []string{"gate", "dispatch"}, Consumers: []string{"dispatch", "train"}, Scanned: []string{"dispatch"},
+		Doc: "the gate's decision on every release (promote, continue, rollback, stop) with its evidence; dispatch's acknowledgement of a stop (halted); a rollback makes the trainer publish the promoted release's parameters as the next version"},
 }
 
 // Topology returns the topology table, in pipeline order.

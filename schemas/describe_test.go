@@ -69,6 +69,7 @@ func TestCatalogCoversEveryKind(t *testing.T) {
 	u.Metrics.Lag = []LagStat{{}}
 	u.Trainer = json.RawMessage(`{}`) // omitted when empty
 	u.MinibatchOrder = [][][]int{{{0}}}
+	u.RolledBackTo = new(int64)
 	raw, err := json.Marshal(u)
 	if err != nil {
 		t.Fatal(err)

@@ -32,6 +32,8 @@ type progress struct {
 	// census feeds the budgets; completed counts its completed events.
 	census    <-chan kafkago.Message
 	completed int
+	// restored counts the releases of a rollback (no batch trained).
+	restored int
 }
 
 type queuedUpdate struct {
@@ -77,7 +79,7 @@ func (r *runner) follow(ctx context.Context, errs <-chan error) error {
 	p := &progress{byBatch: map[string]schemas.WindowRecord{}, lastAt: time.Now(), evaluated: map[int64]bool{0: true},
 		want: r.o.Updates * r.c.Dispatch.GroupsPerUpdate, census: census}
 	// Without a trainer (NoTrain) the run ends once every group is decided.
-	for p.decided < p.want || (!r.o.NoTrain && (p.lastVersion < int64(p.batches) || len(p.queued) > 0)) {
+	for p.decided < p.want || (!r.o.NoTrain && (p.lastVersion < int64(p.batches+p.restored) || len(p.queued) > 0)) {
 		var err error
 		select {
 		case <-ctx.Done():
@@ -163,6 +165,9 @@ func (r *runner) onRelease(p *progress, v []byte) error {
 	if err != nil {
 		return err
 	}
+	if u.RolledBackTo != nil {
+		p.restored++
+	}
 	p.queued = append(p.queued, queuedUpdate{rel, u})
 	return nil
 }
@@ -173,7 +178,7 @@ func (r *runner) report(ctx context.Context, p *progress) error {
 	for len(p.queued) > 0 {
 		rel, u := p.queued[0].rel, p.queued[0].u
 		w, ok := p.byBatch[u.BatchID]
-		if !ok {
+		if !ok && u.RolledBackTo == nil {
 			return nil
 		}
 		p.queued = p.queued[1:]
@@ -192,7 +197,8 @@ func (r *runner) report(ctx context.Context, p *progress) error {
 		var d *gate.Decision
 		if r.g != nil && !r.g.st.Stopped {
 			r.awaitCensus(ctx, p)
-			ev, dd, kl, err := r.judge(ctx, rel, u, rel.PolicyVersion%int64(r.evalEvery) == 0)
+			// A restored release holds the promoted parameters: no evaluation.
+			ev, dd, kl, err := r.judge(ctx, rel, u, u.RolledBackTo == nil && rel.PolicyVersion%int64(r.evalEvery) == 0)
 			if err != nil {
 				return err
 			}
@@ -205,7 +211,10 @@ func (r *runner) report(ctx context.Context, p *progress) error {
 			}
 		}
 		r.sum.PerUpdate = append(r.sum.PerUpdate, line)
-		if !r.o.Quiet {
+		if !r.o.Quiet && u.RolledBackTo != nil {
+			fmt.Fprintf(r.stdout, "%6d  rollback: the parameters and optimizer state of release %d (releases %d..%d kept)\n",
+				line.Update, *u.RolledBackTo, *u.RolledBackTo+1, line.Update-1)
+		} else if !r.o.Quiet {
 			fmt.Fprintf(r.stdout, "%6d  %7.3f  %6.3f  %6.4f  %6.3f  %7.3f  %3d  %8.0f  %7.3f  %6.4f  %s\n",
 				line.Update, line.Success, line.Reward, line.KL, line.ClipFrac, line.Entropy, line.Lag,
 				line.TokensPerS, line.Packing, line.KLRef, evalNote)

@@ -2,6 +2,7 @@ package loop_test
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"log/slog"
@@ -334,11 +335,13 @@ func TestMinibatchesRecorded(t *testing.T) {
 // held-out success under its regression floor (0.95 of the initial); the
 // gate rolls back to the promoted release, the initial one, and after two
 // evaluations without a gain stops the run by rule. Every attempt is
-// accounted.
+// accounted. The trainer publishes the promoted release's parameters as
+// the next version, and the failed releases stay in the store.
 func TestBrokenRewardRollsBackAndStops(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
 	defer cancel()
-	s, err := loop.Run(ctx, loop.Options{Updates: 30, Seed: 1, EvalSamples: 4, EvalEvery: 1, Out: t.TempDir(), Quiet: true,
+	out := t.TempDir()
+	s, err := loop.Run(ctx, loop.Options{Updates: 30, Seed: 1, EvalSamples: 4, EvalEvery: 1, Out: out, Quiet: true,
 		Edit: func(c *contract.Contract) {
 			c.Rewards[0].Transform = contract.TransformNegate
 			for i := range c.StopRules {
@@ -371,6 +374,40 @@ func TestBrokenRewardRollsBackAndStops(t *testing.T) {
 	}
 	if !back {
 		t.Fatal("no rollback on a broken regression floor")
+	}
+	// The release after the rollback holds release 0's parameters; the
+	// rolled-back release is kept.
+	files, err := pipeline.NewDirReleases(filepath.Join(out, "releases"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	manifest := func(v int64) schemas.PolicyRelease {
+		t.Helper()
+		b, err := files.Read(gpu.ManifestName(v))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var rel schemas.PolicyRelease
+		if err := json.Unmarshal(b, &rel); err != nil {
+			t.Fatal(err)
+		}
+		return rel
+	}
+	var first *schemas.GateDecision
+	for i, d := range g.Decisions {
+		if d.Action == "rollback" {
+			first = &g.Decisions[i]
+			break
+		}
+	}
+	u, err := gpu.ReadUpdate(files, first.PolicyVersion+1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	restored, failed, base := manifest(first.PolicyVersion+1), manifest(first.PolicyVersion), manifest(0)
+	if u.RolledBackTo == nil || *u.RolledBackTo != 0 || u.BatchID != "" || restored.CheckpointHash != base.CheckpointHash || failed.CheckpointHash == base.CheckpointHash {
+		t.Fatalf("release %d after the rollback of %d: update %+v, checkpoint %s (release 0: %s, failed: %s)",
+			first.PolicyVersion+1, first.PolicyVersion, u, restored.CheckpointHash, base.CheckpointHash, failed.CheckpointHash)
 	}
 	if s.StoppedBy != g.Stop.StopRule || s.Rounds >= 30 || s.Lost != 0 || s.DuplicatesAdmitted != 0 ||
 		s.AttemptsLaunched != s.Rounds*16*16 || s.AttemptsLaunched != s.TrajectoriesAdmitted+s.TrajectoriesFiltered+s.Quarantined {

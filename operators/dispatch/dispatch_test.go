@@ -319,14 +319,25 @@ func TestStageGated(t *testing.T) {
 	}
 	h.window(1, 0, 8, true, 1)
 	h.release(2)
-	got, halted := h.decide(2, schemas.GateStop)
-	if got != nil || halted == nil || halted.Action != schemas.GateHalted || halted.RoundsDispatched != 2 || halted.StopRule != "safety_violation" {
+	if got, _ := h.decide(2, schemas.GateRollback); got != nil {
+		t.Fatalf("round launched at the rolled-back release 2: %v", got)
+	}
+	if got := h.release(3); got != nil {
+		t.Fatalf("round launched at release 3 before its ruling: %v", got)
+	}
+	if got, _ := h.decide(3, schemas.GateContinue); !reflect.DeepEqual(got, []int64{2}) {
+		t.Fatalf("after the restored release 3: %v", got)
+	}
+	h.window(2, 0, 8, true, 3)
+	h.release(4)
+	got, halted := h.decide(4, schemas.GateStop)
+	if got != nil || halted == nil || halted.Action != schemas.GateHalted || halted.RoundsDispatched != 3 || halted.StopRule != "safety_violation" {
 		t.Fatalf("stop at release 2: rounds %v, halted %+v", got, halted)
 	}
 	if !h.s.Done() || h.s.Halted() == nil {
 		t.Fatal("not done after the stop")
 	}
-	if got, again := h.decide(3, schemas.GateContinue); got != nil || again != nil {
+	if got, again := h.decide(5, schemas.GateContinue); got != nil || again != nil {
 		t.Fatalf("after the stop: rounds %v, halted again %+v", got, again)
 	}
 }

@@ -79,6 +79,9 @@ type Stage struct {
 	judged int64
 	halt   *schemas.GateDecision
 	acked  bool
+	// rolledBack is the latest release the gate rolled back: no round is
+	// launched at it (the trainer publishes the restored release next).
+	rolledBack int64
 }
 
 // NewStage returns the stage.
@@ -95,7 +98,7 @@ func NewStage(cfg StageConfig) (*Stage, error) {
 	if cfg.MaxLag < 0 || cfg.Rounds < 0 {
 		return nil, fmt.Errorf("%w: max lag %d, rounds %d", ErrConfig, cfg.MaxLag, cfg.Rounds)
 	}
-	return &Stage{cfg: cfg, policy: -1, judged: -1, rounds: map[int64]*round{}, group: map[string]int64{}}, nil
+	return &Stage{cfg: cfg, policy: -1, judged: -1, rolledBack: -1, rounds: map[int64]*round{}, group: map[string]int64{}}, nil
 }
 
 // Name implements pipeline.Stage.
@@ -244,6 +247,8 @@ func (s *Stage) decision(d schemas.GateDecision) {
 		if s.halt == nil {
 			s.halt = &d
 		}
+	case schemas.GateRollback:
+		s.rolledBack = max(s.rolledBack, d.PolicyVersion)
 	}
 	s.judged = max(s.judged, d.PolicyVersion)
 }
@@ -253,7 +258,7 @@ func (s *Stage) ready() bool {
 	if s.policy < 0 || (s.cfg.Rounds > 0 && s.next >= s.cfg.Rounds) || s.halt != nil {
 		return false
 	}
-	if s.cfg.Gated && s.judged < s.policy {
+	if (s.cfg.Gated && s.judged < s.policy) || s.policy <= s.rolledBack {
 		return false
 	}
 	lag := int64(0)

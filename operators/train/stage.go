@@ -6,6 +6,7 @@ package train
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"strconv"
 	"time"
@@ -271,6 +272,9 @@ func (s *Stage) release() (pipeline.Output, error) {
 // Process implements pipeline.Stage.
 func (s *Stage) Process(_ context.Context, m pipeline.Message) (pipeline.Result, error) {
 	var res pipeline.Result
+	if m.Topic == s.cfg.Topics.Decisions {
+		return s.decision(m)
+	}
 	if s.initial {
 		out, err := s.release()
 		if err != nil {
@@ -404,4 +408,73 @@ func (s *Stage) checkMinibatches() error {
 		return err
 	}
 	return nil
+}
+
+// decision applies a gate decision: on a rollback of the trainer's current
+// version v to release N, the trainer takes release N's parameters and
+// optimizer state and publishes them as version v+1, with an update record
+// naming N (RolledBackTo); releases N+1..v stay in the store. A decision
+// on another version (replayed, or of a release already superseded) is
+// ignored.
+func (s *Stage) decision(m pipeline.Message) (pipeline.Result, error) {
+	var res pipeline.Result
+	d, err := schemas.DecodeGateDecision(m.Value)
+	if err != nil {
+		return res, stagekit.DecodeRefusal(err)
+	}
+	v := s.tr.Version()
+	if d.Action != schemas.GateRollback || d.PolicyVersion != v || d.RollbackTo >= v || d.RollbackTo < 0 {
+		return res, nil
+	}
+	raw, err := s.files.Read(gpu.ManifestName(d.RollbackTo))
+	if err != nil {
+		return res, fmt.Errorf("train: rollback to release %d: %w: %w", d.RollbackTo, gpu.ErrRelease, err)
+	}
+	var rel schemas.PolicyRelease
+	if err := json.Unmarshal(raw, &rel); err != nil {
+		return res, fmt.Errorf("train: rollback to release %d: %w: %w", d.RollbackTo, gpu.ErrRelease, err)
+	}
+	ckpt, err := s.files.Read(rel.CheckpointURI)
+	if err != nil {
+		return res, fmt.Errorf("train: rollback to release %d: %w: %w", d.RollbackTo, gpu.ErrRelease, err)
+	}
+	mdl, err := gpu.ModelFromRelease(rel, ckpt)
+	if err != nil {
+		return res, err
+	}
+	tr, err := s.cfg.Backend(mdl, s.cfg.Behavior, v+1)
+	if err != nil {
+		return res, err
+	}
+	tr.SetSteps(s.tr.Steps())
+	optim, err := s.files.Read(gpu.OptimName(d.RollbackTo))
+	if err == nil {
+		err = tr.SetOptimState(optim)
+	} else if d.RollbackTo == 0 {
+		err = nil // release 0 has no optimizer state: zero moments
+	}
+	if err != nil {
+		tr.Close()
+		return res, fmt.Errorf("train: rollback to release %d: optimizer state: %w", d.RollbackTo, err)
+	}
+	old := s.tr
+	s.tr = tr
+	old.Close()
+	to := d.RollbackTo
+	ub, err := schemas.EncodeUpdate(schemas.UpdateRecord{Version: v + 1, BatchIndex: s.lastIndex, RolledBackTo: &to})
+	if err != nil {
+		return res, err
+	}
+	if _, err := s.files.Write(gpu.UpdateName(v+1), ub); err != nil {
+		return res, err
+	}
+	if _, err := s.files.Write(gpu.OptimName(v+1), s.tr.OptimState()); err != nil {
+		return res, err
+	}
+	out, err := s.release()
+	if err != nil {
+		return res, err
+	}
+	res.Outputs = append(res.Outputs, out)
+	return res, nil
 }
