@@ -415,3 +415,33 @@ func TestBrokenRewardRollsBackAndStops(t *testing.T) {
 			s.StoppedBy, s.Rounds, s.AttemptsLaunched, s.TrajectoriesAdmitted, s.TrajectoriesFiltered, s.Quarantined, s.Lost, s.DuplicatesAdmitted)
 	}
 }
+
+// TestKLStop: with objective.kl_limit 0.1, the KL to the reference
+// measured on every release passes the limit for 3 consecutive updates
+// and the gate stops the run by kl_above_limit_for_3_updates; no round is
+// launched after the stop.
+func TestKLStop(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	s, err := loop.Run(ctx, loop.Options{Updates: 20, Seed: 1, EvalSamples: 1, Out: t.TempDir(), Quiet: true,
+		Edit: func(c *contract.Contract) { c.Objective.KLLimit = 0.1 }}, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := s.Gate
+	if g.Stop == nil || g.Stop.StopRule != "kl_above_limit_for_3_updates" || s.StoppedBy != g.Stop.StopRule {
+		t.Fatalf("stop %+v", g.Stop)
+	}
+	v := g.Stop.PolicyVersion
+	above := 0
+	for _, u := range s.PerUpdate {
+		if u.Update > v-3 && u.Update <= v && u.KLRef > 0.1 {
+			above++
+		}
+	}
+	if above != 3 || int64(s.Rounds) != v || s.Lost != 0 || s.DuplicatesAdmitted != 0 || s.AttemptsLaunched != s.Rounds*16*16 {
+		t.Fatalf("stop at %d: %d of the last 3 updates above the limit, %d rounds, launched %d, lost %d, duplicates %d",
+			v, above, s.Rounds, s.AttemptsLaunched, s.Lost, s.DuplicatesAdmitted)
+	}
+	t.Logf("stopped at release %d after %d rounds: %s", v, s.Rounds, g.Stop.Reason)
+}
