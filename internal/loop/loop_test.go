@@ -445,3 +445,62 @@ func TestKLStop(t *testing.T) {
 	}
 	t.Logf("stopped at release %d after %d rounds: %s", v, s.Rounds, g.Stop.Reason)
 }
+
+// TestSafetyIncidentStops: trajectories of a hidden-eval task disguised as
+// training ones reach the trajectories topic; validate refuses them and
+// raises an eval_task_id incident, an open safety incident, and the gate
+// stops the run by safety_violation at the first evaluation. The run's own
+// attempts are all accounted.
+func TestSafetyIncidentStops(t *testing.T) {
+	c, err := loop.Contract(loop.Options{Seed: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := kafka.StartBroker(context.Background(), kafka.BrokerConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	deps, err := operators.BuiltinDeps(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	if err := kafka.CreateTopics(ctx, kafka.ClientConfig{}, []string{b.Addr()}, operators.TopicSpecs(c, deps.Topics)); err != nil {
+		t.Fatal(err)
+	}
+	reg := deps.Tasks
+	m, err := model.New(model.DefaultConfig(), 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	atts := rollout.Attempts(c.RunID, reg.Eval()[0], 999, 16, c.Seed, 0, c.Hash())
+	leaked, err := reg.RunEpisodes(ctx, model.NewPolicy(m, 0), atts, operators.RolloutSettings(c, reg), operators.RolloutLimits(c))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range leaked {
+		leaked[i].Split = schemas.SplitTrain // disguised: only the denylist knows
+	}
+	v, err := schemas.Trajectories.Encode(nil, leaked)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := &kafkago.Writer{Addr: kafkago.TCP(b.Addr()), Topic: deps.Topics.Trajectories, RequiredAcks: kafkago.RequireAll}
+	defer w.Close()
+	if err := w.WriteMessages(ctx, kafkago.Message{Key: []byte(leaked[0].GroupID), Value: v}); err != nil {
+		t.Fatal(err)
+	}
+	s, err := loop.Run(ctx, loop.Options{Updates: 8, Seed: 1, EvalSamples: 1, Out: t.TempDir(), Quiet: true, Brokers: []string{b.Addr()}}, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := s.Gate
+	if g.Stop == nil || g.Stop.StopRule != "safety_violation" || g.Stop.PolicyVersion != 5 || !strings.Contains(g.Stop.Reason, "open safety incidents") {
+		t.Fatalf("stop %+v", g.Stop)
+	}
+	if s.Rounds != 5 || s.Lost != 0 || s.DuplicatesAdmitted != 0 || s.AttemptsLaunched != 5*16*16 {
+		t.Fatalf("%d rounds, launched %d, lost %d, duplicates %d", s.Rounds, s.AttemptsLaunched, s.Lost, s.DuplicatesAdmitted)
+	}
+}
