@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"math/rand/v2"
 	"slices"
 
 	"github.com/trajflow/trajflow/gpu/model"
@@ -132,6 +133,85 @@ func (t *Trainer) Update(batch schemas.PackedBatch, opts objective.Options, adam
 			first = met
 		}
 		last = met.ObjectiveStats
+	}
+	t.version = from + 1
+	first.Version = t.version
+	return first, last, nil
+}
+
+// MinibatchUpdater is a backend that splits each epoch into minibatches
+// (loss.optimizer.minibatches > 1): one optimizer step per minibatch in a
+// declared order. *Trainer implements it; a backend that does not refuses
+// minibatches > 1 (the train stage says so at start).
+type MinibatchUpdater interface {
+	UpdateMinibatches(batch schemas.PackedBatch, opts objective.Options, adam AdamOptions, order [][][]int) (Metrics, objective.Stats, error)
+}
+
+// MinibatchOrder is the seeded order of a batch of rows rows for epochs
+// epochs in m minibatches: per epoch a permutation of the row indexes
+// drawn from a PCG stream seeded by schemas.SeedFor(seed, "<batch
+// id>/epoch/<e>", "minibatch"), cut into min(m, rows) contiguous
+// minibatches whose sizes differ by at most one. The same seed and batch
+// give the same order; it is recorded with the update.
+func MinibatchOrder(rows, m, epochs int, seed int64, batchID string) ([][][]int, error) {
+	if rows < 1 || m < 1 || epochs < 1 {
+		return nil, fmt.Errorf("%w: %d rows in %d minibatches over %d epochs", ErrBatch, rows, m, epochs)
+	}
+	m = min(m, rows)
+	order := make([][][]int, epochs)
+	for e := range order {
+		s := schemas.SeedFor(seed, fmt.Sprintf("%s/epoch/%d", batchID, e), "minibatch")
+		perm := rand.New(rand.NewPCG(s, s^0x6a09e667f3bcc909)).Perm(rows)
+		order[e] = make([][]int, m)
+		for k := range m {
+			order[e][k] = perm[k*rows/m : (k+1)*rows/m]
+		}
+	}
+	return order, nil
+}
+
+// UpdateMinibatches takes one optimizer step per minibatch of order (per
+// epoch, the row indexes of each minibatch, MinibatchOrder) and makes them
+// one policy version. It returns the metrics of the first step and the
+// objective statistics of the last; on error nothing changed.
+func (t *Trainer) UpdateMinibatches(batch schemas.PackedBatch, opts objective.Options, adam AdamOptions, order [][][]int) (Metrics, objective.Stats, error) {
+	from, steps := t.version, t.steps
+	params := slices.Clone(t.m.Params)
+	m1, m2 := slices.Clone(t.m1), slices.Clone(t.m2)
+	restore := func() {
+		copy(t.m.Params, params)
+		copy(t.m1, m1)
+		copy(t.m2, m2)
+		t.version, t.steps = from, steps
+	}
+	var first Metrics
+	var last objective.Stats
+	n := 0
+	for e, mbs := range order {
+		for k, idx := range mbs {
+			sub := batch
+			sub.Rows = make([]schemas.PackedRow, len(idx))
+			for j, i := range idx {
+				if i < 0 || i >= len(batch.Rows) {
+					restore()
+					return Metrics{}, objective.Stats{}, fmt.Errorf("%w: minibatch order names row %d of %d", ErrBatch, i, len(batch.Rows))
+				}
+				sub.Rows[j] = batch.Rows[i]
+			}
+			met, err := t.Step(sub, opts, adam)
+			if err != nil {
+				restore()
+				return Metrics{}, objective.Stats{}, fmt.Errorf("epoch %d minibatch %d: %w", e, k, err)
+			}
+			if n == 0 {
+				first = met
+			}
+			last = met.ObjectiveStats
+			n++
+		}
+	}
+	if n == 0 {
+		return Metrics{}, objective.Stats{}, fmt.Errorf("%w: empty minibatch order", ErrBatch)
 	}
 	t.version = from + 1
 	first.Version = t.version

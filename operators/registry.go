@@ -56,6 +56,10 @@ type Deps struct {
 	// Rounds is how many update rounds dispatch launches (0: until
 	// stopped).
 	Rounds int64
+	// Gated: a gate rules on every release on the decisions topic, and
+	// dispatch launches a round at a release only after its ruling
+	// (dispatch.StageConfig.Gated).
+	Gated bool
 	// Device selects the train stage's backend ("cpu", the default, or
 	// "cuda" in a build with the cuda tag).
 	Device string
@@ -194,7 +198,7 @@ func newDispatch(d Deps) (pipeline.Stage, error) {
 	}
 	return dispatch.NewStage(dispatch.StageConfig{
 		Planner: p, Topics: d.Topics, RunID: d.Contract.RunID, Mode: d.Contract.Dispatch.Mode,
-		MaxLag: d.Contract.Packing.MaxLag, Rounds: d.Rounds, Untrained: d.NoTrain,
+		MaxLag: d.Contract.Packing.MaxLag, Rounds: d.Rounds, Untrained: d.NoTrain, Gated: d.Gated,
 	})
 }
 
@@ -382,8 +386,8 @@ func TrainConfig(d Deps) (train.StageConfig, error) {
 		Topics: d.Topics, RunID: c.RunID, ContractHash: c.Hash(), Behavior: s.Behavior,
 		Model: mc, ModelSeed: seed, Objective: c.Loss.Options, Backend: backend,
 		Adam:   gpu.AdamOptions{LR: o.LR, Beta1: o.Beta1, Beta2: o.Beta2, Eps: o.Eps, MaxGradNorm: o.GradClip},
-		Epochs: o.Epochs,
-		Meta:   gpu.ReleaseMeta{TokenizerHash: rollout.TokenizerHash, SamplerContract: s.ID(), ContractHash: c.Hash()},
+		Epochs: o.Epochs, Minibatches: o.Minibatches, Seed: c.Seed,
+		Meta: gpu.ReleaseMeta{TokenizerHash: rollout.TokenizerHash, SamplerContract: s.ID(), ContractHash: c.Hash()},
 	}, nil
 }
 
@@ -392,9 +396,10 @@ func TrainConfig(d Deps) (train.StageConfig, error) {
 // component is required on every rewarded trajectory, and a component with
 // a declared raw_range must score inside it.
 func RewardChecks(c *contract.Contract) validate.RewardOptions {
-	o := validate.RewardOptions{Ranges: map[string]validate.Range{}}
+	o := validate.RewardOptions{Ranges: map[string]validate.Range{}, Scopes: map[string]string{}}
 	for _, r := range c.Rewards {
 		o.Required = append(o.Required, r.Name)
+		o.Scopes[r.Name] = r.Scope
 		if len(r.RawRange) == 2 {
 			o.Ranges[r.Name] = validate.Range{Min: r.RawRange[0], Max: r.RawRange[1]}
 		}

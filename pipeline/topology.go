@@ -87,6 +87,9 @@ var topology = []TopicInfo{
 	{Short: "weights", Kind: schemas.KindWeightAck, Plane: PlaneJSON, Partitions: 1, Compacted: true, Key: "replica",
 		Producers: []string{"weightsync"}, Side: []string{"rollout"},
 		Doc: "policy server replicas' acknowledgements of releases, the version each serves: rollout routes a group only to replicas serving its version (compacted: the latest per replica)"},
+	{Short: "decisions", Kind: schemas.KindGateDecision, Plane: PlaneJSON, Partitions: 1, Key: "run id",
+		Producers: []string{"gate", "dispatch"}, Consumers: []string{"dispatch", "train"}, Scanned: []string{"dispatch"},
+		Doc: "the gate's decision on every release (promote, continue, rollback, stop) with its evidence; dispatch's acknowledgement of a stop (halted); a rollback makes the trainer publish the promoted release's parameters as the next version"},
 }
 
 // Topology returns the topology table, in pipeline order.
@@ -159,6 +162,7 @@ type Topics struct {
 	Policy       string // compacted: policy release manifests
 	Windows      string // pack window decisions (lineage for replay)
 	Weights      string // policy server replicas' acknowledgements of releases
+	Decisions    string // the gate's decisions, dispatch's halt
 
 	prefix string
 }
@@ -205,6 +209,8 @@ func (t *Topics) field(short string) *string {
 		return &t.Windows
 	case "weights":
 		return &t.Weights
+	case "decisions":
+		return &t.Decisions
 	}
 	panic("pipeline: topic " + short + " is not in the topology")
 }

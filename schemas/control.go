@@ -210,6 +210,15 @@ type UpdateRecord struct {
 	// trajectory was already trained.
 	Duplicates  int     `json:"duplicates"`
 	StepSeconds float64 `json:"step_seconds"`
+	// MinibatchOrder is, with loss.optimizer.minibatches > 1, the row
+	// indexes of every minibatch of every epoch in the order they were
+	// stepped (seeded: gpu.MinibatchOrder); absent with one minibatch.
+	MinibatchOrder [][][]int `json:"minibatch_order,omitempty"`
+	// RolledBackTo is set on a release that trained nothing: the gate
+	// rolled the run back, and this version holds release RolledBackTo's
+	// parameters and optimizer state (BatchID is empty). The releases in
+	// between stay in the store: the failed branch is kept.
+	RolledBackTo *int64 `json:"rolled_back_to,omitempty"`
 	// Trainer holds what a trainer records beyond these fields (an
 	// external trainer's own details, e.g. the Python trainer's); absent for
 	// the built-in one.

@@ -34,6 +34,7 @@ var jsonKinds = []struct {
 	{KindWindowRecord, reflect.TypeFor[WindowRecord]()},
 	{KindIncident, reflect.TypeFor[Incident]()},
 	{KindUpdateRecord, reflect.TypeFor[UpdateRecord]()},
+	{KindGateDecision, reflect.TypeFor[GateDecision]()},
 }
 
 // Catalog is everything a run carries, as `trajflow schemas` prints it

@@ -68,6 +68,8 @@ func TestCatalogCoversEveryKind(t *testing.T) {
 	var u UpdateRecord
 	u.Metrics.Lag = []LagStat{{}}
 	u.Trainer = json.RawMessage(`{}`) // omitted when empty
+	u.MinibatchOrder = [][][]int{{{0}}}
+	u.RolledBackTo = new(int64)
 	raw, err := json.Marshal(u)
 	if err != nil {
 		t.Fatal(err)

@@ -25,6 +25,7 @@ const (
 	KindIncident        Kind = "incident"
 	KindUpdateRecord    Kind = "update_record"
 	KindWeightAck       Kind = "weight_ack"
+	KindGateDecision    Kind = "gate_decision"
 )
 
 // Current versions of each kind. A decoder accepts exactly the versions it
@@ -43,6 +44,7 @@ var Versions = map[Kind]int{
 	KindIncident:        1,
 	KindUpdateRecord:    1,
 	KindWeightAck:       1,
+	KindGateDecision:    1,
 }
 
 // Arrow schema metadata keys under which kind and version are stored

@@ -11,6 +11,7 @@ import (
 
 	"github.com/trajflow/trajflow/gpu"
 	"github.com/trajflow/trajflow/gpu/model"
+	"github.com/trajflow/trajflow/internal/evaluation"
 	"github.com/trajflow/trajflow/operators"
 	"github.com/trajflow/trajflow/operators/rollout"
 	"github.com/trajflow/trajflow/pipeline/contract"
@@ -102,6 +103,51 @@ func TestContractValidateEveryTestdataContract(t *testing.T) {
 			t.Errorf("%s: exit %d: %s", f, rc, errb.String())
 		} else if !bytes.Contains(out.Bytes(), []byte("# sampler_id: sha256:")) {
 			t.Errorf("%s: no sampler_id:\n%s", f, out.String())
+		}
+	}
+}
+
+// TestContractValidateRefusesUnimplemented: the valid testdata contracts
+// still validate; a key the build does not implement is refused by
+// `trajflow contract validate` with a message that says so.
+func TestContractValidateRefusesUnimplemented(t *testing.T) {
+	for _, f := range []string{"bench.yaml", "conformance.yaml"} { // environments of their own: no sampler id to print
+		c, err := loadContract(filepath.Join("..", "..", "testdata", "contracts", f))
+		if err == nil {
+			err = evaluation.CheckObjective(c.Objective)
+		}
+		if err != nil {
+			t.Errorf("%s: %v", f, err)
+		}
+	}
+	for _, f := range []string{"demo.yaml", "minimal.yaml"} {
+		var out, errb bytes.Buffer
+		if rc := run(context.Background(), []string{"contract", "validate", filepath.Join("..", "..", "testdata", "contracts", f)}, &out, &errb); rc != 0 {
+			t.Errorf("%s: exit %d: %s", f, rc, errb.String())
+		}
+	}
+	kl := contract.Default()
+	kl.Loss.KLPlacement, kl.Loss.KLCoef = "loss", 0.05
+	metric := contract.Default()
+	metric.Objective.Constraints["p95_episode_cost_usd"] = 0.2
+	for name, c := range map[string]struct {
+		c    *contract.Contract
+		want string
+	}{
+		"kl in loss":        {kl, `loss.kl_placement: "loss" is not implemented`},
+		"unmeasured metric": {metric, `objective.constraints.p95_episode_cost_usd: metric "p95_episode_cost_usd" is not implemented`},
+	} {
+		y, err := c.c.YAML()
+		if err != nil {
+			t.Fatal(err)
+		}
+		file := filepath.Join(t.TempDir(), "contract.yaml")
+		if err := os.WriteFile(file, y, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		var out, errb bytes.Buffer
+		if rc := run(context.Background(), []string{"contract", "validate", file}, &out, &errb); rc == 0 || !strings.Contains(errb.String(), c.want) {
+			t.Errorf("%s: exit %d, stderr %q; want a refusal saying %q", name, rc, errb.String(), c.want)
 		}
 	}
 }

@@ -78,6 +78,14 @@ func cmdDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		return err
 	}
 	fmt.Fprintln(stdout, loop.SummaryLine(s, filepath.Join(o.Out, loop.SummaryFile)))
+	if g := s.Gate; g != nil {
+		stop := "ran every round"
+		if g.Stop != nil {
+			stop = fmt.Sprintf("stopped by %s at release %d", g.Stop.StopRule, g.Stop.PolicyVersion)
+		}
+		fmt.Fprintf(stdout, "gate: promoted release %d (%d promotions, %d rollbacks), %s; spent %d rollout and %d optimizer tokens\n",
+			g.Promoted, g.Promotions, g.Rollbacks, stop, g.Usage.RolloutTokens, g.Usage.OptimizerTokens)
+	}
 	return nil
 }
 

@@ -83,6 +83,58 @@ func TestDemoEndToEnd(t *testing.T) {
 	if n := strings.Count(stdout.String(), "\n"); n < s.Updates {
 		t.Fatalf("%d output lines for %d updates", n, s.Updates)
 	}
+	checkGate(t, &s, out, stdout.String())
+}
+
+// checkGate: the gate ruled on every release, promoted at least once on
+// an interval that cleared the promoted release, and every evaluation
+// ran the four suites on the same frozen attempts; the decisions topic
+// is in the snapshot.
+func checkGate(t *testing.T, s *loop.Summary, out, stdout string) {
+	t.Helper()
+	g := s.Gate
+	if g == nil || g.Promotions < 1 || g.Promoted == 0 || g.Stop != nil || !strings.Contains(stdout, ": promote;") {
+		t.Fatalf("gate summary %+v", g)
+	}
+	ruled := map[int64]bool{}
+	for _, d := range g.Decisions {
+		ruled[d.PolicyVersion] = true
+		if d.Action == "promote" {
+			var primary bool
+			for _, c := range d.Checks {
+				primary = primary || (c.Kind == "primary" && c.OK && c.Lo > c.Bound)
+			}
+			if !primary || !d.Evaluated {
+				t.Fatalf("promotion without a clearing interval: %+v", d)
+			}
+		}
+	}
+	for v := int64(0); v <= int64(s.Updates); v++ {
+		if !ruled[v] {
+			t.Fatalf("no decision on release %d", v)
+		}
+	}
+	hashes := map[string]string{}
+	for _, e := range g.Evaluations {
+		if len(e.Suites) != 4 {
+			t.Fatalf("evaluation of release %d: %d suites", e.Version, len(e.Suites))
+		}
+		for _, su := range e.Suites {
+			if h, ok := hashes[su.Suite]; ok && h != su.AttemptsHash {
+				t.Fatalf("suite %s: attempts of release %d differ from the first evaluation's", su.Suite, e.Version)
+			}
+			hashes[su.Suite] = su.AttemptsHash
+			if su.Success.Lo > su.Success.Value || su.Success.Hi < su.Success.Value {
+				t.Fatalf("suite %s at %d: %+v", su.Suite, e.Version, su.Success)
+			}
+		}
+	}
+	if _, ok := g.PromotedMetrics["verified_success_rate"]; !ok {
+		t.Fatalf("promoted metrics %v", g.PromotedMetrics)
+	}
+	if _, err := os.Stat(filepath.Join(out, "run=demo", "topic=decisions")); err != nil {
+		t.Fatalf("decisions topic not snapshotted: %v", err)
+	}
 }
 
 func lastLines(s string, n int) string {
@@ -103,6 +155,13 @@ func TestFleet(t *testing.T) { fleet(t, 4, 0, "") }
 // those of the uninterrupted in-process demo.
 func TestFleetTrainerCrash(t *testing.T) { fleet(t, 5, 2, "") }
 
+// TestResumeEquality (pipeline §18, gate C): the trainer and dispatch are
+// killed together (SIGKILL, local state lost) once version 2 is released
+// and started again; the run's batches and every release's checkpoint are
+// byte-identical to those of the uninterrupted in-process run of the same
+// seed (sync mode).
+func TestResumeEquality(t *testing.T) { fleetRun(t, 5, 2, []string{"dispatch", "train"}, "") }
+
 // trainerStarted reports whether the trainer's state directory exists
 // (always true without a crash).
 func trainerStarted(crashAt int64, stateDir string) bool {
@@ -120,7 +179,15 @@ func trainerStarted(crashAt int64, stateDir string) bool {
 // and weightsync runs beside the other operators. rolloutArgs are extra
 // flags of the rollout process.
 func fleet(t *testing.T, rounds int, crashAt int64, protocol string, rolloutArgs ...string) {
-	want := demo(t, loop.Options{Updates: rounds, Seed: 1})
+	fleetRun(t, rounds, crashAt, []string{"train"}, protocol, rolloutArgs...)
+}
+
+// fleetRun is fleet killing and restarting the crash stages once version
+// crashAt is released; it also compares every release's checkpoint hash
+// with the in-process run's.
+func fleetRun(t *testing.T, rounds int, crashAt int64, crash []string, protocol string, rolloutArgs ...string) {
+	wantOut := t.TempDir()
+	want := demo(t, loop.Options{Updates: rounds, Seed: 1, Out: wantOut})
 
 	dir := t.TempDir()
 	bin := trajflowBinary(t)
@@ -176,11 +243,9 @@ func fleet(t *testing.T, rounds int, crashAt int64, protocol string, rolloutArgs
 		go io.Copy(io.Discard, out)
 		return cmd
 	}
-	var train *exec.Cmd
+	running := map[string]*exec.Cmd{}
 	for _, name := range stages {
-		if cmd := startOp(name); name == "train" {
-			train = cmd
-		}
+		running[name] = startOp(name)
 	}
 	crashed := crashAt <= 0
 
@@ -215,18 +280,23 @@ func fleet(t *testing.T, rounds int, crashAt int64, protocol string, rolloutArgs
 			t.Fatal(err)
 		}
 		if !crashed && version >= crashAt {
-			train.Process.Kill()
-			train.Wait()
-			os.RemoveAll(filepath.Join(dir, "state", "train"))
-			for i, p := range procs {
-				if p == train {
-					procs = append(procs[:i], procs[i+1:]...)
-					break
+			for _, name := range crash {
+				cmd := running[name]
+				cmd.Process.Kill()
+				cmd.Wait()
+				os.RemoveAll(filepath.Join(dir, "state", name))
+				for i, p := range procs {
+					if p == cmd {
+						procs = append(procs[:i], procs[i+1:]...)
+						break
+					}
 				}
 			}
-			train = startOp("train")
+			for _, name := range crash {
+				running[name] = startOp(name)
+			}
 			crashed = true
-			t.Logf("trainer killed at version %d and restarted", version)
+			t.Logf("%v killed at version %d and restarted", crash, version)
 		}
 		// A restarted trainer must be past its start (its state directory,
 		// removed with the crash, exists again) before it is signalled:
@@ -287,6 +357,32 @@ func fleet(t *testing.T, rounds int, crashAt int64, protocol string, rolloutArgs
 	}
 	if !reflect.DeepEqual(hashes, want.BatchHashes) {
 		t.Fatalf("fleet batches differ from the in-process demo:\n%v\n%v", hashes, want.BatchHashes)
+	}
+	if protocol == "" {
+		sameReleases(t, filepath.Join(wantOut, "releases"), releases, want.Updates)
+	}
+}
+
+// sameReleases: releases 0..n of two release directories name the same
+// checkpoint hash.
+func sameReleases(t *testing.T, a, b string, n int) {
+	t.Helper()
+	for v := range n + 1 {
+		var hs [2]string
+		for i, d := range []string{a, b} {
+			raw, err := os.ReadFile(filepath.Join(d, fmt.Sprintf("policy-v%08d.json", v)))
+			if err != nil {
+				t.Fatal(err)
+			}
+			var rel schemas.PolicyRelease
+			if err := json.Unmarshal(raw, &rel); err != nil {
+				t.Fatal(err)
+			}
+			hs[i] = rel.CheckpointHash
+		}
+		if hs[0] != hs[1] || hs[0] == "" {
+			t.Fatalf("release %d: checkpoint %s in process, %s in the fleet", v, hs[0], hs[1])
+		}
 	}
 }
 

@@ -7,6 +7,7 @@ import (
 	"io"
 	"slices"
 
+	"github.com/trajflow/trajflow/internal/evaluation"
 	"github.com/trajflow/trajflow/operators"
 	"github.com/trajflow/trajflow/pipeline"
 	"github.com/trajflow/trajflow/pipeline/contract"
@@ -65,6 +66,9 @@ func cmdContract(_ context.Context, args []string, stdout, stderr io.Writer) err
 	c, err := loadContract(pos[1])
 	if err != nil {
 		return err
+	}
+	if err := evaluation.CheckObjective(c.Objective); err != nil {
+		return fmt.Errorf("contract %s: %w", pos[1], err)
 	}
 	y, err := c.YAML()
 	if err != nil {

@@ -11,6 +11,7 @@ import (
 	"github.com/trajflow/trajflow/connectors/kafka"
 	"github.com/trajflow/trajflow/gpu"
 	"github.com/trajflow/trajflow/gpu/objective"
+	"github.com/trajflow/trajflow/internal/gate"
 	"github.com/trajflow/trajflow/schemas"
 )
 
@@ -25,6 +26,14 @@ type progress struct {
 	evaluated                map[int64]bool
 	lastRel                  schemas.PolicyRelease
 	queued                   []queuedUpdate // releases waiting for pack's record of their batch
+	// want is the groups the run will decide: every round's, or after a
+	// stop the groups of the rounds dispatch launched (its halted record).
+	want int
+	// census feeds the budgets; completed counts its completed events.
+	census    <-chan kafkago.Message
+	completed int
+	// restored counts the releases of a rollback (no batch trained).
+	restored int
 }
 
 type queuedUpdate struct {
@@ -44,17 +53,33 @@ func (r *runner) follow(ctx context.Context, errs <-chan error) error {
 	}()
 	windows := make(chan kafkago.Message, 64)
 	policy := make(chan kafkago.Message, 64)
-	for topic, ch := range map[string]chan kafkago.Message{r.topics.Windows: windows, r.topics.Policy: policy} {
+	decisions := make(chan kafkago.Message, 64)
+	incidents := make(chan kafkago.Message, 64)
+	census := make(chan kafkago.Message, 256)
+	tails := map[string]chan kafkago.Message{r.topics.Windows: windows, r.topics.Policy: policy}
+	if r.g != nil {
+		tails[r.topics.Decisions], tails[r.topics.Incidents] = decisions, incidents
+	}
+	for topic, ch := range tails {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			tail(tctx, r.brokers, topic, ch)
+			tail(tctx, r.brokers, topic, 0, ch)
 		}()
 	}
-	p := &progress{byBatch: map[string]schemas.WindowRecord{}, lastAt: time.Now(), evaluated: map[int64]bool{0: true}}
-	want := r.o.Updates * r.c.Dispatch.GroupsPerUpdate
+	if r.g != nil { // the census counts toward the budgets: every partition
+		for part := range r.c.Topics.Partitions {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				tail(tctx, r.brokers, r.topics.Census, part, census)
+			}()
+		}
+	}
+	p := &progress{byBatch: map[string]schemas.WindowRecord{}, lastAt: time.Now(), evaluated: map[int64]bool{0: true},
+		want: r.o.Updates * r.c.Dispatch.GroupsPerUpdate, census: census}
 	// Without a trainer (NoTrain) the run ends once every group is decided.
-	for p.decided < want || (!r.o.NoTrain && (p.lastVersion < int64(p.batches) || len(p.queued) > 0)) {
+	for p.decided < p.want || (!r.o.NoTrain && (p.lastVersion < int64(p.batches+p.restored) || len(p.queued) > 0)) {
 		var err error
 		select {
 		case <-ctx.Done():
@@ -64,6 +89,12 @@ func (r *runner) follow(ctx context.Context, errs <-chan error) error {
 			err = r.onWindow(p, km.Value)
 		case km := <-policy:
 			err = r.onRelease(p, km.Value)
+		case km := <-decisions:
+			r.onDecision(p, km.Value)
+		case km := <-incidents:
+			r.g.onIncident(km.Value)
+		case km := <-census:
+			p.completed += r.g.onCensus(km.Value)
 		}
 		if err == nil {
 			err = r.report(ctx, p)
@@ -75,11 +106,11 @@ func (r *runner) follow(ctx context.Context, errs <-chan error) error {
 	return r.finalEval(ctx, p)
 }
 
-// tail reads partition 0 of topic from the start and sends every record
+// tail reads a partition of topic from the start and sends every record
 // until ctx ends.
-func tail(ctx context.Context, brokers []string, topic string, out chan<- kafkago.Message) {
+func tail(ctx context.Context, brokers []string, topic string, partition int, out chan<- kafkago.Message) {
 	for ctx.Err() == nil {
-		r := kafkago.NewReader(kafkago.ReaderConfig{Brokers: brokers, Topic: topic, Partition: 0, MinBytes: 1, MaxBytes: 64 << 20, MaxWait: kafka.FetchMaxWait})
+		r := kafkago.NewReader(kafkago.ReaderConfig{Brokers: brokers, Topic: topic, Partition: partition, MinBytes: 1, MaxBytes: 64 << 20, MaxWait: kafka.FetchMaxWait})
 		for {
 			m, err := r.FetchMessage(ctx)
 			if err != nil {
@@ -134,6 +165,9 @@ func (r *runner) onRelease(p *progress, v []byte) error {
 	if err != nil {
 		return err
 	}
+	if u.RolledBackTo != nil {
+		p.restored++
+	}
 	p.queued = append(p.queued, queuedUpdate{rel, u})
 	return nil
 }
@@ -144,7 +178,7 @@ func (r *runner) report(ctx context.Context, p *progress) error {
 	for len(p.queued) > 0 {
 		rel, u := p.queued[0].rel, p.queued[0].u
 		w, ok := p.byBatch[u.BatchID]
-		if !ok {
+		if !ok && u.RolledBackTo == nil {
 			return nil
 		}
 		p.queued = p.queued[1:]
@@ -160,24 +194,71 @@ func (r *runner) report(ctx context.Context, p *progress) error {
 		r.sum.MaxLagSeen = max(r.sum.MaxLagSeen, line.Lag)
 		p.lastAt = now
 		evalNote := ""
-		if rel.PolicyVersion%int64(r.evalEvery) == 0 {
-			s, err := r.ev.Release(ctx, rel)
+		var d *gate.Decision
+		if r.g != nil && !r.g.st.Stopped {
+			r.awaitCensus(ctx, p)
+			// A restored release holds the promoted parameters: no evaluation.
+			ev, dd, kl, err := r.judge(ctx, rel, u, u.RolledBackTo == nil && rel.PolicyVersion%int64(r.evalEvery) == 0)
 			if err != nil {
 				return err
 			}
-			p.evaluated[rel.PolicyVersion] = true
-			r.sum.Evals = append(r.sum.Evals, Eval{rel.PolicyVersion, s})
-			line.EvalSuccess = &s
-			evalNote = fmt.Sprintf("%.3f", s)
+			d, line.KLRef, line.Decision = dd, kl, dd.Action
+			if ev != nil {
+				p.evaluated[rel.PolicyVersion] = true
+				r.sum.Evals = append(r.sum.Evals, Eval{rel.PolicyVersion, *ev})
+				line.EvalSuccess = ev
+				evalNote = fmt.Sprintf("%.3f", *ev)
+			}
 		}
 		r.sum.PerUpdate = append(r.sum.PerUpdate, line)
-		if !r.o.Quiet {
-			fmt.Fprintf(r.stdout, "%6d  %7.3f  %6.3f  %6.4f  %6.3f  %7.3f  %3d  %8.0f  %7.3f  %s\n",
+		if !r.o.Quiet && u.RolledBackTo != nil {
+			fmt.Fprintf(r.stdout, "%6d  rollback: the parameters and optimizer state of release %d (releases %d..%d kept)\n",
+				line.Update, *u.RolledBackTo, *u.RolledBackTo+1, line.Update-1)
+		} else if !r.o.Quiet {
+			fmt.Fprintf(r.stdout, "%6d  %7.3f  %6.3f  %6.4f  %6.3f  %7.3f  %3d  %8.0f  %7.3f  %6.4f  %s\n",
 				line.Update, line.Success, line.Reward, line.KL, line.ClipFrac, line.Entropy, line.Lag,
-				line.TokensPerS, line.Packing, evalNote)
+				line.TokensPerS, line.Packing, line.KLRef, evalNote)
+			if d != nil && (d.Evaluated || d.Action == gate.Stop) {
+				fmt.Fprintln(r.stdout, decisionLine(d))
+			}
 		}
 	}
 	return nil
+}
+
+// awaitCensus reads the census until it holds a completed episode for
+// every attempt of the groups pack decided (the budgets then count every
+// round the release was trained on), or for at most 5 s: an attempt that
+// failed or was quarantined never completes.
+func (r *runner) awaitCensus(ctx context.Context, p *progress) {
+	need := p.decided * r.c.Sampler.GroupSize
+	deadline := time.NewTimer(5 * time.Second)
+	defer deadline.Stop()
+	for p.completed < need {
+		select {
+		case <-ctx.Done():
+			return
+		case <-deadline.C:
+			return
+		case km := <-p.census:
+			p.completed += r.g.onCensus(km.Value)
+		}
+	}
+}
+
+// onDecision reads the decisions topic for dispatch's halted record: the
+// run then decides the groups of the rounds dispatch launched, no more.
+func (r *runner) onDecision(p *progress, v []byte) {
+	d, err := schemas.DecodeGateDecision(v)
+	if err != nil || d.Action != schemas.GateHalted || r.g.sum.Halted != nil {
+		return
+	}
+	r.g.sum.Halted = &d
+	r.sum.Rounds, r.sum.StoppedBy = int(d.RoundsDispatched), d.StopRule
+	p.want = min(p.want, int(d.RoundsDispatched)*r.c.Dispatch.GroupsPerUpdate)
+	if !r.o.Quiet {
+		fmt.Fprintln(r.stdout, d.Reason)
+	}
 }
 
 // finalEval evaluates the last release unless it was evaluated, and
@@ -185,13 +266,11 @@ func (r *runner) report(ctx context.Context, p *progress) error {
 func (r *runner) finalEval(ctx context.Context, p *progress) error {
 	r.sum.Updates = int(p.lastVersion)
 	r.sum.EvalSuccessFinal = r.sum.EvalSuccessInitial
-	if p.lastVersion > 0 && r.ev != nil {
+	if p.lastVersion > 0 && r.g != nil {
 		if !p.evaluated[p.lastVersion] {
-			s, err := r.ev.Release(ctx, p.lastRel)
-			if err != nil {
+			if err := r.evalFinal(ctx, p.lastRel); err != nil {
 				return err
 			}
-			r.sum.Evals = append(r.sum.Evals, Eval{p.lastVersion, s})
 		}
 		r.sum.EvalSuccessFinal = r.sum.Evals[len(r.sum.Evals)-1].Success
 	}

@@ -19,7 +19,6 @@ import (
 
 	"github.com/trajflow/trajflow/connectors/kafka"
 	"github.com/trajflow/trajflow/gpu"
-	"github.com/trajflow/trajflow/gpu/model"
 	"github.com/trajflow/trajflow/internal/evaluation"
 	"github.com/trajflow/trajflow/operators"
 	"github.com/trajflow/trajflow/pipeline"
@@ -100,6 +99,10 @@ type Update struct {
 	TokensPerS  float64  `json:"tokens_per_s"`
 	Packing     float64  `json:"packing_efficiency"`
 	EvalSuccess *float64 `json:"eval_success,omitempty"`
+	// KLRef is the mean per-token KL of the release to the reference
+	// policy (evaluation.Plane.KL); Decision the gate's action on it.
+	KLRef    float64 `json:"kl_ref"`
+	Decision string  `json:"decision,omitempty"`
 }
 
 // Eval is one hidden-eval measurement.
@@ -110,11 +113,14 @@ type Eval struct {
 
 // Summary is OUT/summary.json.
 type Summary struct {
-	RunID                string  `json:"run_id"`
-	ContractHash         string  `json:"contract_hash"`
-	Seed                 int64   `json:"seed"`
-	Mode                 string  `json:"mode"`
+	RunID        string `json:"run_id"`
+	ContractHash string `json:"contract_hash"`
+	Seed         int64  `json:"seed"`
+	Mode         string `json:"mode"`
+	// Rounds are the rounds dispatched: all those asked for, or those
+	// launched before a stop (StoppedBy names the rule).
 	Rounds               int     `json:"rounds"`
+	StoppedBy            string  `json:"stopped_by,omitempty"`
 	Updates              int     `json:"updates"` // policy updates trained
 	EvalSuccessInitial   float64 `json:"eval_success_initial"`
 	EvalSuccessFinal     float64 `json:"eval_success_final"`
@@ -140,6 +146,10 @@ type Summary struct {
 	InfraRetries map[string]int `json:"infra_retries,omitempty"`
 	// Env is the accounting of the environment services (with Options.Env).
 	Env *EnvSummary `json:"env,omitempty"`
+	// Gate holds the gate's decisions, the promoted release, the
+	// evaluations with their confidence intervals, and the budgets spent
+	// (absent when the policy is not the built-in one).
+	Gate *GateSummary `json:"gate,omitempty"`
 }
 
 // SummaryFile is the name of the summary in the output directory.
@@ -188,7 +198,7 @@ type runner struct {
 	files     *pipeline.DirReleases
 	brokers   []string
 	log       *slog.Logger
-	ev        *evaluation.Evaluator
+	g         *gating
 	evalEvery int
 	sum       *Summary
 	closers   []func() error
@@ -286,11 +296,9 @@ func (r *runner) prepare(ctx context.Context) error {
 	if err := r.publishInitial(ctx); err != nil {
 		return err
 	}
-	reg := r.deps.Tasks
-	if r.o.Tasks != TasksText { // the hidden eval runs the built-in policy in process
-		r.ev, err = evaluation.New(evaluation.Config{Registry: reg, Settings: operators.RolloutSettings(c, reg),
-			Limits: operators.RolloutLimits(c), Seed: c.Seed, Samples: r.o.EvalSamples})
-		if err != nil {
+	r.sum = &Summary{RunID: c.RunID, ContractHash: c.Hash(), Seed: c.Seed, Mode: c.Dispatch.Mode, Rounds: r.o.Updates}
+	if r.o.Tasks != TasksText { // the evaluation plane runs the built-in policy in process
+		if err := r.prepareGate(r.deps.Tasks); err != nil {
 			return err
 		}
 	}
@@ -298,7 +306,6 @@ func (r *runner) prepare(ctx context.Context) error {
 	if r.evalEvery <= 0 {
 		r.evalEvery = c.Dispatch.EvalEvery
 	}
-	r.sum = &Summary{RunID: c.RunID, ContractHash: c.Hash(), Seed: c.Seed, Mode: c.Dispatch.Mode, Rounds: r.o.Updates}
 	return nil
 }
 
@@ -359,7 +366,7 @@ func (r *runner) connect(ctx context.Context) error {
 // evalInitial evaluates the initial policy, exactly as the trainer will
 // publish it, and prints the header.
 func (r *runner) evalInitial(ctx context.Context) error {
-	if r.ev == nil {
+	if r.g == nil {
 		if !r.o.Quiet {
 			c := r.c
 			fmt.Fprintf(r.stdout, "trajflow demo: run %s, seed %d, %s tasks, %d rounds of %d groups x %d attempts; operators %v on %v; %s\n",
@@ -373,10 +380,11 @@ func (r *runner) evalInitial(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	s, err := r.ev.Success(ctx, model.NewPolicy(m0, 0))
+	rep, err := r.judgeInitial(ctx, m0)
 	if err != nil {
 		return err
 	}
+	s := rep.Evaluation.Metrics[evaluation.MetricEvalSuccess].Value
 	r.sum.EvalSuccessInitial = s
 	r.sum.Evals = append(r.sum.Evals, Eval{0, s})
 	if r.o.Quiet {
@@ -385,8 +393,8 @@ func (r *runner) evalInitial(ctx context.Context) error {
 	c := r.c
 	fmt.Fprintf(r.stdout, "trajflow demo: run %s, seed %d, %s mode, %d rounds of %d groups x %d attempts; operators %v on %v; %s\n",
 		c.RunID, c.Seed, c.Dispatch.Mode, r.o.Updates, c.Dispatch.GroupsPerUpdate, c.Sampler.GroupSize, r.stages(), r.brokers, r.policyNote())
-	fmt.Fprintf(r.stdout, "hidden eval (%d tasks x %d fixed attempts) at version 0: success %.3f\n", r.ev.Tasks(), r.ev.Samples(), s)
-	fmt.Fprintln(r.stdout, "update  success  reward      kl    clip  entropy  lag  tokens/s  packing  eval")
+	fmt.Fprintf(r.stdout, "evaluation at version 0 (%d attempts per task, fixed seeds):%s\n", r.o.EvalSamples, suitesLine(rep))
+	fmt.Fprintln(r.stdout, "update  success  reward      kl    clip  entropy  lag  tokens/s  packing  kl_ref  eval")
 	return nil
 }
 

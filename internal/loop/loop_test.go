@@ -2,6 +2,8 @@ package loop_test
 
 import (
 	"context"
+	"encoding/json"
+	"fmt"
 	"io"
 	"log/slog"
 	"path/filepath"
@@ -20,6 +22,7 @@ import (
 	"github.com/trajflow/trajflow/operators"
 	"github.com/trajflow/trajflow/operators/rollout"
 	"github.com/trajflow/trajflow/pipeline"
+	"github.com/trajflow/trajflow/pipeline/contract"
 	"github.com/trajflow/trajflow/schemas"
 )
 
@@ -255,5 +258,249 @@ func TestContractEnvironment(t *testing.T) {
 		if _, err := loop.Contract(loop.Options{Seed: 1, Environment: env}); err == nil || !strings.Contains(err.Error(), env) {
 			t.Fatalf("%s: %v", env, err)
 		}
+	}
+}
+
+// TestBudgetStop: with a rollout_tokens budget of about two rounds, the
+// gate stops the run at the first release whose rounds reached it, and
+// dispatch launches no round after; every attempt is accounted.
+func TestBudgetStop(t *testing.T) {
+	const budget = 10_000
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	s, err := loop.Run(ctx, loop.Options{Updates: 10, Seed: 1, EvalSamples: 1, Out: t.TempDir(), Quiet: true,
+		Edit: func(c *contract.Contract) { c.Budgets.RolloutTokens = budget }}, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := s.Gate
+	if s.StoppedBy != "budget_exhausted" || g.Stop == nil || g.Halted == nil || g.Usage.RolloutTokens < budget {
+		t.Fatalf("stopped by %q, stop %+v, usage %+v", s.StoppedBy, g.Stop, g.Usage)
+	}
+	v := g.Stop.PolicyVersion
+	if s.Rounds >= 10 || int64(s.Rounds) != v || g.Halted.RoundsDispatched != v {
+		t.Fatalf("stop at release %d, %d rounds dispatched (halted record: %d)", v, s.Rounds, g.Halted.RoundsDispatched)
+	}
+	// The ruling on the release before the stop saw the budget not yet
+	// spent: the stop came within one round of it.
+	checked := false
+	for _, d := range g.Decisions {
+		if d.PolicyVersion != v-1 {
+			continue
+		}
+		for _, c := range d.Checks {
+			if c.Name == "rollout_tokens" {
+				checked = true
+				if !c.OK || c.Value >= budget || c.Bound != budget {
+					t.Fatalf("release %d already over budget: %+v", v-1, c)
+				}
+			}
+		}
+	}
+	if !checked && v > 1 {
+		t.Fatalf("the ruling on release %d holds no budget check", v-1)
+	}
+	if s.Lost != 0 || s.DuplicatesAdmitted != 0 || s.AttemptsLaunched != s.Rounds*16*16 ||
+		s.AttemptsLaunched != s.TrajectoriesAdmitted+s.TrajectoriesFiltered+s.Quarantined {
+		t.Fatalf("accounting: launched %d for %d rounds, admitted %d, filtered %d, quarantined %d, lost %d, duplicates %d",
+			s.AttemptsLaunched, s.Rounds, s.TrajectoriesAdmitted, s.TrajectoriesFiltered, s.Quarantined, s.Lost, s.DuplicatesAdmitted)
+	}
+	t.Logf("stopped at release %d after %d rounds: %d rollout tokens of %d; %s", v, s.Rounds, g.Usage.RolloutTokens, budget, g.Stop.Reason)
+}
+
+// TestMinibatchesRecorded: loss.optimizer.minibatches 2 trains every
+// epoch in two seeded minibatches, and the update record holds the order.
+func TestMinibatchesRecorded(t *testing.T) {
+	out := t.TempDir()
+	demo(t, loop.Options{Updates: 2, Seed: 1, Out: out, Edit: func(c *contract.Contract) { c.Loss.Optimizer.Minibatches = 2 }})
+	files, err := pipeline.NewDirReleases(filepath.Join(out, "releases"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	u, err := gpu.ReadUpdate(files, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(u.MinibatchOrder) != 2 || len(u.MinibatchOrder[0]) != 2 || len(u.MinibatchOrder[0][0]) == 0 {
+		t.Fatalf("minibatch order %v", u.MinibatchOrder)
+	}
+	want, err := gpu.MinibatchOrder(len(u.MinibatchOrder[0][0])+len(u.MinibatchOrder[0][1]), 2, 2, 1, u.BatchID)
+	if err != nil || !reflect.DeepEqual(want, u.MinibatchOrder) {
+		t.Fatalf("recorded order %v, the seeded one %v (%v)", u.MinibatchOrder, want, err)
+	}
+}
+
+// TestBrokenRewardRollsBackAndStops: a deliberately broken reward (the
+// validator's success negated: the policy is paid to fail) drives the
+// held-out success under its regression floor (0.95 of the initial); the
+// gate rolls back to the promoted release, the initial one, and after two
+// evaluations without a gain stops the run by rule. Every attempt is
+// accounted. The trainer publishes the promoted release's parameters as
+// the next version, and the failed releases stay in the store.
+func TestBrokenRewardRollsBackAndStops(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
+	defer cancel()
+	out := t.TempDir()
+	s, err := loop.Run(ctx, loop.Options{Updates: 30, Seed: 1, EvalSamples: 4, EvalEvery: 1, Out: out, Quiet: true,
+		Edit: func(c *contract.Contract) {
+			c.Rewards[0].Transform = contract.TransformNegate
+			for i := range c.StopRules {
+				if c.StopRules[i].Kind == contract.StopNoValidationGain {
+					c.StopRules[i].N = 2
+				}
+			}
+		}}, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := s.Gate
+	var actions []string
+	for _, d := range g.Decisions {
+		if d.Evaluated {
+			actions = append(actions, fmt.Sprintf("%d:%s", d.PolicyVersion, d.Action))
+		}
+	}
+	t.Logf("evaluated decisions %v; stop %+v", actions, g.Stop)
+	if g.Rollbacks < 1 || g.Stop == nil || g.Stop.StopRule != "no_validation_gain_for_2_evals" || g.Promoted != 0 {
+		t.Fatalf("rollbacks %d, promoted %d, stop %+v", g.Rollbacks, g.Promoted, g.Stop)
+	}
+	back := false
+	for _, d := range g.Decisions {
+		if d.Action == "rollback" && d.RollbackTo == 0 {
+			for _, c := range d.Checks {
+				back = back || (c.Kind == "regression_floor" && !c.OK)
+			}
+		}
+	}
+	if !back {
+		t.Fatal("no rollback on a broken regression floor")
+	}
+	// The release after the rollback holds release 0's parameters; the
+	// rolled-back release is kept.
+	files, err := pipeline.NewDirReleases(filepath.Join(out, "releases"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	manifest := func(v int64) schemas.PolicyRelease {
+		t.Helper()
+		b, err := files.Read(gpu.ManifestName(v))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var rel schemas.PolicyRelease
+		if err := json.Unmarshal(b, &rel); err != nil {
+			t.Fatal(err)
+		}
+		return rel
+	}
+	var first *schemas.GateDecision
+	for i, d := range g.Decisions {
+		if d.Action == "rollback" {
+			first = &g.Decisions[i]
+			break
+		}
+	}
+	u, err := gpu.ReadUpdate(files, first.PolicyVersion+1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	restored, failed, base := manifest(first.PolicyVersion+1), manifest(first.PolicyVersion), manifest(0)
+	if u.RolledBackTo == nil || *u.RolledBackTo != 0 || u.BatchID != "" || restored.CheckpointHash != base.CheckpointHash || failed.CheckpointHash == base.CheckpointHash {
+		t.Fatalf("release %d after the rollback of %d: update %+v, checkpoint %s (release 0: %s, failed: %s)",
+			first.PolicyVersion+1, first.PolicyVersion, u, restored.CheckpointHash, base.CheckpointHash, failed.CheckpointHash)
+	}
+	if s.StoppedBy != g.Stop.StopRule || s.Rounds >= 30 || s.Lost != 0 || s.DuplicatesAdmitted != 0 ||
+		s.AttemptsLaunched != s.Rounds*16*16 || s.AttemptsLaunched != s.TrajectoriesAdmitted+s.TrajectoriesFiltered+s.Quarantined {
+		t.Fatalf("stopped by %q after %d rounds: launched %d, admitted %d, filtered %d, quarantined %d, lost %d, duplicates %d",
+			s.StoppedBy, s.Rounds, s.AttemptsLaunched, s.TrajectoriesAdmitted, s.TrajectoriesFiltered, s.Quarantined, s.Lost, s.DuplicatesAdmitted)
+	}
+}
+
+// TestKLStop: with objective.kl_limit 0.1, the KL to the reference
+// measured on every release passes the limit for 3 consecutive updates
+// and the gate stops the run by kl_above_limit_for_3_updates; no round is
+// launched after the stop.
+func TestKLStop(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	s, err := loop.Run(ctx, loop.Options{Updates: 20, Seed: 1, EvalSamples: 1, Out: t.TempDir(), Quiet: true,
+		Edit: func(c *contract.Contract) { c.Objective.KLLimit = 0.1 }}, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := s.Gate
+	if g.Stop == nil || g.Stop.StopRule != "kl_above_limit_for_3_updates" || s.StoppedBy != g.Stop.StopRule {
+		t.Fatalf("stop %+v", g.Stop)
+	}
+	v := g.Stop.PolicyVersion
+	above := 0
+	for _, u := range s.PerUpdate {
+		if u.Update > v-3 && u.Update <= v && u.KLRef > 0.1 {
+			above++
+		}
+	}
+	if above != 3 || int64(s.Rounds) != v || s.Lost != 0 || s.DuplicatesAdmitted != 0 || s.AttemptsLaunched != s.Rounds*16*16 {
+		t.Fatalf("stop at %d: %d of the last 3 updates above the limit, %d rounds, launched %d, lost %d, duplicates %d",
+			v, above, s.Rounds, s.AttemptsLaunched, s.Lost, s.DuplicatesAdmitted)
+	}
+	t.Logf("stopped at release %d after %d rounds: %s", v, s.Rounds, g.Stop.Reason)
+}
+
+// TestSafetyIncidentStops: trajectories of a hidden-eval task disguised as
+// training ones reach the trajectories topic; validate refuses them and
+// raises an eval_task_id incident, an open safety incident, and the gate
+// stops the run by safety_violation at the first evaluation. The run's own
+// attempts are all accounted.
+func TestSafetyIncidentStops(t *testing.T) {
+	c, err := loop.Contract(loop.Options{Seed: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := kafka.StartBroker(context.Background(), kafka.BrokerConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	deps, err := operators.BuiltinDeps(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	if err := kafka.CreateTopics(ctx, kafka.ClientConfig{}, []string{b.Addr()}, operators.TopicSpecs(c, deps.Topics)); err != nil {
+		t.Fatal(err)
+	}
+	reg := deps.Tasks
+	m, err := model.New(model.DefaultConfig(), 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	atts := rollout.Attempts(c.RunID, reg.Eval()[0], 999, 16, c.Seed, 0, c.Hash())
+	leaked, err := reg.RunEpisodes(ctx, model.NewPolicy(m, 0), atts, operators.RolloutSettings(c, reg), operators.RolloutLimits(c))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range leaked {
+		leaked[i].Split = schemas.SplitTrain // disguised: only the denylist knows
+	}
+	v, err := schemas.Trajectories.Encode(nil, leaked)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := &kafkago.Writer{Addr: kafkago.TCP(b.Addr()), Topic: deps.Topics.Trajectories, RequiredAcks: kafkago.RequireAll}
+	defer w.Close()
+	if err := w.WriteMessages(ctx, kafkago.Message{Key: []byte(leaked[0].GroupID), Value: v}); err != nil {
+		t.Fatal(err)
+	}
+	s, err := loop.Run(ctx, loop.Options{Updates: 8, Seed: 1, EvalSamples: 1, Out: t.TempDir(), Quiet: true, Brokers: []string{b.Addr()}}, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := s.Gate
+	if g.Stop == nil || g.Stop.StopRule != "safety_violation" || g.Stop.PolicyVersion != 5 || !strings.Contains(g.Stop.Reason, "open safety incidents") {
+		t.Fatalf("stop %+v", g.Stop)
+	}
+	if s.Rounds != 5 || s.Lost != 0 || s.DuplicatesAdmitted != 0 || s.AttemptsLaunched != 5*16*16 {
+		t.Fatalf("%d rounds, launched %d, lost %d, duplicates %d", s.Rounds, s.AttemptsLaunched, s.Lost, s.DuplicatesAdmitted)
 	}
 }

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/trajflow/trajflow/operators/stagekit"
 	"github.com/trajflow/trajflow/pipeline"
 	"github.com/trajflow/trajflow/schemas"
 )
@@ -262,4 +263,81 @@ func FuzzProcess(f *testing.F) {
 		}
 		_, _ = h.s.Process(context.Background(), pipeline.Message{Ref: pipeline.Ref{Topic: topic}, Value: v})
 	})
+}
+
+// decide feeds a gate decision on release v and returns the rounds
+// emitted and dispatch's halted record, if one came out.
+func (h *harness) decide(v int64, action string) ([]int64, *schemas.GateDecision) {
+	h.t.Helper()
+	b, _ := schemas.EncodeGateDecision(schemas.GateDecision{RunID: "run", PolicyVersion: v, Action: action, StopRule: "safety_violation"})
+	h.off++
+	m := pipeline.Message{Ref: pipeline.Ref{Topic: h.topics.Decisions, Offset: h.off}, Value: b, Time: time.Unix(h.off, 0),
+		Headers: stagekit.Headers(schemas.KindGateDecision, "d")}
+	res, err := h.s.Process(context.Background(), m)
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	var rounds []int64
+	var halted *schemas.GateDecision
+	for _, o := range res.Outputs {
+		switch o.Topic {
+		case h.topics.Tasks:
+			var r int64
+			fmt.Sscan(string((&pipeline.Message{Headers: o.Headers}).Header(HeaderRound)), &r)
+			if len(rounds) == 0 || rounds[len(rounds)-1] != r {
+				rounds = append(rounds, r)
+			}
+		case h.topics.Decisions:
+			d, err := schemas.DecodeGateDecision(o.Value)
+			if err != nil {
+				h.t.Fatal(err)
+			}
+			halted = &d
+		}
+	}
+	return rounds, halted
+}
+
+// TestStageGated: with a gate, a round is launched at a release only once
+// the gate ruled on it; a stop halts dispatch (no round after it) and
+// dispatch acknowledges it once, with the rounds it launched.
+func TestStageGated(t *testing.T) {
+	h := newHarness(t, ModeSync, 0, 10)
+	h.s.cfg.Gated = true
+	if got := h.release(0); got != nil {
+		t.Fatalf("round launched before the gate ruled on release 0: %v", got)
+	}
+	if got, _ := h.decide(0, schemas.GateContinue); !reflect.DeepEqual(got, []int64{0}) {
+		t.Fatalf("after the ruling on release 0: %v", got)
+	}
+	h.window(0, 0, 8, true, 0)
+	if got := h.release(1); got != nil {
+		t.Fatalf("round 1 launched before the ruling on release 1: %v", got)
+	}
+	if got, _ := h.decide(1, schemas.GatePromote); !reflect.DeepEqual(got, []int64{1}) {
+		t.Fatalf("after the ruling on release 1: %v", got)
+	}
+	h.window(1, 0, 8, true, 1)
+	h.release(2)
+	if got, _ := h.decide(2, schemas.GateRollback); got != nil {
+		t.Fatalf("round launched at the rolled-back release 2: %v", got)
+	}
+	if got := h.release(3); got != nil {
+		t.Fatalf("round launched at release 3 before its ruling: %v", got)
+	}
+	if got, _ := h.decide(3, schemas.GateContinue); !reflect.DeepEqual(got, []int64{2}) {
+		t.Fatalf("after the restored release 3: %v", got)
+	}
+	h.window(2, 0, 8, true, 3)
+	h.release(4)
+	got, halted := h.decide(4, schemas.GateStop)
+	if got != nil || halted == nil || halted.Action != schemas.GateHalted || halted.RoundsDispatched != 3 || halted.StopRule != "safety_violation" {
+		t.Fatalf("stop at release 2: rounds %v, halted %+v", got, halted)
+	}
+	if !h.s.Done() || h.s.Halted() == nil {
+		t.Fatal("not done after the stop")
+	}
+	if got, again := h.decide(5, schemas.GateContinue); got != nil || again != nil {
+		t.Fatalf("after the stop: rounds %v, halted again %+v", got, again)
+	}
 }

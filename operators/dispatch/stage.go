@@ -38,6 +38,11 @@ type StageConfig struct {
 	// mode a round is complete once every group of it was decided by pack;
 	// every round runs on the versions already released.
 	Untrained bool
+	// Gated: a gate rules on every release (the decisions topic); a round
+	// is launched at a release only once the gate's decision on it is in,
+	// so a stop takes effect before the next round. Without Gated a stop
+	// decision still halts dispatch, when it arrives.
+	Gated bool
 	// RebuildScan bounds how many records per partition Start reads back
 	// from the tasks, windows and policy topics (0: all).
 	RebuildScan int64
@@ -68,6 +73,15 @@ type Stage struct {
 	rounds map[int64]*round
 	group  map[string]int64 // outstanding group id -> round
 	redo   []Group          // groups to emit again after a rebuild
+	// judged is the latest release the gate ruled on (-1: none); halt is
+	// the stop decision, once one came; acked is set once dispatch's
+	// halted record is out (or was read back).
+	judged int64
+	halt   *schemas.GateDecision
+	acked  bool
+	// rolledBack is the latest release the gate rolled back: no round is
+	// launched at it (the trainer publishes the restored release next).
+	rolledBack int64
 }
 
 // NewStage returns the stage.
@@ -84,7 +98,7 @@ func NewStage(cfg StageConfig) (*Stage, error) {
 	if cfg.MaxLag < 0 || cfg.Rounds < 0 {
 		return nil, fmt.Errorf("%w: max lag %d, rounds %d", ErrConfig, cfg.MaxLag, cfg.Rounds)
 	}
-	return &Stage{cfg: cfg, policy: -1, rounds: map[int64]*round{}, group: map[string]int64{}}, nil
+	return &Stage{cfg: cfg, policy: -1, judged: -1, rolledBack: -1, rounds: map[int64]*round{}, group: map[string]int64{}}, nil
 }
 
 // Name implements pipeline.Stage.
@@ -147,7 +161,16 @@ func (s *Stage) Start(ctx context.Context, env *pipeline.Env) error {
 	if err != nil {
 		return fmt.Errorf("dispatch: rebuild from policy: %w", err)
 	}
-	env.Logger.Info("dispatch state restored", "next_round", s.next, "outstanding_rounds", len(s.rounds),
+	err = env.Scan(ctx, s.cfg.Topics.Decisions, s.cfg.RebuildScan, func(m pipeline.Message) error {
+		if d, err := schemas.DecodeGateDecision(m.Value); err == nil {
+			s.decision(d)
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("dispatch: rebuild from decisions: %w", err)
+	}
+	env.Logger.Info("dispatch state restored", "judged", s.judged, "halted", s.halt != nil, "next_round", s.next, "outstanding_rounds", len(s.rounds),
 		"policy_version", s.policy, "groups_to_emit_again", len(s.redo), "undecodable_window_records", bad)
 	return nil
 }
@@ -206,14 +229,36 @@ func (s *Stage) gc() {
 }
 
 // Done reports whether every round was dispatched and completed (only
-// with a finite Rounds).
+// with a finite Rounds, or after a stop decision).
 func (s *Stage) Done() bool {
-	return s.cfg.Rounds > 0 && s.next >= s.cfg.Rounds && len(s.rounds) == 0
+	return (s.halt != nil || (s.cfg.Rounds > 0 && s.next >= s.cfg.Rounds)) && len(s.rounds) == 0
+}
+
+// Halted returns the stop decision that halted dispatch (nil: none).
+func (s *Stage) Halted() *schemas.GateDecision { return s.halt }
+
+// decision applies a record of the decisions topic (idempotent).
+func (s *Stage) decision(d schemas.GateDecision) {
+	switch d.Action {
+	case schemas.GateHalted:
+		s.acked = true
+		return
+	case schemas.GateStop:
+		if s.halt == nil {
+			s.halt = &d
+		}
+	case schemas.GateRollback:
+		s.rolledBack = max(s.rolledBack, d.PolicyVersion)
+	}
+	s.judged = max(s.judged, d.PolicyVersion)
 }
 
 // ready reports whether the next round may be dispatched now.
 func (s *Stage) ready() bool {
-	if s.policy < 0 || (s.cfg.Rounds > 0 && s.next >= s.cfg.Rounds) {
+	if s.policy < 0 || (s.cfg.Rounds > 0 && s.next >= s.cfg.Rounds) || s.halt != nil {
+		return false
+	}
+	if (s.cfg.Gated && s.judged < s.policy) || s.policy <= s.rolledBack {
 		return false
 	}
 	lag := int64(0)
@@ -259,6 +304,15 @@ func (s *Stage) Process(_ context.Context, m pipeline.Message) (pipeline.Result,
 			return pipeline.Result{}, err
 		}
 		s.window(w)
+	case s.cfg.Topics.Decisions:
+		d, err := schemas.DecodeGateDecision(m.Value)
+		if err != nil {
+			return pipeline.Result{}, stagekit.DecodeRefusal(err)
+		}
+		if err := stagekit.CheckKindHeaders(&m, schemas.KindGateDecision); err != nil {
+			return pipeline.Result{}, err
+		}
+		s.decision(d)
 	}
 	return s.dispatch(m.Time)
 }
@@ -293,7 +347,32 @@ func (s *Stage) dispatch(at time.Time) (pipeline.Result, error) {
 		}
 		s.rounds[r].emitted = nil
 	}
+	if s.halt != nil && !s.acked {
+		if err := s.ackHalt(&res, at); err != nil {
+			return pipeline.Result{}, err
+		}
+	}
 	return res, nil
+}
+
+// ackHalt emits dispatch's halted record: no round is launched after the
+// stop, and RoundsDispatched rounds were launched in all (those in flight
+// drain).
+func (s *Stage) ackHalt(res *pipeline.Result, at time.Time) error {
+	h := schemas.GateDecision{
+		RunID: s.cfg.RunID, PolicyVersion: s.policy, Action: schemas.GateHalted, StopRule: s.halt.StopRule,
+		Promoted: s.halt.Promoted, RoundsDispatched: s.next, At: at.UnixMicro(),
+		Reason: fmt.Sprintf("dispatch stopped after %d rounds: stop at release %d (%s)", s.next, s.halt.PolicyVersion, s.halt.Reason),
+	}
+	b, err := schemas.EncodeGateDecision(h)
+	if err != nil {
+		return fmt.Errorf("dispatch: halted record: %w", err)
+	}
+	id := schemas.DerivedID("halted", s.cfg.RunID)
+	res.Outputs = append(res.Outputs, pipeline.Output{Topic: s.cfg.Topics.Decisions, Key: []byte(s.cfg.RunID), Value: b,
+		Headers: stagekit.Headers(schemas.KindGateDecision, id)})
+	s.acked = true
+	return nil
 }
 
 func (s *Stage) emit(res *pipeline.Result, g Group, at time.Time) error {

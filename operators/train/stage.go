@@ -6,6 +6,7 @@ package train
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"strconv"
 	"time"
@@ -36,6 +37,12 @@ type StageConfig struct {
 	// Epochs is the number of optimizer steps on every batch (>= 1). An
 	// update is all of them; it produces one policy version.
 	Epochs int
+	// Minibatches splits every epoch into that many optimizer steps over
+	// a seeded order of the batch's rows (gpu.MinibatchOrder, seeded by
+	// Seed, the contract seed); 0 or 1: one step per epoch on the whole
+	// batch. The backend must implement gpu.MinibatchUpdater.
+	Minibatches int
+	Seed        int64
 	// Backend builds the trainer (default gpu.CPUBackend).
 	Backend gpu.BackendFactory
 	Meta    gpu.ReleaseMeta
@@ -90,8 +97,8 @@ func NewStage(cfg StageConfig) (*Stage, error) {
 	if err := cfg.Model.Validate(); err != nil {
 		return nil, err
 	}
-	if cfg.Epochs < 1 {
-		return nil, fmt.Errorf("train: epochs %d", cfg.Epochs)
+	if cfg.Epochs < 1 || cfg.Minibatches < 0 {
+		return nil, fmt.Errorf("train: epochs %d, minibatches %d", cfg.Epochs, cfg.Minibatches)
 	}
 	if cfg.Backend == nil {
 		cfg.Backend = gpu.CPUBackend
@@ -164,6 +171,9 @@ func (s *Stage) Start(ctx context.Context, env *pipeline.Env) error {
 		if s.tr, err = s.cfg.Backend(m, s.cfg.Behavior, 0); err != nil {
 			return err
 		}
+		if err := s.checkMinibatches(); err != nil {
+			return err
+		}
 		s.initial = true
 		env.Logger.Info("trainer starts from the initial policy", "version", 0)
 		return nil
@@ -177,6 +187,9 @@ func (s *Stage) Start(ctx context.Context, env *pipeline.Env) error {
 		return err
 	}
 	if s.tr, err = s.cfg.Backend(m, s.cfg.Behavior, latest.PolicyVersion); err != nil {
+		return err
+	}
+	if err := s.checkMinibatches(); err != nil {
 		return err
 	}
 	s.tr.SetSteps(latest.TrainingStep)
@@ -260,6 +273,9 @@ func (s *Stage) release() (pipeline.Output, error) {
 // Process implements pipeline.Stage.
 func (s *Stage) Process(_ context.Context, m pipeline.Message) (pipeline.Result, error) {
 	var res pipeline.Result
+	if m.Topic == s.cfg.Topics.Decisions {
+		return s.decision(m)
+	}
 	if s.initial {
 		out, err := s.release()
 		if err != nil {
@@ -315,7 +331,19 @@ func (s *Stage) Process(_ context.Context, m pipeline.Message) (pipeline.Result,
 		return res, refuse(pipeline.Refuse("duplicate_batch", "every trajectory of batch %s was trained already", batch.BatchID))
 	}
 	start := time.Now()
-	met, last, err := s.tr.Update(batch, s.cfg.Objective, s.cfg.Adam, s.cfg.Epochs)
+	var (
+		met   gpu.Metrics
+		last  objective.Stats
+		order [][][]int
+	)
+	if s.cfg.Minibatches > 1 {
+		mu, _ := s.tr.(gpu.MinibatchUpdater) // checkMinibatches at Start
+		if order, err = gpu.MinibatchOrder(len(batch.Rows), s.cfg.Minibatches, s.cfg.Epochs, s.cfg.Seed, batch.BatchID); err == nil {
+			met, last, err = mu.UpdateMinibatches(batch, s.cfg.Objective, s.cfg.Adam, order)
+		}
+	} else {
+		met, last, err = s.tr.Update(batch, s.cfg.Objective, s.cfg.Adam, s.cfg.Epochs)
+	}
 	if err != nil {
 		if gpu.Untrainable(err) {
 			// A batch the policy cannot train on (for example a token
@@ -326,7 +354,7 @@ func (s *Stage) Process(_ context.Context, m pipeline.Message) (pipeline.Result,
 		return res, fmt.Errorf("train batch %s: %w", batch.BatchID, err)
 	}
 	u := schemas.UpdateRecord{Version: s.tr.Version(), BatchID: batch.BatchID, BatchIndex: batch.BatchIndex,
-		Metrics: met, Last: last, Duplicates: dups, StepSeconds: time.Since(start).Seconds()}
+		Metrics: met, Last: last, Duplicates: dups, StepSeconds: time.Since(start).Seconds(), MinibatchOrder: order}
 	ub, err := schemas.EncodeUpdate(u)
 	if err != nil {
 		return res, fmt.Errorf("train: update record: %w", err)
@@ -375,3 +403,84 @@ func (s *Stage) Process(_ context.Context, m pipeline.Message) (pipeline.Result,
 
 // now is the stage's clock (stagekit.Now).
 func (s *Stage) now() time.Time { return stagekit.Now(s.cfg.Now) }
+
+// checkMinibatches refuses minibatches > 1 on a backend that cannot split
+// an epoch.
+func (s *Stage) checkMinibatches() error {
+	if _, ok := s.tr.(gpu.MinibatchUpdater); s.cfg.Minibatches > 1 && !ok {
+		err := fmt.Errorf("train: the %T backend does not implement loss.optimizer.minibatches > 1 (%d): use the cpu backend or minibatches 1", s.tr, s.cfg.Minibatches)
+		s.tr.Close()
+		s.tr = nil
+		return err
+	}
+	return nil
+}
+
+// decision applies a gate decision: on a rollback of the trainer's current
+// version v to release N, the trainer takes release N's parameters and
+// optimizer state and publishes them as version v+1, with an update record
+// naming N (RolledBackTo); releases N+1..v stay in the store. A decision
+// on another version (replayed, or of a release already superseded) is
+// ignored.
+func (s *Stage) decision(m pipeline.Message) (pipeline.Result, error) {
+	var res pipeline.Result
+	d, err := schemas.DecodeGateDecision(m.Value)
+	if err != nil {
+		return res, stagekit.DecodeRefusal(err)
+	}
+	v := s.tr.Version()
+	if d.Action != schemas.GateRollback || d.PolicyVersion != v || d.RollbackTo >= v || d.RollbackTo < 0 {
+		return res, nil
+	}
+	raw, err := s.files.Read(gpu.ManifestName(d.RollbackTo))
+	if err != nil {
+		return res, fmt.Errorf("train: rollback to release %d: %w: %w", d.RollbackTo, gpu.ErrRelease, err)
+	}
+	var rel schemas.PolicyRelease
+	if err := json.Unmarshal(raw, &rel); err != nil {
+		return res, fmt.Errorf("train: rollback to release %d: %w: %w", d.RollbackTo, gpu.ErrRelease, err)
+	}
+	ckpt, err := s.files.Read(rel.CheckpointURI)
+	if err != nil {
+		return res, fmt.Errorf("train: rollback to release %d: %w: %w", d.RollbackTo, gpu.ErrRelease, err)
+	}
+	mdl, err := gpu.ModelFromRelease(rel, ckpt)
+	if err != nil {
+		return res, err
+	}
+	tr, err := s.cfg.Backend(mdl, s.cfg.Behavior, v+1)
+	if err != nil {
+		return res, err
+	}
+	tr.SetSteps(s.tr.Steps())
+	optim, err := s.files.Read(gpu.OptimName(d.RollbackTo))
+	if err == nil {
+		err = tr.SetOptimState(optim)
+	} else if d.RollbackTo == 0 {
+		err = nil // release 0 has no optimizer state: zero moments
+	}
+	if err != nil {
+		tr.Close()
+		return res, fmt.Errorf("train: rollback to release %d: optimizer state: %w", d.RollbackTo, err)
+	}
+	old := s.tr
+	s.tr = tr
+	old.Close()
+	to := d.RollbackTo
+	ub, err := schemas.EncodeUpdate(schemas.UpdateRecord{Version: v + 1, BatchIndex: s.lastIndex, RolledBackTo: &to})
+	if err != nil {
+		return res, err
+	}
+	if _, err := s.files.Write(gpu.UpdateName(v+1), ub); err != nil {
+		return res, err
+	}
+	if _, err := s.files.Write(gpu.OptimName(v+1), s.tr.OptimState()); err != nil {
+		return res, err
+	}
+	out, err := s.release()
+	if err != nil {
+		return res, err
+	}
+	res.Outputs = append(res.Outputs, out)
+	return res, nil
+}

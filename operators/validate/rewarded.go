@@ -23,6 +23,9 @@ type RewardOptions struct {
 	// Ranges declares, per component name, the interval its raw score
 	// (before transform and weight) must lie in.
 	Ranges map[string]Range
+	// Scopes declares, per component name, the scope its terms must have
+	// (the contract's rewards[].scope); another is "reward_scope".
+	Scopes map[string]string
 }
 
 // totalTolerance is the relative tolerance of the RewardTotal check: the
@@ -96,9 +99,12 @@ func checkRewardMetadata(r *schemas.Rewarded, _ *RewardOptions) Verdict {
 	return accepted
 }
 
-func checkRewardScope(r *schemas.Rewarded, _ *RewardOptions) Verdict {
+func checkRewardScope(r *schemas.Rewarded, o *RewardOptions) Verdict {
 	for i := range r.Rewards {
 		c := &r.Rewards[i]
+		if want, ok := o.Scopes[c.Name]; ok && c.Scope != want {
+			return reject(ReasonRewardScope, "component %d %s: scope %q, the contract declares %q", i, c.Name, c.Scope, want)
+		}
 		switch c.Scope {
 		case schemas.ScopeTrajectory:
 			if c.Turn != -1 {

@@ -67,6 +67,12 @@ var rewardCases = []rewardCase{
 	{"no version", func(r *schemas.Rewarded, _ *RewardOptions) { r.Rewards[2].Version = "" }, ReasonRewardMetadata, "process has no version"},
 	{"other trajectory", func(r *schemas.Rewarded, _ *RewardOptions) { r.Rewards[0].TrajectoryID = "x" }, ReasonRewardMetadata, `trajectory "x"`},
 	{"unknown scope", func(r *schemas.Rewarded, _ *RewardOptions) { r.Rewards[0].Scope = "episode" }, ReasonRewardScope, `scope "episode"`},
+	{"scope other than declared", func(r *schemas.Rewarded, o *RewardOptions) {
+		o.Scopes = map[string]string{r.Rewards[0].Name: schemas.ScopeTurn}
+	}, ReasonRewardScope, `the contract declares "turn"`},
+	{"declared scope kept", func(r *schemas.Rewarded, o *RewardOptions) {
+		o.Scopes = map[string]string{r.Rewards[0].Name: r.Rewards[0].Scope}
+	}, "", ""},
 	{"trajectory scope with turn", func(r *schemas.Rewarded, _ *RewardOptions) { r.Rewards[0].Turn = 0 }, ReasonRewardScope, "want -1"},
 	{"turn out of range", func(r *schemas.Rewarded, _ *RewardOptions) { r.Rewards[1].Turn = 3 }, ReasonRewardScope, "turn 3 of 3"},
 	{"turn negative", func(r *schemas.Rewarded, _ *RewardOptions) { r.Rewards[1].Turn = -1 }, ReasonRewardScope, "turn -1"},

@@ -339,7 +339,7 @@ func Default() *Contract {
 		RegressionFloors: map[string]Floor{
 			"eval_success_rate": {Value: 0.95, Relative: true},
 		},
-		KLLimit: 0.5,
+		KLLimit: 5,
 	}
 	c.Budgets = Budgets{
 		RolloutTokens:    20_000_000,

@@ -398,6 +398,9 @@ func TestValidationErrors(t *testing.T) {
 		{"kl loss without coef", []any{"loss.kl_placement", "loss"}, "loss.kl_coef: must be > 0"},
 		{"kl reward without component", []any{"loss.kl_placement", "reward"}, "loss.kl_placement: reward placement needs a reward component named \"kl\""},
 		{"kl component without placement", []any{"rewards[2]", map[string]any{"name": "kl", "version": "k3/1", "transform": "negate", "scope": "span"}}, "rewards[2].name: a \"kl\" reward component needs loss.kl_placement reward"},
+		{"kl in loss not implemented", []any{"loss.kl_placement", "loss", "loss.kl_coef", 0.05}, `loss.kl_placement: "loss" is not implemented: no reference model`},
+		{"kl in reward not implemented", []any{"loss.kl_placement", "reward",
+			"rewards[1]", map[string]any{"name": "kl", "version": "k3/1", "weight": 0.05, "transform": "negate", "scope": "span"}}, `loss.kl_placement: "reward" is not implemented`},
 		{"kl in reward and loss", []any{"loss.kl_placement", "loss", "loss.kl_coef", 0.05,
 			"rewards[2]", map[string]any{"name": "kl", "version": "k3/1", "transform": "negate", "scope": "span"}}, "rewards[2].name: a \"kl\" reward component with loss.kl_placement loss applies KL twice"},
 		{"entropy negative", []any{"loss.entropy_coef", -0.01}, "loss.entropy_coef: must be >= 0"},
@@ -468,9 +471,6 @@ func TestValidationAccepts(t *testing.T) {
 		name  string
 		edits []any
 	}{
-		{"kl in reward", []any{"loss.kl_placement", "reward",
-			"rewards[1]", map[string]any{"name": "kl", "version": "k3/1", "weight": 0.05, "transform": "negate", "scope": "span"}}},
-		{"kl in loss", []any{"loss.kl_placement", "loss", "loss.kl_coef", 0.05}},
 		{"gae with single member groups", []any{"estimator.name", "gae", "sampler.group_size", 1, "estimator.min_group_size", 1, "estimator.zero_variance", "keep"}},
 		// A partial group of one member is filtered as zero variance, the
 		// groups of two or more still train.
@@ -662,8 +662,8 @@ func TestYAMLRoundTrip(t *testing.T) {
 	docs := map[string][]byte{
 		"demo":    readFile(t, "demo.yaml"),
 		"minimal": readFile(t, "minimal.yaml"),
-		"edited": mutate(t, "demo.yaml", "loss.kl_placement", "reward",
-			"rewards[1]", map[string]any{"name": "kl", "version": "k3/1", "weight": 0.05, "transform": "negate", "scope": "span"},
+		"edited": mutate(t, "demo.yaml",
+			"rewards[1]", map[string]any{"name": "length", "version": "1", "weight": 0.05, "transform": "negate", "scope": "span"},
 			"rewards[0].transform", "clip", "rewards[0].clip_min", -1, "rewards[0].clip_max", 1,
 			"objective.regression_floors.abs", -0.5, "sampler.stop_token_ids", []any{0, 2},
 			"dispatch.domain_quotas", map[string]any{"math": 0.5, "needs \"quoting\": yes": 1},

@@ -389,6 +389,9 @@ func (c *Contract) validateLoss(v *validator) {
 	v.oneOf("loss.normalization", l.Normalization, objective.TokenMean, objective.SeqMeanTokenSum, objective.SeqMeanTokenMean)
 	v.oneOf("loss.kl_placement", l.KLPlacement, objective.KLNone, objective.KLLoss, objective.KLReward)
 	v.oneOf("loss.kl_estimator", l.KLEstimator, objective.K1, objective.K2, objective.K3)
+	if l.KLPlacement == objective.KLLoss || l.KLPlacement == objective.KLReward {
+		v.add("loss.kl_placement", "%q is not implemented: no reference model computes ref_logprobs, so the KL term would be 0; use none (objective.kl_limit holds the KL to the reference the evaluation plane measures)", l.KLPlacement)
+	}
 	if l.KLPlacement == objective.KLLoss {
 		v.positive("loss.kl_coef", l.KLCoef)
 	} else if l.KLCoef != 0 {
