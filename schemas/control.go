@@ -208,13 +208,40 @@ type UpdateRecord struct {
 	Last ObjectiveStats `json:"last"`
 	// Duplicates counts segments of the batch masked out because their
 	// trajectory was already trained.
-	Duplicates  int     `json:"duplicates"`
-	StepSeconds float64 `json:"step_seconds"`
+	Duplicates int `json:"duplicates"`
+	// The lag rule at the optimizer step (pipeline §15): MaxLag and
+	// StalePolicy are the contract's packing.max_lag and
+	// packing.stale_policy; StaleTokens counts the trained tokens of the
+	// batch the rule excluded (their lag, the trainer's version at the
+	// update minus the token's behavior version, exceeded MaxLag: masked
+	// out, never trained), StaleSegments the segments it left with no
+	// trained token (their trajectories, NotTrained, have a census event
+	// "filtered" with reason ReasonStaleAtUpdate), StaleLag the excluded
+	// tokens by lag and Lag the trained tokens by lag.
+	MaxLag        int64      `json:"max_lag"`
+	StalePolicy   string     `json:"stale_policy,omitempty"`
+	StaleTokens   int64      `json:"stale_tokens"`
+	StaleSegments int        `json:"stale_segments"`
+	NotTrained    []string   `json:"not_trained,omitempty"`
+	StaleLag      []LagCount `json:"stale_lag,omitempty"`
+	Lag           []LagCount `json:"lag_tokens,omitempty"`
+	StepSeconds   float64    `json:"step_seconds"`
 	// Trainer holds what a trainer records beyond these fields (an
 	// external trainer's own details, e.g. the Python trainer's); absent for
 	// the built-in one.
 	Trainer json.RawMessage `json:"trainer,omitempty"`
 }
+
+// LagCount is a number of tokens at one policy lag.
+type LagCount struct {
+	Lag    int64 `json:"lag"`
+	Tokens int64 `json:"tokens"`
+}
+
+// ReasonStaleAtUpdate is the census reason (kind CensusFiltered, stage
+// "train") of a trajectory admitted to a batch whose every trained token
+// the lag rule excluded at the optimizer step.
+const ReasonStaleAtUpdate = "stale_at_update"
 
 // EncodeUpdate returns the JSON document of an update record.
 func EncodeUpdate(u UpdateRecord) ([]byte, error) { return encodeDoc(KindUpdateRecord, &u) }

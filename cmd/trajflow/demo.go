@@ -40,8 +40,8 @@ func cmdDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(stdout, "hidden-eval success %.3f -> %.3f in %d updates (%.1fs); launched %d, admitted %d, filtered %d, duplicates %d, lost %d; summary in %s\n",
+	fmt.Fprintf(stdout, "hidden-eval success %.3f -> %.3f in %d updates (%.1fs); launched %d, admitted %d, excluded at update %d, filtered %d, duplicates %d, lost %d; stale share %.4f; summary in %s\n",
 		s.EvalSuccessInitial, s.EvalSuccessFinal, s.Updates, s.WallSeconds, s.AttemptsLaunched, s.TrajectoriesAdmitted,
-		s.TrajectoriesFiltered, s.DuplicatesAdmitted, s.Lost, filepath.Join(o.Out, loop.SummaryFile))
+		s.TrajectoriesExcluded, s.TrajectoriesFiltered, s.DuplicatesAdmitted, s.Lost, s.StaleShare, filepath.Join(o.Out, loop.SummaryFile))
 	return nil
 }

@@ -67,26 +67,36 @@ type Eval struct {
 
 // Summary is OUT/summary.json.
 type Summary struct {
-	RunID                string   `json:"run_id"`
-	ContractHash         string   `json:"contract_hash"`
-	Seed                 int64    `json:"seed"`
-	Mode                 string   `json:"mode"`
-	Rounds               int      `json:"rounds"`
-	Updates              int      `json:"updates"` // policy updates trained
-	EvalSuccessInitial   float64  `json:"eval_success_initial"`
-	EvalSuccessFinal     float64  `json:"eval_success_final"`
-	Evals                []Eval   `json:"evals"`
-	AttemptsLaunched     int      `json:"attempts_launched"`
-	TrajectoriesAdmitted int      `json:"trajectories_admitted"`
-	TrajectoriesFiltered int      `json:"trajectories_filtered"`
-	Quarantined          int      `json:"quarantined"`
-	DuplicatesAdmitted   int      `json:"duplicates_admitted"`
-	Lost                 int      `json:"lost"`
-	PackingEfficiency    float64  `json:"packing_efficiency"`
-	MaxLagSeen           int64    `json:"max_lag_seen"`
-	BatchHashes          []string `json:"batch_hashes"`
-	PerUpdate            []Update `json:"per_update"`
-	WallSeconds          float64  `json:"wall_seconds"`
+	RunID                string  `json:"run_id"`
+	ContractHash         string  `json:"contract_hash"`
+	Seed                 int64   `json:"seed"`
+	Mode                 string  `json:"mode"`
+	Rounds               int     `json:"rounds"`
+	Updates              int     `json:"updates"` // policy updates trained
+	EvalSuccessInitial   float64 `json:"eval_success_initial"`
+	EvalSuccessFinal     float64 `json:"eval_success_final"`
+	Evals                []Eval  `json:"evals"`
+	AttemptsLaunched     int     `json:"attempts_launched"`
+	TrajectoriesAdmitted int     `json:"trajectories_admitted"`
+	TrajectoriesFiltered int     `json:"trajectories_filtered"`
+	// TrajectoriesExcluded were admitted to a batch and not trained: the
+	// trainer's lag rule took every token out (census filtered,
+	// stale_at_update).
+	TrajectoriesExcluded int `json:"trajectories_excluded"`
+	// GeneratedTokens are the policy-sampled tokens of every recorded
+	// trajectory; StaleTokens those the lag rule took out of training (at
+	// pack or at the update); StaleShare = StaleTokens / GeneratedTokens.
+	GeneratedTokens    int64    `json:"generated_tokens"`
+	StaleTokens        int64    `json:"stale_tokens"`
+	StaleShare         float64  `json:"stale_share"`
+	Quarantined        int      `json:"quarantined"`
+	DuplicatesAdmitted int      `json:"duplicates_admitted"`
+	Lost               int      `json:"lost"`
+	PackingEfficiency  float64  `json:"packing_efficiency"`
+	MaxLagSeen         int64    `json:"max_lag_seen"`
+	BatchHashes        []string `json:"batch_hashes"`
+	PerUpdate          []Update `json:"per_update"`
+	WallSeconds        float64  `json:"wall_seconds"`
 }
 
 // SummaryFile is the name of the summary in the output directory.

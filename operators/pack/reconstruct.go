@@ -119,6 +119,16 @@ type Segment struct {
 	Weight float32
 }
 
+// targets is the number of target entries of the segment's spans, stale
+// or not.
+func (s *Segment) targets() int {
+	n := 0
+	for _, sp := range s.Spans {
+		n += int(sp.Len)
+	}
+	return n
+}
+
 // Len is the number of tokens of the segment.
 func (s *Segment) Len() int { return len(s.Tokens) }
 

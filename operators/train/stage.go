@@ -32,7 +32,10 @@ type StageConfig struct {
 	Model     model.Config
 	ModelSeed uint64
 	Objective objective.Options
-	Adam      gpu.AdamOptions
+	// Lag is the lag rule at the optimizer step (packing.max_lag and
+	// packing.stale_policy; LagRule).
+	Lag  LagRule
+	Adam gpu.AdamOptions
 	// Epochs is the number of optimizer steps on every batch (>= 1). An
 	// update is all of them; it produces one policy version.
 	Epochs int
@@ -85,6 +88,9 @@ func NewStage(cfg StageConfig) (*Stage, error) {
 		return nil, fmt.Errorf("train: %w", err)
 	}
 	if err := cfg.Adam.Validate(); err != nil {
+		return nil, err
+	}
+	if err := cfg.Lag.Validate(); err != nil {
 		return nil, err
 	}
 	if err := cfg.Model.Validate(); err != nil {
@@ -312,6 +318,27 @@ func (s *Stage) Process(_ context.Context, m pipeline.Message) (pipeline.Result,
 	if len(ids) == 0 {
 		return res, refuse(pipeline.Refuse("duplicate_batch", "every trajectory of batch %s was trained already", batch.BatchID))
 	}
+	from := s.tr.Version()
+	lag := s.cfg.Lag.Apply(&batch, from)
+	at := s.now().UnixMicro()
+	for _, id := range lag.Dropped {
+		ev, err := stagekit.Census(s.cfg.Topics.Census, schemas.CensusEvent{
+			RunID: s.cfg.RunID, AttemptID: id, Kind: schemas.CensusFiltered, Stage: s.Name(),
+			Reason: schemas.ReasonStaleAtUpdate, BatchID: batch.BatchID, Update: batch.BatchIndex,
+			PolicyVersion: from, StaleTokens: lag.Masked[id], At: at,
+		})
+		if err != nil {
+			return res, err
+		}
+		res.Outputs = append(res.Outputs, ev)
+	}
+	if len(lag.Trained) == 0 {
+		// Nothing left to train: the batch is refused, its trajectories
+		// counted (census above) as excluded at the update.
+		return res, refuse(pipeline.Refuse("stale_batch", "batch %s: no trained token within max_lag %d of trainer version %d (%d tokens, %d segments excluded)",
+			batch.BatchID, s.cfg.Lag.MaxLag, from, lag.StaleTokens, len(lag.Dropped)))
+	}
+	ids = lag.Trained
 	start := time.Now()
 	met, last, err := s.tr.Update(batch, s.cfg.Objective, s.cfg.Adam, s.cfg.Epochs)
 	if err != nil {
@@ -324,7 +351,9 @@ func (s *Stage) Process(_ context.Context, m pipeline.Message) (pipeline.Result,
 		return res, fmt.Errorf("train batch %s: %w", batch.BatchID, err)
 	}
 	u := schemas.UpdateRecord{Version: s.tr.Version(), BatchID: batch.BatchID, BatchIndex: batch.BatchIndex,
-		Metrics: met, Last: last, Duplicates: dups, StepSeconds: time.Since(start).Seconds()}
+		Metrics: met, Last: last, Duplicates: dups, StepSeconds: time.Since(start).Seconds(),
+		MaxLag: s.cfg.Lag.MaxLag, StalePolicy: s.cfg.Lag.Policy, StaleTokens: lag.StaleTokens,
+		StaleSegments: len(lag.Dropped), NotTrained: lag.Dropped, StaleLag: lag.StaleLag, Lag: lag.Lag}
 	ub, err := schemas.EncodeUpdate(u)
 	if err != nil {
 		return res, fmt.Errorf("train: update record: %w", err)
@@ -341,12 +370,12 @@ func (s *Stage) Process(_ context.Context, m pipeline.Message) (pipeline.Result,
 	}
 	res.Outputs = append(res.Outputs, out)
 	s.lastIndex = batch.BatchIndex
-	at := s.now().UnixMicro()
 	for _, id := range ids {
 		s.remember(id)
 		ev, err := stagekit.Census(s.cfg.Topics.Census, schemas.CensusEvent{
 			RunID: s.cfg.RunID, AttemptID: id, Kind: schemas.CensusTrained, Stage: s.Name(),
-			BatchID: batch.BatchID, Update: batch.BatchIndex, PolicyVersion: u.Version, At: at,
+			BatchID: batch.BatchID, Update: batch.BatchIndex, PolicyVersion: u.Version,
+			Tokens: lag.Left[id], StaleTokens: lag.Masked[id], At: at,
 		})
 		if err != nil {
 			return res, err
