@@ -168,7 +168,7 @@ func newDispatch(d Deps) (pipeline.Stage, error) {
 	}
 	return dispatch.NewStage(dispatch.StageConfig{
 		Planner: p, Topics: d.Topics, RunID: d.Contract.RunID, Mode: d.Contract.Dispatch.Mode,
-		MaxLag: d.Contract.Packing.MaxLag, Rounds: d.Rounds,
+		MaxLag: d.Contract.Packing.MaxLag, BatchGroups: d.Contract.Packing.BatchGroups, Rounds: d.Rounds,
 	})
 }
 

@@ -237,6 +237,12 @@ type PolicyRelease struct {
 	ContractHash     string `json:"contract_hash"`
 	CreatedAt        string `json:"created_at"` // RFC 3339
 	Ready            bool   `json:"ready"`
+	// NextBatch says how far the trainer has come through the batches
+	// topic: every batch index below it was consumed (trained, or skipped
+	// as trained already) when this version was released. 0 for the
+	// initial release and for a trainer that does not say. Dispatch paces
+	// asynchronous rounds by it.
+	NextBatch int64 `json:"next_batch,omitempty"`
 }
 
 // Census event kinds: the life of every attempt (pipeline §6, §9; systems §6).

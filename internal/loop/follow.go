@@ -18,6 +18,7 @@ import (
 // (its decisions) and the trainer's releases.
 type progress struct {
 	decided, batches         int
+	refused                  int // batches the trainer refused
 	byBatch                  map[string]schemas.WindowRecord
 	packTokens, packCapacity int64
 	lastVersion              int64
@@ -48,12 +49,22 @@ func (r *runner) follow(ctx context.Context, errs <-chan error) error {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			tail(tctx, r.brokers, topic, ch)
+			tail(tctx, r.brokers, topic, 0, ch)
+		}()
+	}
+	// Batches the trainer refuses (stale_batch, untrainable_batch) make no
+	// release: the quarantine tells the loop not to wait for them.
+	refusedCh := make(chan kafkago.Message, 64)
+	for part := range max(1, r.c.Topics.Partitions) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			tail(tctx, r.brokers, r.topics.Quarantine, part, refusedCh)
 		}()
 	}
 	p := &progress{byBatch: map[string]schemas.WindowRecord{}, lastAt: time.Now(), evaluated: map[int64]bool{0: true}}
 	want := r.o.Updates * r.c.Dispatch.GroupsPerUpdate
-	for p.decided < want || p.lastVersion < int64(p.batches) || len(p.queued) > 0 {
+	for p.decided < want || p.lastVersion+int64(p.refused) < int64(p.batches) || len(p.queued) > 0 {
 		var err error
 		select {
 		case <-ctx.Done():
@@ -63,6 +74,8 @@ func (r *runner) follow(ctx context.Context, errs <-chan error) error {
 			err = r.onWindow(p, km.Value)
 		case km := <-policy:
 			err = r.onRelease(p, km.Value)
+		case km := <-refusedCh:
+			r.onRefused(p, km)
 		}
 		if err == nil {
 			err = r.report(ctx, p)
@@ -74,11 +87,11 @@ func (r *runner) follow(ctx context.Context, errs <-chan error) error {
 	return r.finalEval(ctx, p)
 }
 
-// tail reads partition 0 of topic from the start and sends every record
+// tail reads a partition of topic from the start and sends every record
 // until ctx ends.
-func tail(ctx context.Context, brokers []string, topic string, out chan<- kafkago.Message) {
+func tail(ctx context.Context, brokers []string, topic string, partition int, out chan<- kafkago.Message) {
 	for ctx.Err() == nil {
-		r := kafkago.NewReader(kafkago.ReaderConfig{Brokers: brokers, Topic: topic, Partition: 0, MinBytes: 1, MaxBytes: 64 << 20, MaxWait: kafka.FetchMaxWait})
+		r := kafkago.NewReader(kafkago.ReaderConfig{Brokers: brokers, Topic: topic, Partition: partition, MinBytes: 1, MaxBytes: 64 << 20, MaxWait: kafka.FetchMaxWait})
 		for {
 			m, err := r.FetchMessage(ctx)
 			if err != nil {
@@ -115,6 +128,26 @@ func (r *runner) onWindow(p *progress, v []byte) error {
 	p.batches++
 	p.byBatch[w.BatchID] = w
 	return nil
+}
+
+// onRefused counts a batch the trainer refused (its quarantine record).
+func (r *runner) onRefused(p *progress, km kafkago.Message) {
+	source := headerOf(km, schemas.HeaderSourceTopic)
+	if headerOf(km, schemas.HeaderStage) == "train" && source == r.topics.Batches {
+		p.refused++
+		if !r.o.Quiet {
+			fmt.Fprintf(r.stdout, "     -  (batch at %s@%d refused by the trainer: %s)\n", source, km.Offset, headerOf(km, schemas.HeaderReason))
+		}
+	}
+}
+
+func headerOf(km kafkago.Message, key string) string {
+	for _, h := range km.Headers {
+		if h.Key == key {
+			return string(h.Value)
+		}
+	}
+	return ""
 }
 
 // onRelease queues a new release with its update record.

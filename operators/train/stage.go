@@ -237,7 +237,7 @@ func (s *Stage) Tick(_ context.Context, _ time.Time) (pipeline.Result, error) {
 	if !s.initial {
 		return res, nil
 	}
-	out, err := s.release()
+	out, err := s.release(0)
 	if err != nil {
 		return res, err
 	}
@@ -247,9 +247,11 @@ func (s *Stage) Tick(_ context.Context, _ time.Time) (pipeline.Result, error) {
 }
 
 // release writes the current version to the release store and returns the
-// manifest record for the policy topic.
-func (s *Stage) release() (pipeline.Output, error) {
-	rel, err := s.tr.Release(s.files, s.cfg.Meta)
+// manifest record for the policy topic; next is the manifest's NextBatch.
+func (s *Stage) release(next int64) (pipeline.Output, error) {
+	meta := s.cfg.Meta
+	meta.NextBatch = next
+	rel, err := s.tr.Release(s.files, meta)
 	if err != nil {
 		return pipeline.Output{}, err
 	}
@@ -266,7 +268,7 @@ func (s *Stage) release() (pipeline.Output, error) {
 func (s *Stage) Process(_ context.Context, m pipeline.Message) (pipeline.Result, error) {
 	var res pipeline.Result
 	if s.initial {
-		out, err := s.release()
+		out, err := s.release(0)
 		if err != nil {
 			return res, err
 		}
@@ -364,7 +366,7 @@ func (s *Stage) Process(_ context.Context, m pipeline.Message) (pipeline.Result,
 	if _, err := s.files.Write(gpu.OptimName(u.Version), s.tr.OptimState()); err != nil {
 		return res, err
 	}
-	out, err := s.release()
+	out, err := s.release(batch.BatchIndex + 1)
 	if err != nil {
 		return res, err
 	}

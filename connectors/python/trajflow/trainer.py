@@ -255,9 +255,10 @@ class TrainStage:
         write_atomic(p, json.dumps(st).encode())
 
     # ---------------------------------------------------------- publish
-    def _release(self) -> dict:
+    def _release(self, next_batch: int = 0) -> dict:
         t = self.trainer
-        rel = write_release(self.cfg.release_dir, t.version, t.steps, t.model.checkpoint(), t.model.cfg.hash(), self.cfg.meta)
+        rel = write_release(self.cfg.release_dir, t.version, t.steps, t.model.checkpoint(), t.model.cfg.hash(), self.cfg.meta,
+                            next_batch=next_batch)
         return rel
 
     def publish_initial(self) -> None:
@@ -358,7 +359,7 @@ class TrainStage:
                                 "source": m.ref, "outputs": [json_records(r) for r in out]}})
         write_atomic(os.path.join(c.release_dir, update_name(v)), update_document(rec))
         write_atomic(os.path.join(c.release_dir, optim_name(v)), self.trainer.optim_bytes())
-        rel = self._release()
+        rel = self._release(batch.batch_index + 1)
         self.producer.send([(c.topics.policy,) + release_record(c.run_id, rel)] + out)
         self.last_outputs, self.last_outputs_of = out, None
         self.last_index = batch.batch_index
