@@ -112,6 +112,13 @@ type ObjectiveStats struct {
 	ClippedNeg  int64   `json:"clipped_neg"`
 	ClipFracPos float64 `json:"clip_frac_pos"`
 	ClipFracNeg float64 `json:"clip_frac_neg"`
+	// Off-policy corrections (loss.off_policy): the mean and largest
+	// importance weight to the behavior policy over masked tokens (tis:
+	// min(π/μ, is_cap); decoupled: π_prox/μ, capped), and how many
+	// tokens the cap truncated. 0 without a correction.
+	ISWeightMean float64 `json:"is_weight_mean,omitempty"`
+	ISWeightMax  float64 `json:"is_weight_max,omitempty"`
+	ISTruncated  int64   `json:"is_truncated,omitempty"`
 }
 
 // Merge returns the Stats of two disjoint calls sharing one set of
@@ -130,15 +137,20 @@ func (s ObjectiveStats) Merge(o ObjectiveStats) ObjectiveStats {
 		NegTokens:       s.NegTokens + o.NegTokens,
 		ClippedPos:      s.ClippedPos + o.ClippedPos,
 		ClippedNeg:      s.ClippedNeg + o.ClippedNeg,
+		ISTruncated:     s.ISTruncated + o.ISTruncated,
+		ISWeightMax:     math.Max(s.ISWeightMax, o.ISWeightMax),
 	}
 	switch {
 	case s.Tokens == 0:
 		m.ApproxKLOld, m.RatioMean, m.RatioMin, m.RatioMax = o.ApproxKLOld, o.RatioMean, o.RatioMin, o.RatioMax
+		m.ISWeightMean = o.ISWeightMean
 	case o.Tokens == 0:
 		m.ApproxKLOld, m.RatioMean, m.RatioMin, m.RatioMax = s.ApproxKLOld, s.RatioMean, s.RatioMin, s.RatioMax
+		m.ISWeightMean = s.ISWeightMean
 	default:
 		ns, no, n := float64(s.Tokens), float64(o.Tokens), float64(m.Tokens)
 		m.ApproxKLOld = (s.ApproxKLOld*ns + o.ApproxKLOld*no) / n
+		m.ISWeightMean = (s.ISWeightMean*ns + o.ISWeightMean*no) / n
 		m.RatioMean = (s.RatioMean*ns + o.RatioMean*no) / n
 		m.RatioMin = math.Min(s.RatioMin, o.RatioMin)
 		m.RatioMax = math.Max(s.RatioMax, o.RatioMax)

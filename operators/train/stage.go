@@ -136,6 +136,18 @@ func (s *Stage) remember(id string) {
 // Start restores the trainer from the latest release, or prepares the
 // initial one.
 func (s *Stage) Start(ctx context.Context, env *pipeline.Env) error {
+	if err := s.start(ctx, env); err != nil {
+		return err
+	}
+	if oc, ok := s.tr.(gpu.ObjectiveChecker); ok {
+		if err := oc.CheckObjective(s.cfg.Objective); err != nil {
+			return fmt.Errorf("train: %w", err)
+		}
+	}
+	return nil
+}
+
+func (s *Stage) start(ctx context.Context, env *pipeline.Env) error {
 	s.env = env
 	if s.cfg.Now == nil {
 		s.cfg.Now = env.Now

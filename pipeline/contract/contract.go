@@ -176,10 +176,18 @@ type Sampler struct {
 // is exactly 1; 0 turns the clamp off, and a ratio that then overflows
 // refuses the batch).
 //
+// Off-policy correction (pipeline §13, §15): off_policy none (default:
+// the clipped ratio to the behavior policy), tis (truncated importance
+// sampling against the behavior policy, weight min(π/μ, is_cap)) or
+// decoupled (the decoupled clipped objective: weight π_prox/μ, capped at
+// is_cap when set, times the surrogate clipped against π_prox, the policy
+// at the start of the update); on policy both have ratio and weight
+// exactly 1. is_cap default 0.
+//
 // Rules: clip_low in [0, 1); clip_high >= 0; kl_coef > 0 when kl_placement
 // is loss and 0 otherwise (with placement reward the coefficient is the
 // weight of the "kl" reward component); entropy_coef >= 0; max_log_ratio
-// >= 0.
+// >= 0; off_policy known; is_cap 0 or >= 1, set with tis, 0 with none.
 type Loss struct {
 	objective.Options `yaml:",inline"`
 	Optimizer         Optimizer `yaml:"optimizer"`
@@ -393,6 +401,7 @@ func knobDefaults() *Contract {
 				KLPlacement:   objective.KLNone,
 				KLEstimator:   objective.K3,
 				MaxLogRatio:   objective.DefaultMaxLogRatio,
+				OffPolicy:     objective.OffPolicyNone,
 			},
 			Optimizer: Optimizer{
 				LR:          1e-3,

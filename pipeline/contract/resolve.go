@@ -394,6 +394,15 @@ func (c *Contract) validateLoss(v *validator) {
 	}
 	v.nonNegative("loss.entropy_coef", l.EntropyCoef)
 	v.nonNegative("loss.max_log_ratio", l.MaxLogRatio)
+	v.oneOf("loss.off_policy", l.OffPolicy, objective.OffPolicyNone, objective.OffPolicyTIS, objective.OffPolicyDecoupled)
+	switch {
+	case math.IsNaN(l.ISCap) || math.IsInf(l.ISCap, 0) || (l.ISCap != 0 && l.ISCap < 1):
+		v.add("loss.is_cap", "must be 0 (no cap) or a finite cap >= 1 (on policy the weight is 1), got %s", g(l.ISCap))
+	case l.OffPolicy == objective.OffPolicyTIS && l.ISCap == 0:
+		v.add("loss.is_cap", "must be set (>= 1) with loss.off_policy %s: truncated importance sampling needs its cap", objective.OffPolicyTIS)
+	case l.OffPolicy == objective.OffPolicyNone && l.ISCap != 0:
+		v.add("loss.is_cap", "must be 0 with loss.off_policy none (nothing to truncate), got %s", g(l.ISCap))
+	}
 	o := l.Optimizer
 	v.positive("loss.optimizer.lr", o.LR)
 	v.within("loss.optimizer.beta1", o.Beta1, 0, 1, true)

@@ -43,7 +43,7 @@ SCHEMA: list = [
     ("estimator", [("name", S), ("normalize_std", B), ("std_mode", S), ("epsilon", F), ("gamma", F), ("lambda", F),
                    ("zero_variance", S), ("min_group_size", I), ("bootstrap_truncations", LISTS)]),
     ("loss", [("clip_low", F), ("clip_high", F), ("normalization", S), ("kl_placement", S), ("kl_estimator", S),
-              ("kl_coef", F), ("entropy_coef", F), ("max_log_ratio", F),
+              ("kl_coef", F), ("entropy_coef", F), ("max_log_ratio", F), ("off_policy", S), ("is_cap", F),
               ("optimizer", [("lr", F), ("beta1", F), ("beta2", F), ("eps", F), ("grad_clip", F), ("epochs", I),
                              ("minibatches", I)])]),
     ("packing", [("token_budget", I), ("batch_tokens", I), ("batch_groups", I), ("overflow", S), ("max_lag", I),
