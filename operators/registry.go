@@ -182,7 +182,17 @@ func newRollout(d Deps) (pipeline.Stage, error) {
 		Topics: d.Topics, RunID: d.Contract.RunID, Load: gpu.PolicyFromRelease,
 		Retries:      d.Contract.Sampler.ToolRetries,
 		GroupTimeout: time.Duration(d.Contract.Sampler.ToolTimeoutMS) * time.Millisecond * time.Duration(max(1, d.Contract.Sampler.MaxTurns)),
+		Latency:      RolloutLatency(d.Contract),
 	})
+}
+
+// RolloutLatency is the contract's simulated latency of the built-in
+// environment and policy, seeded by the contract seed.
+func RolloutLatency(c *contract.Contract) rollout.LatencyModel {
+	ms := func(x float64) time.Duration { return time.Duration(x * float64(time.Millisecond)) }
+	l := c.Latency
+	return rollout.LatencyModel{ToolMedian: ms(l.ToolMedianMS), ToolSigma: l.ToolSigma,
+		TokenMedian: ms(l.TokenMedianMS), TokenSigma: l.TokenSigma, Seed: c.Seed}
 }
 
 func newTrain(d Deps) (pipeline.Stage, error) {

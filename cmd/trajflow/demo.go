@@ -24,6 +24,8 @@ func cmdDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	fs.StringVar(&o.RunID, "run", "", "run id, the topic prefix (default: the demo contract's)")
 	fs.BoolVar(&o.Async, "async", false, "asynchronous mode: up to max-lag+1 rounds in flight, stale samples dropped")
 	fs.Int64Var(&o.MaxLag, "max-lag", 1, "policy versions a sample may lag the trainer (with --async)")
+	fs.StringVar(&o.OffPolicy, "off-policy", "", "override loss.off_policy: none, tis or decoupled")
+	fs.Float64Var(&o.ISCap, "is-cap", 0, "loss.is_cap with --off-policy (tis needs one >= 1)")
 	evalSamples := fs.Int("eval-samples", 4, "attempts per hidden-eval task (fixed seeds)")
 	if _, err := parseFlags(fs, args); err != nil {
 		return err

@@ -31,13 +31,17 @@ var Stages = []string{"dispatch", "rollout", "validate", "reward", "advantage", 
 
 // Options configure one run of the loop.
 type Options struct {
-	Updates     int      // update rounds dispatched (>= 1)
-	Out         string   // output directory (summary.json, releases/, demo.log, snapshots)
-	Seed        int64    // contract seed (also seeds the initial weights)
-	Brokers     []string // external cluster; empty starts the embedded broker
-	RunID       string   // run id (topic prefix); default the contract's
-	Async       bool     // asynchronous mode with MaxLag
-	MaxLag      int64
+	Updates int      // update rounds dispatched (>= 1)
+	Out     string   // output directory (summary.json, releases/, demo.log, snapshots)
+	Seed    int64    // contract seed (also seeds the initial weights)
+	Brokers []string // external cluster; empty starts the embedded broker
+	RunID   string   // run id (topic prefix); default the contract's
+	Async   bool     // asynchronous mode with MaxLag
+	MaxLag  int64
+	// OffPolicy and ISCap override the contract's loss.off_policy and
+	// loss.is_cap when OffPolicy is set.
+	OffPolicy   string
+	ISCap       float64
 	EvalSamples int32 // attempts per hidden-eval task (>= 1)
 	EvalEvery   int   // 0: the contract's dispatch.eval_every
 	Quiet       bool  // no per-update lines
@@ -117,6 +121,9 @@ func Contract(o Options) (*contract.Contract, error) {
 	if o.Async {
 		c.Dispatch.Mode = contract.DispatchAsync
 		c.Packing.MaxLag = o.MaxLag
+	}
+	if o.OffPolicy != "" {
+		c.Loss.OffPolicy, c.Loss.ISCap = o.OffPolicy, o.ISCap
 	}
 	if err := c.Resolve(); err != nil {
 		return nil, err

@@ -39,6 +39,11 @@ type StageConfig struct {
 	// attempt asks for (0: until the operator stops).
 	PolicyWait time.Duration
 	Now        func() time.Time
+	// Latency is the simulated latency of the built-in environment and
+	// policy (the contract's latency section; zero: none). It wraps the
+	// environment and the policy of every run (LatencyModel.Wrap), so the
+	// agent loop is unchanged and tokens never depend on it.
+	Latency LatencyModel
 }
 
 // Stage is the rollout operator: it consumes the tasks topic (one message
@@ -75,6 +80,9 @@ func NewStage(cfg StageConfig) (*Stage, error) {
 	}
 	if cfg.Limits.MaxTurns <= 0 || cfg.Limits.MaxEpisodeTokens <= 0 || cfg.Retries < 0 {
 		return nil, fmt.Errorf("rollout: stage: limits %+v, retries %d", cfg.Limits, cfg.Retries)
+	}
+	if err := cfg.Latency.Validate(); err != nil {
+		return nil, err
 	}
 	return &Stage{cfg: cfg, changed: make(chan struct{})}, nil
 }
@@ -260,7 +268,7 @@ func (s *Stage) Process(ctx context.Context, m pipeline.Message) (pipeline.Resul
 		if lim.Now == nil {
 			lim.Now = s.now
 		}
-		trajs, err := s.cfg.Registry.RunEpisodes(rctx, pol, run, s.cfg.Settings, lim)
+		trajs, err := s.episodes(rctx, pol, run, lim)
 		cancel()
 		end := s.now()
 		if err == nil {

@@ -76,6 +76,9 @@ type Contract struct {
 	Rewards  []Reward `yaml:"rewards"`
 	Topics   Topics   `yaml:"topics"`
 	Dispatch Dispatch `yaml:"dispatch"`
+	// Latency is the simulated latency of the built-in environment and
+	// policy (systems §6); every field 0 (the default) is none.
+	Latency Latency `yaml:"latency"`
 
 	// set holds the key paths written by the parsed document; filled marks
 	// a contract whose defaults have been applied (Resolve, Default).
@@ -276,6 +279,22 @@ type Dispatch struct {
 	// version). In both, the pack window counts decided groups, admitted
 	// or filtered, towards packing.batch_groups. Default sync.
 	Mode string `yaml:"mode"`
+}
+
+// Latency declares the simulated latency of the built-in environment and
+// policy (systems §6: heavy-tailed tool calls and generation, so that a
+// synchronous round waits for its stragglers as real agent workloads do).
+// Log-normal: every tool call waits tool_median_ms·e^{tool_sigma·z}, every
+// generated token token_median_ms·e^{token_sigma·z'}, z and z' standard
+// normal drawn from the contract seed and the turn id (cut at ±4), so two
+// runs of one seed wait alike, whatever their pacing; tokens never depend
+// on it (rollout.LatencyModel). Defaults 0 (off). Rules: every value
+// finite and >= 0; sigmas <= 3.
+type Latency struct {
+	ToolMedianMS  float64 `yaml:"tool_median_ms"`
+	ToolSigma     float64 `yaml:"tool_sigma"`
+	TokenMedianMS float64 `yaml:"token_median_ms"`
+	TokenSigma    float64 `yaml:"token_sigma"`
 }
 
 // Dispatch modes.

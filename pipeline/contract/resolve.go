@@ -214,6 +214,7 @@ func (c *Contract) Validate() error {
 	c.validateRewards(&v)
 	c.validateTopics(&v)
 	c.validateDispatch(&v)
+	c.validateLatency(&v)
 	return errors.Join(v.errs...)
 }
 
@@ -508,4 +509,12 @@ func (c *Contract) validateDispatch(v *validator) {
 	if d.Mode != DispatchSync && d.Mode != DispatchAsync {
 		v.add("dispatch.mode", "must be %s or %s, got %q", DispatchSync, DispatchAsync, d.Mode)
 	}
+}
+
+func (c *Contract) validateLatency(v *validator) {
+	l := c.Latency
+	v.nonNegative("latency.tool_median_ms", l.ToolMedianMS)
+	v.nonNegative("latency.token_median_ms", l.TokenMedianMS)
+	v.within("latency.tool_sigma", l.ToolSigma, 0, 3, false)
+	v.within("latency.token_sigma", l.TokenSigma, 0, 3, false)
 }

@@ -52,6 +52,7 @@ SCHEMA: list = [
     ("topics", [("partitions", I), ("replication", I), ("retention_ms", I), ("max_message_bytes", I)]),
     ("dispatch", [("tasks_per_update", I), ("groups_per_update", I), ("domain_quotas", MAPF), ("eval_every", I),
                   ("mode", S)]),
+    ("latency", [("tool_median_ms", F), ("tool_sigma", F), ("token_median_ms", F), ("token_sigma", F)]),
 ]
 
 
