@@ -2,6 +2,7 @@ package bench
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"sync/atomic"
@@ -32,25 +33,27 @@ type Baseline struct {
 	MBPerCPUS float64 `json:"mb_per_cpu_s"`
 	// PacedRate is the producer's pace in messages per second (0: unpaced).
 	PacedRate float64 `json:"paced_msgs_per_s,omitempty"`
+	// Client is the Kafka client library: kafka-go or franz-go.
+	Client string `json:"client"`
 }
 
-// baseline measures kafka-go produce→consume of pre-encoded trajectory
-// messages (the bytes the source produces) on topic for d, the producer
-// paced to rate messages per second when rate > 0.
-func (r *run) baseline(ctx context.Context, topic string, d time.Duration, rate float64) (*Baseline, error) {
-	type msg struct {
-		key, value []byte
-		tokens     int64
-	}
-	// Distinct group indices from the pipeline's, encoded up front so the
-	// baseline measures data movement alone.
-	var msgs []msg
+// baselineMsg is one pre-encoded message of the baselines.
+type baselineMsg struct {
+	key, value []byte
+	tokens     int64
+}
+
+// baselineMessages encodes the baselines' messages up front (at least 48 MB
+// and 64 messages) from group indices distinct from the pipeline's, so a
+// baseline measures data movement alone.
+func (r *run) baselineMessages() ([]baselineMsg, float64, error) {
+	var msgs []baselineMsg
 	var total int64
 	for g := int64(1 << 40); total < 48<<20 || len(msgs) < 64; g++ {
 		rows := r.gen.Group(g)
 		b, err := schemas.Trajectories.Encode(nil, rows)
 		if err != nil {
-			return nil, fmt.Errorf("bench: baseline encode: %w", err)
+			return nil, 0, fmt.Errorf("bench: baseline encode: %w", err)
 		}
 		var tok int64
 		for i := range rows {
@@ -59,10 +62,20 @@ func (r *run) baseline(ctx context.Context, topic string, d time.Duration, rate 
 				tok += int64(len(tu.PromptIDs) + len(tu.ActionIDs) + len(tu.ObservationIDs))
 			}
 		}
-		msgs = append(msgs, msg{[]byte(rows[0].GroupID), b, tok})
+		msgs = append(msgs, baselineMsg{[]byte(rows[0].GroupID), b, tok})
 		total += int64(len(b))
 	}
-	mean := float64(total) / float64(len(msgs))
+	return msgs, float64(total) / float64(len(msgs)), nil
+}
+
+// baseline measures kafka-go produce→consume of pre-encoded trajectory
+// messages (the bytes the source produces) on topic for d, the producer
+// paced to rate messages per second when rate > 0.
+func (r *run) baseline(ctx context.Context, topic string, d time.Duration, rate float64) (*Baseline, error) {
+	msgs, mean, err := r.baselineMessages()
+	if err != nil {
+		return nil, err
+	}
 	// Bound produced-but-unconsumed bytes (as the pipeline's closed loop
 	// does) so retention never removes unread data.
 	slots := make(chan struct{}, max(int((32<<20)/mean), 8))
@@ -129,6 +142,13 @@ func (r *run) baseline(ctx context.Context, topic string, d time.Duration, rate 
 		for {
 			m, err := rd.FetchMessage(cctx)
 			if err != nil {
+				// A fresh cluster answers with a retriable error until its
+				// offsets topic exists (group coordinator not available).
+				var ke kafkago.Error
+				if errors.As(err, &ke) && ke.Temporary() && cctx.Err() == nil {
+					time.Sleep(200 * time.Millisecond)
+					continue
+				}
 				if cctx.Err() == nil {
 					errc <- fmt.Errorf("bench: baseline consume: %w", err)
 				}
@@ -182,9 +202,18 @@ func (r *run) baseline(ctx context.Context, topic string, d time.Duration, rate 
 		wg.Wait()
 		return nil, err
 	}
-	b0, m0, k0, t0, c0 := consumed.Load(), consumedMsgs.Load(), consumedTok.Load(), time.Now(), processCPU()
-	err := progress("baseline", d)
-	b1, m1, k1, secs, cpu := consumed.Load(), consumedMsgs.Load(), consumedTok.Load(), time.Since(t0).Seconds(), (processCPU() - c0).Seconds()
+	// On a loaded machine the group join can take longer than the warm-up:
+	// measure only once the reader consumes (bounded).
+	for deadline := time.Now().Add(30 * time.Second); consumedMsgs.Load() == 0 && time.Now().Before(deadline); {
+		if err := progress("baseline", 250*time.Millisecond); err != nil {
+			stop()
+			wg.Wait()
+			return nil, err
+		}
+	}
+	b0, m0, k0, t0, c0 := consumed.Load(), consumedMsgs.Load(), consumedTok.Load(), time.Now(), r.cpu()
+	err = progress("baseline", d)
+	b1, m1, k1, secs, cpu := consumed.Load(), consumedMsgs.Load(), consumedTok.Load(), time.Since(t0).Seconds(), (r.cpu() - c0).Seconds()
 	stop()
 	wg.Wait()
 	w.Close()
@@ -199,7 +228,7 @@ func (r *run) baseline(ctx context.Context, topic string, d time.Duration, rate 
 		Seconds: secs, Messages: m1 - m0, Bytes: b1 - b0,
 		MBPerS: float64(b1-b0) / secs / 1e6, RecordsPerS: float64(m1-m0) / secs,
 		MeanMsgBytes: mean, TokensPerS: float64(k1-k0) / secs,
-		CPUCores: cpu / secs, MBPerCPUS: float64(b1-b0) / max(cpu, 1e-9) / 1e6, PacedRate: rate,
+		CPUCores: cpu / secs, MBPerCPUS: float64(b1-b0) / max(cpu, 1e-9) / 1e6, PacedRate: rate, Client: "kafka-go",
 	}, nil
 }
 

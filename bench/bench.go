@@ -24,6 +24,7 @@ import (
 	"log/slog"
 	"math"
 	"os"
+	"os/exec"
 	"runtime"
 	"runtime/debug"
 	"runtime/pprof"
@@ -70,6 +71,10 @@ type Config struct {
 	// produce request and per fetch at lower rates); a paced baseline at
 	// the pipeline's per-hop rate measures that cost alone.
 	BaselineRate float64
+	// Baselines are the clients of the raw baselines, run one after the
+	// other before the pipeline (ClientKafkaGo, ClientFranzGo; default
+	// kafka-go alone). The ratios compare the pipeline with kafka-go's.
+	Baselines []string
 	// Instances per stage (default 1 each). The pack stage is the single
 	// writer of the batch sequence and runs exactly once.
 	Instances map[string]int
@@ -91,6 +96,22 @@ type Config struct {
 	// BatchTimeout is the operators' producer linger (pipeline.Config;
 	// 0: the runtime's default).
 	BatchTimeout time.Duration
+	// Processes, when set, runs every operator as a child process (the
+	// command it returns for a stage, an instance id, a state directory
+	// and the brokers; TrajflowRun gives `trajflow run STAGE ...`) instead of in this
+	// process; the broker, the source and the accounting stay here. The
+	// per-stage rows are then empty and the CPU figures add the children's.
+	Processes func(stage, instance, stateDir string, brokers []string) *exec.Cmd
+	// Kill, with Processes, names a stage whose first instance is killed
+	// (SIGKILL) once, KillAt into the measurement window (default: half
+	// of it), and restarted with the same state directory: the accounting
+	// then shows what the crash cost (Report.Kill, Report.Accounting).
+	Kill   string
+	KillAt time.Duration
+	// CPUPids are other processes whose CPU time the CPU figures add (a
+	// broker on this machine, e.g. Apache Kafka's JVM, so the pipeline and
+	// the baselines both pay for it).
+	CPUPids []int
 	// Drain bounds the wait for in-flight attempts after the measurement
 	// (default 30 s).
 	Drain time.Duration
@@ -142,6 +163,31 @@ func (c *Config) defaults() error {
 	}
 	if c.Synth.GroupSize == 0 {
 		c.Synth = synth.Bench()
+	}
+	if c.Kill != "" {
+		if c.Processes == nil {
+			return errors.New("bench: --kill needs the operators in processes (--processes)")
+		}
+		if !isStage(c.Kill) {
+			return fmt.Errorf("bench: --kill: no stage %q (have %s)", c.Kill, strings.Join(Stages, ", "))
+		}
+		if c.KillAt <= 0 {
+			c.KillAt = c.Duration / 2
+		}
+		if c.KillAt >= c.Duration {
+			return fmt.Errorf("bench: --kill-at %v: must be inside the window (--duration %v)", c.KillAt, c.Duration)
+		}
+	}
+	if len(c.Baselines) == 0 {
+		c.Baselines = []string{ClientKafkaGo}
+	}
+	for _, b := range c.Baselines {
+		if b != ClientKafkaGo && b != ClientFranzGo {
+			return fmt.Errorf("bench: --baselines: no client %q (have %s, %s)", b, ClientKafkaGo, ClientFranzGo)
+		}
+		if b == ClientFranzGo && c.BaselineRate > 0 {
+			return errors.New("bench: --baseline-rate paces the kafka-go baseline only; drop franz-go from --baselines")
+		}
 	}
 	if c.BaselineRate < 0 || math.IsNaN(c.BaselineRate) || math.IsInf(c.BaselineRate, 0) {
 		return fmt.Errorf("bench: --baseline-rate %v: want messages per second >= 0", c.BaselineRate)
@@ -220,6 +266,7 @@ type run struct {
 	batchesSeen atomic.Int64
 
 	stages []*instance
+	procs  []*proc // Config.Processes
 }
 
 type groupInfo struct {
@@ -306,8 +353,11 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	cctx, cancel := context.WithTimeout(ctx, 60*time.Second)
 	specs := operators.TopicSpecs(c, r.topics)
 	base := specs[1] // same partitions and limits as the trajectories topic
-	base.Name = runID + ".baseline"
-	specs = append(specs, base)
+	for _, client := range cfg.Baselines {
+		t := base
+		t.Name = runID + ".baseline-" + client
+		specs = append(specs, t)
+	}
 	err = kafka.CreateTopics(cctx, cfg.Client, r.addr, specs)
 	cancel()
 	if err != nil {
@@ -330,19 +380,29 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		}
 	}
 
-	// Baseline first, on a quiet broker.
+	// Baselines first, on a quiet broker.
 	if cfg.Baseline > 0 {
-		var bl *Baseline
-		pprof.Do(ctx, pprof.Labels("role", "baseline"), func(ctx context.Context) {
-			bl, err = r.baseline(ctx, base.Name, cfg.Baseline, cfg.BaselineRate)
-		})
-		if err != nil {
-			return nil, err
-		}
-		rep.Baseline = bl
-		// Free the baseline's data before the pipeline runs.
-		if err := r.deleteTopic(ctx, base.Name); err != nil {
-			return nil, err
+		for _, client := range cfg.Baselines {
+			topic := runID + ".baseline-" + client
+			var bl *Baseline
+			pprof.Do(ctx, pprof.Labels("role", "baseline"), func(ctx context.Context) {
+				if client == ClientFranzGo {
+					bl, err = r.baselineFranz(ctx, topic, cfg.Baseline)
+				} else {
+					bl, err = r.baseline(ctx, topic, cfg.Baseline, cfg.BaselineRate)
+				}
+			})
+			if err != nil {
+				return nil, err
+			}
+			rep.Baselines = append(rep.Baselines, bl)
+			if client == ClientKafkaGo {
+				rep.Baseline = bl
+			}
+			// Free the baseline's data before the pipeline runs.
+			if err := r.deleteTopic(ctx, topic); err != nil {
+				return nil, err
+			}
 		}
 	}
 	if err := ctx.Err(); err != nil {
@@ -398,11 +458,19 @@ func (r *run) pipeline(ctx context.Context, rep *Report) error {
 				Logger: cfg.Logger, Metrics: metrics, Instance: inst.id,
 				BatchTimeout: cfg.BatchTimeout, Hooks: []pipeline.Hook{inst.hook()},
 			}
+			r.stages = append(r.stages, inst)
+			if cfg.Processes != nil {
+				p := &proc{stage: name, id: inst.id, state: pc.StateDir}
+				if err := r.startProc(p, opErr); err != nil {
+					return err
+				}
+				r.procs = append(r.procs, p)
+				continue
+			}
 			op, err := operators.NewOperator(name, deps, pc)
 			if err != nil {
 				return fmt.Errorf("bench: operator %s: %w", inst.id, err)
 			}
-			r.stages = append(r.stages, inst)
 			opWG.Add(1)
 			go pprof.Do(opCtx, pprof.Labels("role", name), func(opCtx context.Context) {
 				defer opWG.Done()
@@ -414,6 +482,19 @@ func (r *run) pipeline(ctx context.Context, rep *Report) error {
 		}
 	}
 	defer func() { stopOps(); opWG.Wait() }()
+	defer func() {
+		for _, p := range r.procs {
+			stopProc(p)
+		}
+	}()
+	if cfg.Processes != nil {
+		rep.Processes = true
+		if err := r.waitPolicyRead(ctx, opErr); err != nil {
+			return err
+		}
+		packReady = make(chan struct{})
+		close(packReady)
+	}
 
 	// Pack judges lag against the trainer version: start the source once
 	// pack has read the policy release (a record judged against version 0
@@ -509,6 +590,15 @@ func (r *run) pipeline(ctx context.Context, rep *Report) error {
 		base := r.decidedToks.Load()
 		stopAt = func() bool { return r.decidedToks.Load()-base >= cfg.Tokens }
 	}
+	if cfg.Kill != "" {
+		inner := stopAt
+		stopAt = func() bool {
+			if rep.Kill == nil && time.Since(t0) >= cfg.KillAt {
+				rep.Kill = r.kill(cfg.Kill, time.Since(t0), opErr)
+			}
+			return inner != nil && inner()
+		}
+	}
 	if err := wait("measure", cfg.Duration, stopAt); err != nil {
 		return err
 	}
@@ -546,6 +636,9 @@ func (r *run) pipeline(ctx context.Context, rep *Report) error {
 	stopSink()
 	stopOps()
 	opWG.Wait()
+	for _, p := range r.procs {
+		stopProc(p)
+	}
 	select {
 	case err := <-opErr:
 		return err
@@ -646,6 +739,25 @@ func (r *run) source(ctx context.Context) error {
 	}
 }
 
+// kill kills the first instance of stage and restarts it; a failure to
+// restart is reported through opErr.
+func (r *run) kill(stage string, at time.Duration, opErr chan error) *KillReport {
+	for _, p := range r.procs {
+		if p.stage != stage {
+			continue
+		}
+		down, err := r.killProc(p, opErr)
+		if err != nil {
+			select {
+			case opErr <- err:
+			default:
+			}
+		}
+		return &KillReport{Stage: stage, Instance: p.id, AtS: at.Seconds(), DownS: down.Seconds()}
+	}
+	return &KillReport{Stage: stage}
+}
+
 // decided records one attempt's fate.
 func (r *run) decided(f audit.Fate, now time.Time) {
 	r.decidedToks.Add(int64(f.Tokens))
@@ -731,7 +843,7 @@ func (r *run) snapshot() snapshot {
 	s := snapshot{
 		at: time.Now(), produced: r.produced.Load(), genNanos: r.genNanos.Load(), genToks: r.genTokens.Load(),
 		genBytes: r.genBytes.Load(), sinkB: r.sinkBytes.Load(), sinkNs: r.sinkNanos.Load(),
-		stages: map[string]instanceStats{}, cpu: processCPU(),
+		stages: map[string]instanceStats{}, cpu: r.cpu(),
 	}
 	for _, in := range r.stages {
 		s.stages[in.id] = in.load()

@@ -55,6 +55,9 @@ type Report struct {
 	PipelineMBPerCPUS  float64   `json:"pipeline_mb_per_cpu_s"`
 	RatioToBaselineCPU float64   `json:"ratio_to_baseline_cpu"`
 	Baseline           *Baseline `json:"baseline,omitempty"`
+	// Baselines are every raw baseline of the run (Config.Baselines), in
+	// the order they ran; Baseline is the kafka-go one among them.
+	Baselines []*Baseline `json:"baselines,omitempty"`
 
 	PackingEfficiency float64 `json:"packing_efficiency"`
 	// Yield is valid action tokens admitted / action tokens generated;
@@ -97,6 +100,10 @@ type Report struct {
 	Duplicates []string `json:"duplicates,omitempty"`
 	// DuplicateCensus is the census history of those attempts.
 	DuplicateCensus map[string][]string `json:"duplicate_census,omitempty"`
+	// Processes is true when the operators ran as child processes; Kill
+	// is what Config.Kill did.
+	Processes bool        `json:"processes,omitempty"`
+	Kill      *KillReport `json:"kill,omitempty"`
 	// Correct is true when nothing launched was lost or duplicated.
 	Correct bool         `json:"correct"`
 	Synth   synth.Config `json:"synth"`
@@ -393,6 +400,11 @@ func (rep *Report) WriteTable(w io.Writer) error {
 		p("                 baseline: %.0f msgs/s of %.0f KB, %s tokens/s, %.2f cores%s\n", rep.Baseline.RecordsPerS, rep.Baseline.MeanMsgBytes/1e3, human(rep.Baseline.TokensPerS), rep.Baseline.CPUCores, paced)
 		p("per CPU-second   pipeline %.1f MB   baseline %.1f MB   ratio %.2f\n", rep.PipelineMBPerCPUS, rep.Baseline.MBPerCPUS, rep.RatioToBaselineCPU)
 	}
+	for _, b := range rep.Baselines {
+		if b.Client != ClientKafkaGo {
+			p("raw %-12s %.1f MB/s, %.1f MB per CPU-second, %.0f msgs/s, %.2f cores\n", b.Client, b.MBPerS, b.MBPerCPUS, b.RecordsPerS, b.CPUCores)
+		}
+	}
 	p("latency (ms)     p50 %.1f  p90 %.1f  p99 %.1f  max %.1f  (production → batch, %d records)\n",
 		rep.LatencyMS.P50, rep.LatencyMS.P90, rep.LatencyMS.P99, rep.LatencyMS.Max, rep.LatencyMS.Count)
 	p("hops (ms)        p50/p99 ")
@@ -426,6 +438,12 @@ func (rep *Report) WriteTable(w io.Writer) error {
 	p("process          %.2f cores (%s end-to-end tokens per CPU-second), peak RSS %.0f MB (Go memory limit %s)\n", rep.CPUCores, human(rep.E2ETokensPerCPUS), rep.PeakRSSMB, limit)
 	if rep.RetentionMB > 0 {
 		p("                 embedded broker retention %.0f MB per partition\n", rep.RetentionMB)
+	}
+	if k := rep.Kill; k != nil {
+		p("kill             %s (%s) SIGKILLed %.1fs into the window, running again after %.2fs\n", k.Stage, k.Instance, k.AtS, k.DownS)
+	}
+	if rep.Processes {
+		p("                 operators ran as child processes: the per-stage rows are empty, CPU adds theirs\n")
 	}
 	c := rep.Accounting
 	verdict := "OK"

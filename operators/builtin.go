@@ -2,7 +2,6 @@ package operators
 
 import (
 	"fmt"
-	"strings"
 
 	"github.com/trajflow/trajflow/operators/reward"
 	"github.com/trajflow/trajflow/operators/rollout"
@@ -12,27 +11,31 @@ import (
 
 // BuiltinDeps assembles what the stages of a run of the built-in
 // environment need beyond the resolved contract c: the run's topics, the
-// built-in task registry (dispatch, rollout), its trusted validator as a
-// reward evaluator, the hidden-eval denylist (validate, pack, dispatch)
-// and, for the built-in tokenizer, its vocabulary size. The launch
+// task registry of the family c.Artifacts.Environment names
+// (rollout.RegistryForArtifact; dispatch, rollout), its trusted validator
+// as a reward evaluator, the hidden-eval denylist (validate, pack,
+// dispatch) and, for the families of the built-in vocabulary, its size. The launch
 // settings (release directory, rounds, timeouts, device) are the caller's.
 func BuiltinDeps(c *contract.Contract) (Deps, error) {
 	topics, err := pipeline.TopicsFor(c.RunID)
 	if err != nil {
 		return Deps{}, fmt.Errorf("%w: %w", ErrConfig, err)
 	}
-	reg, err := rollout.NewRegistry(rollout.DefaultRegistryConfig())
+	// The contract's artifacts.environment chooses the family (kv, the
+	// demo's, is DefaultRegistryConfig as before).
+	reg, err := rollout.RegistryForArtifact(c.Artifacts.Environment)
 	if err != nil {
-		return Deps{}, err
+		return Deps{}, fmt.Errorf("%w: %w", ErrConfig, err)
 	}
 	d := Deps{
 		Contract: c, Topics: topics, Tasks: reg,
 		Evaluators:   []reward.Evaluator{rollout.NewValidator(reg)},
 		EvalDenylist: reg.IsEval,
 	}
-	// The built-in tokenizer's vocabulary bounds token ids only for runs of
-	// the built-in environment (other runs bring their own tokenizer).
-	if strings.HasPrefix(c.Artifacts.Tokenizer, "builtin:tokenizer/kv@") {
+	// The built-in vocabulary bounds token ids for the families that
+	// speak it (kv, ledger); text episodes are tokenized by the policy
+	// server's tokenizer.
+	if reg.Spec().Observations == rollout.ObsTokens {
 		d.VocabSize = rollout.VocabSize
 	}
 	return d, nil

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/trajflow/trajflow/connectors/envsvc"
 	"github.com/trajflow/trajflow/gpu"
 	"github.com/trajflow/trajflow/gpu/model"
 	"github.com/trajflow/trajflow/operators/advantage"
@@ -44,7 +45,8 @@ type Deps struct {
 	SnapshotRollBytes    int64
 	SnapshotRollInterval time.Duration
 	// Tasks is the task registry of the built-in environment (dispatch,
-	// rollout); nil means rollout.DefaultRegistryConfig().
+	// rollout); nil means the default registry of the contract's
+	// artifacts.environment (rollout.RegistryForArtifact).
 	Tasks *rollout.Registry
 	// ReleaseDir is the policy releases directory the trainer writes
 	// (checkpoints, manifests, update records); rollout workers read the
@@ -57,6 +59,12 @@ type Deps struct {
 	// Device selects the train stage's backend ("cpu", the default, or
 	// "cuda" in a build with the cuda tag).
 	Device string
+	// Env is the client of the environment services the rollout stage
+	// runs its episodes against (DialEnv); nil: the in-process registry.
+	// The caller owns it and closes it after the stage. One rollout stage
+	// per client: the stage puts the client's retries during a group's
+	// run into that group's census.
+	Env *envsvc.Client
 }
 
 // Factory builds a stage.
@@ -177,13 +185,15 @@ func newRollout(d Deps) (pipeline.Stage, error) {
 	if err != nil {
 		return nil, err
 	}
-	return rollout.NewStage(rollout.StageConfig{
+	cfg := rollout.StageConfig{
 		Registry: reg, Settings: RolloutSettings(d.Contract, reg), Limits: RolloutLimits(d.Contract),
 		Topics: d.Topics, RunID: d.Contract.RunID, Load: gpu.PolicyFromRelease,
 		Retries:      d.Contract.Sampler.ToolRetries,
 		GroupTimeout: time.Duration(d.Contract.Sampler.ToolTimeoutMS) * time.Millisecond * time.Duration(max(1, d.Contract.Sampler.MaxTurns)),
 		Latency:      RolloutLatency(d.Contract),
-	})
+	}
+	rolloutEnv(d, &cfg)
+	return rollout.NewStage(cfg)
 }
 
 // RolloutLatency is the contract's simulated latency of the built-in
@@ -259,12 +269,16 @@ func RewardRegistry(d Deps) (*reward.Registry, error) {
 	return reg, nil
 }
 
-// TaskRegistry returns d.Tasks or the built-in registry.
+// TaskRegistry returns d.Tasks or the default registry of the family the
+// contract's artifacts.environment names.
 func TaskRegistry(d Deps) (*rollout.Registry, error) {
 	if d.Tasks != nil {
 		return d.Tasks, nil
 	}
-	return rollout.NewRegistry(rollout.DefaultRegistryConfig())
+	if d.Contract == nil {
+		return rollout.NewRegistry(rollout.DefaultRegistryConfig())
+	}
+	return rollout.RegistryForArtifact(d.Contract.Artifacts.Environment)
 }
 
 // Planner builds the dispatch planner over the registry's train split,

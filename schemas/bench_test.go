@@ -3,7 +3,6 @@ package schemas
 import (
 	"testing"
 
-	"github.com/apache/arrow-go/v18/arrow"
 	"github.com/apache/arrow-go/v18/arrow/memory"
 )
 
@@ -117,11 +116,7 @@ func BenchmarkScoredDecode(b *testing.B) {
 		b.SetBytes(int64(len(enc)))
 		b.ReportAllocs()
 		for b.Loop() {
-			err := readStream(mem, KindScored, enc, func(rec arrow.RecordBatch) error {
-				_, err := ScoredTrajectories.readRecord(rec, true)
-				return err
-			})
-			if err != nil {
+			if _, err := ScoredTrajectories.rows.DecodeArrow(mem, enc, true); err != nil {
 				b.Fatal(err)
 			}
 		}

@@ -49,14 +49,9 @@ func fuzzCodec[T any](f *testing.F, c *Codec[T], samples []T) {
 			return
 		}
 		// Streams that start with the codec's schema message take the
-		// loader of ipcload.go: whatever it accepts, Arrow's reader must
+		// engine's loader (internal/rowipc/load.go): whatever it accepts, Arrow's reader must
 		// accept with the same rows; DecodeShared must agree too.
-		var viaArrow []T
-		err = readStream(mem, c.kind, data, func(rec arrow.RecordBatch) error {
-			var err error
-			viaArrow, err = c.readRecord(rec, false)
-			return err
-		})
+		viaArrow, err := c.rows.DecodeArrow(mem, data, false)
 		if err != nil {
 			t.Fatalf("decoded, but Arrow's reader refuses the stream: %v", err)
 		}

@@ -139,3 +139,25 @@ func TestCensusFastPathMatchesEncodingJSON(t *testing.T) {
 		t.Fatal("NaN reward encoded")
 	}
 }
+
+// TestCensusRetriedFastPath: the rollout stage's retry events (kind
+// retried, a client reason, Infra set) take the canonical path both ways
+// and read back as written.
+func TestCensusRetriedFastPath(t *testing.T) {
+	for _, reason := range []string{"timeout", "connection", "http_502", "status_connection", "allocate_capacity", "terminate_timeout", "step_timeout"} {
+		e := CensusEvent{EventID: DerivedID("census/retried/rollout/"+reason+"/1", "a1"), RunID: "run", AttemptID: "a1", TaskID: "ledger-train-00001",
+			GroupID: "g", Kind: CensusRetried, Stage: "rollout", Reason: reason, Infra: true, PolicyVersion: 3, At: 1700000000000000}
+		b, err := EncodeCensus(e)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want, _ := encodeDoc(KindCensusEvent, &e)
+		if !bytes.Equal(b, want) {
+			t.Fatalf("%s: EncodeCensus wrote\n%s\nencoding/json\n%s", reason, b, want)
+		}
+		got, ok := decodeCensusCanonical(b)
+		if !ok || got != e {
+			t.Fatalf("%s: canonical decode %v: %+v", reason, ok, got)
+		}
+	}
+}

@@ -4,6 +4,8 @@ import (
 	"fmt"
 
 	"github.com/apache/arrow-go/v18/arrow/memory"
+
+	"github.com/trajflow/trajflow/schemas/internal/rowipc"
 )
 
 // A message on a data-plane topic is one IPC stream of one record batch,
@@ -18,39 +20,15 @@ import (
 // SplitStream splits an Arrow IPC stream of one schema and any number of
 // record batches into one stream per batch: the schema message, that
 // batch and the end-of-stream marker, each a message Codec.Decode reads.
-// The end-of-stream marker of b may be missing (the format allows a stream
-// to end with its bytes). The parts are new slices; b is not retained.
+// b must end with the end-of-stream marker: a stream cut between two
+// record batches is an error, never a shorter stream. The parts are new
+// slices; b is not retained.
 // Framing errors wrap ErrDecode and name the byte where they were found;
 // the batches themselves are checked by the decoder of their kind.
 func SplitStream(b []byte) ([][]byte, error) {
-	schema, pos, eos, err := readFrame(b, 0)
+	parts, err := rowipc.SplitBatches(b)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrDecode, err)
-	}
-	if eos || schema.typ != msgSchema {
-		return nil, fmt.Errorf("%w: stream does not start with a schema message", ErrDecode)
-	}
-	head := b[:pos]
-	var parts [][]byte
-	for pos < len(b) {
-		start := pos
-		m, next, eos, err := readFrame(b, pos)
-		if err != nil {
-			return nil, fmt.Errorf("%w: record batch %d: %w", ErrDecode, len(parts), err)
-		}
-		if eos {
-			if next != len(b) {
-				return nil, fmt.Errorf("%w: %d bytes after the end-of-stream marker", ErrDecode, len(b)-next)
-			}
-			break
-		}
-		if m.typ != msgRecordBatch {
-			return nil, fmt.Errorf("%w: message %d at byte %d is not a record batch", ErrDecode, len(parts)+1, start)
-		}
-		part := make([]byte, 0, len(head)+(next-start)+len(ipcEOS))
-		part = append(append(append(part, head...), b[start:next]...), ipcEOS...)
-		parts = append(parts, part)
-		pos = next
 	}
 	return parts, nil
 }

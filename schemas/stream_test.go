@@ -43,13 +43,8 @@ func TestStreamEndMarkers(t *testing.T) {
 		t.Fatalf("Arrow's writer does not end with the 8-byte end-of-stream marker")
 	}
 	viaArrow := func(b []byte) ([]Trajectory, error) {
-		var rows []Trajectory
-		err := readStream(mem, KindTrajectory, b, func(rec arrow.RecordBatch) error {
-			var err error
-			rows, err = Trajectories.readRecord(rec, false)
-			return err
-		})
-		return rows, err
+		rows, err := Trajectories.rows.DecodeArrow(mem, b, false)
+		return rows, Trajectories.decodeErr(err)
 	}
 	for _, tt := range []struct {
 		name   string
@@ -100,18 +95,7 @@ func streamOf(t *testing.T, groups ...[]Trajectory) (b []byte, ends []int) {
 	}
 	b = writeRaw(t, mem, Trajectories.Schema(), recs)
 	// The message boundaries: after the schema, after each batch.
-	for pos := 0; ; {
-		_, next, eos, err := readFrame(b, pos)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if eos {
-			break
-		}
-		ends = append(ends, next)
-		pos = next
-	}
-	return b, ends
+	return b, messageEnds(t, b)
 }
 
 // A stream of several record batches decodes whole; cut at any byte, and in

@@ -256,6 +256,14 @@ const (
 	CensusFiltered    = "filtered"
 	CensusAdmitted    = "admitted"
 	CensusTrained     = "trained"
+	// CensusRetried is one retry of an environment call that got no
+	// answer or a refusal worth retrying (systems §12, §14): the rollout
+	// stage writes one per retry its environment client made during a
+	// group's run, with the client's reason ("timeout", "connection",
+	// "status_timeout", "capacity", ...) and Infra set, on the attempt of
+	// the group's first member. The attempt itself goes on: a retry is
+	// not a failure (CensusFailed with Infra is the attempt run again).
+	CensusRetried = "retried"
 )
 
 // CensusEvent is one step in the life of an attempt.

@@ -15,7 +15,7 @@ for dir in $(grep -rl --include='*_test.go' '^func Fuzz' . | xargs -n1 dirname |
   for target in $(grep -h '^func Fuzz' "$dir"/*_test.go | sed 's/func \(Fuzz[A-Za-z0-9_]*\).*/\1/'); do
     for attempt in 1 2; do
       echo "fuzz $dir $target"
-      if out=$("$GO" test -run '^$' -fuzz "^${target}\$" -fuzztime "$FUZZTIME" "$dir" 2>&1); then
+      if out=$("$GO" test -run '^$' -fuzz "^${target}\$" -fuzztime "$FUZZTIME" -fuzzminimizetime 1s "$dir" 2>&1); then
         tail -n 2 <<<"$out"
         break
       fi

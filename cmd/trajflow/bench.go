@@ -20,7 +20,7 @@ import (
 )
 
 func init() {
-	register("bench", "measure throughput of validate→reward→advantage→pack beside raw kafka-go", cmdBench)
+	register("bench", "measure throughput of validate→reward→advantage→pack beside raw kafka-go (bench peers: beside Ray, ZeroMQ, raw clients)", cmdBench)
 }
 
 // benchFlags are the flags of trajflow bench.
@@ -31,8 +31,10 @@ type benchFlags struct {
 	baselineRate, meanTokens                   *float64
 	instances, jsonOut, plot, cpuProf, memProf *string
 	inflight, maxTokens                        *int
-	asJSON                                     *bool
-	logLevel                                   *string
+	asJSON, processes                          *bool
+	cpuPids                                    *string
+	logLevel, baselines, kill                  *string
+	killAt                                     *time.Duration
 }
 
 func addBenchFlags(fs *flag.FlagSet) benchFlags {
@@ -57,6 +59,11 @@ func addBenchFlags(fs *flag.FlagSet) benchFlags {
 		memProf:      fs.String("memprofile", "", "write a heap profile taken at the end of the measurement window to this file"),
 		memLimit:     fs.Int64("memory-limit-mib", 0, "Go soft memory limit of the bench process in MiB (broker, operators, source and sink share one heap); 0: derived from the embedded broker's retention unless GOMEMLIMIT is set; -1: leave it as it is"),
 		logLevel:     fs.String("log-level", "error", "operator log level (logs go to stderr)"),
+		baselines:    fs.String("baselines", "kafka-go", "raw baselines to run before the pipeline, comma-separated: kafka-go, franz-go (the ratios use kafka-go)"),
+		processes:    fs.Bool("processes", false, "run every operator as a child process (trajflow run STAGE) instead of in this process"),
+		kill:         fs.String("kill", "", "with --processes: SIGKILL this stage's process once in the window and restart it (the accounting shows what it cost)"),
+		killAt:       fs.Duration("kill-at", 0, "when --kill strikes, into the window (0: half of --duration)"),
+		cpuPids:      fs.String("cpu-pids", "", "comma-separated pids of other local processes whose CPU time the CPU figures add (a broker's JVM)"),
 	}
 }
 
@@ -84,6 +91,26 @@ func (f benchFlags) config(stderr io.Writer) (bench.Config, error) {
 		Contract: c, Warmup: *f.warmup, Duration: *f.duration, Tokens: *f.tokens, Baseline: *f.baseline, BaselineRate: *f.baselineRate,
 		Instances: inst, InFlightGroups: *f.inflight, MemoryLimit: limit, Logger: newLogger(stderr, *f.logLevel), BatchTimeout: *f.linger,
 	}
+	for _, b := range strings.Split(*f.baselines, ",") {
+		if b = strings.TrimSpace(b); b != "" {
+			cfg.Baselines = append(cfg.Baselines, b)
+		}
+	}
+	cfg.Kill, cfg.KillAt = *f.kill, *f.killAt
+	if cfg.CPUPids, err = bench.ParsePids(*f.cpuPids); err != nil {
+		return bench.Config{}, fmt.Errorf("%w: --cpu-pids: %v", errUsage, err)
+	}
+	if *f.processes {
+		bin, err := os.Executable()
+		if err != nil {
+			return bench.Config{}, fmt.Errorf("--processes: %w", err)
+		}
+		var extra []string
+		if *f.clientConfig != "" {
+			extra = []string{"--client-config", *f.clientConfig}
+		}
+		cfg.Processes = bench.TrajflowRun(bin, *f.contract, time.Second, 2*time.Second, extra...)
+	}
 	s := synth.Bench()
 	s.MeanTokens, s.MaxTokens = *f.meanTokens, *f.maxTokens
 	cfg.Synth = s
@@ -98,6 +125,9 @@ func (f benchFlags) config(stderr io.Writer) (bench.Config, error) {
 }
 
 func cmdBench(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	if len(args) > 0 && args[0] == "peers" {
+		return cmdBenchPeers(ctx, args[1:], stdout, stderr)
+	}
 	fs := newFlags("bench", stderr)
 	f := addBenchFlags(fs)
 	if _, err := parseFlags(fs, args); err != nil {

@@ -27,10 +27,17 @@ func cmdDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	fs.StringVar(&o.OffPolicy, "off-policy", "", "override loss.off_policy: none, tis or decoupled")
 	fs.Float64Var(&o.ISCap, "is-cap", 0, "loss.is_cap with --off-policy (tis needs one >= 1)")
 	evalSamples := fs.Int("eval-samples", 4, "attempts per hidden-eval task (fixed seeds)")
-	if _, err := parseFlags(fs, args); err != nil {
+	env := addEnvFlags(fs)
+	fs.StringVar(&o.Environment, "environment", "", "the contract's artifacts.environment (default the demo's kv; builtin:env/ledger-env@v1: the ledger family)")
+	_, err := parseFlags(fs, args)
+	if err != nil {
 		return err
 	}
 	o.Brokers = splitList(*brokers)
+	if o.Env, err = env.list(); err != nil {
+		return err
+	}
+	o.EnvKeyFile = *env.keyFile
 	o.EvalSamples = int32(*evalSamples)
 	if o.Updates < 1 || o.EvalSamples < 1 {
 		return fmt.Errorf("%w: --updates and --eval-samples must be positive", errUsage)

@@ -114,7 +114,8 @@ func trainerStarted(crashAt int64, stateDir string) bool {
 
 // fleet runs `rounds` rounds as separate processes; when crashAt > 0 the
 // trainer is killed and restarted once version crashAt is released.
-func fleet(t *testing.T, rounds int, crashAt int64) {
+// rolloutArgs are extra flags of the rollout process.
+func fleet(t *testing.T, rounds int, crashAt int64, rolloutArgs ...string) {
 	want := demo(t, loop.Options{Updates: rounds, Seed: 1})
 
 	dir := t.TempDir()
@@ -156,8 +157,12 @@ func fleet(t *testing.T, rounds int, crashAt int64) {
 	}
 	releases := filepath.Join(dir, "releases")
 	startOp := func(name string) *exec.Cmd {
-		cmd, out := start("run", name, "--brokers", addr, "--releases", releases, "--rounds", fmt.Sprint(rounds),
-			"--state", filepath.Join(dir, "state", name), "--log-level", "warn")
+		args := []string{"run", name, "--brokers", addr, "--releases", releases, "--rounds", fmt.Sprint(rounds),
+			"--state", filepath.Join(dir, "state", name), "--log-level", "warn"}
+		if name == "rollout" {
+			args = append(args, rolloutArgs...)
+		}
+		cmd, out := start(args...)
 		go io.Copy(io.Discard, out)
 		return cmd
 	}

@@ -2,25 +2,55 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
+	"slices"
 
 	"github.com/trajflow/trajflow/operators"
+	"github.com/trajflow/trajflow/pipeline"
 	"github.com/trajflow/trajflow/pipeline/contract"
 	"github.com/trajflow/trajflow/schemas"
 )
 
 func init() {
-	register("schemas", "print every record schema (Arrow and JSON)", cmdSchemas)
+	register("schemas", "print every topic, record schema, JSON document and header (--json)", cmdSchemas)
 	register("contract", "contract validate FILE: print the resolved learning contract and its hash", cmdContract)
 }
 
+// cmdSchemas prints every topic of a run (the pipeline's topology, control
+// plane included), every Arrow schema, JSON document kind, the quarantine
+// record and every header; --json writes the same as one JSON document
+// (schemas.Catalog: topics[], arrow[], json[], quarantine, headers[]).
 func cmdSchemas(_ context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := newFlags("schemas", stderr)
-	if _, err := parseFlags(fs, args); err != nil {
+	asJSON := fs.Bool("json", false, "print one JSON document: topics[], arrow[], json[], quarantine, headers[]")
+	pos, err := parseFlags(fs, args)
+	if err != nil {
 		return err
 	}
-	return schemas.Describe(stdout)
+	if len(pos) != 0 {
+		return fmt.Errorf("%w: trajflow schemas [--json] takes no arguments (got %q)", errUsage, pos)
+	}
+	var topics []schemas.TopicDoc
+	snapshot := pipeline.InputsOf(pipeline.SnapshotStage)
+	for _, t := range pipeline.Topology() {
+		consumers := t.Consumers
+		if slices.Contains(snapshot, t.Short) {
+			consumers = append(slices.Clip(consumers), pipeline.SnapshotStage)
+		}
+		topics = append(topics, schemas.TopicDoc{
+			Topic: t.Short, Kind: t.Kind, Plane: t.Plane, Partitions: t.Partitions, Compacted: t.Compacted, Key: t.Key,
+			Producers: t.Producers, Consumers: consumers, SideInputs: t.Side, ReadBack: t.Scanned, Doc: t.Doc,
+		})
+	}
+	cat := schemas.NewCatalog(topics)
+	if *asJSON {
+		enc := json.NewEncoder(stdout)
+		enc.SetIndent("", "  ")
+		return enc.Encode(cat)
+	}
+	return cat.WriteText(stdout)
 }
 
 func cmdContract(_ context.Context, args []string, stdout, stderr io.Writer) error {

@@ -36,6 +36,7 @@ type operatorFlags struct {
 	snapAge  *time.Duration
 	device   *string
 	restarts *int
+	envSvc   envFlags
 }
 
 func addOperatorFlags(fs *flag.FlagSet) operatorFlags {
@@ -55,6 +56,7 @@ func addOperatorFlags(fs *flag.FlagSet) operatorFlags {
 		snapAge:  fs.Duration("snapshot-roll-interval", 0, "close a snapshot file this long after its first message (snapshot; 0: 30s)"),
 		device:   fs.String("device", "cpu", "the train stage's backend: cpu or cuda (a build with the cuda tag)"),
 		restarts: fs.Int("restarts", -1, "restart the operator in place after a fatal error at most this many times (-1: always); configuration errors are never retried"),
+		envSvc:   addEnvFlags(fs),
 	}
 }
 
@@ -150,6 +152,9 @@ func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	if _, ok := operators.Lookup(name); !ok {
 		return fmt.Errorf("%w: unknown stage %q; the stages are:\n%s", errUsage, name, stageList())
 	}
+	if _, err := of.envSvc.check(name); err != nil {
+		return err
+	}
 	env, err := of.env(name, stderr)
 	if err != nil {
 		return err
@@ -168,6 +173,12 @@ func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	go func() { _ = hs.Serve(hctx) }()
 	fmt.Fprintf(stdout, "operator %s (%s) health on http://%s\n", name, env.cfg.Instance, hs.Addr())
 	defer hs.SetDraining()
+	if env.deps.Env, err = of.envSvc.dial(ctx, name, env.deps.Contract, env.cfg.Logger.With("stage", name)); err != nil {
+		return err
+	}
+	if env.deps.Env != nil {
+		defer env.deps.Env.Close()
+	}
 	policy := operators.Restarts{Max: *of.restarts, Logger: env.cfg.Logger.With("stage", name, "instance", env.cfg.Instance)}
 	return operators.RunRestarting(ctx, policy, func(ctx context.Context) error {
 		return runOperatorOnce(ctx, name, env.deps, env.cfg, hs)

@@ -9,8 +9,11 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/http"
+	"os"
 	"os/exec"
 	"path/filepath"
+	"reflect"
 	"regexp"
 	"strings"
 	"sync"
@@ -21,6 +24,7 @@ import (
 
 	"github.com/trajflow/trajflow/connectors/envsvc"
 	"github.com/trajflow/trajflow/gpu/model"
+	"github.com/trajflow/trajflow/internal/loop"
 	"github.com/trajflow/trajflow/operators/rollout"
 	"github.com/trajflow/trajflow/schemas"
 )
@@ -314,5 +318,88 @@ func TestServeEnvKilledMidEpisode(t *testing.T) {
 				t.Fatal("restart after the lease: no run failed")
 			}
 		})
+	}
+}
+
+// twoEnvProcesses starts two `trajflow serve env` processes sharing one
+// capability key and returns their addresses and the key file.
+func twoEnvProcesses(t *testing.T) ([]*envProcess, string) {
+	t.Helper()
+	bin := trajflowBin(t)
+	d1 := t.TempDir()
+	a := startEnvProcess(t, bin, 0, d1)
+	key := filepath.Join(d1, "capability.key")
+	b := startEnvProcess(t, bin, 0, t.TempDir(), "--key-file", key)
+	return []*envProcess{a, b}, key
+}
+
+// servedActions asks a service's metrics how many actions of family it
+// executed.
+func servedActions(t *testing.T, url, family string) float64 {
+	t.Helper()
+	resp, err := http.Get(url + envsvc.PathMetrics)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	re := regexp.MustCompile(`(?m)^trajflow_env_actions_executed_total\{family="` + family + `"\} (\S+)$`)
+	m := re.FindSubmatch(b)
+	if m == nil {
+		return 0
+	}
+	var v float64
+	fmt.Sscan(string(m[1]), &v)
+	return v
+}
+
+// TestDemoEnv: `trajflow demo --env URL,URL` against two `trajflow serve
+// env` processes gives the batches of the in-process demo of the same
+// seed, byte for byte, and the same hidden-eval success; both services
+// ran episodes (least-loaded routing) and the client retried nothing.
+func TestDemoEnv(t *testing.T) {
+	want := demo(t, loop.Options{Updates: 4, Seed: 1})
+	procs, key := twoEnvProcesses(t)
+	out := t.TempDir()
+	var stdout, stderr bytes.Buffer
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	args := []string{"demo", "--updates", "4", "--seed", "1", "--eval-samples", "1", "--out", out,
+		"--env", procs[0].url + "," + procs[1].url, "--env-key-file", key}
+	if code := run(ctx, args, &stdout, &stderr); code != 0 {
+		t.Fatalf("exit %d: %s\n%s", code, stderr.String(), stdout.String())
+	}
+	b, err := os.ReadFile(filepath.Join(out, "summary.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got loop.Summary
+	if err := json.Unmarshal(b, &got); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("%s", lastLines(stdout.String(), 2))
+	if !reflect.DeepEqual(got.BatchHashes, want.BatchHashes) || len(got.BatchHashes) == 0 {
+		t.Fatalf("batches through serve env differ from the in-process demo:\n%v\n%v", got.BatchHashes, want.BatchHashes)
+	}
+	if got.EvalSuccessFinal != want.EvalSuccessFinal || got.Lost != 0 || got.DuplicatesAdmitted != 0 {
+		t.Fatalf("eval %v vs %v in process; lost %d, duplicates %d", got.EvalSuccessFinal, want.EvalSuccessFinal, got.Lost, got.DuplicatesAdmitted)
+	}
+	if got.Env == nil || got.Env.Client.EpisodesAllocated != int64(got.AttemptsLaunched) || got.Env.Client.TotalRetries() != 0 || got.Env.Retries != 0 {
+		t.Fatalf("environment accounting %+v", got.Env)
+	}
+	a, bb := servedActions(t, procs[0].url, "kv"), servedActions(t, procs[1].url, "kv")
+	if a == 0 || bb == 0 {
+		t.Fatalf("actions executed: %v and %v (one service got nothing)", a, bb)
+	}
+	t.Logf("actions executed by the two services: %v, %v", a, bb)
+}
+
+// TestFleetEnv: the fleet of `trajflow run` processes with `trajflow run
+// rollout --env URL,URL` gives the batches of the in-process demo.
+func TestFleetEnv(t *testing.T) {
+	procs, key := twoEnvProcesses(t)
+	fleet(t, 3, 0, "--env", procs[0].url+","+procs[1].url, "--env-key-file", key)
+	if a, b := servedActions(t, procs[0].url, "kv"), servedActions(t, procs[1].url, "kv"); a == 0 || b == 0 {
+		t.Fatalf("actions executed: %v and %v (one service got nothing)", a, b)
 	}
 }

@@ -88,6 +88,7 @@ type Client struct {
 	http     *http.Client
 	issuers  sync.Map // run -> *capability.Issuer
 	rr       atomic.Uint64
+	pickMu   sync.Mutex
 	cnt      counters
 
 	ctx    context.Context // lease renewers run under it
@@ -99,8 +100,22 @@ type backend struct {
 	url       string
 	mu        sync.Mutex
 	load      int // live episodes the service last reported
+	mine      int // episodes this client holds there, allocations in flight included
 	capacity  int
 	downUntil time.Time
+}
+
+// estimate is the backend's load for routing: what the service last
+// reported, or, when more, what this client holds there now (a report
+// is as old as the last answer; a burst of allocations answers late).
+// b.mu is held.
+func (b *backend) estimate() int { return max(b.load, b.mine) }
+
+// hold counts one episode more (d = 1) or less (d = -1) on b.
+func (b *backend) hold(d int) {
+	b.mu.Lock()
+	b.mine += d
+	b.mu.Unlock()
 }
 
 // New returns a client of the services at urls ("http://host:port"),
@@ -173,8 +188,17 @@ func (c *Client) issuer(run string) (*capability.Issuer, error) {
 }
 
 // pick returns the least-loaded backend that is not marked down (all of
-// them if every one is), ties broken round robin.
+// them if every one is), ties broken round robin, and counts the
+// allocation about to be sent there.
 func (c *Client) pick(avoid map[*backend]bool) *backend {
+	c.pickMu.Lock()
+	defer c.pickMu.Unlock()
+	b := c.pickLocked(avoid)
+	b.hold(1)
+	return b
+}
+
+func (c *Client) pickLocked(avoid map[*backend]bool) *backend {
 	now := c.o.Now()
 	start := int(c.rr.Add(1))
 	var best *backend
@@ -183,7 +207,7 @@ func (c *Client) pick(avoid map[*backend]bool) *backend {
 		for k := range c.backends {
 			b := c.backends[(start+k)%len(c.backends)]
 			b.mu.Lock()
-			load, down := b.load, now.Before(b.downUntil) || avoid[b]
+			load, down := b.estimate(), now.Before(b.downUntil) || avoid[b]
 			b.mu.Unlock()
 			if pass == 0 && down {
 				continue
@@ -298,11 +322,14 @@ func (c *Client) Reset(ctx context.Context, a schemas.TaskAttempt) (rollout.Epis
 				return nil, rollout.Observation{}, err
 			}
 		}
-		b := c.pick(avoid)
+		b := c.pick(avoid) // held until the episode closes, or released below
 		req := AllocateRequest{Protocol: ProtocolVersion, Attempt: a, IdempotencyKey: key, LeaseMS: c.o.Lease.Milliseconds(),
 			Token: iss.Issue(AllocateScope(a), 0, AllocateAction(a, key))}
 		var resp AllocateResponse
 		r, err := c.post(ctx, b, PathEpisodes, req, &resp, func() Response { return resp.Response })
+		if err != nil || r.Outcome != Executed {
+			b.hold(-1)
+		}
 		var amb *errAmbiguous
 		switch {
 		case errors.As(err, &amb):
@@ -345,6 +372,8 @@ type remoteEpisode struct {
 	iss  *capability.Issuer
 	spec rollout.Spec
 	seq  uint64 // the last executed sequence number
+	// every is the renewal interval.
+	every time.Duration
 
 	lost   atomic.Pointer[error] // set when the service ended the episode
 	stop   chan struct{}
@@ -354,6 +383,12 @@ type remoteEpisode struct {
 
 func (c *Client) open(b *backend, a schemas.TaskAttempt, iss *capability.Issuer, r AllocateResponse) *remoteEpisode {
 	e := &remoteEpisode{c: c, b: b, id: r.EpisodeID, a: a, iss: iss, spec: r.Spec, stop: make(chan struct{}), done: make(chan struct{})}
+	// Renew at a third of the lease the service granted, which its
+	// --max-lease may cap below the one asked for.
+	e.every = c.o.Lease / 3
+	if granted := time.UnixMilli(r.LeaseExpiresMS).Sub(c.o.Now()); granted > 0 && granted < c.o.Lease {
+		e.every = granted / 3
+	}
 	c.cnt.allocated.Add(1)
 	c.wg.Add(1)
 	go func() {
@@ -370,10 +405,11 @@ func (e *remoteEpisode) ID() string { return e.id }
 // Spec implements rollout.Episode.
 func (e *remoteEpisode) Spec() rollout.Spec { return e.spec }
 
-// renew renews the lease every Lease/3 until the episode closes or the
-// service says it ended.
+// renew renews the lease every third of it (the lease asked, or the
+// shorter one granted) until the episode closes or the service says it
+// ended.
 func (e *remoteEpisode) renew() {
-	t := time.NewTicker(max(e.c.o.Lease/3, time.Millisecond))
+	t := time.NewTicker(max(e.every, time.Millisecond))
 	defer t.Stop()
 	for {
 		select {
@@ -503,6 +539,7 @@ func (e *remoteEpisode) Close(ctx context.Context, reason string) (rollout.Final
 		e.closed = true
 		close(e.stop)
 		<-e.done
+		e.b.hold(-1)
 	}
 	c := e.c
 	var last error

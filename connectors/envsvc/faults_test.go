@@ -1,145 +1,32 @@
 package envsvc
 
 import (
-	"bytes"
 	"encoding/json"
-	"io"
-	"net/http"
-	"net/http/httptest"
-	"strings"
-	"sync"
 	"testing"
 	"time"
 
+	"github.com/trajflow/trajflow/internal/envfault"
 	"github.com/trajflow/trajflow/operators/rollout"
 )
 
-// fault is what the proxy does to one request.
-type fault string
-
+// The faults of the proxy (internal/envfault).
 const (
-	pass      fault = ""
-	dropReply fault = "drop_reply"  // forwarded and executed; the connection closes before the answer
-	resetConn fault = "reset"       // the connection closes before the request is forwarded
-	slowReply fault = "slow_reply"  // forwarded; the answer comes after the client's timeout
-	badProxy  fault = "bad_gateway" // a 502 page, not forwarded
-	duplicate fault = "duplicate"   // forwarded twice; the second answer is returned
+	pass      = envfault.Pass
+	dropReply = envfault.DropReply
+	resetConn = envfault.ResetConn
+	slowReply = envfault.SlowReply
+	badProxy  = envfault.BadGateway
+	duplicate = envfault.Duplicate
 )
 
-// proxy sits between the client and the service and injects faults.
-type proxy struct {
-	t      testing.TB
-	target string
-	delay  time.Duration
-	plan   func(n int, path string) fault // n counts requests on path kinds the plan sees
+type fault = envfault.Fault
 
-	mu       sync.Mutex
-	n        int
-	injected map[fault]int
-	byPath   map[string]map[fault]int
-	hs       *httptest.Server
-	fwd      *http.Client
-}
-
-func newProxy(t testing.TB, target string, delay time.Duration, plan func(n int, path string) fault) *proxy {
-	p := &proxy{t: t, target: target, delay: delay, plan: plan, injected: map[fault]int{}, byPath: map[string]map[fault]int{},
-		fwd: &http.Client{Timeout: 30 * time.Second}}
-	p.hs = httptest.NewServer(http.HandlerFunc(p.serve))
-	t.Cleanup(p.hs.Close)
-	return p
-}
-
-func kind(path string) string {
-	switch {
-	case path == PathEpisodes:
-		return "allocate"
-	case strings.HasSuffix(path, "/step"):
-		return "step"
-	case strings.HasSuffix(path, "/status"):
-		return "status"
-	case strings.HasSuffix(path, "/renew"):
-		return "renew"
-	case strings.HasSuffix(path, "/terminate"):
-		return "terminate"
-	}
-	return path
-}
-
-func (p *proxy) serve(w http.ResponseWriter, r *http.Request) {
-	body, _ := io.ReadAll(r.Body)
-	k := kind(r.URL.Path)
-	p.mu.Lock()
-	f := pass
-	if p.plan != nil && k != "renew" {
-		f = p.plan(p.n, k)
-		p.n++
-	}
-	if f != pass {
-		p.injected[f]++
-		if p.byPath[k] == nil {
-			p.byPath[k] = map[fault]int{}
-		}
-		p.byPath[k][f]++
-	}
-	p.mu.Unlock()
-	forward := func() (int, []byte) {
-		resp, err := p.fwd.Post(p.target+r.URL.Path, "application/json", bytes.NewReader(body))
-		if err != nil {
-			return http.StatusBadGateway, []byte(err.Error())
-		}
-		defer resp.Body.Close()
-		b, _ := io.ReadAll(resp.Body)
-		return resp.StatusCode, b
-	}
-	hangUp := func() {
-		conn, _, err := w.(http.Hijacker).Hijack()
-		if err != nil {
-			p.t.Errorf("hijack: %v", err)
-			return
-		}
-		conn.Close()
-	}
-	switch f {
-	case resetConn:
-		hangUp()
-		return
-	case badProxy:
-		http.Error(w, "<html>502 Bad Gateway</html>", http.StatusBadGateway)
-		return
-	case dropReply:
-		forward()
-		hangUp()
-		return
-	case duplicate:
-		forward()
-	case slowReply:
-		code, b := forward()
-		time.Sleep(p.delay)
-		w.WriteHeader(code)
-		w.Write(b)
-		return
-	}
-	code, b := forward()
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(code)
-	w.Write(b)
-}
-
-func (p *proxy) count() (map[fault]int, map[string]map[fault]int) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	a := map[fault]int{}
-	for k, v := range p.injected {
-		a[k] = v
-	}
-	b := map[string]map[fault]int{}
-	for k, m := range p.byPath {
-		b[k] = map[fault]int{}
-		for f, v := range m {
-			b[k][f] = v
-		}
-	}
-	return a, b
+// newProxy starts a fault-injecting proxy in front of target until the
+// test ends.
+func newProxy(t testing.TB, target string, delay time.Duration, plan func(n int, kind string) fault) *envfault.Proxy {
+	px := envfault.New(envfault.Config{Target: target, Delay: delay, Plan: plan})
+	t.Cleanup(px.Close)
+	return px
 }
 
 // TestDroppedReplyOfATransfer: the answer to a transfer is lost after the
@@ -157,7 +44,7 @@ func TestDroppedReplyOfATransfer(t *testing.T) {
 		}
 		return pass
 	})
-	c := newClient(t, []string{px.hs.URL}, Options{ToolRetries: 2, Backoff: time.Millisecond})
+	c := newClient(t, []string{px.URL()}, Options{ToolRetries: 2, Backoff: time.Millisecond})
 	reg := family(regs, rollout.FamilyLedger)
 	trajs, err := rollout.Agent{Env: c, Policy: rollout.LedgerTeacher{}, Settings: rollout.DefaultSettings(reg), Limits: fixedLimits()}.Run(ctx, attempts(reg.Train()[:1], 1, 0))
 	if err != nil {
@@ -204,7 +91,7 @@ func TestFaultRun(t *testing.T) {
 		}
 		return f
 	})
-	c := newClient(t, []string{px.hs.URL}, Options{ToolRetries: 8, Backoff: time.Millisecond, MaxBackoff: 5 * time.Millisecond,
+	c := newClient(t, []string{px.URL()}, Options{ToolRetries: 8, Backoff: time.Millisecond, MaxBackoff: 5 * time.Millisecond,
 		ToolTimeout: time.Second, Concurrency: 8})
 	reg := family(regs, rollout.FamilyLedger)
 	tasks := reg.Train()[:40]
@@ -224,7 +111,7 @@ func TestFaultRun(t *testing.T) {
 			t.Fatalf("%s: ledger %s", trajs[i].TaskID, trajs[i].Artifacts)
 		}
 	}
-	injected, byPath := px.count()
+	injected, byPath := px.Counts()
 	total := 0
 	for _, n := range injected {
 		total += n
@@ -250,5 +137,55 @@ func TestFaultRun(t *testing.T) {
 	}
 	if n := value(svc.srv.met.allocated.WithLabelValues(rollout.FamilyLedger)); n != float64(len(tasks)) || svc.srv.Live() != 0 {
 		t.Fatalf("%v episodes allocated for %d attempts (a lost allocation answer must not allocate twice); %d live", n, len(tasks), svc.srv.Live())
+	}
+}
+
+// TestSideDeliveriesRefused: beside the client's steps, the proxy sends
+// the action out of order (a gap, under a valid token), replays it under
+// another idempotency key, and sends it with a forged, an expired and a
+// misused token. The service refuses every one with its reason, executes
+// nothing for them, and the ledgers hold exactly one transfer each.
+func TestSideDeliveriesRefused(t *testing.T) {
+	ctx := ctxT(t, time.Minute)
+	regs := registries(t)
+	svc := startService(t, Config{Registries: regs})
+	px := envfault.New(envfault.Config{Target: svc.url, Key: testKey, Run: "run", StepAction: StepAction,
+		Plan: func(n int, k string) fault {
+			if k != "step" {
+				return pass
+			}
+			return envfault.Side[n%len(envfault.Side)]
+		}})
+	defer px.Close()
+	c := newClient(t, []string{px.URL()}, Options{Concurrency: 4})
+	reg := family(regs, rollout.FamilyLedger)
+	tasks := reg.Train()[:20]
+	trajs, err := rollout.Agent{Env: c, Policy: rollout.LedgerTeacher{}, Settings: rollout.DefaultSettings(reg), Limits: fixedLimits()}.Run(ctx, attempts(tasks, 1, 0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	v := rollout.NewValidator(reg)
+	for i := range trajs {
+		task, _ := reg.Lookup(trajs[i].TaskID)
+		var art rollout.LedgerArtifacts
+		if ok, ev, err := v.Validate(task, &trajs[i]); err != nil || !ok || json.Unmarshal([]byte(trajs[i].Artifacts), &art) != nil || len(art.Transfers) != 1 {
+			t.Fatalf("%s: %v %s %v: %s", trajs[i].TaskID, ok, ev, err, trajs[i].Artifacts)
+		}
+	}
+	want := map[fault]string{envfault.Gap: "refused/" + ReasonSeqGap, envfault.Replay: "refused/" + ReasonSeqReplayed,
+		envfault.Forged: "refused/" + ReasonTokenForged, envfault.Expired: "refused/" + ReasonTokenExpired, envfault.Misused: "refused/" + ReasonTokenScope}
+	side := px.SideAnswers()
+	injected, _ := px.Counts()
+	t.Logf("side deliveries %v, answers %v", injected, side)
+	for f, answer := range want {
+		if injected[f] < 4 || len(side[f]) != 1 || side[f][answer] != injected[f] {
+			t.Fatalf("%s: %d injected, answers %v, want all %s", f, injected[f], side[f], answer)
+		}
+	}
+	if got := value(svc.srv.met.steps.WithLabelValues(rollout.FamilyLedger)); got != float64(2*len(tasks)) {
+		t.Fatalf("%v actions executed for %d episodes of 2 turns", got, len(tasks))
+	}
+	if cnt := c.Counters(); cnt.TotalRetries() != 0 || len(cnt.Refused) != 0 {
+		t.Fatalf("the client saw the side deliveries: %s", cnt)
 	}
 }

@@ -11,6 +11,7 @@ import (
 	"net/http/httptest"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -586,5 +587,106 @@ func TestObservationCap(t *testing.T) {
 	}
 	if got := value(svc.srv.met.ended.WithLabelValues(StatusInfra, ReasonObservation)); got != 1 || svc.srv.Live() != 0 {
 		t.Fatalf("ended infra/observation_size %v, live %d", got, svc.srv.Live())
+	}
+}
+
+// TestRenewalsFollowTheGrantedLease: a service whose --max-lease is
+// shorter than the lease the client asks grants the shorter one; the
+// client renews at a third of what was granted, so a live episode
+// outlives many granted leases.
+func TestRenewalsFollowTheGrantedLease(t *testing.T) {
+	ctx := ctxT(t, time.Minute)
+	regs := registries(t)
+	svc := startService(t, Config{Registries: regs, MaxLease: 300 * time.Millisecond, ReapInterval: 10 * time.Millisecond})
+	c := newClient(t, []string{svc.url}, Options{}) // asks 10 s
+	ep, _, err := c.Reset(ctx, attempts(family(regs, rollout.FamilyLedger).Train()[3:4], 1, 0)[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(1500 * time.Millisecond) // 5 granted leases
+	if _, err := ep.Step(ctx, 0, rollout.EnvAction{IDs: []int32{rollout.TokCall, rollout.TokKey0, rollout.TokEnd}}); err != nil {
+		t.Fatalf("step after 5 granted leases: %v", err)
+	}
+	if _, err := ep.Close(ctx, rollout.ReasonMaxTurns); err != nil {
+		t.Fatal(err)
+	}
+	if n := c.Counters().LeaseRenewals; n < 8 {
+		t.Fatalf("%d renewals in 1.5 s of 300 ms leases", n)
+	}
+}
+
+// TestAuditStore: the audit of a store counts its episodes, their ends
+// and their actions, and tells an action executed twice for one turn.
+func TestAuditStore(t *testing.T) {
+	ctx := ctxT(t, time.Minute)
+	regs := registries(t)
+	st := openStore(t, t.TempDir(), false)
+	defer st.Close()
+	svc := startService(t, Config{Registries: regs, Store: st})
+	c := newClient(t, []string{svc.url}, Options{})
+	reg := family(regs, rollout.FamilyLedger)
+	if _, err := (rollout.Agent{Env: c, Policy: rollout.LedgerTeacher{}, Settings: rollout.DefaultSettings(reg), Limits: fixedLimits()}).Run(ctx, attempts(reg.Train()[:5], 1, 0)); err != nil {
+		t.Fatal(err)
+	}
+	// A controller that sends turn 1's action again as a new sequence
+	// number: the service executes it (it cannot know), the audit sees it.
+	r := newRaw(t, svc.url, time.Minute, nil)
+	task, att := ledgerTask(t, regs, 9)
+	id := r.allocate(att, "k", 10000).EpisodeID
+	call := []int32{rollout.TokCall, rollout.TokKey0 + task.Key, rollout.TokEnd}
+	for seq := uint64(1); seq <= 2; seq++ {
+		if got := r.send(PathStep, id, r.stepReq(id, seq, fmt.Sprint("s", seq), 0, call...)); got.Outcome != Executed {
+			t.Fatalf("step %d: %+v", seq, got)
+		}
+	}
+	a, err := AuditStore(ctx, st)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if a.Episodes != 6 || a.Live != 1 || a.Ended["completed/answer"] != 5 || a.Actions != 12 || a.ActionsByFamily[rollout.FamilyLedger] != 12 || a.DuplicateTurns != 1 {
+		t.Fatalf("audit %+v", a)
+	}
+}
+
+// TestBurstSpreadsEvenly: a burst of allocations sent at once (a group's
+// episodes) spreads evenly over two services although the loads they last
+// reported are as old as their last answers: b holds an episode of another
+// controller, so after each burst's episodes closed a reports 0 and b 1,
+// and the next burst must not all go to a.
+func TestBurstSpreadsEvenly(t *testing.T) {
+	ctx := ctxT(t, time.Minute)
+	regs := registries(t)
+	a := startService(t, Config{Registries: regs})
+	b := startService(t, Config{Registries: regs})
+	kv := family(regs, rollout.FamilyKV)
+	other := newRaw(t, b.url, time.Minute, nil)
+	if r := other.allocate(attempts(kv.Train()[200:201], 1, 0)[0], "other", 60000); r.Outcome != Executed {
+		t.Fatal(r)
+	}
+	c := newClient(t, []string{a.url, b.url}, Options{Concurrency: 16})
+	for round := 0; round < 3; round++ {
+		atts := attempts(kv.Train()[16*round:16*round+16], 1, 0)
+		eps := make([]rollout.Episode, len(atts))
+		var wg sync.WaitGroup
+		for i := range atts {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				ep, _, err := c.Reset(ctx, atts[i])
+				if err != nil {
+					t.Error(err)
+				}
+				eps[i] = ep
+			}()
+		}
+		wg.Wait()
+		if la, lb := a.srv.Live(), b.srv.Live(); la+lb != 17 || la-lb > 2 || lb-la > 2 {
+			t.Fatalf("round %d: live a %d, b %d (1 of another controller)", round, la, lb)
+		}
+		for _, ep := range eps {
+			if _, err := ep.Close(ctx, rollout.ReasonAborted); err != nil {
+				t.Fatal(err)
+			}
+		}
 	}
 }

@@ -13,9 +13,8 @@ import "time"
 // arrives within a quarter of MaxWait of the deadline, and a broker that is
 // busy for longer (building a large fetch response, a collector pause)
 // makes the read time out; the reader then closes the connection, dials
-// again and backs off for 100 ms to 1 s. In `trajflow bench` on two busy
-// cores, at 100 ms every operator's reader reconnected 4 to 11 times in
-// 20 s and at 50 ms the batch reader 41 times in 10 s (pipeline p99
-// latency 0.45 s instead of 0.2 s); at 500 ms (a 125 ms margin) none did.
+// again and backs off for 100 ms to 1 s. 500 ms leaves a 125 ms margin; the
+// reconnects shorter waits caused under load are measured in
+// bench/RESULTS.md ("Readers wait up to 500 ms for an empty fetch").
 // The price is a slower Close: a reader waits for its fetch in flight.
 const FetchMaxWait = 500 * time.Millisecond

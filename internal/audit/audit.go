@@ -31,13 +31,21 @@ type Report struct {
 	// policy tokens the lag rule took out of training, at pack or at the
 	// trainer's update (schemas.CensusEvent.StaleTokens).
 	StaleTokens int64
+	// EnvRetries counts the retried events (one per retry of an
+	// environment call) by reason; InfraFailed the failed events of the
+	// infrastructure, whose attempts the rollout stage runs again under
+	// the next attempt number (FailedInfra: their attempt ids).
+	EnvRetries  map[string]int
+	InfraFailed int
+	FailedInfra map[string]bool
 }
 
 // Collect reads the batches and census topics of t from the beginning.
 func Collect(ctx context.Context, cfg *pipeline.Config, t pipeline.Topics) (*Report, error) {
 	r := &Report{
 		BatchIDs: map[string]int{}, Admitted: map[string]int{}, Filtered: map[string]string{}, Excluded: map[string]string{},
-		Quarantined: map[string]string{}, Census: map[string]int{},
+		Quarantined: map[string]string{}, Census: map[string]int{}, EnvRetries: map[string]int{},
+		FailedInfra: map[string]bool{},
 	}
 	err := pipeline.ScanTail(ctx, cfg, t.Batches, 0, func(m pipeline.Message) error {
 		b, err := schemas.PackedBatches.Decode(nil, m.Value)
@@ -77,6 +85,13 @@ func Collect(ctx context.Context, cfg *pipeline.Config, t pipeline.Topics) (*Rep
 			}
 		case schemas.CensusQuarantined:
 			r.Quarantined[ev.AttemptID] = ev.Reason
+		case schemas.CensusRetried:
+			r.EnvRetries[ev.Reason]++
+		case schemas.CensusFailed:
+			if ev.Infra {
+				r.InfraFailed++
+				r.FailedInfra[ev.AttemptID] = true
+			}
 		}
 		return nil
 	})
@@ -103,7 +118,11 @@ type Counts struct {
 	Quarantined int
 	Lost        int // launched, never admitted, filtered or quarantined
 	Duplicated  int // extra occurrences of admitted ids, plus repeated batch ids
-	LostIDs     []string
+	// Retried counts the launched attempts (AccountAttempts) that failed
+	// for the infrastructure and are accounted by the attempt that ran
+	// them again.
+	Retried int
+	LostIDs []string
 }
 
 // Account compares the report with the launched attempt ids.
@@ -136,6 +155,35 @@ func (r *Report) Account(launched []string) Counts {
 	}
 	sort.Strings(c.LostIDs)
 	return c
+}
+
+// AccountAttempts is Account over the launched attempts, following
+// infrastructure retries: an attempt with a failed event of the
+// infrastructure was run again as the next attempt number
+// (schemas.AttemptID(run, task, group, member, n+1)), whose fate is then
+// its fate (Counts.Retried counts those).
+func (r *Report) AccountAttempts(launched []schemas.TaskAttempt) Counts {
+	ids := make([]string, len(launched))
+	retried := 0
+	for i, a := range launched {
+		id := a.AttemptID
+		for n := a.Attempt + 1; r.FailedInfra[id] && !r.decided(id); n++ {
+			id = schemas.AttemptID(a.RunID, a.TaskID, a.GroupID, a.Member, n)
+		}
+		if id != a.AttemptID {
+			retried++
+		}
+		ids[i] = id
+	}
+	c := r.Account(ids)
+	c.Retried = retried
+	return c
+}
+
+// decided reports whether attempt id was admitted, filtered or
+// quarantined.
+func (r *Report) decided(id string) bool {
+	return r.Admitted[id] > 0 || r.Filtered[id] != "" || r.Quarantined[id] != ""
 }
 
 func (c Counts) String() string {

@@ -32,6 +32,9 @@ type Report struct {
 	lives         map[string]*life
 	updateStart   map[int64]int64 // update -> when the trainer began it (µs)
 	updateVersion map[int64]int64
+	// Retried counts the retried events (one per retry of an environment
+	// call by the rollout stage's client), by reason.
+	Retried map[string]int
 }
 
 // Attempt is what the selection-bias check compares of one attempt.
@@ -55,7 +58,7 @@ func Collect(runDir string) (*Report, error) {
 		return nil, err
 	}
 	r := &Report{Kinds: map[string]map[string]bool{}, Reasons: map[string]map[string]bool{},
-		FailedInfra: map[string]bool{}, FailedTask: map[string]bool{}, Admitted: map[string]bool{},
+		FailedInfra: map[string]bool{}, FailedTask: map[string]bool{}, Admitted: map[string]bool{}, Retried: map[string]int{},
 		lives: map[string]*life{}, updateStart: map[int64]int64{}, updateVersion: map[int64]int64{}}
 	if err := r.addEvents(snap.Topics["census"]); err != nil {
 		return nil, err
@@ -97,6 +100,8 @@ func (r *Report) addEvents(msgs []parquet.Message) error {
 			}
 		case schemas.CensusAdmitted:
 			r.Admitted[ev.AttemptID] = true
+		case schemas.CensusRetried:
+			r.Retried[ev.Reason]++
 		}
 	}
 	return nil

@@ -30,6 +30,8 @@ func TestCensusFunnel(t *testing.T) {
 		ev("b", schemas.CensusFiltered, "zero_variance", false),
 		ev("c", schemas.CensusFailed, "", true), ev("c", schemas.CensusQuarantined, "infra_invalid", false),
 		ev("d", schemas.CensusFailed, "", false), ev("d", schemas.CensusFiltered, "stale", false),
+		ev("a", schemas.CensusRetried, "timeout", true), ev("a1", schemas.CensusRetried, "timeout", true),
+		ev("b", schemas.CensusRetried, "status_connection", true),
 	}
 	var msgs []parquet.Message
 	for i, e := range events {
@@ -76,6 +78,8 @@ func TestCensusFunnel(t *testing.T) {
 		{"filtered stale", len(rep.Reasons["filtered/stale"]), 1},
 		{"quarantined", len(rep.Reasons["quarantined/infra_invalid"]), 1},
 		{"launched trajectories", len(rep.Launched), len(rows)},
+		{"retried timeout", rep.Retried["timeout"], 2},
+		{"retried status_connection", rep.Retried["status_connection"], 1},
 	}
 	for _, tc := range tests {
 		if tc.got != tc.want {
@@ -84,7 +88,7 @@ func TestCensusFunnel(t *testing.T) {
 	}
 	var out bytes.Buffer
 	rep.Print(&out, 5)
-	for _, want := range []string{"denominator: 4 launched attempts, from dispatched events", "zero_variance", "failed (infrastructure)", "latency ms"} {
+	for _, want := range []string{"denominator: 4 launched attempts, from dispatched events", "zero_variance", "failed (infrastructure)", "latency ms", "environment calls retried (events, not attempts): 3"} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("output lacks %q:\n%s", want, out.String())
 		}

@@ -67,6 +67,19 @@ func (r *Report) printFunnel(w io.Writer) {
 	}
 	line("admitted", r.Count(schemas.CensusAdmitted))
 	line("trained", r.Count(schemas.CensusTrained))
+	if len(r.Retried) > 0 {
+		reasons := make([]string, 0, len(r.Retried))
+		n := 0
+		for k, v := range r.Retried {
+			reasons = append(reasons, k)
+			n += v
+		}
+		sort.Strings(reasons)
+		fmt.Fprintf(w, "environment calls retried (events, not attempts): %d\n", n)
+		for _, k := range reasons {
+			fmt.Fprintf(w, "  %-34s %8d\n", k, r.Retried[k])
+		}
+	}
 }
 
 // admitted are the launched attempts that were admitted to a batch.

@@ -19,7 +19,7 @@ func (r *runner) account(ctx context.Context) error {
 	cfg := &pipeline.Config{Brokers: r.brokers, MaxMessageBytes: r.c.Topics.MaxMessageBytes}
 	actx, cancel := context.WithTimeout(ctx, 60*time.Second)
 	defer cancel()
-	launched, err := Launched(actx, cfg, r.topics)
+	launched, err := LaunchedAttempts(actx, cfg, r.topics)
 	if err != nil {
 		return err
 	}
@@ -27,7 +27,7 @@ func (r *runner) account(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	counts := rep.Account(launched)
+	counts := rep.AccountAttempts(launched)
 	s := r.sum
 	s.AttemptsLaunched, s.TrajectoriesAdmitted, s.TrajectoriesFiltered = counts.Launched, counts.Admitted, counts.Filtered
 	s.Quarantined, s.DuplicatesAdmitted, s.Lost = counts.Quarantined, counts.Duplicated, counts.Lost
@@ -38,13 +38,25 @@ func (r *runner) account(ctx context.Context) error {
 	if s.GeneratedTokens > 0 {
 		s.StaleShare = float64(s.StaleTokens) / float64(s.GeneratedTokens)
 	}
+	s.AttemptsRetried = counts.Retried
 	s.BatchHashes, err = BatchHashes(actx, cfg, r.topics)
+	r.accountEnv(rep)
 	return err
 }
 
 // Launched lists the distinct attempt ids of the run's tasks topic.
 func Launched(ctx context.Context, cfg *pipeline.Config, t pipeline.Topics) ([]string, error) {
-	var ids []string
+	atts, err := LaunchedAttempts(ctx, cfg, t)
+	ids := make([]string, len(atts))
+	for i, a := range atts {
+		ids[i] = a.AttemptID
+	}
+	return ids, err
+}
+
+// LaunchedAttempts lists the distinct attempts of the run's tasks topic.
+func LaunchedAttempts(ctx context.Context, cfg *pipeline.Config, t pipeline.Topics) ([]schemas.TaskAttempt, error) {
+	var out []schemas.TaskAttempt
 	seen := map[string]bool{}
 	err := pipeline.ScanTail(ctx, cfg, t.Tasks, 0, func(m pipeline.Message) error {
 		atts, err := schemas.TaskAttempts.Decode(nil, m.Value)
@@ -54,12 +66,12 @@ func Launched(ctx context.Context, cfg *pipeline.Config, t pipeline.Topics) ([]s
 		for _, a := range atts {
 			if !seen[a.AttemptID] {
 				seen[a.AttemptID] = true
-				ids = append(ids, a.AttemptID)
+				out = append(out, a)
 			}
 		}
 		return nil
 	})
-	return ids, err
+	return out, err
 }
 
 // BatchHashes is the SHA-256 of every message of the run's batches topic,

@@ -45,6 +45,19 @@ type Options struct {
 	EvalSamples int32 // attempts per hidden-eval task (>= 1)
 	EvalEvery   int   // 0: the contract's dispatch.eval_every
 	Quiet       bool  // no per-update lines
+	// Env lists the `trajflow serve env` services the rollout stage runs
+	// its episodes against (empty: the registry in process); EnvKeyFile
+	// is their capability key file (operators.DialEnv).
+	Env        []string
+	EnvKeyFile string
+	// Environment is the contract's artifacts.environment (default the
+	// demo's kv environment); rollout.ArtifactLedger runs the ledger
+	// family with its validator as the reward (see Contract).
+	Environment string
+	// ToolRetries and ToolTimeoutMS, when > 0, replace the contract's
+	// sampler.tool_retries and sampler.tool_timeout_ms.
+	ToolRetries   int
+	ToolTimeoutMS int64
 }
 
 // Update is one line of the loop's output.
@@ -90,17 +103,22 @@ type Summary struct {
 	// GeneratedTokens are the policy-sampled tokens of every recorded
 	// trajectory; StaleTokens those the lag rule took out of training (at
 	// pack or at the update); StaleShare = StaleTokens / GeneratedTokens.
-	GeneratedTokens    int64    `json:"generated_tokens"`
-	StaleTokens        int64    `json:"stale_tokens"`
-	StaleShare         float64  `json:"stale_share"`
-	Quarantined        int      `json:"quarantined"`
-	DuplicatesAdmitted int      `json:"duplicates_admitted"`
-	Lost               int      `json:"lost"`
-	PackingEfficiency  float64  `json:"packing_efficiency"`
-	MaxLagSeen         int64    `json:"max_lag_seen"`
-	BatchHashes        []string `json:"batch_hashes"`
-	PerUpdate          []Update `json:"per_update"`
-	WallSeconds        float64  `json:"wall_seconds"`
+	GeneratedTokens    int64   `json:"generated_tokens"`
+	StaleTokens        int64   `json:"stale_tokens"`
+	StaleShare         float64 `json:"stale_share"`
+	Quarantined        int     `json:"quarantined"`
+	DuplicatesAdmitted int     `json:"duplicates_admitted"`
+	Lost               int     `json:"lost"`
+	// AttemptsRetried counts the launched attempts that failed for the
+	// infrastructure and were run again (accounted by their retry).
+	AttemptsRetried   int      `json:"attempts_retried,omitempty"`
+	PackingEfficiency float64  `json:"packing_efficiency"`
+	MaxLagSeen        int64    `json:"max_lag_seen"`
+	BatchHashes       []string `json:"batch_hashes"`
+	PerUpdate         []Update `json:"per_update"`
+	WallSeconds       float64  `json:"wall_seconds"`
+	// Env is the accounting of the environment services (with Options.Env).
+	Env *EnvSummary `json:"env,omitempty"`
 }
 
 // SummaryFile is the name of the summary in the output directory.
@@ -124,6 +142,9 @@ func Contract(o Options) (*contract.Contract, error) {
 	}
 	if o.OffPolicy != "" {
 		c.Loss.OffPolicy, c.Loss.ISCap = o.OffPolicy, o.ISCap
+	}
+	if err := environment(c, o); err != nil {
+		return nil, err
 	}
 	if err := c.Resolve(); err != nil {
 		return nil, err
@@ -185,6 +206,7 @@ func Run(ctx context.Context, o Options, stdout io.Writer) (*Summary, error) {
 	if err := r.account(ctx); err != nil {
 		return nil, err
 	}
+	r.printEnv()
 	return r.sum, r.writeSummary()
 }
 
@@ -208,6 +230,9 @@ func (r *runner) prepare(ctx context.Context) error {
 		return err
 	}
 	if r.deps, err = operators.BuiltinDeps(c); err != nil {
+		return err
+	}
+	if err := r.dialEnv(ctx); err != nil {
 		return err
 	}
 	r.topics = r.deps.Topics

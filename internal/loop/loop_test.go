@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"path/filepath"
 	"reflect"
+	"strings"
 	"testing"
 	"time"
 
@@ -230,5 +231,29 @@ func TestEvalTaskNeverTrains(t *testing.T) {
 	}
 	if incidents != len(leaked) {
 		t.Fatalf("%d incidents for %d leaked trajectories", incidents, len(leaked))
+	}
+}
+
+// TestContractEnvironment: --environment sets the contract's environment
+// artifact with the family's validator as the reward; the text family
+// (which needs a policy server's tokenizer) and unknown artifacts are
+// refused, naming the artifact.
+func TestContractEnvironment(t *testing.T) {
+	c, err := loop.Contract(loop.Options{Seed: 1, Environment: rollout.ArtifactLedger, ToolRetries: 8, ToolTimeoutMS: 2000})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Artifacts.Environment != rollout.ArtifactLedger || c.Rewards[0].Name != rollout.EvalLedgerSuccess ||
+		c.Artifacts.Validator != "builtin:validator/ledger_success@1" || c.Sampler.ToolRetries != 8 || c.Sampler.ToolTimeoutMS != 2000 {
+		t.Fatalf("contract %+v %+v %+v", c.Artifacts, c.Rewards, c.Sampler)
+	}
+	d, err := loop.Contract(loop.Options{Seed: 1})
+	if err != nil || d.Artifacts.Environment != rollout.ArtifactKV || d.Hash() == c.Hash() {
+		t.Fatalf("default contract %v %v", d.Artifacts.Environment, err)
+	}
+	for _, env := range []string{rollout.ArtifactText, "builtin:env/chess@v1"} {
+		if _, err := loop.Contract(loop.Options{Seed: 1, Environment: env}); err == nil || !strings.Contains(err.Error(), env) {
+			t.Fatalf("%s: %v", env, err)
+		}
 	}
 }

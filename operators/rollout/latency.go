@@ -163,11 +163,3 @@ type latencyTokenizerPolicy struct {
 	latencyPolicy
 	Tokenizer
 }
-
-// episodes runs the agent loop of one group on the registry's environment
-// and pol, through the stage's latency model.
-func (s *Stage) episodes(ctx context.Context, pol Policy, atts []schemas.TaskAttempt, lim Limits) ([]schemas.Trajectory, error) {
-	env, p := s.cfg.Latency.Wrap(s.cfg.Registry, pol)
-	tok, _ := p.(Tokenizer)
-	return Agent{Env: env, Policy: p, Tokenizer: tok, Settings: s.cfg.Settings, Limits: lim}.Run(ctx, atts)
-}

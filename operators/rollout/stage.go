@@ -32,6 +32,10 @@ type StageConfig struct {
 	// set, never task failures. After the last retry the input goes to
 	// quarantine ("infra_exhausted").
 	Retries int
+	// Backoff is the wait before the first run again (default 100 ms),
+	// doubled for each further one up to 32 times Backoff, so a service
+	// that restarts has time to come back; the wait ends with ctx.
+	Backoff time.Duration
 	// GroupTimeout bounds one run of a group's episodes (0: none); a run
 	// that exceeds it is an infrastructure timeout ("timed_out").
 	GroupTimeout time.Duration
@@ -44,6 +48,17 @@ type StageConfig struct {
 	// environment and the policy of every run (LatencyModel.Wrap), so the
 	// agent loop is unchanged and tokens never depend on it.
 	Latency LatencyModel
+	// Env is the environment the episodes run against; nil is Registry,
+	// in process. An environment service's client (connectors/envsvc) is
+	// injected by the operators registry; Registry still names the tasks
+	// (split, versions) and its family must be the one Env serves.
+	Env Environment
+	// EnvRetries returns how many calls Env's client retried so far, by
+	// reason (envsvc Counters().Retries); nil when Env retries nothing
+	// itself. Every retry during a group's run becomes a census event
+	// (CensusRetried), so the census accounts for each one. One stage per
+	// client: the retries counted during a run are the run's.
+	EnvRetries func() map[string]int64
 }
 
 // Stage is the rollout operator: it consumes the tasks topic (one message
@@ -245,6 +260,9 @@ func (s *Stage) Process(ctx context.Context, m pipeline.Message) (pipeline.Resul
 		return err
 	}
 	for try := 0; ; try++ {
+		if err := s.pause(ctx, try); err != nil {
+			return pipeline.Result{}, err // stopping: redelivered later
+		}
 		run := make([]schemas.TaskAttempt, len(atts))
 		for i, a := range atts {
 			if try > 0 {
@@ -268,9 +286,15 @@ func (s *Stage) Process(ctx context.Context, m pipeline.Message) (pipeline.Resul
 		if lim.Now == nil {
 			lim.Now = s.now
 		}
-		trajs, err := s.episodes(rctx, pol, run, lim)
+		before := s.envRetries()
+		trajs, err := s.runEpisodes(rctx, pol, run, lim)
 		cancel()
 		end := s.now()
+		retried, rerr := s.retryEvents(run[0], pol.Version(), before, end)
+		if rerr != nil {
+			return pipeline.Result{}, rerr
+		}
+		res.Outputs = append(res.Outputs, retried...)
 		if err == nil {
 			out, err := stagekit.Encode(schemas.Trajectories, s.cfg.Topics.Trajectories, run[0].GroupID,
 				stagekit.MessageID(s.Name(), run[0].GroupID), trajs)

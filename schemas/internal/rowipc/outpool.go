@@ -1,15 +1,16 @@
-package schemas
+package rowipc
 
 import (
 	"math/bits"
 	"sync"
 )
 
-// outPool recycles the output buffers of EncodePooled. A stage's outputs
-// live from their encode until the broker acknowledges them (milliseconds)
-// and come in a few sizes (a group's message, a packed batch of many MB),
-// so a handful of free buffers per size class serves a steady stream
-// without allocating and zeroing a fresh one per message. Unlike a
+// outPool recycles the output buffers of pooled encodes (Codec.Encode
+// with pooled). A stage's outputs live from their encode until the broker
+// acknowledges them (milliseconds) and come in a few sizes (a group's
+// message, a packed batch of many MB), so a handful of free buffers per
+// size class serves a steady stream without allocating and zeroing a
+// fresh one per message. Unlike a
 // sync.Pool, the free buffers survive garbage collections (a multi-MB
 // batch buffer is needed only every few collections); their total is
 // bounded by outPoolBytes.

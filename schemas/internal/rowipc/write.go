@@ -1,4 +1,4 @@
-package schemas
+package rowipc
 
 import (
 	"encoding/binary"
@@ -14,10 +14,10 @@ import (
 // This file writes the record batch message of a codec's rows straight
 // from the Go values into the output stream: no intermediate Arrow arrays,
 // no second copy of the column values. The bytes are the ones ToRecord
-// followed by Arrow's IPC writer produce (asserted for every kind by the
-// round-trip tests): the same depth-first field nodes and buffers, each
-// buffer padded to 8 bytes, and the flatbuffer metadata built in the same
-// order. Columns are laid out in a first pass (node lengths, buffer
+// followed by Arrow's IPC writer produce (asserted by the round-trip tests
+// and fuzz targets here and, for every record kind, in schemas): the same
+// depth-first field nodes and buffers, each buffer padded to 8 bytes, and
+// the flatbuffer metadata built in the same order. Columns are laid out in a first pass (node lengths, buffer
 // sizes), so the output is allocated once at its exact size and each value
 // is copied once, in a second pass.
 
@@ -174,7 +174,7 @@ func (c *col) emit(w *ipcWriter, n int, row at) {
 			c.fields[j].emit(w, n, ptr)
 		}
 	default:
-		panic("schemas: unknown column kind")
+		panic("rowipc: unknown column kind")
 	}
 }
 
@@ -220,14 +220,14 @@ var metaBuilders = sync.Pool{New: func() any { return flatbuffers.NewBuilder(102
 // writeRows encodes rows of cols as one IPC stream: frame (the schema
 // message), the record batch message, the end-of-stream marker. With
 // pooled the output comes from the output pool and release returns it.
-func writeRows(kind Kind, frame []byte, cols []col, n int, row at, pooled bool) ([]byte, func(), error) {
+func writeRows(frame []byte, cols []col, n int, row at, pooled bool) ([]byte, func(), error) {
 	w := ipcWriters.Get().(*ipcWriter)
 	defer func() { w.reset(); ipcWriters.Put(w) }()
 	for i := range cols {
 		cols[i].emit(w, n, row)
 	}
 	if w.err != nil {
-		return nil, nil, fmt.Errorf("schemas: encode %s: %w", kind, w.err)
+		return nil, nil, w.err
 	}
 	body := 0
 	for _, l := range w.lens {

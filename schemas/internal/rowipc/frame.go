@@ -1,4 +1,4 @@
-package schemas
+package rowipc
 
 import (
 	"encoding/binary"
@@ -410,4 +410,60 @@ func newMessageList(ms ...ipcMessage) *messageList {
 		l.msgs = append(l.msgs, ipc.NewMessage(memory.NewBufferBytes(meta), memory.NewBufferBytes(body)))
 	}
 	return l
+}
+
+// SplitBatches cuts a stream of one schema message, any number of record
+// batches and the end-of-stream marker into one stream per record batch
+// (the schema message, that batch, the end-of-stream marker), each one that
+// Decode reads. The marker is required: a stream cut between two record
+// batches is an error, never a shorter stream. The parts are new slices.
+func SplitBatches(b []byte) ([][]byte, error) {
+	schema, pos, eos, err := readFrame(b, 0)
+	if err != nil {
+		return nil, err
+	}
+	if eos || schema.typ != msgSchema {
+		return nil, fmt.Errorf("stream does not start with a schema message")
+	}
+	head := b[:pos]
+	var parts [][]byte
+	for {
+		start := pos
+		m, next, eos, err := readFrame(b, pos)
+		if err != nil {
+			return nil, fmt.Errorf("record batch %d: %w", len(parts), err)
+		}
+		if eos {
+			if next != len(b) {
+				return nil, fmt.Errorf("%d bytes after the end-of-stream marker", len(b)-next)
+			}
+			return parts, nil
+		}
+		if m.typ != msgRecordBatch {
+			return nil, fmt.Errorf("message %d at byte %d is not a record batch", len(parts)+1, start)
+		}
+		part := make([]byte, 0, len(head)+(next-start)+len(ipcEOS))
+		part = append(append(append(part, head...), b[start:next]...), ipcEOS...)
+		parts = append(parts, part)
+		pos = next
+	}
+}
+
+// MessageEnds returns the byte offset after each message of the stream b
+// (the schema message, then every record batch), up to its end-of-stream
+// marker or its last byte: where a stream of several messages may be cut.
+func MessageEnds(b []byte) ([]int, error) {
+	var ends []int
+	for pos := 0; pos < len(b); {
+		_, next, eos, err := readFrame(b, pos)
+		if err != nil {
+			return nil, err
+		}
+		if eos {
+			break
+		}
+		ends = append(ends, next)
+		pos = next
+	}
+	return ends, nil
 }

@@ -1,4 +1,4 @@
-package schemas
+package rowipc
 
 import (
 	"encoding/binary"
@@ -15,9 +15,9 @@ import (
 )
 
 // This file derives the Arrow columns of a row type from its Go struct
-// definition, once per kind at package initialization, and moves values
+// definition, once per codec (New), and moves values
 // between rows and Arrow buffers. The derivation is the only place that
-// maps Go to Arrow, so every kind shares it:
+// maps Go to Arrow, so every row type shares it:
 //
 //   - a field's column name is its json tag; an embedded struct
 //     contributes its columns in place (Rewarded = Trajectory's columns,
@@ -26,15 +26,11 @@ import (
 //     the same width, bool to boolean, string to utf8;
 //   - a nested struct maps to struct<...> of its own columns;
 //   - []E maps to list<E> with non-nullable elements. Lists are not
-//     nullable except those named in nullableLists, where a nil slice is
-//     stored as null.
+//     nullable except the fixed-width lists whose names the codec's
+//     nullable set holds, where a nil slice is stored as null.
 //
 // Rows are reached through unsafe pointers at the field offsets reflect
 // reports, so building and reading a column costs no reflection per value.
-
-// nullableLists are the list columns where nil ("not computed") and empty
-// differ: ref_logprobs is nil when no reference model ran.
-var nullableLists = map[string]bool{"ref_logprobs": true}
 
 type colKind uint8
 
@@ -74,13 +70,14 @@ func fieldsOf(cols []col) []arrow.Field {
 	return fs
 }
 
-// colsOf derives the columns of struct type t.
-func colsOf(t reflect.Type) []col {
+// colsOf derives the columns of struct type t; nullable holds the names
+// of the nullable list columns.
+func colsOf(t reflect.Type, nullable map[string]bool) []col {
 	var cols []col
 	for i := range t.NumField() {
 		f := t.Field(i)
 		if f.Anonymous && f.Type.Kind() == reflect.Struct {
-			for _, c := range colsOf(f.Type) {
+			for _, c := range colsOf(f.Type, nullable) {
 				c.off += f.Offset
 				cols = append(cols, c)
 			}
@@ -88,9 +85,9 @@ func colsOf(t reflect.Type) []col {
 		}
 		name, _, _ := strings.Cut(f.Tag.Get("json"), ",")
 		if name == "" || name == "-" {
-			panic(fmt.Sprintf("schemas: field %s.%s has no json name", t, f.Name))
+			panic(fmt.Sprintf("rowipc: field %s.%s has no json name", t, f.Name))
 		}
-		c := colOf(name, f.Type)
+		c := colOf(name, f.Type, nullable)
 		c.off = f.Offset
 		cols = append(cols, c)
 	}
@@ -113,7 +110,7 @@ func fixedType(t reflect.Type) (arrow.DataType, bool) {
 	return nil, false
 }
 
-func colOf(name string, t reflect.Type) col {
+func colOf(name string, t reflect.Type, nullable map[string]bool) col {
 	if dt, ok := fixedType(t); ok {
 		return col{name: name, kind: kindFixed, dt: dt, width: int(t.Size())}
 	}
@@ -123,18 +120,18 @@ func colOf(name string, t reflect.Type) col {
 	case reflect.String:
 		return col{name: name, kind: kindString, dt: arrow.BinaryTypes.String}
 	case reflect.Struct:
-		fields := colsOf(t)
+		fields := colsOf(t, nullable)
 		return col{name: name, kind: kindStruct, dt: arrow.StructOf(fieldsOf(fields)...), fields: fields}
 	case reflect.Slice:
 		if dt, ok := fixedType(t.Elem()); ok {
 			return col{name: name, kind: kindFixedList, dt: arrow.ListOfNonNullable(dt),
-				nullable: nullableLists[name], width: int(t.Elem().Size())}
+				nullable: nullable[name], width: int(t.Elem().Size())}
 		}
-		e := colOf("item", t.Elem())
+		e := colOf("item", t.Elem(), nullable)
 		return col{name: name, kind: kindList, dt: arrow.ListOfField(e.field()),
 			elem: &e, elemType: t.Elem(), elemSize: t.Elem().Size()}
 	}
-	panic(fmt.Sprintf("schemas: no Arrow column for %s of Go type %s", name, t))
+	panic(fmt.Sprintf("rowipc: no Arrow column for %s of Go type %s", name, t))
 }
 
 // sliceHeader is the runtime layout of a Go slice.
@@ -256,7 +253,7 @@ func (c *col) build(b *builder, n int, row at) arrow.ArrayData {
 		}
 		return newData(c.dt, n, []*memory.Buffer{nil}, children, 0)
 	}
-	panic("schemas: unknown column kind")
+	panic("rowipc: unknown column kind")
 }
 
 // buildFixedList copies every row's values once into one contiguous

@@ -1,4 +1,4 @@
-package schemas
+package rowipc
 
 import (
 	"encoding/binary"

@@ -1,0 +1,75 @@
+package peers
+
+import (
+	"bytes"
+	"context"
+	"path/filepath"
+	"testing"
+
+	"github.com/trajflow/trajflow/bench/synth"
+	"github.com/trajflow/trajflow/internal/testkit"
+	"github.com/trajflow/trajflow/schemas"
+)
+
+// TestCorpusRoundTrip: the corpus holds the bytes the real stages produced
+// on every hop (each decodes as its hop's kind), at least one batch, and it
+// reads back byte for byte.
+func TestCorpusRoundTrip(t *testing.T) {
+	c := testkit.LoadContract(t, "../../testdata/contracts/bench.yaml")
+	cp, err := BuildCorpus(context.Background(), c, synth.Bench(), 96)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(cp.Groups) != 96 || len(cp.Batches) == 0 {
+		t.Fatalf("groups %d batches %d", len(cp.Groups), len(cp.Batches))
+	}
+	reached := 0
+	for _, g := range cp.Groups {
+		if len(g.Hops[0]) != 1 || g.Tokens <= 0 || g.Action <= 0 || g.Action > g.Tokens {
+			t.Fatalf("group %d: hops %d tokens %d action %d", g.Index, len(g.Hops[0]), g.Tokens, g.Action)
+		}
+		if len(g.Hops[3]) > 0 {
+			reached++
+			if _, err := schemas.ScoredTrajectories.Decode(nil, g.Hops[3][0]); err != nil {
+				t.Fatalf("group %d scored message: %v", g.Index, err)
+			}
+		}
+	}
+	if reached < 80 {
+		t.Fatalf("only %d of 96 groups reached the scored topic", reached)
+	}
+	for i, b := range cp.Batches {
+		if _, err := schemas.PackedBatches.Decode(nil, b.Value); err != nil {
+			t.Fatalf("batch %d: %v", i, err)
+		}
+		if b.After <= 0 || b.After > 96 {
+			t.Fatalf("batch %d after %d groups", i, b.After)
+		}
+	}
+	path := filepath.Join(t.TempDir(), "corpus.bin")
+	if err := cp.Write(path); err != nil {
+		t.Fatal(err)
+	}
+	back, err := ReadCorpus(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(back.Groups) != len(cp.Groups) || len(back.Batches) != len(cp.Batches) {
+		t.Fatalf("read back %d groups %d batches", len(back.Groups), len(back.Batches))
+	}
+	for i := range cp.Groups {
+		for h := range cp.Groups[i].Hops {
+			for k := range cp.Groups[i].Hops[h] {
+				if !bytes.Equal(cp.Groups[i].Hops[h][k], back.Groups[i].Hops[h][k]) {
+					t.Fatalf("group %d hop %d message %d differs", i, h, k)
+				}
+			}
+		}
+	}
+	if !bytes.Equal(cp.Batches[0].Value, back.Batches[0].Value) || cp.Batches[0].After != back.Batches[0].After {
+		t.Fatal("batch 0 differs")
+	}
+	if _, err := ReadCorpus(filepath.Join(t.TempDir(), "missing")); err == nil {
+		t.Fatal("missing corpus read without error")
+	}
+}

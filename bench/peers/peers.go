@@ -1,0 +1,439 @@
+package peers
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/trajflow/trajflow/bench"
+	"github.com/trajflow/trajflow/bench/synth"
+	"github.com/trajflow/trajflow/pipeline/contract"
+)
+
+// Systems a Run can measure.
+const (
+	SysTrajflow      = "trajflow"       // trajflow on the embedded broker (+ raw kafka-go and franz-go on it)
+	SysTrajflowKafka = "trajflow-kafka" // trajflow on Apache Kafka (+ raw kafka-go and franz-go on it)
+	SysRay           = "ray"
+	SysZeroMQ        = "zeromq"
+)
+
+// AllSystems is every system, in the order a round runs them.
+var AllSystems = []string{SysTrajflow, SysTrajflowKafka, SysRay, SysZeroMQ}
+
+// Config configures Run.
+type Config struct {
+	// Binary is the trajflow binary the trajflow runs use; ContractPath
+	// its contract file (Contract the same, loaded).
+	Binary       string
+	ContractPath string
+	Contract     *contract.Contract
+	// Python is the interpreter of the peers' virtual environment
+	// (bench/peers/python/setup.sh); PythonPath the folder that holds
+	// the trajflow_peers package.
+	Python, PythonPath string
+	Systems            []string
+	// Kafka is the bootstrap address of an Apache Kafka for
+	// trajflow-kafka; KafkaPid its broker's process id when it runs on
+	// this machine (its CPU time is added to that run's figures).
+	Kafka    string
+	KafkaPid int
+	Rounds   int
+	Duration time.Duration
+	Warmup   time.Duration
+	Baseline time.Duration
+	// Kill names the stage whose process each kill run SIGKILLs once, half
+	// way through its window ("" runs no kill runs).
+	Kill             string
+	CorpusGroups     int
+	InFlight         int
+	RayGroupsPerCall int
+	// OutDir receives the corpus and every run's JSON; Log the progress.
+	OutDir string
+	Log    io.Writer
+}
+
+func (c *Config) defaults() error {
+	if c.Rounds <= 0 {
+		c.Rounds = 2
+	}
+	if c.Duration <= 0 {
+		c.Duration = 15 * time.Second
+	}
+	if c.Warmup < 0 {
+		c.Warmup = 0
+	}
+	if c.Baseline == 0 {
+		c.Baseline = 6 * time.Second
+	}
+	if c.CorpusGroups <= 0 {
+		c.CorpusGroups = 256
+	}
+	if c.InFlight <= 0 {
+		c.InFlight = 192
+	}
+	if c.RayGroupsPerCall <= 0 {
+		c.RayGroupsPerCall = 8
+	}
+	if len(c.Systems) == 0 {
+		c.Systems = AllSystems
+	}
+	if c.Log == nil {
+		c.Log = io.Discard
+	}
+	for _, s := range c.Systems {
+		switch s {
+		case SysTrajflow, SysRay, SysZeroMQ:
+		case SysTrajflowKafka:
+			if c.Kafka == "" {
+				return errors.New("peers: trajflow-kafka needs --kafka (bootstrap address of an Apache Kafka, e.g. deploy/local/kafka.sh up)")
+			}
+		default:
+			return fmt.Errorf("peers: --systems: no system %q (have %s)", s, strings.Join(AllSystems, ", "))
+		}
+	}
+	if c.Kill != "" && !slicesContains(bench.Stages, c.Kill) {
+		return fmt.Errorf("peers: --kill: no stage %q (have %s)", c.Kill, strings.Join(bench.Stages, ", "))
+	}
+	if c.Binary == "" || c.ContractPath == "" || c.Contract == nil || c.OutDir == "" {
+		return errors.New("peers: Binary, ContractPath, Contract and OutDir are required")
+	}
+	return nil
+}
+
+func slicesContains(xs []string, x string) bool {
+	for _, y := range xs {
+		if y == x {
+			return true
+		}
+	}
+	return false
+}
+
+// Row is one system's figures in one run. Policy tokens are the tokens the
+// policy sampled (action tokens) of the attempts decided in the window.
+type Row struct {
+	System string `json:"system"`
+	Round  int    `json:"round"`
+	Kill   bool   `json:"kill_run"`
+	// Hops is how many hops the bytes crossed (1 for a raw client).
+	Hops                int     `json:"hops"`
+	PolicyTokensPerS    float64 `json:"policy_tokens_per_s"`
+	TokensPerS          float64 `json:"tokens_per_s"`
+	MBPerS              float64 `json:"mb_s"`
+	P50MS               float64 `json:"p50_ms"`
+	P99MS               float64 `json:"p99_ms"`
+	CPUCores            float64 `json:"cpu_cores"`
+	CPUSPerMPolicy      float64 `json:"cpu_s_per_m_policy_tokens"`
+	PolicyTokensPerCPUS float64 `json:"policy_tokens_per_cpu_s"`
+	MBPerCPUS           float64 `json:"mb_per_cpu_s"`
+	PeakMB              float64 `json:"peak_mb"`
+	// Lost and Duplicated count attempts (kill runs: after the kill and
+	// the drain); -1 when the system has no trainer end (raw clients).
+	Lost       int64      `json:"lost_attempts"`
+	Duplicated int64      `json:"duplicated_attempts"`
+	Launched   int64      `json:"launched_attempts"`
+	LoadAvg    [3]float64 `json:"load_avg"`
+	Note       string     `json:"note,omitempty"`
+	File       string     `json:"file,omitempty"`
+}
+
+// Result is a whole Run.
+type Result struct {
+	Started  time.Time `json:"started"`
+	Machine  string    `json:"machine"`
+	Command  string    `json:"command"`
+	Corpus   string    `json:"corpus"`
+	Rows     []Row     `json:"rows"`
+	Duration float64   `json:"window_s"`
+	InFlight int       `json:"inflight_groups"`
+	// ActionShare is the share of policy tokens among all tokens of the
+	// source (raw rows convert their tokens with it).
+	ActionShare float64 `json:"action_share"`
+}
+
+// Run exports the corpus, then runs every system once per round,
+// alternating, then (with Kill) one kill run of each system that has a
+// trainer end, and returns every row.
+func Run(ctx context.Context, cfg Config) (*Result, error) {
+	if err := cfg.defaults(); err != nil {
+		return nil, err
+	}
+	if err := os.MkdirAll(cfg.OutDir, 0o755); err != nil {
+		return nil, fmt.Errorf("peers: %w", err)
+	}
+	res := &Result{Started: time.Now().UTC(), Machine: Machine(), Duration: cfg.Duration.Seconds(), InFlight: cfg.InFlight}
+	corpusPath := filepath.Join(cfg.OutDir, "corpus.bin")
+	fmt.Fprintf(cfg.Log, "exporting %d groups through the stages into %s\n", cfg.CorpusGroups, corpusPath)
+	cp, err := BuildCorpus(ctx, cfg.Contract, synth.Bench(), cfg.CorpusGroups)
+	if err != nil {
+		return nil, err
+	}
+	if err := cp.Write(corpusPath); err != nil {
+		return nil, err
+	}
+	res.Corpus = corpusPath
+	var tok, act int64
+	for _, g := range cp.Groups {
+		tok += g.Tokens
+		act += g.Action
+	}
+	res.ActionShare = float64(act) / float64(max(tok, 1))
+	for round := 1; round <= cfg.Rounds; round++ {
+		for _, sys := range cfg.Systems {
+			rows, err := runOne(ctx, &cfg, sys, round, false, corpusPath, res.ActionShare)
+			if err != nil {
+				return nil, err
+			}
+			res.Rows = append(res.Rows, rows...)
+		}
+	}
+	if cfg.Kill != "" {
+		for _, sys := range cfg.Systems {
+			if sys == SysTrajflowKafka {
+				continue // the kill run of trajflow is on the embedded broker
+			}
+			rows, err := runOne(ctx, &cfg, sys, 0, true, corpusPath, res.ActionShare)
+			if err != nil {
+				return nil, err
+			}
+			res.Rows = append(res.Rows, rows...)
+		}
+	}
+	return res, nil
+}
+
+// runOne runs one system once as a child process and returns its rows.
+func runOne(ctx context.Context, cfg *Config, sys string, round int, kill bool, corpusPath string, actionShare float64) ([]Row, error) {
+	tag := fmt.Sprintf("%s-r%d", sys, round)
+	if kill {
+		tag = sys + "-kill-" + cfg.Kill
+	}
+	out := filepath.Join(cfg.OutDir, tag+".json")
+	load := loadAvg()
+	fmt.Fprintf(cfg.Log, "%s  %-28s load %.2f %.2f %.2f\n", time.Now().UTC().Format("15:04:05"), tag, load[0], load[1], load[2])
+	var rows []Row
+	var err error
+	switch sys {
+	case SysTrajflow, SysTrajflowKafka:
+		rows, err = runTrajflow(ctx, cfg, sys, kill, out, actionShare)
+	default:
+		rows, err = runPython(ctx, cfg, sys, kill, corpusPath, out)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("peers: %s: %w", tag, err)
+	}
+	for i := range rows {
+		rows[i].Round, rows[i].Kill, rows[i].File = round, kill, filepath.Base(out)
+		if rows[i].LoadAvg == [3]float64{} {
+			rows[i].LoadAvg = load
+		}
+	}
+	return rows, nil
+}
+
+// runTrajflow runs `trajflow bench` and turns its report into rows: the
+// pipeline and, outside kill runs, each raw client's baseline on the same
+// broker.
+func runTrajflow(ctx context.Context, cfg *Config, sys string, kill bool, out string, actionShare float64) ([]Row, error) {
+	args := []string{"bench", "--contract", cfg.ContractPath, "--duration", cfg.Duration.String(), "--warmup", cfg.Warmup.String(),
+		"--inflight-groups", strconv.Itoa(cfg.InFlight), "--json-out", out}
+	if kill {
+		args = append(args, "--processes", "--kill", cfg.Kill, "--baseline", "-1s")
+	} else {
+		args = append(args, "--baseline", cfg.Baseline.String(), "--baselines", bench.ClientKafkaGo+","+bench.ClientFranzGo)
+	}
+	where := "embedded broker"
+	if sys == SysTrajflowKafka {
+		args = append(args, "--brokers", cfg.Kafka)
+		where = "Apache Kafka"
+		if cfg.KafkaPid > 0 {
+			args = append(args, "--cpu-pids", strconv.Itoa(cfg.KafkaPid))
+			where += " (its JVM's CPU counted)"
+		}
+	}
+	cmd := exec.CommandContext(ctx, cfg.Binary, args...)
+	var stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = io.Discard, &stderr
+	if err := cmd.Run(); err != nil {
+		return nil, fmt.Errorf("%s %s: %w: %s", cfg.Binary, strings.Join(args, " "), err, tail(stderr.String()))
+	}
+	b, err := os.ReadFile(out)
+	if err != nil {
+		return nil, err
+	}
+	var rep bench.Report
+	if err := json.Unmarshal(b, &rep); err != nil {
+		return nil, fmt.Errorf("%s: %w", out, err)
+	}
+	name := "trajflow (" + where + ")"
+	if kill {
+		name = "trajflow (operator processes)"
+	}
+	r := Row{System: name, Hops: len(bench.Stages) + 1, PolicyTokensPerS: rep.E2EActionTokensPerS, TokensPerS: rep.E2ETokensPerS,
+		MBPerS: rep.PipelineMBPerS, P50MS: rep.LatencyMS.P50, P99MS: rep.LatencyMS.P99, CPUCores: rep.CPUCores,
+		MBPerCPUS: rep.PipelineMBPerCPUS, PeakMB: peakInWindow(&rep), Lost: int64(rep.Accounting.Lost),
+		Duplicated: int64(rep.Accounting.Duplicated), Launched: int64(rep.Accounting.Launched)}
+	r.fillCPU()
+	if kill && rep.Kill != nil {
+		r.Note = fmt.Sprintf("%s SIGKILLed at %.1fs, back after %.2fs; per-stage bytes not counted in process mode", rep.Kill.Stage, rep.Kill.AtS, rep.Kill.DownS)
+		r.MBPerS, r.MBPerCPUS = 0, 0
+	}
+	rows := []Row{r}
+	for _, bl := range rep.Baselines {
+		br := Row{System: "raw " + bl.Client + " (" + where + ")", Hops: 1, TokensPerS: bl.TokensPerS,
+			PolicyTokensPerS: bl.TokensPerS * actionShare, MBPerS: bl.MBPerS, CPUCores: bl.CPUCores, MBPerCPUS: bl.MBPerCPUS,
+			Lost: -1, Duplicated: -1, Note: "one hop, no operator work; same process and broker as the trajflow row"}
+		br.fillCPU()
+		rows = append(rows, br)
+	}
+	return rows, nil
+}
+
+// fillCPU derives the per-CPU figures from the rates and the cores.
+func (r *Row) fillCPU() {
+	if r.CPUCores > 0 && r.PolicyTokensPerS > 0 {
+		r.PolicyTokensPerCPUS = r.PolicyTokensPerS / r.CPUCores
+		r.CPUSPerMPolicy = 1e6 / r.PolicyTokensPerCPUS
+	}
+}
+
+// peakInWindow is the largest RSS sample of the measurement window (the
+// process's VmHWM also covers the baselines before it).
+func peakInWindow(rep *bench.Report) float64 {
+	peak := 0.0
+	for _, s := range rep.RSS {
+		if s.Phase == "measure" {
+			peak = max(peak, s.MB)
+		}
+	}
+	if peak == 0 {
+		return rep.PeakRSSMB
+	}
+	return peak
+}
+
+// pyReport is what trajflow_peers.run prints.
+type pyReport struct {
+	System           string                     `json:"system"`
+	GroupsPerCall    int                        `json:"groups_per_call"`
+	WindowS          float64                    `json:"window_s"`
+	TokensPerS       float64                    `json:"tokens_per_s"`
+	ActionTokensPerS float64                    `json:"action_tokens_per_s"`
+	MBPerS           float64                    `json:"mb_s"`
+	MBPerCPUS        float64                    `json:"mb_per_cpu_s"`
+	CPUCores         float64                    `json:"cpu_cores"`
+	PeakMB           float64                    `json:"peak_mb"`
+	ProducedGroups   int64                      `json:"produced_groups"`
+	LostAttempts     int64                      `json:"lost_attempts"`
+	DuplicateGroups  int64                      `json:"duplicate_groups"`
+	LateGroups       int64                      `json:"late_groups"`
+	StartupS         float64                    `json:"startup_s"`
+	LoadAvg          []float64                  `json:"load_avg"`
+	Latency          struct{ P50, P99 float64 } `json:"latency_ms"`
+	Kill             *struct {
+		Stage string  `json:"stage"`
+		AtS   float64 `json:"at_s"`
+	} `json:"kill"`
+}
+
+// runPython runs one in-memory peer (python -m trajflow_peers.run).
+func runPython(ctx context.Context, cfg *Config, sys string, kill bool, corpusPath, out string) ([]Row, error) {
+	if cfg.Python == "" {
+		return nil, errors.New("no Python interpreter for the peers (bench/peers/python/setup.sh prints it)")
+	}
+	args := []string{"-m", "trajflow_peers.run", "--system", sys, "--corpus", corpusPath, "--duration",
+		strconv.FormatFloat(cfg.Duration.Seconds(), 'f', -1, 64), "--warmup", strconv.FormatFloat(cfg.Warmup.Seconds(), 'f', -1, 64),
+		"--inflight", strconv.Itoa(cfg.InFlight), "--groups-per-call", strconv.Itoa(cfg.RayGroupsPerCall)}
+	if kill {
+		args = append(args, "--kill", cfg.Kill)
+	}
+	cmd := exec.CommandContext(ctx, cfg.Python, args...)
+	cmd.Env = append(os.Environ(), "PYTHONPATH="+cfg.PythonPath)
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	if err := cmd.Run(); err != nil {
+		return nil, fmt.Errorf("%s %s: %w: %s", cfg.Python, strings.Join(args, " "), err, tail(stderr.String()))
+	}
+	if err := os.WriteFile(out, stdout.Bytes(), 0o644); err != nil {
+		return nil, err
+	}
+	// The report is the last line (Ray may print notices before it).
+	lines := bytes.Split(bytes.TrimSpace(stdout.Bytes()), []byte("\n"))
+	var p pyReport
+	if err := json.Unmarshal(lines[len(lines)-1], &p); err != nil {
+		return nil, fmt.Errorf("output of %s: %w: %q", sys, err, tail(stdout.String()))
+	}
+	name := "ZeroMQ + msgpack (processes)"
+	if sys == SysRay {
+		name = fmt.Sprintf("Ray (actors, object store, %d groups/call)", p.GroupsPerCall)
+	}
+	r := Row{System: name, Hops: len(bench.Stages) + 1, PolicyTokensPerS: p.ActionTokensPerS, TokensPerS: p.TokensPerS,
+		MBPerS: p.MBPerS, P50MS: p.Latency.P50, P99MS: p.Latency.P99, CPUCores: p.CPUCores, MBPerCPUS: p.MBPerCPUS,
+		PeakMB: p.PeakMB, Lost: p.LostAttempts, Duplicated: p.DuplicateGroups * int64(cfg.Contract.Sampler.GroupSize),
+		Launched: p.ProducedGroups * int64(cfg.Contract.Sampler.GroupSize)}
+	r.fillCPU()
+	if len(p.LoadAvg) == 3 {
+		r.LoadAvg = [3]float64{p.LoadAvg[0], p.LoadAvg[1], p.LoadAvg[2]}
+	}
+	if kill && p.Kill != nil {
+		r.Note = fmt.Sprintf("%s SIGKILLed at %.1fs and restarted", p.Kill.Stage, p.Kill.AtS)
+	}
+	return []Row{r}, nil
+}
+
+// tail is the last lines of a process's output, for an error.
+func tail(s string) string {
+	lines := strings.Split(strings.TrimSpace(s), "\n")
+	if len(lines) > 12 {
+		lines = lines[len(lines)-12:]
+	}
+	return strings.Join(lines, "\n")
+}
+
+// loadAvg reads /proc/loadavg.
+func loadAvg() [3]float64 {
+	var l [3]float64
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return l
+	}
+	f := strings.Fields(string(b))
+	for i := 0; i < 3 && i < len(f); i++ {
+		l[i], _ = strconv.ParseFloat(f[i], 64)
+	}
+	return l
+}
+
+// Machine describes this machine: CPUs, model, memory, Go version.
+func Machine() string {
+	model := ""
+	if b, err := os.ReadFile("/proc/cpuinfo"); err == nil {
+		for _, line := range strings.Split(string(b), "\n") {
+			if strings.HasPrefix(line, "model name") {
+				if _, v, ok := strings.Cut(line, ":"); ok {
+					model = strings.TrimSpace(v)
+				}
+				break
+			}
+		}
+	}
+	mem := ""
+	if b, err := os.ReadFile("/proc/meminfo"); err == nil {
+		if f := strings.Fields(string(b)); len(f) > 1 {
+			kb, _ := strconv.ParseFloat(f[1], 64)
+			mem = fmt.Sprintf(", %.0f GiB", kb/(1<<20))
+		}
+	}
+	return fmt.Sprintf("%d CPUs (%s)%s, %s/%s, %s", runtime.NumCPU(), model, mem, runtime.GOOS, runtime.GOARCH, runtime.Version())
+}

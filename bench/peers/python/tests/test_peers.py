@@ -1,0 +1,75 @@
+"""The peers move the corpus' bytes over every hop, account every group, and
+lose the groups a killed in-memory stage held."""
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+from trajflow_peers import corpus as corpus_mod
+
+HERE = pathlib.Path(__file__).resolve().parents[1]
+
+
+def run_peer(corpus_path, *args, timeout=240):
+    env = dict(os.environ, PYTHONPATH=str(HERE))
+    p = subprocess.run([sys.executable, "-m", "trajflow_peers.run", "--corpus", corpus_path, *args],
+                       env=env, capture_output=True, text=True, timeout=timeout)
+    assert p.returncode == 0, p.stderr[-3000:]
+    # The report is the last line (Ray may print notices before it).
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+def test_corpus_holds_every_hop(corpus_path):
+    cp = corpus_mod.load(corpus_path)
+    assert cp.groups == 96
+    assert cp.header["hops"] == ["trajectories", "valid", "rewarded", "scored"]
+    assert all(len(cp.hops[0][g]) == 1 for g in range(cp.groups))
+    # Most groups reach the scored topic; sizes match the messages kept.
+    assert sum(1 for g in range(cp.groups) if cp.hops[3][g]) > 80
+    assert cp.hop_sizes[5][1] == sum(len(m) for m in cp.hops[1][5])
+    assert cp.batches and all(0 < a <= 96 for a in cp.batch_after)
+    assert cp.batch_sizes[0] == len(cp.batches[0]) > 1 << 20
+    # Batches recur every corpus cycle, after the same counts.
+    first = cp.batch_after[0]
+    assert cp.batch_due(first) == 0 and cp.batch_due(first + 96) == 0
+    assert cp.batch_due(first + 1) in (None, 1)
+    assert sum(cp.action) < sum(cp.tokens)
+
+
+def test_corpus_refuses_other_files(tmp_path):
+    bad = tmp_path / "bad.bin"
+    bad.write_bytes(b"not a corpus at all")
+    with pytest.raises(corpus_mod.CorpusError, match="not a trajflow peers corpus"):
+        corpus_mod.load(str(bad))
+    good = tmp_path / "trunc.bin"
+    good.write_bytes(corpus_mod.MAGIC + b"\xff\xff\x00\x00{")
+    with pytest.raises(corpus_mod.CorpusError, match="truncated"):
+        corpus_mod.load(str(good))
+
+
+def test_zeromq_accounts_every_group(corpus_path):
+    r = run_peer(corpus_path, "--system", "zeromq", "--duration", "3", "--warmup", "1", "--inflight", "64")
+    assert r["groups"] > 0 and r["batches"] > 0 and r["mb_s"] > 0 and r["cpu_s"] > 0
+    assert r["lost_groups"] == 0 and r["decided_groups"] == r["produced_groups"]
+    assert r["latency_ms"]["p50"] > 0 and r["peak_mb"] > 0
+
+
+def test_zeromq_kill_of_pack_loses_its_window(corpus_path):
+    r = run_peer(corpus_path, "--system", "zeromq", "--duration", "4", "--warmup", "1", "--inflight", "64",
+                 "--kill", "pack", "--loss-timeout", "3", "--drain", "5")
+    assert r["kill"]["stage"] == "pack"
+    assert r["lost_groups"] > 0, r
+    assert r["lost_attempts"] == 8 * r["lost_groups"]
+    assert r["decided_groups"] + r["lost_groups"] == r["produced_groups"]
+
+
+def test_ray_kill_of_pack_loses_its_window(corpus_path):
+    r = run_peer(corpus_path, "--system", "ray", "--duration", "5", "--warmup", "2", "--inflight", "64",
+                 "--groups-per-call", "4", "--kill", "pack", "--loss-timeout", "3", "--drain", "6", timeout=400)
+    assert r["groups"] > 0 and r["batches"] > 0
+    assert r["lost_groups"] > 0, r
+    assert r["decided_groups"] + r["lost_groups"] == r["produced_groups"]

@@ -1,0 +1,1 @@
+"""In-memory peers of trajflow for `trajflow bench peers`."""

@@ -1,0 +1,157 @@
+"""ZeroMQ peer: one process per hop (validate, reward, advantage, pack,
+trainer), PUSH/PULL sockets on 127.0.0.1, msgpack payloads, as prime-rl moves
+rollouts between its orchestrator and trainer. Every stage binds its PULL
+socket and connects a PUSH to the next one, so a restarted stage is found
+again on the same address; nothing is written anywhere: what a killed stage
+had received and not yet sent on is gone."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import msgpack
+import zmq
+
+from . import corpus as corpus_mod
+
+PACK_MAX_WAIT = 2.0  # s, as trajflow's bench window_max_wait
+
+
+def _pack(o) -> bytes:
+    return msgpack.packb(o, use_bin_type=True)
+
+
+def stage_main(role: str, corpus_path: str, pull_addr: str, push_addr: str) -> None:
+    idx = corpus_mod.STAGES.index(role) if role in corpus_mod.STAGES else -1
+    hops: tuple[int, ...] = (idx + 1,) if 0 <= idx < 3 else ()
+    cp = corpus_mod.load(corpus_path, hops=hops, batches=(role == "pack"))
+    ctx = zmq.Context()
+    pull = ctx.socket(zmq.PULL)
+    pull.bind(pull_addr)
+    push = ctx.socket(zmq.PUSH)
+    push.connect(push_addr)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    n = cp.groups
+    if role == "trainer":
+        while True:
+            raw = pull.recv()
+            now = time.time_ns()
+            b = msgpack.unpackb(raw, raw=False)
+            push.send(_pack({"groups": b["groups"], "n": len(b["m"]), "r": now}))
+    if role == "pack":
+        packed = 0
+        pending: list = []
+        first = 0.0
+        poller = zmq.Poller()
+        poller.register(pull, zmq.POLLIN)
+        while True:
+            if poller.poll(100):
+                m = msgpack.unpackb(pull.recv(), raw=False)
+                packed += 1
+                if not pending:
+                    first = time.monotonic()
+                pending.append([m["g"], m["t"]])
+                k = cp.batch_due(packed)
+            else:
+                k = None
+            if k is None and pending and time.monotonic() - first > PACK_MAX_WAIT:
+                k = 0  # the window's maximum wait closes it
+            if k is not None and pending:
+                push.send(_pack({"groups": pending, "m": cp.batches[k]}))
+                pending = []
+    out = cp.hops[idx + 1]
+    while True:
+        m = msgpack.unpackb(pull.recv(), raw=False)
+        g = m["g"]
+        push.send(_pack({"g": g, "t": m["t"], "m": out[g % n]}))
+
+
+def _free_ports(k: int) -> list[int]:
+    import socket
+
+    socks, ports = [], []
+    for _ in range(k):
+        s = socket.socket()
+        s.bind(("127.0.0.1", 0))
+        socks.append(s)
+        ports.append(s.getsockname()[1])
+    for s in socks:
+        s.close()
+    return ports
+
+
+class ZmqPipeline:
+    """Driver side: the rollout (PUSH into validate) and the trainer's
+    acknowledgements (PULL)."""
+
+    name = "zeromq"
+
+    def __init__(self, corpus_path: str, cp: corpus_mod.Corpus):
+        self.corpus_path = corpus_path
+        self.cp = cp
+        roles = corpus_mod.STAGES + ["trainer"]
+        ports = _free_ports(len(roles) + 1)
+        self.addr = {r: f"tcp://127.0.0.1:{p}" for r, p in zip(roles + ["driver"], ports)}
+        self.roles = roles
+        self.procs: dict[str, subprocess.Popen] = {}
+        self.ctx = zmq.Context()
+        self.acks = self.ctx.socket(zmq.PULL)
+        self.acks.bind(self.addr["driver"])
+        self.push = self.ctx.socket(zmq.PUSH)
+        self.push.connect(self.addr["validate"])
+        for r in roles:
+            self._start(r)
+
+    def _start(self, role: str) -> None:
+        nxt = self.roles[self.roles.index(role) + 1] if role != "trainer" else "driver"
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.pathsep + env.get("PYTHONPATH", "")
+        self.procs[role] = subprocess.Popen(
+            [sys.executable, "-m", "trajflow_peers.zmqpipe", role, self.corpus_path, self.addr[role], self.addr[nxt]], env=env)
+
+    def ready(self, timeout: float = 60.0) -> None:
+        # PUSH/PULL connect lazily: the first messages wait in the sockets'
+        # queues until every stage is up. Nothing to wait for.
+        time.sleep(1.0)
+
+    def send(self, ledger, g: int, t: int) -> None:
+        self.push.send(_pack({"g": g, "t": t, "m": self.cp.hops[0][g % self.cp.groups]}))
+
+    def poll(self, ledger, timeout_ms: int) -> None:
+        if self.acks.poll(timeout_ms):
+            while True:
+                try:
+                    a = msgpack.unpackb(self.acks.recv(zmq.NOBLOCK), raw=False)
+                except zmq.Again:
+                    break
+                ledger.batch(a["groups"], a["n"], a["r"])
+
+    def kill(self, role: str) -> None:
+        p = self.procs[role]
+        p.send_signal(signal.SIGKILL)
+        p.wait()
+        self._start(role)
+
+    def flush(self) -> None:
+        pass
+
+    def close(self) -> None:
+        for p in self.procs.values():
+            p.terminate()
+        for p in self.procs.values():
+            try:
+                p.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+        self.push.close(linger=0)
+        self.acks.close(linger=0)
+        self.ctx.term()
+
+
+if __name__ == "__main__":
+    stage_main(*sys.argv[1:5])

@@ -1,0 +1,72 @@
+package peers
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// TestTableAndRatios: the table holds every row and the ratios compare
+// trajflow with raw kafka-go of the same round and with each in-memory
+// peer; the plot is written.
+func TestTableAndRatios(t *testing.T) {
+	res := &Result{Machine: "m", Duration: 15, InFlight: 192, Rows: []Row{
+		{System: "trajflow (embedded broker)", Round: 1, Hops: 5, PolicyTokensPerS: 8e6, MBPerS: 800, CPUCores: 2, MBPerCPUS: 400, PeakMB: 1800, P50MS: 100, P99MS: 200, Launched: 80},
+		{System: "raw kafka-go (embedded broker)", Round: 1, Hops: 1, MBPerS: 1200, CPUCores: 2, MBPerCPUS: 600, Lost: -1},
+		{System: "raw franz-go (embedded broker)", Round: 1, Hops: 1, MBPerS: 1000, CPUCores: 2, MBPerCPUS: 500, Lost: -1},
+		{System: "Ray (actors, object store, 8 groups/call)", Round: 1, Hops: 5, PolicyTokensPerS: 2e6, CPUCores: 1, PeakMB: 900, P50MS: 300, P99MS: 600},
+		{System: "ZeroMQ + msgpack (processes)", Round: 1, Hops: 5, PolicyTokensPerS: 2e6, CPUCores: 0.5, PeakMB: 300},
+		{System: "ZeroMQ + msgpack (processes)", Kill: true, Hops: 5, Lost: 1248, Launched: 30000, Note: "pack SIGKILLed at 7.5s and restarted"},
+	}}
+	for i := range res.Rows {
+		res.Rows[i].fillCPU()
+	}
+	var b strings.Builder
+	if err := res.WriteTable(&b); err != nil {
+		t.Fatal(err)
+	}
+	out := b.String()
+	for _, want := range []string{
+		"trajflow / raw kafka-go  MB per CPU-s 0.67, MB/s 0.67; trajflow / raw franz-go  MB per CPU-s 0.80",
+		"trajflow / Ray  policy tokens per CPU-s 2.00, per wall second 4.00, peak RSS 2.00",
+		"trajflow / ZeroMQ  policy tokens per CPU-s 1.00",
+		"| kill | ZeroMQ + msgpack (processes) | 5 |", "1248 / 30000",
+		"kill run, ZeroMQ + msgpack (processes): pack SIGKILLed",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("table lacks %q:\n%s", want, out)
+		}
+	}
+	if strings.Count(out, "\n| ") != 7 {
+		t.Errorf("want a header and 6 rows:\n%s", out)
+	}
+	png := filepath.Join(t.TempDir(), "peers.png")
+	if err := res.WritePlot(png); err != nil {
+		t.Fatal(err)
+	}
+	if st, err := os.Stat(png); err != nil || st.Size() < 1000 {
+		t.Fatalf("plot: %v", err)
+	}
+	if err := (&Result{}).WritePlot(png); err == nil {
+		t.Fatal("plot of no rows: no error")
+	}
+}
+
+// TestConfigRefuses: unknown systems and stages, and trajflow-kafka
+// without a broker, are refused naming the flag.
+func TestConfigRefuses(t *testing.T) {
+	for _, c := range []struct {
+		cfg  Config
+		want string
+	}{
+		{Config{Systems: []string{"flink"}}, `--systems: no system "flink"`},
+		{Config{Systems: []string{SysTrajflowKafka}}, "trajflow-kafka needs --kafka"},
+		{Config{Systems: []string{SysRay}, Kill: "dispatch"}, `--kill: no stage "dispatch"`},
+	} {
+		err := c.cfg.defaults()
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%+v: err %v, want %q", c.cfg.Systems, err, c.want)
+		}
+	}
+}

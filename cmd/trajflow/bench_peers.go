@@ -1,0 +1,140 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/trajflow/trajflow/bench/peers"
+	"github.com/trajflow/trajflow/bench/synth"
+	"github.com/trajflow/trajflow/pipeline/contract"
+)
+
+// peersFlags are the flags of trajflow bench peers.
+type peersFlags struct {
+	contract, systems, kafka, kill, python, pythonPath *string
+	out, plot, jsonOut, export, fromJSON               *string
+	duration, warmup, baseline                         *time.Duration
+	rounds, kafkaPid, groups, inflight, perCall        *int
+}
+
+func addPeersFlags(fs interface {
+	String(string, string, string) *string
+	Duration(string, time.Duration, string) *time.Duration
+	Int(string, int, string) *int
+}) peersFlags {
+	return peersFlags{
+		contract:   fs.String("contract", "testdata/contracts/bench.yaml", "learning contract (sized for throughput)"),
+		systems:    fs.String("systems", strings.Join(peers.AllSystems, ","), "systems to run in each round, in order: "+strings.Join(peers.AllSystems, ", ")),
+		kafka:      fs.String("kafka", "", "bootstrap address of an Apache Kafka for trajflow-kafka (deploy/local/kafka.sh up); empty drops trajflow-kafka"),
+		kafkaPid:   fs.Int("kafka-pid", 0, "process id of that broker when it runs on this machine (its CPU is counted)"),
+		kill:       fs.String("kill", "pack", "stage SIGKILLed once in each system's kill run (empty: no kill runs)"),
+		python:     fs.String("python", "", "interpreter of the peers' venv (default: the one bench/peers/python/setup.sh prints)"),
+		pythonPath: fs.String("python-path", "bench/peers/python", "folder holding the trajflow_peers package"),
+		out:        fs.String("out", "out/peers", "directory of the corpus and of every run's JSON"),
+		plot:       fs.String("plot", "", "write every system on one chart to this PNG"),
+		jsonOut:    fs.String("json-out", "", "write every row as JSON to this file"),
+		export:     fs.String("export-corpus", "", "only export the corpus to this file and exit"),
+		fromJSON:   fs.String("from-json", "", "run nothing: print the table (and --plot) of a --json-out file"),
+		duration:   fs.Duration("duration", 15*time.Second, "measurement window of each run"),
+		warmup:     fs.Duration("warmup", 3*time.Second, "warm-up of each run"),
+		baseline:   fs.Duration("baseline", 6*time.Second, "window of each raw client's baseline"),
+		rounds:     fs.Int("rounds", 2, "rounds: every system once per round, alternating"),
+		groups:     fs.Int("corpus-groups", 256, "groups of the synthetic source exported through the stages"),
+		inflight:   fs.Int("inflight-groups", 192, "groups produced and not yet decided, for every system"),
+		perCall:    fs.Int("ray-groups-per-call", 8, "groups per Ray actor call (one DataProto)"),
+	}
+}
+
+// cmdBenchPeers runs trajflow bench peers.
+func cmdBenchPeers(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := newFlags("bench peers", stderr)
+	f := addPeersFlags(fs)
+	if _, err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	if *f.fromJSON != "" {
+		return peersReport(*f.fromJSON, *f.plot, stdout)
+	}
+	c, err := contract.Load(*f.contract)
+	if err != nil {
+		return err
+	}
+	if err := c.Resolve(); err != nil {
+		return fmt.Errorf("contract %s: %w", *f.contract, err)
+	}
+	if *f.export != "" {
+		cp, err := peers.BuildCorpus(ctx, c, synth.Bench(), *f.groups)
+		if err != nil {
+			return err
+		}
+		return cp.Write(*f.export)
+	}
+	bin, err := os.Executable()
+	if err != nil {
+		return err
+	}
+	cfg := peers.Config{Binary: bin, ContractPath: *f.contract, Contract: c, Python: *f.python, PythonPath: *f.pythonPath,
+		Kafka: *f.kafka, KafkaPid: *f.kafkaPid, Rounds: *f.rounds, Duration: *f.duration, Warmup: *f.warmup, Baseline: *f.baseline,
+		Kill: *f.kill, CorpusGroups: *f.groups, InFlight: *f.inflight, RayGroupsPerCall: *f.perCall, OutDir: *f.out, Log: stderr}
+	for _, s := range strings.Split(*f.systems, ",") {
+		if s = strings.TrimSpace(s); s != "" && (s != peers.SysTrajflowKafka || cfg.Kafka != "") {
+			cfg.Systems = append(cfg.Systems, s)
+		}
+	}
+	if cfg.PythonPath, err = filepath.Abs(cfg.PythonPath); err != nil {
+		return err
+	}
+	if cfg.Python == "" && (strings.Contains(*f.systems, peers.SysRay) || strings.Contains(*f.systems, peers.SysZeroMQ)) {
+		out, err := exec.CommandContext(ctx, "bash", filepath.Join(cfg.PythonPath, "setup.sh")).Output()
+		if err != nil {
+			return fmt.Errorf("bench/peers/python/setup.sh: %w", err)
+		}
+		lines := strings.Split(strings.TrimSpace(string(out)), "\n")
+		cfg.Python = lines[len(lines)-1]
+	}
+	res, err := peers.Run(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	res.Command = "trajflow bench peers " + strings.Join(args, " ")
+	if *f.plot != "" {
+		if err := res.WritePlot(*f.plot); err != nil {
+			return err
+		}
+	}
+	if *f.jsonOut != "" {
+		b, err := json.MarshalIndent(res, "", "  ")
+		if err != nil {
+			return err
+		}
+		if err := os.WriteFile(*f.jsonOut, append(b, '\n'), 0o644); err != nil {
+			return err
+		}
+	}
+	return res.WriteTable(stdout)
+}
+
+// peersReport prints the table of a saved result and draws its plot.
+func peersReport(path, plot string, stdout io.Writer) error {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return err
+	}
+	var res peers.Result
+	if err := json.Unmarshal(b, &res); err != nil {
+		return fmt.Errorf("%s: %w", path, err)
+	}
+	if plot != "" {
+		if err := res.WritePlot(plot); err != nil {
+			return err
+		}
+	}
+	return res.WriteTable(stdout)
+}
