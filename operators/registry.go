@@ -177,6 +177,7 @@ func newDispatch(d Deps) (pipeline.Stage, error) {
 	return dispatch.NewStage(dispatch.StageConfig{
 		Planner: p, Topics: d.Topics, RunID: d.Contract.RunID, Mode: d.Contract.Dispatch.Mode,
 		MaxLag: d.Contract.Packing.MaxLag, BatchGroups: d.Contract.Packing.BatchGroups, Rounds: d.Rounds,
+		Continue: d.Contract.Dispatch.PartialRollouts == contract.PartialContinue,
 	})
 }
 
@@ -191,6 +192,7 @@ func newRollout(d Deps) (pipeline.Stage, error) {
 		Retries:      d.Contract.Sampler.ToolRetries,
 		GroupTimeout: time.Duration(d.Contract.Sampler.ToolTimeoutMS) * time.Millisecond * time.Duration(max(1, d.Contract.Sampler.MaxTurns)),
 		Latency:      RolloutLatency(d.Contract),
+		Continue:     d.Contract.Dispatch.PartialRollouts == contract.PartialContinue,
 	}
 	rolloutEnv(d, &cfg)
 	return rollout.NewStage(cfg)

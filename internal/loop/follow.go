@@ -162,6 +162,9 @@ func (r *runner) onRelease(p *progress, v []byte) error {
 	if err != nil {
 		return err
 	}
+	r.sum.ReleaseSeconds = append(r.sum.ReleaseSeconds, time.Since(r.opsStart).Seconds())
+	r.sum.TrainedTokens += u.Metrics.Tokens
+	r.sum.LagTokens = addLag(r.sum.LagTokens, u.Lag)
 	p.queued = append(p.queued, queuedUpdate{rel, u})
 	return nil
 }
@@ -236,4 +239,20 @@ func clipFrac(s objective.Stats) float64 {
 		return 0
 	}
 	return float64(s.ClippedPos+s.ClippedNeg) / float64(s.Tokens)
+}
+
+// addLag adds the lag counts of b to a, in increasing lag order.
+func addLag(a, b []schemas.LagCount) []schemas.LagCount {
+	for _, x := range b {
+		i := 0
+		for i < len(a) && a[i].Lag < x.Lag {
+			i++
+		}
+		if i < len(a) && a[i].Lag == x.Lag {
+			a[i].Tokens += x.Tokens
+			continue
+		}
+		a = append(a[:i], append([]schemas.LagCount{x}, a[i:]...)...)
+	}
+	return a
 }

@@ -24,6 +24,7 @@ import (
 	"github.com/trajflow/trajflow/operators"
 	"github.com/trajflow/trajflow/pipeline"
 	"github.com/trajflow/trajflow/pipeline/contract"
+	"github.com/trajflow/trajflow/schemas"
 )
 
 // Stages are the operators of the RL loop, in pipeline order.
@@ -58,6 +59,16 @@ type Options struct {
 	// sampler.tool_retries and sampler.tool_timeout_ms.
 	ToolRetries   int
 	ToolTimeoutMS int64
+	// Latency, when set, is the contract's latency section (the simulated
+	// latency of the built-in environment and policy).
+	Latency *contract.Latency
+	// RolloutWorkers is how many rollout operators share the tasks topic
+	// (default 1); the topics get at least that many partitions.
+	RolloutWorkers int
+	// PartialRollouts and StalePolicy, when set, replace the contract's
+	// dispatch.partial_rollouts and packing.stale_policy.
+	PartialRollouts string
+	StalePolicy     string
 }
 
 // Update is one line of the loop's output.
@@ -117,6 +128,12 @@ type Summary struct {
 	BatchHashes       []string `json:"batch_hashes"`
 	PerUpdate         []Update `json:"per_update"`
 	WallSeconds       float64  `json:"wall_seconds"`
+	// ReleaseSeconds[v-1] is when version v was released, in seconds since
+	// the operators started; TrainedTokens the tokens the updates trained
+	// and LagTokens the same by lag at the update.
+	ReleaseSeconds []float64          `json:"release_seconds"`
+	TrainedTokens  int64              `json:"trained_tokens"`
+	LagTokens      []schemas.LagCount `json:"lag_tokens"`
 	// Env is the accounting of the environment services (with Options.Env).
 	Env *EnvSummary `json:"env,omitempty"`
 }
@@ -143,6 +160,16 @@ func Contract(o Options) (*contract.Contract, error) {
 	if o.OffPolicy != "" {
 		c.Loss.OffPolicy, c.Loss.ISCap = o.OffPolicy, o.ISCap
 	}
+	if o.Latency != nil {
+		c.Latency = *o.Latency
+	}
+	c.Topics.Partitions = max(c.Topics.Partitions, o.RolloutWorkers)
+	if o.PartialRollouts != "" {
+		c.Dispatch.PartialRollouts = o.PartialRollouts
+	}
+	if o.StalePolicy != "" {
+		c.Packing.StalePolicy = o.StalePolicy
+	}
 	if err := environment(c, o); err != nil {
 		return nil, err
 	}
@@ -167,6 +194,7 @@ type runner struct {
 	evalEvery int
 	sum       *Summary
 	closers   []func() error
+	opsStart  time.Time // when the operators started
 }
 
 // Run runs the loop and returns its summary (also written to
@@ -174,6 +202,9 @@ type runner struct {
 func Run(ctx context.Context, o Options, stdout io.Writer) (*Summary, error) {
 	if o.Updates < 1 || o.EvalSamples < 1 {
 		return nil, fmt.Errorf("loop: updates %d and eval samples %d must be positive", o.Updates, o.EvalSamples)
+	}
+	if o.RolloutWorkers > 1 && len(o.Env) > 0 {
+		return nil, fmt.Errorf("loop: %d rollout workers with environment services: one rollout stage per client", o.RolloutWorkers)
 	}
 	r := &runner{o: o, stdout: stdout, start: time.Now()}
 	defer r.close()

@@ -285,6 +285,34 @@ func TestStageAsync(t *testing.T) {
 	}
 }
 
+// TestStageAsyncContinue: without continuation a straggler group of round
+// 0 holds round 2 back (max_lag 1: at most two rounds in flight); with
+// partial-rollout continuation it does not — only the groups in flight
+// are bounded, (1+1)·8 = 16: round 2 goes out beside the straggler, round
+// 3 waits.
+func TestStageAsyncContinue(t *testing.T) {
+	for _, cont := range []bool{false, true} {
+		topics, _ := pipeline.TopicsFor("run")
+		s, err := NewStage(StageConfig{Planner: planner(t, PlannerConfig{Seed: 1}), Topics: topics, RunID: "run",
+			Mode: ModeAsync, MaxLag: 1, Continue: cont})
+		if err != nil {
+			t.Fatal(err)
+		}
+		h := &harness{t: t, s: s, topics: topics}
+		h.trained(0, 0)
+		h.batchWindow(0, 0, 7, 0) // one group of round 0 still running
+		h.batchWindow(1, 0, 8, 1)
+		got := h.trained(2, 2)
+		want := []int64(nil)
+		if cont {
+			want = []int64{2}
+		}
+		if !reflect.DeepEqual(got, want) {
+			t.Fatalf("continue %v: dispatched %v beside a straggler, want %v", cont, got, want)
+		}
+	}
+}
+
 // TestStageAsyncGroupBudget: with windows of 4 groups (half a round) and
 // max_lag 1, at most (1+1)·4 = 8 groups are in flight: one round at a
 // time, the next dispatched when the trainer has consumed both batches of

@@ -38,6 +38,11 @@ type StageConfig struct {
 	// (packing.batch_groups; 0: a round's groups). Async mode keeps at most
 	// (MaxLag+1)·BatchGroups groups in flight.
 	BatchGroups int
+	// Continue is partial-rollout continuation (dispatch.partial_rollouts
+	// continue): an episode in flight samples every turn with the newest
+	// policy, so a straggling round does not hold back later ones (async
+	// mode then bounds only the groups in flight, not the rounds).
+	Continue bool
 	// Rounds is how many rounds to dispatch (0: until stopped).
 	Rounds int64
 	// RebuildScan bounds how many records per partition Start reads back
@@ -74,6 +79,13 @@ type round struct {
 //     so at most MaxLag+1 rounds are in flight; and
 //   - the groups in flight plus the round's fit in (MaxLag+1)·BatchGroups
 //     (at least one round).
+//
+// With partial-rollout continuation (Continue) the first condition is
+// dropped: a straggler of an old round samples every turn with the newest
+// policy, so it does not need the rounds behind it to wait, and only the
+// groups in flight are bounded. A group also starts with the newest
+// release loaded when its rollout begins (never an older one than it was
+// dispatched with), so time waiting in the tasks topic adds no lag.
 //
 // With windows of BatchGroups decided groups, a group dispatched at
 // version v then waits behind at most MaxLag batches when the rounds in
@@ -284,7 +296,7 @@ func (s *Stage) ready() bool {
 	}
 	flying := 0
 	for r, rd := range s.rounds {
-		if r < s.next-lag && !s.complete(r) {
+		if r < s.next-lag && !s.complete(r) && !(s.cfg.Mode == ModeAsync && s.cfg.Continue) {
 			return false
 		}
 		if s.cfg.Mode == ModeAsync {

@@ -390,7 +390,7 @@ func (w *Window) Close(batchIndex int64, runID, contractHash string, trainerVers
 				Trained:       int(seg.Trained),
 				PolicyVersion: rows[r].SegPolicyVersions[k],
 				Truncated:     seg.Truncated,
-				Stale:         seg.targets() - int(seg.Trained),
+				Stale:         seg.staleTargets(),
 			}
 		}
 	}

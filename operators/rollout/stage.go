@@ -48,6 +48,12 @@ type StageConfig struct {
 	// environment and the policy of every run (LatencyModel.Wrap), so the
 	// agent loop is unchanged and tokens never depend on it.
 	Latency LatencyModel
+	// Continue is partial-rollout continuation (the contract's
+	// dispatch.partial_rollouts continue, systems §7): an episode in
+	// flight when a newer policy is loaded continues with it from its next
+	// turn (following), instead of finishing on the snapshot its group
+	// started with.
+	Continue bool
 	// Env is the environment the episodes run against; nil is Registry,
 	// in process. An environment service's client (connectors/envsvc) is
 	// injected by the operators registry; Registry still names the tasks

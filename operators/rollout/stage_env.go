@@ -20,7 +20,7 @@ func (s *Stage) runEpisodes(ctx context.Context, pol *model.Policy, atts []schem
 		env = s.cfg.Env
 	}
 	// The contract's simulated latency wraps both (nothing when off).
-	env, p := s.cfg.Latency.Wrap(env, pol)
+	env, p := s.cfg.Latency.Wrap(env, s.groupPolicy(pol))
 	tok, _ := p.(Tokenizer)
 	return Agent{Env: env, Policy: p, Tokenizer: tok, Settings: s.cfg.Settings, Limits: lim}.Run(ctx, atts)
 }

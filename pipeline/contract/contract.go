@@ -67,9 +67,12 @@ type Contract struct {
 	// Packing declares sequence packing and the lag-aware admission window
 	// (pipeline §11, DESIGN.md). Rules: token_budget in [1, 2^31-1];
 	// batch_tokens >= token_budget; batch_groups >= 0 (0 = off); overflow
-	// and stale_policy known; max_lag >= 0. Defaults: token_budget 1024, batch_tokens
+	// and stale_policy known; max_lag >= 0; multi_policy per_segment,
+	// new_segments or discard. Defaults: token_budget 1024, batch_tokens
 	// 65536, batch_groups = dispatch.groups_per_update, overflow reject,
-	// max_lag 1, stale_policy drop.
+	// max_lag 1, stale_policy drop, multi_policy per_segment (each turn
+	// trained with its own version's behavior log-probs, pack.MultiPolicy*).
+	// The lag rule holds again at the trainer's update (operators/train).
 	Packing pack.Options `yaml:"packing"`
 	// Rewards are the separately kept reward components (pipeline §8); at
 	// least one, names unique.
@@ -279,7 +282,22 @@ type Dispatch struct {
 	// version). In both, the pack window counts decided groups, admitted
 	// or filtered, towards packing.batch_groups. Default sync.
 	Mode string `yaml:"mode"`
+	// PartialRollouts is what an episode in flight does at an update
+	// boundary (systems §7): PartialFinish (default) finishes it on the
+	// policy snapshot it started with; PartialContinue keeps its
+	// environment and agent state, token history and remaining budget and
+	// continues it with the newer policy from its next turn, every turn
+	// keeping the version that sampled it (packing.multi_policy decides
+	// how such trajectories train). Only asynchronous rounds meet a
+	// boundary mid-episode.
+	PartialRollouts string `yaml:"partial_rollouts"`
 }
+
+// Partial-rollout rules (dispatch.partial_rollouts).
+const (
+	PartialFinish   = "finish"
+	PartialContinue = "continue"
+)
 
 // Latency declares the simulated latency of the built-in environment and
 // policy (systems §6: heavy-tailed tool calls and generation, so that a
@@ -438,6 +456,7 @@ func knobDefaults() *Contract {
 			Overflow:    pack.OverflowReject,
 			MaxLag:      1,
 			StalePolicy: pack.StaleDrop,
+			MultiPolicy: pack.MultiPolicySegments,
 		},
 		Topics: Topics{
 			Partitions:      4,
@@ -450,6 +469,7 @@ func knobDefaults() *Contract {
 			GroupsPerUpdate: 4,
 			EvalEvery:       5,
 			Mode:            DispatchSync,
+			PartialRollouts: PartialFinish,
 		},
 	}
 }

@@ -427,6 +427,7 @@ func (c *Contract) validatePacking(v *validator) {
 	v.oneOf("packing.overflow", p.Overflow, pack.OverflowReject, pack.OverflowTruncate)
 	v.minInt("packing.max_lag", p.MaxLag, 0)
 	v.oneOf("packing.stale_policy", p.StalePolicy, pack.StaleDrop, pack.StaleMaskTurns)
+	v.oneOf("packing.multi_policy", p.MultiPolicy, pack.MultiPolicySegments, pack.MultiPolicyNewest, pack.MultiPolicyDiscard)
 }
 
 func (c *Contract) validateRewards(v *validator) {
@@ -509,6 +510,7 @@ func (c *Contract) validateDispatch(v *validator) {
 	if d.Mode != DispatchSync && d.Mode != DispatchAsync {
 		v.add("dispatch.mode", "must be %s or %s, got %q", DispatchSync, DispatchAsync, d.Mode)
 	}
+	v.oneOf("dispatch.partial_rollouts", d.PartialRollouts, PartialFinish, PartialContinue)
 }
 
 func (c *Contract) validateLatency(v *validator) {

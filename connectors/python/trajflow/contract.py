@@ -47,11 +47,11 @@ SCHEMA: list = [
               ("optimizer", [("lr", F), ("beta1", F), ("beta2", F), ("eps", F), ("grad_clip", F), ("epochs", I),
                              ("minibatches", I)])]),
     ("packing", [("token_budget", I), ("batch_tokens", I), ("batch_groups", I), ("overflow", S), ("max_lag", I),
-                 ("stale_policy", S)]),
+                 ("stale_policy", S), ("multi_policy", S)]),
     ("rewards", ("list", REWARD)),
     ("topics", [("partitions", I), ("replication", I), ("retention_ms", I), ("max_message_bytes", I)]),
     ("dispatch", [("tasks_per_update", I), ("groups_per_update", I), ("domain_quotas", MAPF), ("eval_every", I),
-                  ("mode", S)]),
+                  ("mode", S), ("partial_rollouts", S)]),
     ("latency", [("tool_median_ms", F), ("tool_sigma", F), ("token_median_ms", F), ("token_sigma", F)]),
 ]
 
