@@ -164,6 +164,7 @@ func (r *runner) onRelease(p *progress, v []byte) error {
 	}
 	r.sum.ReleaseSeconds = append(r.sum.ReleaseSeconds, time.Since(r.opsStart).Seconds())
 	r.sum.TrainedTokens += u.Metrics.Tokens
+	r.sum.ReleaseTokens = append(r.sum.ReleaseTokens, r.sum.TrainedTokens)
 	r.sum.LagTokens = addLag(r.sum.LagTokens, u.Lag)
 	p.queued = append(p.queued, queuedUpdate{rel, u})
 	return nil

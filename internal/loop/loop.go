@@ -129,9 +129,11 @@ type Summary struct {
 	PerUpdate         []Update `json:"per_update"`
 	WallSeconds       float64  `json:"wall_seconds"`
 	// ReleaseSeconds[v-1] is when version v was released, in seconds since
-	// the operators started; TrainedTokens the tokens the updates trained
-	// and LagTokens the same by lag at the update.
+	// the operators started (ReleaseTokens the tokens trained by then);
+	// TrainedTokens the tokens the updates trained and LagTokens the same
+	// by lag at the update.
 	ReleaseSeconds []float64          `json:"release_seconds"`
+	ReleaseTokens  []int64            `json:"release_trained_tokens"` // cumulative trained tokens at each release
 	TrainedTokens  int64              `json:"trained_tokens"`
 	LagTokens      []schemas.LagCount `json:"lag_tokens"`
 	// Env is the accounting of the environment services (with Options.Env).

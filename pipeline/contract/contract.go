@@ -383,7 +383,10 @@ func Default() *Contract {
 // groups, a token-mean clipped surrogate with asymmetric clip [0.8, 1.28]
 // and entropy bonus 0.05, Adam lr 0.01 with 2 optimizer passes per batch,
 // 256-token rows, and strictly on-policy admission (max_lag 0) in
-// stop-and-synchronize mode (pipeline §15).
+// stop-and-synchronize mode (pipeline §15). The objective is the decoupled
+// one (clipped against the trainer's policy at the start of the update):
+// on policy, as in stop-and-synchronize mode, it is the plain clipped
+// surrogate bit for bit; with --async it keeps stale samples useful.
 func demoKnobs(c *Contract) {
 	c.Sampler.MaxTokensPerAction = 3
 	c.Sampler.MaxTokensPerEpisode = 64
@@ -395,6 +398,7 @@ func demoKnobs(c *Contract) {
 	c.Estimator.MinGroupSize = 1
 	c.Loss.ClipHigh = 0.28
 	c.Loss.EntropyCoef = 0.05
+	c.Loss.OffPolicy = objective.OffPolicyDecoupled
 	c.Loss.Optimizer.LR = 0.01
 	c.Loss.Optimizer.Epochs = 2
 	c.Packing.TokenBudget = 256
