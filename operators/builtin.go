@@ -1,6 +1,7 @@
 package operators
 
 import (
+	"errors"
 	"fmt"
 
 	"github.com/trajflow/trajflow/operators/reward"
@@ -24,7 +25,14 @@ func BuiltinDeps(c *contract.Contract) (Deps, error) {
 	// The contract's artifacts.environment chooses the family (kv, the
 	// demo's, is DefaultRegistryConfig as before).
 	reg, err := rollout.RegistryForArtifact(c.Artifacts.Environment)
-	if err != nil {
+	switch {
+	case errors.Is(err, rollout.ErrNotBuiltin):
+		// A run of an environment of its own (e.g. synthetic rollouts):
+		// validate, reward, advantage, pack and train need no task
+		// registry; dispatch and rollout refuse to start without one
+		// (TaskRegistry names the contract field).
+		return Deps{Contract: c, Topics: topics}, nil
+	case err != nil:
 		return Deps{}, fmt.Errorf("%w: %w", ErrConfig, err)
 	}
 	d := Deps{

@@ -3,10 +3,13 @@ package operators_test
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"io"
+	"net/http/httptest"
 	"regexp"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -14,6 +17,7 @@ import (
 	"github.com/apache/arrow-go/v18/arrow/array"
 	"github.com/apache/arrow-go/v18/arrow/ipc"
 
+	"github.com/trajflow/trajflow/connectors/policy/serve"
 	"github.com/trajflow/trajflow/operators"
 	"github.com/trajflow/trajflow/operators/reward"
 	"github.com/trajflow/trajflow/operators/rollout"
@@ -139,14 +143,33 @@ func (ch *chain) record(d *pipeline.Driven) {
 // buildChain runs the loop once, stage after stage in pipeline order, so
 // that every stage has real inputs: train first (it publishes version 0),
 // then dispatch, rollout, validate, reward, advantage, pack, and train on
-// the batch.
-func buildChain(t *testing.T) *chain {
+// the batch. With served, the contract's policy runs on a policy server
+// (the built-in policy over SGLang's protocol, connectors/policy/serve,
+// reading the chain's releases): weight sync loads version 0 into it
+// before dispatch, and rollout generates there.
+func buildChain(t *testing.T, served bool) *chain {
 	t.Helper()
 	c := conformanceContract(t)
 	ch := &chain{deps: newDeps(t, c), msgs: map[string][]pipeline.Message{}}
 	ch.topics = ch.deps.Topics
+	stages := []string{"dispatch", "rollout", "validate", "reward", "advantage", "pack"}
+	if served {
+		srv, err := serve.New(serve.Config{Protocol: contract.PolicySGLang, Releases: ch.deps.ReleaseDir, Grammar: ch.deps.Tasks.Grammar()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		hs := httptest.NewServer(srv)
+		t.Cleanup(hs.Close)
+		c = c.Clone()
+		c.Policy.Protocol, c.Policy.Endpoints = contract.PolicySGLang, []string{hs.URL}
+		if err := c.Resolve(); err != nil {
+			t.Fatal(err)
+		}
+		ch.deps.Contract = c
+		stages = append([]string{"weightsync"}, stages...)
+	}
 	ch.record(ch.drive(t, "train", ch.deps)) // version 0
-	for _, name := range []string{"dispatch", "rollout", "validate", "reward", "advantage", "pack"} {
+	for _, name := range stages {
 		d := ch.drive(t, name, ch.deps)
 		if len(d.Outputs) == 0 {
 			t.Fatalf("%s produced nothing: the chain is broken", name)
@@ -170,11 +193,26 @@ func header(hs []pipeline.Header, key string) string {
 	return ""
 }
 
-func TestConformance(t *testing.T) {
-	ch := buildChain(t)
+// TestConformance runs the suite over the loop with the built-in policy in
+// process. A stage that needs policy servers (weight sync) must refuse
+// that contract with operators.ErrNoPolicyServer; it runs in
+// TestConformanceServed.
+func TestConformance(t *testing.T) { conformance(t, buildChain(t, false)) }
+
+// TestConformanceServed runs the suite over the loop whose policy runs on
+// a policy server: every stage, weight sync and rollout on the server
+// included.
+func TestConformanceServed(t *testing.T) { conformance(t, buildChain(t, true)) }
+
+func conformance(t *testing.T, ch *chain) {
 	for _, spec := range operators.Specs() {
 		t.Run(spec.Name, func(t *testing.T) {
 			deps := ch.deps
+			if ch.deps.Contract.Policy.Protocol == contract.PolicyBuiltin {
+				if _, err := operators.New(spec.Name, deps); errors.Is(err, operators.ErrNoPolicyServer) {
+					return // the refusal the builtin policy gets: nothing to load releases into
+				}
+			}
 			deps.SnapshotDir = t.TempDir()
 			first := ch.drive(t, spec.Name, deps)
 			if spec.Name != pipeline.SnapshotStage && len(first.Outputs) == 0 {
@@ -374,4 +412,37 @@ func sameOutputs(a, b []pipeline.Output) error {
 		}
 	}
 	return nil
+}
+
+// TestServedChainSameBatches: the loop with its policy on a policy server
+// (over SGLang's protocol) makes the same batches, byte for byte, as the
+// loop with the built-in policy in process; its trajectories record the
+// server's sampler id, and its weight acknowledgement names version 0 and
+// the checkpoint's hash.
+func TestServedChainSameBatches(t *testing.T) {
+	in, served := buildChain(t, false), buildChain(t, true)
+	a, b := in.msgs[in.topics.Batches], served.msgs[served.topics.Batches]
+	if len(a) == 0 || len(a) != len(b) {
+		t.Fatalf("%d batches in process, %d served", len(a), len(b))
+	}
+	for i := range a {
+		if !bytes.Equal(a[i].Value, b[i].Value) {
+			t.Fatalf("batch %d differs between the in-process and the served loop", i)
+		}
+	}
+	ack, err := schemas.DecodeWeightAck(served.msgs[served.topics.Weights][0].Value)
+	if err != nil || !ack.Loaded || ack.Version != 0 || !strings.HasPrefix(ack.Checksum, "sha256:") {
+		t.Fatalf("weight ack %+v %v", ack, err)
+	}
+	trajs := func(ch *chain) schemas.Trajectory {
+		rows, err := schemas.Trajectories.Decode(nil, ch.msgs[ch.topics.Trajectories][0].Value)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return rows[0]
+	}
+	ta, tb := trajs(in), trajs(served)
+	if ta.SamplerID == tb.SamplerID || tb.TokenizerHash != rollout.TokenizerHash || tb.Turns[0].PolicyVersion != 0 {
+		t.Fatalf("in process sampler %s, served sampler %s tokenizer %s", ta.SamplerID, tb.SamplerID, tb.TokenizerHash)
+	}
 }

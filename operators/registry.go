@@ -65,6 +65,13 @@ type Deps struct {
 	// per client: the stage puts the client's retries during a group's
 	// run into that group's census.
 	Env *envsvc.Client
+	// NoTrain says that no train stage runs (a model the built-in trainer
+	// cannot train): dispatch completes a round once pack decided its
+	// groups instead of waiting for the release trained on them.
+	NoTrain bool
+	// PolicyTrace sees every call of the rollout stage's policy server
+	// clients, request and response bodies (nil: none; a test's log).
+	PolicyTrace func(method, path string, req []byte, status int, resp []byte)
 }
 
 // Factory builds a stage.
@@ -86,6 +93,7 @@ var specs = []Spec{
 	{"advantage", "assembles groups and computes returns and advantages (GRPO, RLOO, GAE)", newAdvantage},
 	{"pack", "the lag-aware admission window: reconstruction and packing into batches", newPack},
 	{"train", "trains on every batch and publishes a policy release (--releases)", newTrain},
+	{"weightsync", "loads every release into every policy server replica and acknowledges the version each serves", newWeightsync},
 	{"snapshot", "writes every topic of the run to Parquet snapshots (--snapshot-dir)", newSnapshot},
 }
 
@@ -176,7 +184,7 @@ func newDispatch(d Deps) (pipeline.Stage, error) {
 	}
 	return dispatch.NewStage(dispatch.StageConfig{
 		Planner: p, Topics: d.Topics, RunID: d.Contract.RunID, Mode: d.Contract.Dispatch.Mode,
-		MaxLag: d.Contract.Packing.MaxLag, BatchGroups: d.Contract.Packing.BatchGroups, Rounds: d.Rounds,
+		MaxLag: d.Contract.Packing.MaxLag, BatchGroups: d.Contract.Packing.BatchGroups, Rounds: d.Rounds, Untrained: d.NoTrain,
 		Continue: d.Contract.Dispatch.PartialRollouts == contract.PartialContinue,
 	})
 }
@@ -195,7 +203,15 @@ func newRollout(d Deps) (pipeline.Stage, error) {
 		Continue:     d.Contract.Dispatch.PartialRollouts == contract.PartialContinue,
 	}
 	rolloutEnv(d, &cfg)
-	return rollout.NewStage(cfg)
+	// A contract whose policy runs on servers: the gateway (policy.go).
+	if err := rolloutServer(d, reg, &cfg); err != nil {
+		return nil, err
+	}
+	st, err := rollout.NewStage(cfg)
+	if c, ok := cfg.Server.(interface{ Close() }); ok && err != nil {
+		c.Close() // the gateway's health checks
+	}
+	return st, err
 }
 
 // RolloutLatency is the contract's simulated latency of the built-in
@@ -308,9 +324,15 @@ func Planner(d Deps) (*dispatch.Planner, error) {
 // (pipeline §5): temperature, top-k, top-p, min-p, the task grammar as the
 // constrained-decoding mask, actions of at most max_tokens_per_action
 // ending at a stop token.
+//
+// A nil reg (an environment that is not built in) has no grammar.
 func RolloutSettings(c *contract.Contract, reg *rollout.Registry) model.Settings {
+	b := model.Behavior{Temperature: c.Sampler.Temperature, TopK: c.Sampler.TopK, TopP: c.Sampler.TopP, MinP: c.Sampler.MinP}
+	if reg != nil {
+		b.Grammar = reg.Grammar()
+	}
 	return model.Settings{
-		Behavior:  model.Behavior{Temperature: c.Sampler.Temperature, TopK: c.Sampler.TopK, TopP: c.Sampler.TopP, MinP: c.Sampler.MinP, Grammar: reg.Grammar()},
+		Behavior:  b,
 		MaxTokens: c.Sampler.MaxTokensPerAction,
 		Stop:      append([]int32(nil), c.Sampler.StopTokenIDs...),
 	}
@@ -336,12 +358,18 @@ func TrainConfig(d Deps) (train.StageConfig, error) {
 	if err != nil {
 		return train.StageConfig{}, err
 	}
-	reg, err := TaskRegistry(d)
-	if err != nil {
-		return train.StageConfig{}, err
-	}
 	c := d.Contract
-	s := RolloutSettings(c, reg)
+	var s model.Settings
+	switch reg, err := TaskRegistry(d); {
+	case errors.Is(err, rollout.ErrNotBuiltin):
+		// A run of an environment of its own: no built-in grammar masks
+		// its sampler, so the release records the sampler without one.
+		s = RolloutSettings(c, nil)
+	case err != nil:
+		return train.StageConfig{}, err
+	default:
+		s = RolloutSettings(c, reg)
+	}
 	mc, seed := ModelConfig(c)
 	o := c.Loss.Optimizer
 	return train.StageConfig{

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/segmentio/kafka-go"
+	"github.com/segmentio/kafka-go/protocol"
 
 	tfkafka "github.com/trajflow/trajflow/connectors/kafka"
 )
@@ -78,6 +79,57 @@ func transient(err error) bool {
 	}
 	return false
 }
+
+// groupReader is what an operator needs of its consumer-group reader
+// (kafka-go's *kafka.Reader).
+type groupReader interface {
+	FetchMessage(ctx context.Context) (kafka.Message, error)
+	CommitMessages(ctx context.Context, msgs ...kafka.Message) error
+	Close() error
+}
+
+// fetchRetryPause is the pause after a transient fetch failure: kafka-go's
+// reader paces its own retries, so the runtime only yields (see fetchLoop).
+const fetchRetryPause = 10 * time.Millisecond
+
+// produceRetry is the writer's transport: it passes every request on and
+// marks the failures that heal by themselves as temporary, so that
+// kafka-go's writer retries the batch in place and in order (its attempt
+// loop retries only errors it knows as temporary). kafka-go fails a write
+// at once when its cached metadata names no leader for the partition (a
+// leader just moved, an election in progress: "topic partition has no
+// leader"), which would otherwise stop the operator; the cache is refreshed
+// every tfkafka.MetadataTTL, and a retry then finds the new leader.
+type produceRetry struct{ next kafka.RoundTripper }
+
+// RoundTrip implements kafka.RoundTripper.
+func (p produceRetry) RoundTrip(ctx context.Context, addr net.Addr, req kafka.Request) (kafka.Response, error) {
+	resp, err := p.next.RoundTrip(ctx, addr, req)
+	if err != nil && ctx.Err() == nil && produceTransient(err) {
+		return resp, temporaryError{err}
+	}
+	return resp, err
+}
+
+// produceTransient reports whether a failed produce request may succeed
+// when retried: the broker and network failures of transient, and the
+// client-side routing failures of a partition whose leader is unknown for
+// the moment.
+func produceTransient(err error) bool {
+	for _, e := range []error{protocol.ErrNoLeader, protocol.ErrNoPartition, protocol.ErrNoTopic} {
+		if errors.Is(err, e) {
+			return true
+		}
+	}
+	return transient(err)
+}
+
+// temporaryError marks an error as one that kafka-go may retry.
+type temporaryError struct{ err error }
+
+func (e temporaryError) Error() string   { return e.err.Error() }
+func (e temporaryError) Unwrap() error   { return e.err }
+func (e temporaryError) Temporary() bool { return true }
 
 // backoffRetry is the runtime's retry policy for transient broker errors:
 // 100 ms doubling to 2 s.
@@ -300,7 +352,7 @@ var errFn = errors.New("scan callback")
 // the last record fn took, minus from.
 func scanRange(ctx context.Context, cfg *Config, topic string, partition int, from, end int64, fn func(Message) error) (int64, error) {
 	r := kafka.NewReader(kafka.ReaderConfig{
-		Brokers: cfg.Brokers, Topic: topic, Partition: partition, Dialer: cfg.Dialer,
+		Brokers: cfg.Brokers, Topic: topic, Partition: partition, Dialer: cfg.dialer(),
 		MinBytes: 1, MaxBytes: max(cfg.MaxMessageBytes, 1<<20) + (1 << 20), MaxWait: scanMaxWait,
 		MaxAttempts: 3,
 	})
@@ -395,7 +447,7 @@ func followPartition(ctx context.Context, cfg *Config, topic string, partition i
 	next := kafka.FirstOffset
 	for failures := 0; ctx.Err() == nil; {
 		r := kafka.NewReader(kafka.ReaderConfig{
-			Brokers: cfg.Brokers, Topic: topic, Partition: partition, Dialer: cfg.Dialer,
+			Brokers: cfg.Brokers, Topic: topic, Partition: partition, Dialer: cfg.dialer(),
 			MinBytes: 1, MaxBytes: max(cfg.MaxMessageBytes, 1<<20) + (1 << 20), MaxWait: tfkafka.FetchMaxWait,
 		})
 		err := r.SetOffset(next)

@@ -94,12 +94,14 @@ func (c *Config) defaults() {
 	}
 }
 
-// dialer is the configured Dialer, or a plaintext one.
+// dialer is the configured Dialer, or a plaintext one that fails a dial
+// to a broker that accepts connections but does not answer
+// (tfkafka.ProbingDial).
 func (c *Config) dialer() *kafka.Dialer {
 	if c.Dialer != nil {
 		return c.Dialer
 	}
-	return &kafka.Dialer{Timeout: 10 * time.Second}
+	return &kafka.Dialer{Timeout: 10 * time.Second, DialFunc: tfkafka.ProbingDial}
 }
 
 // Hook observes an operator. The runtime calls the methods of the hook
@@ -132,7 +134,7 @@ type Operator struct {
 	cfg     Config
 	stage   Stage
 	env     *Env
-	reader  *kafka.Reader
+	reader  groupReader
 	writer  *kafka.Writer
 	track   *tracker
 	flow    *flowControl
@@ -143,10 +145,17 @@ type Operator struct {
 
 	errOnce sync.Once
 	fatal   chan error
+	failed  chan struct{} // closed with the first fatal error
 	ready   chan struct{}
 	readyOK sync.Once
 	// degraded counts the consecutive transient fetch failures (0: healthy).
 	degraded atomic.Int64
+
+	// newReader builds the consumer-group reader (kafka-go's; tests
+	// substitute one); transport carries the writer's requests under
+	// produceRetry (cfg.Transport; nil: a plaintext one per Run).
+	newReader func(kafka.ReaderConfig) groupReader
+	transport kafka.RoundTripper
 }
 
 // NewOperator builds an operator for stage; Run starts it.
@@ -173,6 +182,11 @@ func NewOperator(cfg Config, stage Stage) (*Operator, error) {
 		fatal: make(chan error, 1),
 		ready: make(chan struct{}),
 	}
+	o.failed = make(chan struct{})
+	o.newReader = func(c kafka.ReaderConfig) groupReader { return kafka.NewReader(c) }
+	if cfg.Transport != nil {
+		o.transport = cfg.Transport
+	}
 	for _, h := range cfg.Hooks {
 		if p, ok := h.(ProcessHook); ok {
 			o.process = append(o.process, p)
@@ -193,7 +207,7 @@ func (o *Operator) Stage() Stage { return o.stage }
 func (o *Operator) Degraded() bool { return o.degraded.Load() > 0 }
 
 func (o *Operator) fail(err error) {
-	o.errOnce.Do(func() { o.fatal <- err })
+	o.errOnce.Do(func() { o.fatal <- err; close(o.failed) })
 }
 
 // inputTopics are the topics the operator needs before it starts: its
@@ -233,19 +247,28 @@ func (o *Operator) Run(ctx context.Context) (err error) {
 			return fmt.Errorf("pipeline: start %s: %w", o.stage.Name(), err)
 		}
 	}
-	o.reader = kafka.NewReader(kafka.ReaderConfig{
+	// A member that died (an operator killed, the group's coordinator
+	// lost with its connections) is dropped after the session timeout,
+	// and a join waits at most the rebalance timeout for the members
+	// the coordinator still knows: kafka-go forgets its member id after
+	// a coordinator failure and joins as a new member, so each
+	// coordinator loss costs the new coordinator's wait for the old
+	// id. 6 s is the brokers' smallest session timeout by default
+	// (group.min.session.timeout.ms); 4 s to rejoin leaves kafka-go's
+	// members (heartbeat every second) time to leave a generation.
+	o.reader = o.newReader(kafka.ReaderConfig{
 		Brokers:           cfg.Brokers,
 		GroupID:           cfg.GroupID,
 		GroupTopics:       o.stage.Topics(),
-		Dialer:            cfg.Dialer,
+		Dialer:            cfg.dialer(),
 		MinBytes:          1,
 		MaxBytes:          cfg.MaxMessageBytes + (1 << 20),
 		MaxWait:           tfkafka.FetchMaxWait,
 		StartOffset:       kafka.FirstOffset,
 		CommitInterval:    0, // commits are explicit and synchronous
 		HeartbeatInterval: time.Second,
-		SessionTimeout:    10 * time.Second,
-		RebalanceTimeout:  10 * time.Second,
+		SessionTimeout:    6 * time.Second,
+		RebalanceTimeout:  4 * time.Second,
 		JoinGroupBackoff:  500 * time.Millisecond,
 		ReadBackoffMin:    10 * time.Millisecond,
 		ReadBackoffMax:    200 * time.Millisecond,
@@ -266,12 +289,15 @@ func (o *Operator) Run(ctx context.Context) (err error) {
 		// error is temporary: enough attempts to ride through a leader
 		// election (about the broker session timeout) and a broker restart.
 		MaxAttempts: max(10, int(cfg.ProduceRetryWindow/writeBackoffMax)+4),
-		Transport:   cfg.Transport,
 		Completion:  o.completion,
 	}
-	if cfg.Transport == nil {
-		o.writer.Transport = &kafka.Transport{}
+	base := o.transport
+	if base == nil {
+		own := &kafka.Transport{MetadataTTL: tfkafka.MetadataTTL}
+		defer own.CloseIdleConnections()
+		base = own
 	}
+	o.writer.Transport = produceRetry{base}
 
 	fetchCtx, stopFetch := context.WithCancel(context.Background())
 	defer stopFetch()
@@ -294,11 +320,15 @@ func (o *Operator) Run(ctx context.Context) (err error) {
 			}()
 		}
 	}
-	// Cancelling ctx stops fetching; the loop below then drains.
+	// Cancelling ctx stops fetching; the loop below then drains. A fatal
+	// error (a produce that failed for good, a side input, a tick) stops it
+	// too: a fetch waiting for records that may never come must not keep
+	// the operator from stopping and restarting.
 	go func() {
 		select {
 		case <-ctx.Done():
 		case <-fetchCtx.Done():
+		case <-o.failed:
 		}
 		stopFetch()
 	}()
@@ -378,6 +408,16 @@ func (o *Operator) observe(m *Message, res *Result, err error, took time.Duratio
 
 // fetchLoop returns nil when fetchCtx is cancelled, or the first fatal error.
 func (o *Operator) fetchLoop(fetchCtx context.Context, log *slog.Logger) error {
+	// stopped is what to return once fetchCtx is done: the fatal error that
+	// cancelled it, if any.
+	stopped := func() error {
+		select {
+		case err := <-o.fatal:
+			return err
+		default:
+			return nil
+		}
+	}
 	lim := logLimiter{every: 10 * time.Second}
 	for {
 		select {
@@ -388,20 +428,25 @@ func (o *Operator) fetchLoop(fetchCtx context.Context, log *slog.Logger) error {
 		km, err := o.reader.FetchMessage(fetchCtx)
 		if err != nil {
 			if fetchCtx.Err() != nil {
-				return nil
+				return stopped()
 			}
 			if !transient(err) {
 				return fmt.Errorf("pipeline: fetch: %w", err)
 			}
-			// kafka-go's group reader heals by itself (it rejoins the group
-			// and re-dials partition leaders): wait and fetch again.
+			// kafka-go's group reader heals by itself: it rejoins the group
+			// and re-dials partition leaders, each with its own backoff, and
+			// queues every failure among the records (up to its queue
+			// capacity), so a failure read here may be long past. A backoff
+			// per failure would turn a queue of stale ones into minutes of
+			// crawl after the cluster healed: fetch again at once (the
+			// reader's own pacing bounds this loop).
 			n := o.degraded.Add(1)
 			o.m.retries.WithLabelValues("fetch").Inc()
 			if ok, held := lim.allow(time.Now()); ok {
 				log.Warn("fetch failed; retrying in place", "err", err, "failures", n, "not_logged", held)
 			}
-			if !sleepCtx(fetchCtx, backoffRetry.Delay(int(min(n, 10)))) {
-				return nil
+			if !sleepCtx(fetchCtx, fetchRetryPause) {
+				return stopped()
 			}
 			continue
 		}
@@ -425,13 +470,13 @@ func (o *Operator) fetchLoop(fetchCtx context.Context, log *slog.Logger) error {
 		res, self, err := o.outcome(&m, res, err, log)
 		if err != nil {
 			if fetchCtx.Err() != nil {
-				return nil // stopping: the input is redelivered later
+				return stopped() // the input is redelivered later
 			}
 			return err
 		}
 		if err := o.submitFor(fetchCtx, res, self, &m); err != nil {
 			if fetchCtx.Err() != nil {
-				return nil
+				return stopped()
 			}
 			return err
 		}

@@ -69,7 +69,7 @@ var topology = []TopicInfo{
 		Producers: []string{"pack"}, Consumers: []string{"train"}, Scanned: []string{"pack", "train"},
 		Doc: "packed training batches; batch indexes are one sequence per run"},
 	{Short: "quarantine", Plane: PlaneRaw, Key: "the refused record's key",
-		Producers: stagesThatRefuse,
+		Producers: append(slices.Clone(stagesThatRefuse), "weightsync"),
 		Doc:       "every refused record as it was, with trajflow-reason, -detail, -stage and its source coordinates"},
 	{Short: "census", Kind: schemas.KindCensusEvent, Plane: PlaneJSON, Key: "attempt id",
 		Producers: stagesThatRefuse,
@@ -78,12 +78,15 @@ var topology = []TopicInfo{
 		Producers: []string{"dispatch", "rollout", "validate", "pack", "train"},
 		Doc:       "safety and integrity incidents"},
 	{Short: "policy", Kind: schemas.KindPolicyRelease, Plane: PlaneJSON, Partitions: 1, Compacted: true, Key: "run id",
-		Producers: []string{"train"}, Consumers: []string{"dispatch", "pack"}, Side: []string{"rollout"},
+		Producers: []string{"train"}, Consumers: []string{"dispatch", "pack", "weightsync"}, Side: []string{"rollout"},
 		Scanned: []string{"dispatch", "train"},
 		Doc:     "policy release manifests (compacted: the latest release per key)"},
 	{Short: "windows", Kind: schemas.KindWindowRecord, Plane: PlaneJSON, Partitions: 1, Key: "run id",
-		Producers: []string{"pack"}, Consumers: []string{"dispatch"}, Scanned: []string{"dispatch"},
+		Producers: []string{"pack"}, Consumers: []string{"dispatch"}, Scanned: []string{"dispatch", "pack"},
 		Doc: "pack's window decisions: lineage for replay, round completion for dispatch"},
+	{Short: "weights", Kind: schemas.KindWeightAck, Plane: PlaneJSON, Partitions: 1, Compacted: true, Key: "replica",
+		Producers: []string{"weightsync"}, Side: []string{"rollout"},
+		Doc: "policy server replicas' acknowledgements of releases, the version each serves: rollout routes a group only to replicas serving its version (compacted: the latest per replica)"},
 }
 
 // Topology returns the topology table, in pipeline order.
@@ -155,6 +158,7 @@ type Topics struct {
 	Incidents    string
 	Policy       string // compacted: policy release manifests
 	Windows      string // pack window decisions (lineage for replay)
+	Weights      string // policy server replicas' acknowledgements of releases
 
 	prefix string
 }
@@ -199,6 +203,8 @@ func (t *Topics) field(short string) *string {
 		return &t.Policy
 	case "windows":
 		return &t.Windows
+	case "weights":
+		return &t.Weights
 	}
 	panic("pipeline: topic " + short + " is not in the topology")
 }

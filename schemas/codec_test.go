@@ -381,12 +381,12 @@ func TestKindAndVersionErrors(t *testing.T) {
 		gotVersion  string
 		wantMessage string
 	}{
-		{"trajectory read as task attempt", traj, decodeWith(mem, TaskAttempts), "trajectory", "1",
+		{"trajectory read as task attempt", traj, decodeWith(mem, TaskAttempts), "trajectory", "2",
 			`schemas: message kind "trajectory", want "task_attempt"`},
-		{"trajectory read as scored", traj, decodeWith(mem, ScoredTrajectories), "trajectory", "1",
+		{"trajectory read as scored", traj, decodeWith(mem, ScoredTrajectories), "trajectory", "2",
 			`schemas: message kind "trajectory", want "scored_trajectory"`},
 		{"trajectory read as packed batch", traj, func(b []byte) error { _, err := PackedBatches.Decode(mem, b); return err },
-			"trajectory", "1", `schemas: message kind "trajectory", want "packed_batch"`},
+			"trajectory", "2", `schemas: message kind "trajectory", want "packed_batch"`},
 		{"version 2", encodeAs([]string{MetaKind, MetaVersion}, []string{"task_attempt", "2"}), decodeWith(mem, TaskAttempts),
 			"task_attempt", "2", `schemas: task_attempt version "2" unknown (this build reads version 1)`},
 		{"version not a number", encodeAs([]string{MetaKind, MetaVersion}, []string{"task_attempt", "one"}), decodeWith(mem, TaskAttempts),
@@ -406,7 +406,7 @@ func TestKindAndVersionErrors(t *testing.T) {
 			if errors.Is(err, ErrDecode) {
 				t.Fatalf("version error %v wraps ErrDecode", err)
 			}
-			if ve.GotKind != tt.gotKind || ve.Got != tt.gotVersion || ve.Known != 1 || err.Error() != tt.wantMessage {
+			if ve.GotKind != tt.gotKind || ve.Got != tt.gotVersion || ve.Known != Versions[ve.WantKind] || err.Error() != tt.wantMessage {
 				t.Fatalf("got %#v (%q)", ve, err)
 			}
 		})
@@ -446,8 +446,8 @@ func TestPeekKind(t *testing.T) {
 			t.Fatal(err)
 		}
 		got, v, err := PeekKind(b)
-		if err != nil || got != kind || v != 1 {
-			t.Fatalf("PeekKind = %q %d %v, want %q 1", got, v, err, kind)
+		if err != nil || got != kind || v != Versions[kind] {
+			t.Fatalf("PeekKind = %q %d %v, want %q %d", got, v, err, kind, Versions[kind])
 		}
 		// Only the schema message is read: the rest may be cut off.
 		head := b[:8+binary.LittleEndian.Uint32(b[4:])] // continuation, length, schema flatbuffer

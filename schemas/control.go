@@ -262,3 +262,33 @@ func EncodeUpdate(u UpdateRecord) ([]byte, error) { return encodeDoc(KindUpdateR
 func DecodeUpdate(b []byte) (UpdateRecord, error) {
 	return decodeDoc[UpdateRecord](KindUpdateRecord, b)
 }
+
+// WeightAck is a policy server replica's acknowledgement of a release
+// (systems §8 "have replicas confirm the version they serve"), on the
+// weights topic: weight sync loaded the release into the replica with its
+// protocol's calls and verified what the replica reports. A failed load is
+// acknowledged too (Loaded false, Error set): the replica keeps serving
+// what it served, and weight sync tries again.
+type WeightAck struct {
+	RunID    string `json:"run_id"`
+	Replica  string `json:"replica"`  // the replica's name (its base URL)
+	Protocol string `json:"protocol"` // llamacpp, sglang or vllm
+	// Version is the policy version the replica serves after the load
+	// (the release's when Loaded).
+	Version int64 `json:"version"`
+	Loaded  bool  `json:"loaded"`
+	// Model is the model name or path the replica reports; Checksum what it
+	// reports of its weights (the release's checkpoint hash, "" when the
+	// protocol offers none).
+	Model    string  `json:"model"`
+	Checksum string  `json:"checksum"`
+	Unloaded []int64 `json:"unloaded,omitempty"` // versions a llama.cpp router unloaded
+	Error    string  `json:"error,omitempty"`
+	At       int64   `json:"at_us"`
+}
+
+// EncodeWeightAck returns the JSON document of an acknowledgement.
+func EncodeWeightAck(a WeightAck) ([]byte, error) { return encodeDoc(KindWeightAck, &a) }
+
+// DecodeWeightAck reads a document written by EncodeWeightAck.
+func DecodeWeightAck(b []byte) (WeightAck, error) { return decodeDoc[WeightAck](KindWeightAck, b) }

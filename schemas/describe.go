@@ -30,6 +30,7 @@ var jsonKinds = []struct {
 }{
 	{KindPolicyRelease, reflect.TypeFor[PolicyRelease]()},
 	{KindCensusEvent, reflect.TypeFor[CensusEvent]()},
+	{KindWeightAck, reflect.TypeFor[WeightAck]()},
 	{KindWindowRecord, reflect.TypeFor[WindowRecord]()},
 	{KindIncident, reflect.TypeFor[Incident]()},
 	{KindUpdateRecord, reflect.TypeFor[UpdateRecord]()},

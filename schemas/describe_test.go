@@ -16,8 +16,8 @@ func TestDescribe(t *testing.T) {
 	out := b.String()
 	t.Log("\n" + out)
 	for _, want := range []string{
-		"task_attempt v1", "trajectory v1", "reward_component v1", "rewarded_trajectory v1",
-		"scored_trajectory v1", "packed_batch v1", "policy_release v1", "census_event v1",
+		"task_attempt v1", "trajectory v2", "reward_component v1", "rewarded_trajectory v2",
+		"scored_trajectory v2", "weight_ack v1", "chat_template_hash", "packed_batch v1", "policy_release v1", "census_event v1",
 		"window_record v1", "incident v1", "update_record v1",
 		"turns", "list<item: struct<index: int32", "ref_logprobs", "(nullable)", "action_mask",
 		"list<item: uint8", "reward_total", "group ", "checkpoint_hash", "at_us",
@@ -68,6 +68,12 @@ func TestCatalogCoversEveryKind(t *testing.T) {
 	var u UpdateRecord
 	u.Metrics.Lag = []LagStat{{}}
 	u.Trainer = json.RawMessage(`{}`) // omitted when empty
+	// The fields written only when set (omitempty).
+	u.StalePolicy, u.NotTrained = "drop", []string{"x"}
+	u.StaleLag, u.Lag = []LagCount{{}}, []LagCount{{}}
+	for _, s := range []*ObjectiveStats{&u.Last, &u.Metrics.ObjectiveStats} {
+		s.ISWeightMean, s.ISWeightMax, s.ISTruncated = 1, 1, 1
+	}
 	raw, err := json.Marshal(u)
 	if err != nil {
 		t.Fatal(err)

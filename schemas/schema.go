@@ -24,22 +24,25 @@ const (
 	KindWindowRecord    Kind = "window_record"
 	KindIncident        Kind = "incident"
 	KindUpdateRecord    Kind = "update_record"
+	KindWeightAck       Kind = "weight_ack"
 )
 
 // Current versions of each kind. A decoder accepts exactly the versions it
-// knows; anything else is a *VersionError.
+// knows; anything else is a *VersionError. Version 2 of trajectory,
+// rewarded_trajectory and scored_trajectory added chat_template_hash.
 var Versions = map[Kind]int{
 	KindTaskAttempt:     1,
-	KindTrajectory:      1,
+	KindTrajectory:      2,
 	KindRewardComponent: 1,
-	KindRewarded:        1,
-	KindScored:          1,
+	KindRewarded:        2,
+	KindScored:          2,
 	KindPackedBatch:     1,
 	KindPolicyRelease:   1,
 	KindCensusEvent:     1,
 	KindWindowRecord:    1,
 	KindIncident:        1,
 	KindUpdateRecord:    1,
+	KindWeightAck:       1,
 }
 
 // Arrow schema metadata keys under which kind and version are stored

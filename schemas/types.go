@@ -104,9 +104,13 @@ type Trajectory struct {
 	SamplerID     string `json:"sampler_id"` // hash of the resolved sampler (pipeline §5)
 	ParserVersion string `json:"parser_version"`
 	TokenizerHash string `json:"tokenizer_hash"`
-	Status        string `json:"status"`     // Status*
-	End           string `json:"end"`        // EndTerminated / EndTruncated
-	EndReason     string `json:"end_reason"` // e.g. "answer", "max_turns", "token_budget"
+	// ChatTemplateHash is the policy server's chat template that rendered
+	// the prompts and observations ("sha256:<hex>"; "" when no template
+	// rendered them: the token families speak ids).
+	ChatTemplateHash string `json:"chat_template_hash"`
+	Status           string `json:"status"`     // Status*
+	End              string `json:"end"`        // EndTerminated / EndTruncated
+	EndReason        string `json:"end_reason"` // e.g. "answer", "max_turns", "token_budget"
 	// BootstrapValue is the critic's value of the state after the last turn;
 	// used only when the episode was truncated for a bootstrappable reason.
 	BootstrapValue float32 `json:"bootstrap_value"`

@@ -29,11 +29,15 @@ func cmdDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	evalSamples := fs.Int("eval-samples", 4, "attempts per hidden-eval task (fixed seeds)")
 	env := addEnvFlags(fs)
 	fs.StringVar(&o.Environment, "environment", "", "the contract's artifacts.environment (default the demo's kv; builtin:env/ledger-env@v1: the ledger family)")
-	_, err := parseFlags(fs, args)
-	if err != nil {
+	pf := addPolicyFlags(fs, &o)
+	if _, err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	if err := pf.apply(&o); err != nil {
 		return err
 	}
 	o.Brokers = splitList(*brokers)
+	var err error
 	if o.Env, err = env.list(); err != nil {
 		return err
 	}

@@ -11,6 +11,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -93,14 +94,14 @@ func lastLines(s string, n int) string {
 // `trajflow run dispatch|rollout|validate|reward|advantage|pack|train`, and
 // compares it with the in-process demo of the same seed: the same batches,
 // bit for bit, nothing lost or duplicated.
-func TestFleet(t *testing.T) { fleet(t, 4, 0) }
+func TestFleet(t *testing.T) { fleet(t, 4, 0, "") }
 
 // TestFleetTrainerCrash kills the train process (SIGKILL, local state
 // lost) after it published version 2 and starts it again: the restarted
 // trainer resumes from the last release and its optimizer state, batches
 // redelivered to it are not trained twice, and the run's batches are still
 // those of the uninterrupted in-process demo.
-func TestFleetTrainerCrash(t *testing.T) { fleet(t, 5, 2) }
+func TestFleetTrainerCrash(t *testing.T) { fleet(t, 5, 2, "") }
 
 // trainerStarted reports whether the trainer's state directory exists
 // (always true without a crash).
@@ -113,15 +114,25 @@ func trainerStarted(crashAt int64, stateDir string) bool {
 }
 
 // fleet runs `rounds` rounds as separate processes; when crashAt > 0 the
-// trainer is killed and restarted once version crashAt is released.
-// rolloutArgs are extra flags of the rollout process.
-func fleet(t *testing.T, rounds int, crashAt int64, rolloutArgs ...string) {
+// trainer is killed and restarted once version crashAt is released. With
+// a policy protocol, rollout generates on a `trajflow serve policy`
+// process of that protocol (the contract file's policy section names it)
+// and weightsync runs beside the other operators. rolloutArgs are extra
+// flags of the rollout process.
+func fleet(t *testing.T, rounds int, crashAt int64, protocol string, rolloutArgs ...string) {
 	want := demo(t, loop.Options{Updates: rounds, Seed: 1})
 
 	dir := t.TempDir()
-	bin := filepath.Join(dir, "trajflow")
-	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
-		t.Fatalf("build: %v\n%s", err, out)
+	bin := trajflowBinary(t)
+	releases := filepath.Join(dir, "releases")
+	stages := loop.Stages
+	var contractArgs []string
+	if protocol != "" {
+		if err := os.MkdirAll(releases, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		contractArgs = []string{"--contract", policyContract(t, dir, protocol, servePolicy(t, protocol, releases))}
+		stages = append(slices.Clone(stages), "weightsync")
 	}
 	var procs []*exec.Cmd
 	t.Cleanup(func() {
@@ -155,10 +166,9 @@ func fleet(t *testing.T, rounds int, crashAt int64, rolloutArgs ...string) {
 	if out, err := exec.Command(bin, "topics", "create", "--brokers", addr).CombinedOutput(); err != nil {
 		t.Fatalf("topics: %v\n%s", err, out)
 	}
-	releases := filepath.Join(dir, "releases")
 	startOp := func(name string) *exec.Cmd {
-		args := []string{"run", name, "--brokers", addr, "--releases", releases, "--rounds", fmt.Sprint(rounds),
-			"--state", filepath.Join(dir, "state", name), "--log-level", "warn"}
+		args := append([]string{"run", name, "--brokers", addr, "--releases", releases, "--rounds", fmt.Sprint(rounds),
+			"--state", filepath.Join(dir, "state", name), "--log-level", "warn"}, contractArgs...)
 		if name == "rollout" {
 			args = append(args, rolloutArgs...)
 		}
@@ -167,7 +177,7 @@ func fleet(t *testing.T, rounds int, crashAt int64, rolloutArgs ...string) {
 		return cmd
 	}
 	var train *exec.Cmd
-	for _, name := range loop.Stages {
+	for _, name := range stages {
 		if cmd := startOp(name); name == "train" {
 			train = cmd
 		}

@@ -84,6 +84,7 @@ func cmdContract(_ context.Context, args []string, stdout, stderr io.Writer) err
 	}
 	fmt.Fprintf(stdout, "# resolved learning contract\n# hash: %s\n# sampler_id: %s (recorded by every trajectory and release)\n# sampler section hash: %s\n",
 		c.Hash(), operators.RolloutSettings(c, reg).ID(), c.SamplerID())
+	fmt.Fprintf(stdout, "# policy: %s (not hashed: where the policy runs; trajectories on a server record its identity in sampler_id)\n", policySummary(c.Policy))
 	_, err = stdout.Write(y)
 	return err
 }
@@ -104,4 +105,19 @@ func loadContract(path string) (*contract.Contract, error) {
 		return nil, fmt.Errorf("contract %s: %w", path, err)
 	}
 	return c, nil
+}
+
+// policySummary is one line on the contract's policy section.
+func policySummary(p contract.Policy) string {
+	if p.Protocol == contract.PolicyBuiltin {
+		return "builtin, in process"
+	}
+	mode := ""
+	if p.Protocol == contract.PolicyLlamaCpp {
+		mode = ", single-model servers"
+		if p.Router {
+			mode = ", routers (models policy-vNNNNNNNN)"
+		}
+	}
+	return fmt.Sprintf("%s on %d replica(s) %v%s, timeout %d ms, %d retries", p.Protocol, len(p.Endpoints), p.Endpoints, mode, p.TimeoutMS, p.Retries)
 }

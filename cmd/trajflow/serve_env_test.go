@@ -398,7 +398,7 @@ func TestDemoEnv(t *testing.T) {
 // rollout --env URL,URL` gives the batches of the in-process demo.
 func TestFleetEnv(t *testing.T) {
 	procs, key := twoEnvProcesses(t)
-	fleet(t, 3, 0, "--env", procs[0].url+","+procs[1].url, "--env-key-file", key)
+	fleet(t, 3, 0, "", "--env", procs[0].url+","+procs[1].url, "--env-key-file", key)
 	if a, b := servedActions(t, procs[0].url, "kv"), servedActions(t, procs[1].url, "kv"); a == 0 || b == 0 {
 		t.Fatalf("actions executed: %v and %v (one service got nothing)", a, b)
 	}

@@ -317,17 +317,22 @@ func (c ClientConfig) Dialer() (*kafkago.Dialer, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &kafkago.Dialer{
+	d := &kafkago.Dialer{
 		ClientID:      c.ClientID,
 		Timeout:       c.dialTimeout(),
 		DualStack:     true,
 		TLS:           tc,
 		SASLMechanism: mech,
-	}, nil
+	}
+	if tc == nil {
+		d.DialFunc = ProbingDial // a hung broker fails the dial (see ProbingDial)
+	}
+	return d, nil
 }
 
 // Transport builds a *kafka.Transport for kafka.Writer.Transport and
-// kafka.Client.Transport. Call CloseIdleConnections on it when done.
+// kafka.Client.Transport, refreshing its metadata every MetadataTTL. Call
+// CloseIdleConnections on it when done.
 func (c ClientConfig) Transport() (*kafkago.Transport, error) {
 	tc, mech, err := c.security()
 	if err != nil {
@@ -336,6 +341,7 @@ func (c ClientConfig) Transport() (*kafkago.Transport, error) {
 	return &kafkago.Transport{
 		ClientID:    c.ClientID,
 		DialTimeout: c.dialTimeout(),
+		MetadataTTL: MetadataTTL,
 		TLS:         tc,
 		SASL:        mech,
 	}, nil

@@ -2,8 +2,11 @@ package kafka
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
+	"io"
+	"net"
 	"time"
 
 	kafkago "github.com/segmentio/kafka-go"
@@ -76,4 +79,75 @@ func dialOne(ctx context.Context, d *kafkago.Dialer, addr string, per time.Durat
 		return nil, err
 	}
 	return conn, nil
+}
+
+// ProbeTimeout bounds ProbingDial's ApiVersions round trip.
+const ProbeTimeout = 2 * time.Second
+
+// ProbingDial is a kafka-go Dialer.DialFunc for plaintext listeners: it
+// connects and completes one ApiVersions round trip before it hands the
+// connection over, within ProbeTimeout and ctx (the Dialer's Timeout).
+//
+// kafka-go's reader and consumer group open connections through their
+// Dialer and then send requests without a deadline (a partition's leader
+// lookup, FindCoordinator, and JoinGroup bounded only by the group's
+// timeouts), trying the bootstrap addresses in order. A broker that
+// accepts connections but does not serve (stopped with SIGSTOP, hung)
+// completes the TCP handshake in the kernel, so those requests wait for
+// it: with the first listed broker hung, every reader of the operator
+// stopped until the broker came back. With the probe such a dial fails
+// and kafka-go moves on to the next address or retries. A TLS listener
+// needs no probe: kafka-go's handshake is bounded by the Dialer's Timeout.
+func ProbingDial(ctx context.Context, network, address string) (net.Conn, error) {
+	var d net.Dialer
+	conn, err := d.DialContext(ctx, network, address)
+	if err != nil {
+		return nil, err
+	}
+	deadline := time.Now().Add(ProbeTimeout)
+	if dl, ok := ctx.Deadline(); ok && dl.Before(deadline) {
+		deadline = dl
+	}
+	if err := probe(ctx, conn, deadline); err != nil {
+		conn.Close()
+		return nil, fmt.Errorf("%s did not answer ApiVersions: %w", address, err)
+	}
+	return conn, nil
+}
+
+// probe sends ApiVersions v0 (which every broker answers, if only to say
+// which versions it supports) and reads the whole response.
+func probe(ctx context.Context, conn net.Conn, deadline time.Time) error {
+	if err := conn.SetDeadline(deadline); err != nil {
+		return err
+	}
+	stop := context.AfterFunc(ctx, func() { _ = conn.SetDeadline(time.Unix(1, 0)) })
+	defer stop()
+	const correlation = 0x7472666c // "trfl"
+	clientID := "trajflow-probe"
+	req := make([]byte, 0, 4+10+len(clientID))
+	req = binary.BigEndian.AppendUint32(req, uint32(2+2+4+2+len(clientID)))
+	req = binary.BigEndian.AppendUint16(req, 18) // ApiVersions
+	req = binary.BigEndian.AppendUint16(req, 0)  // version 0
+	req = binary.BigEndian.AppendUint32(req, correlation)
+	req = binary.BigEndian.AppendUint16(req, uint16(len(clientID)))
+	req = append(req, clientID...)
+	if _, err := conn.Write(req); err != nil {
+		return err
+	}
+	var head [8]byte
+	if _, err := io.ReadFull(conn, head[:]); err != nil {
+		return err
+	}
+	size := binary.BigEndian.Uint32(head[:4])
+	if got := binary.BigEndian.Uint32(head[4:]); got != correlation || size < 4 || size > 1<<20 {
+		return fmt.Errorf("unexpected ApiVersions response (size %d, correlation id %#x)", size, got)
+	}
+	if _, err := io.CopyN(io.Discard, conn, int64(size-4)); err != nil {
+		return err
+	}
+	if ctx.Err() != nil {
+		return ctx.Err()
+	}
+	return conn.SetDeadline(time.Time{})
 }

@@ -1,6 +1,7 @@
 package kafka
 
 import (
+	"context"
 	"errors"
 	"net"
 	"strings"
@@ -126,5 +127,50 @@ func TestAdminFirstBrokerDown(t *testing.T) {
 	err = CreateTopics(ctx, cc, nil, []TopicSpec{{Name: "never"}})
 	if err == nil || !strings.Contains(err.Error(), brokers[0]) {
 		t.Fatalf("only a closed address: %v, want an error naming %s", err, brokers[0])
+	}
+}
+
+// TestProbingDialSkipsHungBroker: kafka-go's group reader tries its
+// bootstrap addresses in order and sends requests without deadlines; with
+// the first address accepting connections but never answering (a broker
+// stopped with SIGSTOP) it waits for that broker forever. With
+// ProbingDial the dial fails within ProbeTimeout, the reader moves on to
+// the next address and consumes.
+func TestProbingDialSkipsHungBroker(t *testing.T) {
+	b := startTestBroker(t, BrokerConfig{})
+	silent := silentAddr(t)
+	ctx := testCtx(t, 30*time.Second)
+	if err := CreateTopics(ctx, ClientConfig{}, []string{b.Addr()}, []TopicSpec{{Name: "probe", Partitions: 1}}); err != nil {
+		t.Fatal(err)
+	}
+	pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if _, err := ProbingDial(pctx, "tcp", silent); err == nil || pctx.Err() != nil {
+		t.Fatalf("ProbingDial to a silent listener: %v (context %v), want its own timeout", err, pctx.Err())
+	}
+	d := &kafkago.Dialer{Timeout: 10 * time.Second, DialFunc: ProbingDial}
+	conn, err := d.DialContext(ctx, "tcp", b.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := conn.ApiVersions(); err != nil { // the probe left the stream in step
+		t.Fatalf("ApiVersions after the probe: %v", err)
+	}
+	conn.Close()
+
+	w := &kafkago.Writer{Addr: kafkago.TCP(b.Addr()), Topic: "probe", BatchTimeout: time.Millisecond}
+	if err := w.WriteMessages(ctx, kafkago.Message{Value: []byte("through the second address")}); err != nil {
+		t.Fatal(err)
+	}
+	w.Close()
+	r := kafkago.NewReader(kafkago.ReaderConfig{Brokers: []string{silent, b.Addr()}, GroupID: "probe-g", Topic: "probe",
+		Dialer: d, MaxWait: 500 * time.Millisecond, StartOffset: kafkago.FirstOffset})
+	defer r.Close()
+	m, err := r.FetchMessage(ctx)
+	if err != nil {
+		t.Fatalf("group reader with the first broker hung: %v", err)
+	}
+	if string(m.Value) != "through the second address" {
+		t.Fatalf("read %q", m.Value)
 	}
 }

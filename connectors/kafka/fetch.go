@@ -18,3 +18,12 @@ import "time"
 // bench/RESULTS.md ("Readers wait up to 500 ms for an empty fetch").
 // The price is a slower Close: a reader waits for its fetch in flight.
 const FetchMaxWait = 500 * time.Millisecond
+
+// MetadataTTL is how often a kafka-go Transport of the project refreshes
+// its cached cluster metadata (kafka-go's default is 6 s; each refresh
+// comes after a random fraction of it). A writer routes every produce by
+// that cache, so after a partition leader moves its writes fail (the
+// runtime retries them in place) until the next refresh names the new
+// leader: the TTL bounds that time, at the cost of one metadata request
+// per TTL on average.
+const MetadataTTL = time.Second

@@ -43,6 +43,11 @@ func (e *InfraError) Error() string {
 
 func (e *InfraError) Unwrap() error { return e.Err }
 
+// InfraReason is the error's reason. Callers that must not import this
+// package (the rollout stage counts infrastructure failures in its census
+// by reason) find it through an interface { InfraReason() string }.
+func (e *InfraError) InfraReason() string { return e.Reason }
+
 // Infra returns an *InfraError.
 func Infra(reason, addr, format string, args ...any) *InfraError {
 	return &InfraError{Reason: reason, Addr: addr, Detail: fmt.Sprintf(format, args...)}

@@ -48,23 +48,39 @@ type Identity struct {
 	// (always the sampling distribution after temperature and truncation
 	// for these clients; recorded for the reader).
 	Logprobs string `json:"logprobs"`
+	// Seed64 says that a llama.cpp-protocol server reads the request's
+	// whole 64-bit seed ("trajflow_seed", trajflow serve policy only).
+	Seed64 bool `json:"seed64,omitempty"`
 }
 
 // Want is a requirement on the weight version a request is served by: the
 // served version must equal Version, or be at least Version when AtLeast.
-// The zero Want accepts any version.
+// The zero Want accepts any version; version 0 (the initial policy) is
+// required exactly with Exact (Exactly(0)).
 type Want struct {
 	Version int64
 	AtLeast bool
+	Exact   bool
+}
+
+// Exactly wants version v and no other (v may be 0).
+func Exactly(v int64) Want { return Want{Version: v, Exact: true} }
+
+// AtLeast wants version v or a newer one.
+func AtLeast(v int64) Want { return Want{Version: v, AtLeast: true} }
+
+// Any reports whether w accepts every version (the zero Want).
+func (w Want) Any() bool { return w.Version == 0 && !w.AtLeast && !w.Exact }
+
+// Meets reports whether a served version meets w.
+func (w Want) Meets(served int64) bool {
+	return w.Any() || served == w.Version || (w.AtLeast && served > w.Version)
 }
 
 // Check reports a version_mismatch for a served version that does not meet
 // w.
 func (w Want) Check(addr string, served int64) error {
-	if w.Version == 0 && !w.AtLeast {
-		return nil
-	}
-	if served == w.Version || (w.AtLeast && served > w.Version) {
+	if w.Meets(served) {
 		return nil
 	}
 	rel := "version"
@@ -100,11 +116,12 @@ type Client interface {
 	SamplerID(s model.Settings) string
 }
 
-// ModelName is the name of policy version v in a llama.cpp router's models
-// directory and in `trajflow serve policy --protocol llamacpp`:
-// "policy-v%08d", the base name of the release's manifest and checkpoint
-// files (gpu.ManifestName, gpu.CheckpointName), so that GGUF exports named
-// policy-v00000007.gguf in a router's --models-dir serve version 7.
+// ModelName is the name of policy version v (0, the initial policy, and
+// up) in a llama.cpp router's models directory and in `trajflow serve
+// policy --protocol llamacpp`: "policy-v%08d", the base name of the
+// release's manifest and checkpoint files (gpu.ManifestName,
+// gpu.CheckpointName), so that GGUF exports named policy-v00000007.gguf in
+// a router's --models-dir serve version 7.
 func ModelName(v int64) string { return fmt.Sprintf("policy-v%08d", v) }
 
 // ParseModelName returns the version of a ModelName.
@@ -114,7 +131,7 @@ func ParseModelName(name string) (int64, error) {
 		return 0, fmt.Errorf("%w: model name %q is not policy-vNNNNNNNN", ErrConfig, name)
 	}
 	v, err := strconv.ParseInt(s, 10, 64)
-	if err != nil || v <= 0 || ModelName(v) != name {
+	if err != nil || v < 0 || ModelName(v) != name {
 		return 0, fmt.Errorf("%w: model name %q is not policy-vNNNNNNNN", ErrConfig, name)
 	}
 	return v, nil
@@ -125,11 +142,12 @@ func ParseModelName(name string) (int64, error) {
 func WeightVersion(v int64) string { return strconv.FormatInt(v, 10) }
 
 // ParseWeightVersion returns the policy version of a weight_version
-// string: a positive decimal integer in canonical form.
+// string: a non-negative decimal integer in canonical form (0 is the
+// initial policy; SGLang's "default", before any load, is none).
 func ParseWeightVersion(s string) (int64, error) {
 	v, err := strconv.ParseInt(s, 10, 64)
-	if err != nil || v <= 0 || strconv.FormatInt(v, 10) != s {
-		return 0, fmt.Errorf("weight_version %q is not a policy version (a positive decimal)", s)
+	if err != nil || v < 0 || strconv.FormatInt(v, 10) != s {
+		return 0, fmt.Errorf("weight_version %q is not a policy version (a non-negative decimal)", s)
 	}
 	return v, nil
 }

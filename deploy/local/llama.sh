@@ -8,7 +8,8 @@
 #   deploy/local/llama.sh up [--port N]   build, start one server with the model, wait for /health
 #   deploy/local/llama.sh router [--port N]
 #                                         build, start a router over a models dir holding the model
-#                                         twice (v0.gguf, v1.gguf), load both, wait until loaded
+#                                         twice as policy versions 0 and 1 (policy-v00000000.gguf,
+#                                         policy-v00000001.gguf), load both, wait until loaded
 #   deploy/local/llama.sh down            stop what `up` / `router` started (SIGTERM, SIGKILL after 20 s)
 #   deploy/local/llama.sh status          exit 0 when running and answering /health
 #   deploy/local/llama.sh env             print the variables the clients and tests read
@@ -264,14 +265,17 @@ up() {
 
 # The router serves every *.gguf in $HOME_DIR/models by its file name; the
 # two versions start as copies of the same weights (a weight-sync test
-# replaces one and checks the answers change).
+# replaces one and checks the answers change). A file is named after the
+# policy version it holds, policy-vNNNNNNNN.gguf, the model name trajflow's
+# llama.cpp client asks for and weight sync loads (deploy/local/LLAMA.md,
+# "Releases as model files").
 router() {
   local port
   port="$(port_arg "$@")"
   build
   mkdir -p "$HOME_DIR/models"
   local v
-  for v in v0 v1; do
+  for v in policy-v00000000 policy-v00000001; do
     [ -f "$HOME_DIR/models/$v.gguf" ] || cp "$MODEL" "$HOME_DIR/models/$v.gguf"
   done
   start router "$port" --models-dir "$HOME_DIR/models" --models-max 2

@@ -8,6 +8,7 @@ package audit
 
 import (
 	"context"
+	"crypto/sha256"
 	"fmt"
 	"sort"
 
@@ -32,12 +33,20 @@ type Report struct {
 	// trainer's update (schemas.CensusEvent.StaleTokens).
 	StaleTokens int64
 	// EnvRetries counts the retried events (one per retry of an
-	// environment call) by reason; InfraFailed the failed events of the
-	// infrastructure, whose attempts the rollout stage runs again under
-	// the next attempt number (FailedInfra: their attempt ids).
+	// environment call) by reason; InfraFailed the failed and timed_out
+	// events of the infrastructure, whose attempts the rollout stage runs
+	// again under the next attempt number (FailedInfra: attempt id ->
+	// reason).
 	EnvRetries  map[string]int
 	InfraFailed int
-	FailedInfra map[string]bool
+	FailedInfra map[string]string
+	// Copies counts batch messages that repeat an earlier one byte for byte
+	// (same batch id, same content): a producer's retry of a write whose
+	// acknowledgement was lost, which the trainer skips by batch id.
+	// Conflicts counts batch ids seen again with other content.
+	Copies, Conflicts int
+	// distinct counts trajectory ids over the first copy of each batch.
+	distinct map[string]int
 }
 
 // Collect reads the batches and census topics of t from the beginning.
@@ -45,8 +54,9 @@ func Collect(ctx context.Context, cfg *pipeline.Config, t pipeline.Topics) (*Rep
 	r := &Report{
 		BatchIDs: map[string]int{}, Admitted: map[string]int{}, Filtered: map[string]string{}, Excluded: map[string]string{},
 		Quarantined: map[string]string{}, Census: map[string]int{}, EnvRetries: map[string]int{},
-		FailedInfra: map[string]bool{},
+		FailedInfra: map[string]string{}, distinct: map[string]int{},
 	}
+	firstCopy := map[string][32]byte{}
 	err := pipeline.ScanTail(ctx, cfg, t.Batches, 0, func(m pipeline.Message) error {
 		b, err := schemas.PackedBatches.Decode(nil, m.Value)
 		if err != nil {
@@ -54,9 +64,22 @@ func Collect(ctx context.Context, cfg *pipeline.Config, t pipeline.Topics) (*Rep
 		}
 		r.Batches++
 		r.BatchIDs[b.BatchID]++
+		h := sha256.Sum256(m.Value)
+		first, seen := firstCopy[b.BatchID]
+		switch {
+		case !seen:
+			firstCopy[b.BatchID] = h
+		case first == h:
+			r.Copies++
+		default:
+			r.Conflicts++
+		}
 		for _, row := range b.Rows {
 			for _, id := range row.SegTrajectoryIDs {
 				r.Admitted[id]++
+				if !seen {
+					r.distinct[id]++
+				}
 			}
 		}
 		return nil
@@ -87,10 +110,10 @@ func Collect(ctx context.Context, cfg *pipeline.Config, t pipeline.Topics) (*Rep
 			r.Quarantined[ev.AttemptID] = ev.Reason
 		case schemas.CensusRetried:
 			r.EnvRetries[ev.Reason]++
-		case schemas.CensusFailed:
+		case schemas.CensusFailed, schemas.CensusTimedOut:
 			if ev.Infra {
 				r.InfraFailed++
-				r.FailedInfra[ev.AttemptID] = true
+				r.FailedInfra[ev.AttemptID] = ev.Reason
 			}
 		}
 		return nil
@@ -118,11 +141,12 @@ type Counts struct {
 	Quarantined int
 	Lost        int // launched, never admitted, filtered or quarantined
 	Duplicated  int // extra occurrences of admitted ids, plus repeated batch ids
+	LostIDs     []string
 	// Retried counts the launched attempts (AccountAttempts) that failed
-	// for the infrastructure and are accounted by the attempt that ran
-	// them again.
-	Retried int
-	LostIDs []string
+	// for the infrastructure and are accounted by the try that ran them
+	// again; RetriedTries counts those failed tries by reason.
+	Retried      int
+	RetriedTries map[string]int
 }
 
 // Account compares the report with the launched attempt ids.
@@ -157,25 +181,32 @@ func (r *Report) Account(launched []string) Counts {
 	return c
 }
 
-// AccountAttempts is Account over the launched attempts, following
-// infrastructure retries: an attempt with a failed event of the
-// infrastructure was run again as the next attempt number
-// (schemas.AttemptID(run, task, group, member, n+1)), whose fate is then
-// its fate (Counts.Retried counts those).
+// AccountAttempts is Account over launched attempts, following each try
+// that failed for a reason of the infrastructure to its retry (rollout
+// runs the group again under the next attempt number,
+// schemas.AttemptID(run, task, group, member, n+1)): an attempt is
+// accounted by the fate of its last try. A failed try whose retry has no
+// fate is lost.
 func (r *Report) AccountAttempts(launched []schemas.TaskAttempt) Counts {
-	ids := make([]string, len(launched))
-	retried := 0
+	last := make([]string, len(launched))
+	retried, tries := 0, map[string]int{}
 	for i, a := range launched {
 		id := a.AttemptID
-		for n := a.Attempt + 1; r.FailedInfra[id] && !r.decided(id); n++ {
-			id = schemas.AttemptID(a.RunID, a.TaskID, a.GroupID, a.Member, n)
+		for n := a.Attempt; ; n++ {
+			reason, failed := r.FailedInfra[id]
+			if !failed || r.decided(id) {
+				break
+			}
+			tries[reason]++
+			id = schemas.AttemptID(a.RunID, a.TaskID, a.GroupID, a.Member, n+1)
 		}
 		if id != a.AttemptID {
 			retried++
 		}
-		ids[i] = id
+		last[i] = id
 	}
-	c := r.Account(ids)
+	c := r.Account(last)
+	c.RetriedTries = tries
 	c.Retried = retried
 	return c
 }
@@ -184,6 +215,18 @@ func (r *Report) AccountAttempts(launched []schemas.TaskAttempt) Counts {
 // quarantined.
 func (r *Report) decided(id string) bool {
 	return r.Admitted[id] > 0 || r.Filtered[id] != "" || r.Quarantined[id] != ""
+}
+
+// AccountDistinct is Account over the batches as the trainer takes them:
+// the first copy of each batch id. Identical copies (Copies) are not
+// duplicates there; a trajectory in two batches, or a batch id with two
+// contents (Conflicts), still is.
+func (r *Report) AccountDistinct(launched []string) Counts {
+	d := *r
+	d.Admitted, d.BatchIDs = r.distinct, map[string]int{}
+	c := d.Account(launched)
+	c.Duplicated += r.Conflicts
+	return c
 }
 
 func (c Counts) String() string {

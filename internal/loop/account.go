@@ -39,6 +39,9 @@ func (r *runner) account(ctx context.Context) error {
 		s.StaleShare = float64(s.StaleTokens) / float64(s.GeneratedTokens)
 	}
 	s.AttemptsRetried = counts.Retried
+	if len(counts.RetriedTries) > 0 {
+		s.InfraRetries = counts.RetriedTries
+	}
 	s.BatchHashes, err = BatchHashes(actx, cfg, r.topics)
 	r.accountEnv(rep)
 	return err

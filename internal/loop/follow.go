@@ -64,7 +64,8 @@ func (r *runner) follow(ctx context.Context, errs <-chan error) error {
 	}
 	p := &progress{byBatch: map[string]schemas.WindowRecord{}, lastAt: time.Now(), evaluated: map[int64]bool{0: true}}
 	want := r.o.Updates * r.c.Dispatch.GroupsPerUpdate
-	for p.decided < want || p.lastVersion+int64(p.refused) < int64(p.batches) || len(p.queued) > 0 {
+	// Without a trainer (NoTrain) the run ends once every group is decided.
+	for p.decided < want || (!r.o.NoTrain && (p.lastVersion+int64(p.refused) < int64(p.batches) || len(p.queued) > 0)) {
 		var err error
 		select {
 		case <-ctx.Done():
@@ -127,6 +128,10 @@ func (r *runner) onWindow(p *progress, v []byte) error {
 	}
 	p.batches++
 	p.byBatch[w.BatchID] = w
+	if r.o.NoTrain && !r.o.Quiet {
+		fmt.Fprintf(r.stdout, "     -  %7.3f  %6.3f  (batch %d: %d rows, %d tokens, packing %.3f; not trained: --no-train)\n",
+			w.SuccessRate, w.RewardMean, w.BatchIndex, w.Rows, w.Tokens, w.Efficiency)
+	}
 	return nil
 }
 
@@ -217,7 +222,7 @@ func (r *runner) report(ctx context.Context, p *progress) error {
 func (r *runner) finalEval(ctx context.Context, p *progress) error {
 	r.sum.Updates = int(p.lastVersion)
 	r.sum.EvalSuccessFinal = r.sum.EvalSuccessInitial
-	if p.lastVersion > 0 {
+	if p.lastVersion > 0 && r.ev != nil {
 		if !p.evaluated[p.lastVersion] {
 			s, err := r.ev.Release(ctx, p.lastRel)
 			if err != nil {

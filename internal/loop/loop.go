@@ -69,6 +69,28 @@ type Options struct {
 	// dispatch.partial_rollouts and packing.stale_policy.
 	PartialRollouts string
 	StalePolicy     string
+	// Policy is where rollout generates: the zero value is the built-in
+	// policy in process; a server protocol with endpoints (ParsePolicy)
+	// runs rollout on those replicas through a gateway, with weight sync
+	// in the loop loading every release into them (they read it from
+	// Out/releases).
+	Policy contract.Policy
+	// Tasks is the built-in task family: TasksKV (default) or TasksText
+	// (a language model on a llama.cpp server; needs NoTrain).
+	Tasks string
+	// NoTrain leaves the train stage out (the built-in trainer cannot
+	// train a server's language model): the loop publishes release 0
+	// itself, dispatch closes a round once pack decided all its groups,
+	// and the run ends when every round is decided.
+	NoTrain bool
+	// StopTokenIDs, when set, are the sampler's stop ids (for TasksText
+	// the loop asks the server's chat template when unset).
+	StopTokenIDs []int32
+	// PolicyTrace sees every call of rollout's policy server clients.
+	PolicyTrace func(method, path string, req []byte, status int, resp []byte)
+	// Edit, when set, changes the contract before it is resolved (a
+	// test's smaller run).
+	Edit func(c *contract.Contract)
 }
 
 // Update is one line of the loop's output.
@@ -136,6 +158,11 @@ type Summary struct {
 	ReleaseTokens  []int64            `json:"release_trained_tokens"` // cumulative trained tokens at each release
 	TrainedTokens  int64              `json:"trained_tokens"`
 	LagTokens      []schemas.LagCount `json:"lag_tokens"`
+	// InfraRetries counts the tries that failed for a reason of the
+	// infrastructure (a policy server or environment service down, slow,
+	// or answering garbage) and were run again, by census reason; never
+	// task failures.
+	InfraRetries map[string]int `json:"infra_retries,omitempty"`
 	// Env is the accounting of the environment services (with Options.Env).
 	Env *EnvSummary `json:"env,omitempty"`
 }
@@ -175,6 +202,10 @@ func Contract(o Options) (*contract.Contract, error) {
 	if err := environment(c, o); err != nil {
 		return nil, err
 	}
+	applyPolicy(c, o)
+	if o.Edit != nil {
+		o.Edit(c)
+	}
 	if err := c.Resolve(); err != nil {
 		return nil, err
 	}
@@ -207,6 +238,9 @@ func Run(ctx context.Context, o Options, stdout io.Writer) (*Summary, error) {
 	}
 	if o.RolloutWorkers > 1 && len(o.Env) > 0 {
 		return nil, fmt.Errorf("loop: %d rollout workers with environment services: one rollout stage per client", o.RolloutWorkers)
+	}
+	if err := o.check(); err != nil {
+		return nil, err
 	}
 	r := &runner{o: o, stdout: stdout, start: time.Now()}
 	defer r.close()
@@ -254,6 +288,13 @@ func (r *runner) close() {
 // earlier run, opens the log, starts the broker (unless o.Brokers), creates
 // the run's topics and builds the stages' dependencies and the evaluator.
 func (r *runner) prepare(ctx context.Context) error {
+	if r.o.Tasks == TasksText && r.o.StopTokenIDs == nil {
+		stops, err := textStops(ctx, r.o)
+		if err != nil {
+			return err
+		}
+		r.o.StopTokenIDs = stops
+	}
 	c, err := Contract(r.o)
 	if err != nil {
 		return err
@@ -274,14 +315,23 @@ func (r *runner) prepare(ctx context.Context) error {
 	}
 	r.deps.ReleaseDir, r.deps.Rounds = filepath.Join(r.o.Out, "releases"), int64(r.o.Updates)
 	r.deps.PartialGroupTimeout = 30 * time.Second // only matters if a member is lost to quarantine
+	r.deps.NoTrain, r.deps.PolicyTrace = r.o.NoTrain, r.o.PolicyTrace
 	if r.files, err = pipeline.NewDirReleases(r.deps.ReleaseDir); err != nil {
 		return err
 	}
-	reg := r.deps.Tasks
-	r.ev, err = evaluation.New(evaluation.Config{Registry: reg, Settings: operators.RolloutSettings(c, reg),
-		Limits: operators.RolloutLimits(c), Seed: c.Seed, Samples: r.o.EvalSamples})
-	if err != nil {
+	if err := r.servedVocab(ctx); err != nil {
 		return err
+	}
+	if err := r.publishInitial(ctx); err != nil {
+		return err
+	}
+	reg := r.deps.Tasks
+	if r.o.Tasks != TasksText { // the hidden eval runs the built-in policy in process
+		r.ev, err = evaluation.New(evaluation.Config{Registry: reg, Settings: operators.RolloutSettings(c, reg),
+			Limits: operators.RolloutLimits(c), Seed: c.Seed, Samples: r.o.EvalSamples})
+		if err != nil {
+			return err
+		}
 	}
 	r.evalEvery = r.o.EvalEvery
 	if r.evalEvery <= 0 {
@@ -348,6 +398,15 @@ func (r *runner) connect(ctx context.Context) error {
 // evalInitial evaluates the initial policy, exactly as the trainer will
 // publish it, and prints the header.
 func (r *runner) evalInitial(ctx context.Context) error {
+	if r.ev == nil {
+		if !r.o.Quiet {
+			c := r.c
+			fmt.Fprintf(r.stdout, "trajflow demo: run %s, seed %d, %s tasks, %d rounds of %d groups x %d attempts; operators %v on %v; %s\n",
+				c.RunID, c.Seed, r.o.Tasks, r.o.Updates, c.Dispatch.GroupsPerUpdate, c.Sampler.GroupSize, r.stages(), r.brokers, r.policyNote())
+			fmt.Fprintln(r.stdout, "hidden eval: not run (it runs the built-in policy in process; these tasks need the server's model)")
+		}
+		return nil
+	}
 	mc, mseed := operators.ModelConfig(r.c)
 	m0, err := gpu.InitialModel(mc, mseed)
 	if err != nil {
@@ -363,8 +422,8 @@ func (r *runner) evalInitial(ctx context.Context) error {
 		return nil
 	}
 	c := r.c
-	fmt.Fprintf(r.stdout, "trajflow demo: run %s, seed %d, %s mode, %d rounds of %d groups x %d attempts; operators %v on %v\n",
-		c.RunID, c.Seed, c.Dispatch.Mode, r.o.Updates, c.Dispatch.GroupsPerUpdate, c.Sampler.GroupSize, Stages, r.brokers)
+	fmt.Fprintf(r.stdout, "trajflow demo: run %s, seed %d, %s mode, %d rounds of %d groups x %d attempts; operators %v on %v; %s\n",
+		c.RunID, c.Seed, c.Dispatch.Mode, r.o.Updates, c.Dispatch.GroupsPerUpdate, c.Sampler.GroupSize, r.stages(), r.brokers, r.policyNote())
 	fmt.Fprintf(r.stdout, "hidden eval (%d tasks x %d fixed attempts) at version 0: success %.3f\n", r.ev.Tasks(), r.ev.Samples(), s)
 	fmt.Fprintln(r.stdout, "update  success  reward      kl    clip  entropy  lag  tokens/s  packing  eval")
 	return nil

@@ -27,9 +27,10 @@ type fleet struct {
 // group of its own, through operators.NewOperator.
 func (r *runner) startOperators() (*fleet, error) {
 	ctx, cancel := context.WithCancel(context.Background())
-	f := &fleet{cancel: cancel, errs: make(chan error, len(Stages)+max(0, r.o.RolloutWorkers-1))}
+	stages := r.stages()
+	f := &fleet{cancel: cancel, errs: make(chan error, len(stages)+max(0, r.o.RolloutWorkers-1))}
 	r.opsStart = time.Now()
-	for _, inst := range instances(Stages, r.o.RolloutWorkers) {
+	for _, inst := range instances(stages, r.o.RolloutWorkers) {
 		name := inst.stage
 		op, err := operators.NewOperator(name, r.deps, pipeline.Config{
 			Brokers: r.brokers, StateDir: filepath.Join(r.o.Out, "state", inst.name),

@@ -45,6 +45,10 @@ type StageConfig struct {
 	Continue bool
 	// Rounds is how many rounds to dispatch (0: until stopped).
 	Rounds int64
+	// Untrained: no trainer runs (its releases never come), so in sync
+	// mode a round is complete once every group of it was decided by pack;
+	// every round runs on the versions already released.
+	Untrained bool
 	// RebuildScan bounds how many records per partition Start reads back
 	// from the tasks, windows and policy topics (0: all).
 	RebuildScan int64
@@ -246,9 +250,13 @@ func (s *Stage) release(rel schemas.PolicyRelease) {
 }
 
 // inFlight is the number of groups of round r still in flight (async):
-// undecided, or in a batch the trainer has not consumed.
+// undecided, or in a batch the trainer has not consumed (Untrained: no
+// trainer consumes them, so only undecided).
 func (s *Stage) inFlight(rd *round) int {
 	n := len(rd.pending)
+	if s.cfg.Untrained {
+		return n
+	}
 	for b, groups := range rd.batches {
 		if b >= s.consumed {
 			n += groups
@@ -263,6 +271,9 @@ func (s *Stage) complete(r int64) bool {
 	rd, ok := s.rounds[r]
 	if !ok {
 		return true
+	}
+	if s.cfg.Untrained {
+		return len(rd.pending) == 0
 	}
 	if s.cfg.Mode == ModeAsync {
 		return s.inFlight(rd) == 0

@@ -69,6 +69,9 @@ type Stage struct {
 	nextIndex int64
 	held      map[pipeline.Ref]struct{}
 	opened    time.Time // the open window's first decision
+	// closedGroups are the groups of the closed windows read back at start
+	// (the windows topic's tail): a redelivered message of one is decided.
+	closedGroups map[string]struct{}
 	// bounded deduplication memory (see remember)
 	recent *idset.Ring
 	// statistics of the records decided in the open window
@@ -117,12 +120,14 @@ func (s *Stage) Start(ctx context.Context, env *pipeline.Env) error {
 	s.store = st
 	s.admitted = st.IDSet(seenPrefix, s.cfg.DedupHorizon)
 	batches := 0
+	onTopic := map[string]bool{}
 	err = env.Scan(ctx, s.cfg.Topics.Batches, s.cfg.RebuildScan, func(m pipeline.Message) error {
 		b, err := schemas.PackedBatches.DecodeShared(nil, m.Value)
 		if err != nil {
 			return fmt.Errorf("pack: batches topic at %s: %w", m.Ref, err)
 		}
 		batches++
+		onTopic[b.BatchID] = true
 		if b.BatchIndex >= s.nextIndex {
 			s.nextIndex = b.BatchIndex + 1
 		}
@@ -140,7 +145,39 @@ func (s *Stage) Start(ctx context.Context, env *pipeline.Env) error {
 	if err != nil {
 		return fmt.Errorf("pack: rebuild from batches: %w", err)
 	}
-	env.Logger.Info("pack state restored", "batches_scanned", batches, "next_batch", s.nextIndex)
+	// Groups of closed windows. A pack that closed a window and died
+	// before the window's inputs were committed (its group coordinator
+	// lost at that moment, say) is redelivered them. Their admitted
+	// records are known from the batches topic, but the filtered ones are
+	// on no topic a restart reads: taken as new, a filtered group would
+	// count in the open window, next to part of the next round, which
+	// could then never be decided in full. Every record of a group comes
+	// in one scored message and is decided in one window, so a
+	// redelivered group listed by a closed window is decided. A window
+	// whose batch is not on the batches topic (its write was lost with the
+	// pack) did not close: its groups are decided again.
+	windows, undecodable := 0, 0
+	s.closedGroups = map[string]struct{}{}
+	err = env.Scan(ctx, s.cfg.Topics.Windows, s.cfg.RebuildScan, func(m pipeline.Message) error {
+		w, err := schemas.DecodeWindow(m.Value)
+		if err != nil {
+			undecodable++
+			return nil
+		}
+		if w.BatchID != "" && !onTopic[w.BatchID] {
+			return nil
+		}
+		windows++
+		for _, g := range w.Groups {
+			s.closedGroups[g] = struct{}{}
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("pack: rebuild from windows: %w", err)
+	}
+	env.Logger.Info("pack state restored", "batches_scanned", batches, "windows_scanned", windows,
+		"undecodable_window_records", undecodable, "next_batch", s.nextIndex)
 	return nil
 }
 
@@ -181,6 +218,13 @@ func (s *Stage) Process(ctx context.Context, m pipeline.Message) (pipeline.Resul
 	}
 	if err := stagekit.CheckID(&m, schemas.DerivedID("advantage", rows[0].GroupID)); err != nil {
 		return pipeline.Result{}, err
+	}
+	if _, closed := s.closedGroups[rows[0].GroupID]; closed {
+		for i := range rows {
+			s.win.MarkSeen(rows[i].RecordID)
+			s.remember(rows[i].RecordID)
+		}
+		return pipeline.Result{}, nil
 	}
 	var res pipeline.Result
 	now := s.now()

@@ -251,3 +251,85 @@ func TestStageMaxWaitClosesAFilteredWindow(t *testing.T) {
 		t.Fatalf("window %+v, want closed by timeout without a batch", w)
 	}
 }
+
+// TestStageRestartAfterCloseKeepsTheClosedWindow: pack closed a window
+// (batch and window record written) and died before its inputs were
+// committed, so a restart is redelivered the closed window's records
+// along with the next round. The restarted pack must take them as
+// decided — the admitted ones from the batches topic, the filtered ones
+// from the windows topic — and decide the next round in a window of its
+// own; counting a redelivered filtered group in the open window would
+// close it with part of the next round, whose other groups could then
+// never fill a window. A window whose batch never reached the batches
+// topic did not close: its records are decided again, into the same
+// window.
+func TestStageRestartAfterCloseKeepsTheClosedWindow(t *testing.T) {
+	topics, _ := pipeline.TopicsFor("r")
+	o := testOptions()
+	o.BatchTokens, o.BatchGroups = 1<<20, 2
+	cfg := StageConfig{Options: o, Topics: topics, RunID: "r", ContractHash: "h", CountDecidedGroups: true}
+	msg := func(off int64, rows ...schemas.Scored) pipeline.Message {
+		b, err := schemas.ScoredTrajectories.Encode(nil, rows)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return pipeline.Message{Ref: pipeline.Ref{Topic: topics.Scored, Offset: off}, Key: []byte(rows[0].GroupID), Value: b}
+	}
+	zeroVar := func(id, group string, v int64) schemas.Scored {
+		s := small(id, group, v, 3)
+		s.Group.Filtered = "zero_variance"
+		return s
+	}
+	in := []pipeline.Message{
+		msg(0, zeroVar("a1", "g1", 0), zeroVar("a2", "g1", 0)),   // round 0, filtered
+		msg(1, small("b1", "g2", 0, 3), small("b2", "g2", 0, 3)), // round 0, admitted: the window closes
+		msg(2, small("c1", "g3", 1, 3), small("c2", "g3", 1, 3)), // round 1
+		msg(3, zeroVar("d1", "g4", 1), zeroVar("d2", "g4", 1)),   // round 1, filtered
+	}
+	drive := func(in []pipeline.Message, scan pipeline.MemScanner) *pipeline.Driven {
+		st, err := NewStage(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		d, err := pipeline.Drive(context.Background(), st, in, pipeline.DriveConfig{QuarantineTopic: topics.Quarantine,
+			Env: pipeline.EnvConfig{Scanner: scan}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return d
+	}
+	asMessages := func(outs []pipeline.Output) []pipeline.Message {
+		var ms []pipeline.Message
+		for i, o := range outs {
+			ms = append(ms, pipeline.Message{Ref: pipeline.Ref{Topic: o.Topic, Offset: int64(i)}, Key: o.Key, Value: o.Value})
+		}
+		return ms
+	}
+	groupsOf := func(d *pipeline.Driven) [][]string {
+		var out [][]string
+		for _, o := range d.On(topics.Windows) {
+			w, err := schemas.DecodeWindow(o.Value)
+			if err != nil {
+				t.Fatal(err)
+			}
+			out = append(out, w.Groups)
+		}
+		return out
+	}
+	first := drive(in[:2], nil)
+	if got := groupsOf(first); len(got) != 1 || len(first.On(topics.Batches)) != 1 {
+		t.Fatalf("first life: windows %v, %d batches", got, len(first.On(topics.Batches)))
+	}
+	// Batch and window record were written; nothing was committed.
+	second := drive(in, pipeline.MemScanner{
+		topics.Batches: asMessages(first.On(topics.Batches)), topics.Windows: asMessages(first.On(topics.Windows)),
+	})
+	if got := groupsOf(second); len(got) != 1 || !slices.Equal(got[0], []string{"g3", "g4"}) || len(second.Held) != 0 {
+		t.Fatalf("after the restart windows %v (want one, of round 1: [g3 g4]), held %v", got, second.Held)
+	}
+	// Only the window record was written: the window is decided again.
+	third := drive(in, pipeline.MemScanner{topics.Windows: asMessages(first.On(topics.Windows))})
+	if got := groupsOf(third); len(got) != 2 || !slices.Equal(got[0], []string{"g1", "g2"}) || !slices.Equal(got[1], []string{"g3", "g4"}) {
+		t.Fatalf("batch lost: windows %v, want [g1 g2] then [g3 g4]", got)
+	}
+}

@@ -147,6 +147,9 @@ func (ag Agent) Run(ctx context.Context, atts []schemas.TaskAttempt) ([]schemas.
 	eps := make([]live, n)
 	trajs := make([]schemas.Trajectory, n)
 	sid := s.ID()
+	if r, ok := ag.Policy.(SamplerRecorder); ok {
+		sid = r.SamplerID(s) // a policy server's: its identity is part of the sample
+	}
 	// Every episode that was reset is closed exactly once: by finish, or
 	// here (ReasonAborted) when the loop fails.
 	failed := true
@@ -174,7 +177,7 @@ func (ag Agent) Run(ctx context.Context, atts []schemas.TaskAttempt) ([]schemas.
 		if err := e.spec.Validate(); err != nil {
 			return fmt.Errorf("%w: attempt %s: %v", ErrEnvironment, a.AttemptID, err)
 		}
-		tokHash := e.spec.TokenizerHash
+		tokHash, tplHash := e.spec.TokenizerHash, ""
 		switch e.spec.Observations {
 		case ObsTokens:
 			if len(obs.IDs) == 0 {
@@ -193,14 +196,14 @@ func (ag Agent) Run(ctx context.Context, atts []schemas.TaskAttempt) ([]schemas.
 				return fmt.Errorf("rollout: attempt %s: %w", a.AttemptID, err)
 			}
 			e.text, e.prompt, e.maxObs = tr, prompt, tr.maxObsTokens
-			tokHash = ag.Tokenizer.TokenizerHash()
+			tokHash, tplHash = ag.Tokenizer.TokenizerHash(), ag.Tokenizer.ChatTemplateHash()
 		}
 		trajs[i] = schemas.Trajectory{
 			RecordID: a.AttemptID, RunID: a.RunID, TaskID: a.TaskID, TaskVersion: a.TaskVersion,
 			Domain: a.Domain, Split: a.Split, EnvVersion: a.EnvVersion, GroupID: a.GroupID,
 			GroupSize: a.GroupSize, Member: a.Member, Attempt: a.Attempt, Seed: a.Seed,
 			ContractHash: a.ContractHash, SamplerID: sid, ParserVersion: e.spec.ParserVersion,
-			TokenizerHash: tokHash, Status: schemas.StatusCompleted,
+			TokenizerHash: tokHash, ChatTemplateHash: tplHash, Status: schemas.StatusCompleted,
 			BootstrapValue: float32(math.NaN()), StartedAt: now().UnixMicro(),
 		}
 		return nil

@@ -31,10 +31,12 @@ func (f following) Generate(ctx context.Context, reqs []model.Request) ([]model.
 }
 
 // groupPolicy is the policy a run of a group samples with: pol itself, or
-// under Continue the newest loaded snapshot at every turn.
-func (s *Stage) groupPolicy(pol *model.Policy) Policy {
-	if s.cfg.Continue {
-		return following{s: s, start: pol}
+// under Continue the newest loaded snapshot at every turn. A policy
+// server (StageConfig.Server) already samples every call with the newest
+// version it serves, each sample recording it, so it is used as it is.
+func (s *Stage) groupPolicy(pol Policy) Policy {
+	if mp, ok := pol.(*model.Policy); ok && s.cfg.Continue {
+		return following{s: s, start: mp}
 	}
 	return pol
 }

@@ -1,6 +1,7 @@
 package rollout
 
 import (
+	"errors"
 	"fmt"
 	"strings"
 )
@@ -31,8 +32,13 @@ func FamilyOfArtifact(env string) (string, error) {
 	if strings.HasPrefix(env, "builtin:env/") {
 		return "", fmt.Errorf("rollout: artifacts.environment %q: no such built-in environment (have %s, %s, %s)", env, ArtifactKV, ArtifactLedger, ArtifactText)
 	}
-	return "", fmt.Errorf("rollout: artifacts.environment %q is not a built-in environment", env)
+	return "", fmt.Errorf("%w: artifacts.environment %q is not a built-in environment", ErrNotBuiltin, env)
 }
+
+// ErrNotBuiltin is wrapped by FamilyOfArtifact for an environment that is
+// not one of the built-in families (a run of an environment of its own:
+// the stages that run the environment need it given to them).
+var ErrNotBuiltin = errors.New("rollout: not a built-in environment")
 
 // NewFamilyRegistry returns the default registry of family.
 func NewFamilyRegistry(family string) (*Registry, error) {

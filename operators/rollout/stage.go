@@ -65,6 +65,20 @@ type StageConfig struct {
 	// (CensusRetried), so the census accounts for each one. One stage per
 	// client: the retries counted during a run are the run's.
 	EnvRetries func() map[string]int64
+	// Server, when set, is where the stage generates: policy server
+	// replicas (the contract's policy section; the registry builds a
+	// gateway). Releases are then not loaded here (Load is unused): the
+	// stage follows the weights topic, where weight sync acknowledges the
+	// version each replica serves, and a group waits until a replica
+	// serves the version its attempts ask for.
+	Server Server
+	// Exact makes a group on a Server want exactly its attempts' version
+	// (stop-and-synchronize mode) instead of that version or a newer one.
+	Exact bool
+	// RetryBackoff, when its Initial is set, replaces Backoff: the wait
+	// before a group's retry after an infrastructure failure, Initial
+	// doubling up to Max (the registry's for policy servers).
+	RetryBackoff pipeline.Backoff
 }
 
 // Stage is the rollout operator: it consumes the tasks topic (one message
@@ -89,12 +103,14 @@ type Stage struct {
 	mu      sync.Mutex
 	current *model.Policy
 	changed chan struct{} // closed and replaced on every switch
+
+	reps *replicas // with a Server: the versions replicas serve
 }
 
 // NewStage validates cfg and returns the stage.
 func NewStage(cfg StageConfig) (*Stage, error) {
-	if cfg.Registry == nil || cfg.Load == nil {
-		return nil, errors.New("rollout: stage needs a registry and a loader")
+	if cfg.Registry == nil || (cfg.Load == nil && cfg.Server == nil) {
+		return nil, errors.New("rollout: stage needs a registry, and a loader or a policy server")
 	}
 	if err := cfg.Settings.Validate(); err != nil {
 		return nil, fmt.Errorf("rollout: stage: %w", err)
@@ -105,7 +121,7 @@ func NewStage(cfg StageConfig) (*Stage, error) {
 	if err := cfg.Latency.Validate(); err != nil {
 		return nil, err
 	}
-	return &Stage{cfg: cfg, changed: make(chan struct{})}, nil
+	return &Stage{cfg: cfg, changed: make(chan struct{}), reps: newReplicas()}, nil
 }
 
 // Name implements pipeline.Stage.
@@ -114,7 +130,9 @@ func (*Stage) Name() string { return "rollout" }
 // Topics implements pipeline.Stage.
 func (s *Stage) Topics() []string { return s.cfg.Topics.Names(pipeline.InputsOf(s.Name())) }
 
-// SideTopics implements pipeline.SideInputs: the policy topic.
+// SideTopics implements pipeline.SideInputs: the policy topic (releases
+// to load, in process) and the weights topic (the versions policy server
+// replicas serve).
 func (s *Stage) SideTopics() []string {
 	return s.cfg.Topics.Names(pipeline.SideInputsOf(s.Name()))
 }
@@ -133,6 +151,13 @@ func (s *Stage) Start(_ context.Context, env *pipeline.Env) error {
 // switched to. A record that does not decode, or a release that fails to
 // load, is logged and skipped: the current version keeps serving.
 func (s *Stage) Side(_ context.Context, m pipeline.Message) error {
+	if m.Topic == s.cfg.Topics.Weights {
+		s.sideWeights(m)
+		return nil
+	}
+	if s.cfg.Server != nil {
+		return nil // weight sync loads releases into the servers
+	}
 	rel, err := schemas.DecodeRelease(m.Value)
 	if err != nil || !rel.Ready {
 		s.log().Warn("policy topic: record skipped", "source", m.Ref.String(), "err", err)
@@ -249,7 +274,7 @@ func (s *Stage) Process(ctx context.Context, m pipeline.Message) (pipeline.Resul
 		}
 		want = max(want, a.PolicyVersion)
 	}
-	pol, err := s.await(ctx, want)
+	pol, version, err := s.policyFor(ctx, want)
 	if err != nil {
 		return pipeline.Result{}, err // the operator stops; the group is redelivered
 	}
@@ -257,7 +282,7 @@ func (s *Stage) Process(ctx context.Context, m pipeline.Message) (pipeline.Resul
 	census := func(a schemas.TaskAttempt, kind, reason string, infra bool, tokens, lat int64, at time.Time) error {
 		ev, err := stagekit.Census(s.cfg.Topics.Census, schemas.CensusEvent{
 			RunID: a.RunID, AttemptID: a.AttemptID, TaskID: a.TaskID, GroupID: a.GroupID, Kind: kind,
-			Stage: s.Name(), Reason: reason, Infra: infra, PolicyVersion: pol.Version(), Tokens: tokens,
+			Stage: s.Name(), Reason: reason, Infra: infra, PolicyVersion: version, Tokens: tokens,
 			LatencyUS: lat, At: at.UnixMicro(),
 		})
 		if err == nil {
@@ -293,10 +318,14 @@ func (s *Stage) Process(ctx context.Context, m pipeline.Message) (pipeline.Resul
 			lim.Now = s.now
 		}
 		before := s.envRetries()
-		trajs, err := s.runEpisodes(rctx, pol, run, lim)
+		err := s.prepare(rctx)
+		var trajs []schemas.Trajectory
+		if err == nil {
+			trajs, err = s.runEpisodes(rctx, pol, run, lim)
+		}
 		cancel()
 		end := s.now()
-		retried, rerr := s.retryEvents(run[0], pol.Version(), before, end)
+		retried, rerr := s.retryEvents(run[0], version, before, end)
 		if rerr != nil {
 			return pipeline.Result{}, rerr
 		}
@@ -323,15 +352,27 @@ func (s *Stage) Process(ctx context.Context, m pipeline.Message) (pipeline.Resul
 			return pipeline.Result{}, ctx.Err() // stopping: redelivered later
 		}
 		kind, reason := schemas.CensusFailed, "infra_error"
-		if errors.Is(err, context.DeadlineExceeded) {
+		switch r := InfraReason(err); {
+		case r != "":
+			reason = "policy_" + r // a policy server's failure, by reason (its own timeouts included)
+		case errors.Is(err, context.DeadlineExceeded):
 			kind, reason = schemas.CensusTimedOut, "timed_out"
 		}
+		s.log().Warn("group failed for a reason of the infrastructure", "group", run[0].GroupID, "try", try, "reason", reason, "err", err)
 		for _, a := range run {
 			if cerr := census(a, kind, reason, true, 0, end.Sub(start).Microseconds(), end); cerr != nil {
 				return pipeline.Result{}, cerr
 			}
 		}
 		if try >= s.cfg.Retries {
+			// The last try's attempts are quarantined with the group's
+			// tasks record: the census says so, so that no attempt is
+			// unaccounted for.
+			for _, a := range run {
+				if cerr := census(a, schemas.CensusQuarantined, "infra_exhausted", true, 0, 0, end); cerr != nil {
+					return pipeline.Result{}, cerr
+				}
+			}
 			r := pipeline.Refuse("infra_exhausted", "group %s: %d tries: %v", run[0].GroupID, try+1, err)
 			r.Also = res.Outputs
 			return pipeline.Result{}, r
@@ -341,3 +382,42 @@ func (s *Stage) Process(ctx context.Context, m pipeline.Message) (pipeline.Resul
 
 // now is the stage's clock (stagekit.Now).
 func (s *Stage) now() time.Time { return stagekit.Now(s.cfg.Now) }
+
+// policyFor is the policy a group whose attempts want version v runs on,
+// once it is there: the in-process snapshot (version >= v), or the policy
+// servers (a replica serving v) — and the version its census events name.
+func (s *Stage) policyFor(ctx context.Context, v int64) (Policy, int64, error) {
+	if s.cfg.Server != nil {
+		p, err := s.awaitServed(ctx, v)
+		return p, v, err
+	}
+	p, err := s.await(ctx, v)
+	if err != nil {
+		return nil, 0, err
+	}
+	return p, p.Version(), nil
+}
+
+// wait waits d or until ctx ends.
+func wait(ctx context.Context, d time.Duration) error {
+	if d <= 0 {
+		return ctx.Err()
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
+}
+
+// Close closes the policy server (its health checks) when it has a
+// Close method.
+func (s *Stage) Close() error {
+	if c, ok := s.cfg.Server.(interface{ Close() }); ok {
+		c.Close()
+	}
+	return nil
+}

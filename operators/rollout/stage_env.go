@@ -6,7 +6,6 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/trajflow/trajflow/gpu/model"
 	"github.com/trajflow/trajflow/operators/stagekit"
 	"github.com/trajflow/trajflow/pipeline"
 	"github.com/trajflow/trajflow/schemas"
@@ -14,7 +13,7 @@ import (
 
 // runEpisodes runs the agent loop of one try of a group against the
 // stage's environment: the registry in process, or StageConfig.Env.
-func (s *Stage) runEpisodes(ctx context.Context, pol *model.Policy, atts []schemas.TaskAttempt, lim Limits) ([]schemas.Trajectory, error) {
+func (s *Stage) runEpisodes(ctx context.Context, pol Policy, atts []schemas.TaskAttempt, lim Limits) ([]schemas.Trajectory, error) {
 	var env Environment = s.cfg.Registry
 	if s.cfg.Env != nil {
 		env = s.cfg.Env
@@ -73,7 +72,11 @@ func (s *Stage) pause(ctx context.Context, try int) error {
 	if b <= 0 {
 		b = 100 * time.Millisecond
 	}
-	d := pipeline.Backoff{Initial: b, Max: 32 * b}.Delay(try)
+	bo := pipeline.Backoff{Initial: b, Max: 32 * b}
+	if s.cfg.RetryBackoff.Initial > 0 {
+		bo = s.cfg.RetryBackoff
+	}
+	d := bo.Delay(try)
 	if d <= 0 {
 		return nil
 	}

@@ -82,6 +82,9 @@ type Contract struct {
 	// Latency is the simulated latency of the built-in environment and
 	// policy (systems §6); every field 0 (the default) is none.
 	Latency Latency `yaml:"latency"`
+	// Policy names the policy servers rollout generates with (systems
+	// §3). It is not part of the contract hash (see Canonical).
+	Policy Policy `yaml:"policy" contract:"unhashed"`
 
 	// set holds the key paths written by the parsed document; filled marks
 	// a contract whose defaults have been applied (Resolve, Default).
@@ -321,6 +324,46 @@ const (
 	DispatchAsync = "async"
 )
 
+// Policy protocols (policy.protocol).
+const (
+	PolicyBuiltin  = "builtin"  // the built-in window-MLP, in process
+	PolicyLlamaCpp = "llamacpp" // llama.cpp's llama-server (POST /completion)
+	PolicySGLang   = "sglang"   // SGLang's native API (POST /generate)
+	PolicyVLLM     = "vllm"     // vLLM's token-in/token-out API
+)
+
+// Policy declares where rollout generates (systems §3, §8): in process
+// with the built-in policy, or on policy server replicas of one protocol
+// behind a gateway (least outstanding requests, group affinity, health
+// checks, breakers, retries), with weight sync (trajflow run weightsync)
+// loading every release into every replica. The section is deployment: it
+// is left out of the contract hash.
+type Policy struct {
+	// Protocol is builtin (default), llamacpp, sglang or vllm.
+	Protocol string `yaml:"protocol"`
+	// Endpoints are the replicas' base URLs ("http://host:port"): none for
+	// builtin, at least one otherwise, distinct.
+	Endpoints []string `yaml:"endpoints"`
+	// TimeoutMS bounds one generation request to a replica; > 0, default
+	// 60000. A request past it is an infrastructure failure (retried).
+	TimeoutMS int64 `yaml:"timeout_ms"`
+	// Retries is how often the gateway sends a request that failed for a
+	// reason of the infrastructure again, each time to another replica;
+	// >= 0, default 2. A group whose requests still fail is run again by
+	// rollout (sampler.tool_retries).
+	Retries int `yaml:"retries"`
+	// Concurrency bounds the requests in flight to one replica; >= 1,
+	// default 8.
+	Concurrency int `yaml:"concurrency"`
+	// Router (llamacpp only): the servers are llama-server routers
+	// (--models-dir) over one model per policy version, named
+	// policy-vNNNNNNNN (the release's file name, policy.ModelName);
+	// requests name the model of their version and weight sync loads each
+	// release. false: single-model servers (-m FILE) serving release 0
+	// only. Default false.
+	Router bool `yaml:"router"`
+}
+
 // Default returns the complete, valid contract of the built-in demo (the
 // same values as testdata/contracts/demo.yaml). Its knob values are the
 // defaults Resolve fills, except those demoKnobs sets for the demo's task
@@ -474,6 +517,12 @@ func knobDefaults() *Contract {
 			EvalEvery:       5,
 			Mode:            DispatchSync,
 			PartialRollouts: PartialFinish,
+		},
+		Policy: Policy{
+			Protocol:    PolicyBuiltin,
+			TimeoutMS:   60_000,
+			Retries:     2,
+			Concurrency: 8,
 		},
 	}
 }

@@ -386,6 +386,10 @@ func (d *decoder) sequence(n *yaml.Node, v reflect.Value, path string) {
 type field struct {
 	name  string
 	index []int
+	// unhashed fields (tag `contract:"unhashed"`) are left out of the
+	// canonical encoding (Canonical, Hash): they say where a run is
+	// deployed, not what it means.
+	unhashed bool
 }
 
 type fieldTable struct {
@@ -423,7 +427,7 @@ func fieldsOf(t reflect.Type) *fieldTable {
 			if name == "" {
 				name = strings.ToLower(sf.Name)
 			}
-			f := field{name: name, index: idx}
+			f := field{name: name, index: idx, unhashed: sf.Tag.Get("contract") == "unhashed"}
 			ft.list = append(ft.list, f)
 			ft.byName[name] = f
 			ft.names = append(ft.names, name)

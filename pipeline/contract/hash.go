@@ -39,7 +39,10 @@ func (c *Contract) resolved() *Contract {
 // alike, floats in shortest round-trip form with -0 written as 0 and
 // non-finite values as the strings "NaN", "+Inf", "-Inf", floors and stop
 // rules in their text form. It is independent of key order, whitespace,
-// comments and whether a default was written out.
+// comments and whether a default was written out. The policy section is
+// left out: it says which servers generate (deployment), and what a sample
+// depends on — the servers' protocol, software and model — is recorded per
+// trajectory in its sampler id, the version per turn.
 func (c *Contract) Canonical() []byte {
 	var b bytes.Buffer
 	canonical(&b, reflect.ValueOf(c.resolved()).Elem())
@@ -118,10 +121,15 @@ func canonical(b *bytes.Buffer, v reflect.Value) {
 	switch v.Kind() {
 	case reflect.Struct:
 		b.WriteByte('{')
-		for i, f := range fieldsOf(v.Type()).list {
+		i := 0
+		for _, f := range fieldsOf(v.Type()).list {
+			if f.unhashed {
+				continue
+			}
 			if i > 0 {
 				b.WriteByte(',')
 			}
+			i++
 			b.WriteString(strconv.Quote(f.name))
 			b.WriteByte(':')
 			canonical(b, v.FieldByIndex(f.index))

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"net/url"
 	"reflect"
 	"strconv"
 	"strings"
@@ -215,6 +216,7 @@ func (c *Contract) Validate() error {
 	c.validateTopics(&v)
 	c.validateDispatch(&v)
 	c.validateLatency(&v)
+	c.validatePolicy(&v)
 	return errors.Join(v.errs...)
 }
 
@@ -519,4 +521,40 @@ func (c *Contract) validateLatency(v *validator) {
 	v.nonNegative("latency.token_median_ms", l.TokenMedianMS)
 	v.within("latency.tool_sigma", l.ToolSigma, 0, 3, false)
 	v.within("latency.token_sigma", l.TokenSigma, 0, 3, false)
+}
+
+func (c *Contract) validatePolicy(v *validator) {
+	p := c.Policy
+	v.oneOf("policy.protocol", p.Protocol, PolicyBuiltin, PolicyLlamaCpp, PolicySGLang, PolicyVLLM)
+	if p.Protocol == PolicyBuiltin && len(p.Endpoints) > 0 {
+		v.add("policy.endpoints", "the builtin policy runs in process: no endpoints (set policy.protocol to llamacpp, sglang or vllm), got %d", len(p.Endpoints))
+	}
+	if p.Protocol != PolicyBuiltin && p.Protocol != "" && len(p.Endpoints) == 0 {
+		v.add("policy.endpoints", "protocol %s needs at least one replica URL", p.Protocol)
+	}
+	seen := map[string]int{}
+	for i, e := range p.Endpoints {
+		path := "policy.endpoints[" + strconv.Itoa(i) + "]"
+		u, err := url.Parse(e)
+		switch {
+		case err != nil:
+			v.add(path, "not a URL: %v", err)
+		case u.Scheme != "http" && u.Scheme != "https":
+			v.add(path, "want http://host:port or https://host:port, got %q", e)
+		case u.Host == "" || u.Port() == "":
+			v.add(path, "want a host and a port, got %q", e)
+		case u.User != nil || u.RawQuery != "" || u.Fragment != "" || (u.Path != "" && u.Path != "/"):
+			v.add(path, "want a base URL without credentials, path, query or fragment, got %q", e)
+		}
+		if j, dup := seen[e]; dup {
+			v.add(path, "%q already listed at index %d", e, j)
+		}
+		seen[e] = i
+	}
+	v.minInt("policy.timeout_ms", p.TimeoutMS, 1)
+	v.minInt("policy.retries", int64(p.Retries), 0)
+	v.minInt("policy.concurrency", int64(p.Concurrency), 1)
+	if p.Router && p.Protocol != PolicyLlamaCpp {
+		v.add("policy.router", "only for protocol llamacpp (llama-server routers), got protocol %q", p.Protocol)
+	}
 }

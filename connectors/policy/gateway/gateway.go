@@ -103,7 +103,7 @@ type replica struct {
 	outstanding int
 	lastChosen  uint64
 	healthy     bool
-	ready       int64 // acknowledged version, 0: none
+	ready       int64 // acknowledged version, -1: none
 	failures    int   // consecutive infrastructure failures
 	state       int
 	openedAt    time.Time
@@ -123,6 +123,7 @@ type Gateway struct {
 	want     policy.Want
 	affinity map[string]*replica
 	clock    uint64
+	idRep    *replica // the replica whose identity Identity returned
 
 	stop func()
 	done chan struct{}
@@ -172,7 +173,7 @@ func New(cfg Config) (*Gateway, error) {
 		if _, dup := g.byName[name]; dup {
 			return nil, fmt.Errorf("gateway: %w: two replicas named %q", policy.ErrConfig, name)
 		}
-		rep := &replica{name: name, c: r.Client, healthy: true}
+		rep := &replica{name: name, c: r.Client, healthy: true, ready: -1}
 		g.reps = append(g.reps, rep)
 		g.byName[name] = rep
 	}
@@ -258,8 +259,13 @@ func b2f(b bool) float64 {
 	return 0
 }
 
-// SetReady records that replica serves version v (weight sync verified
-// it). Requests in flight on the replica are not affected.
+// SetReady records that replica serves version v >= 0 (weight sync
+// verified it; 0 is the initial policy), which also marks it healthy
+// until the next health check; v < 0 records that it serves no
+// acknowledged version. Requests in flight on the replica are not
+// affected. A client that names models by version in calls that carry no
+// version (a llama.cpp router's tokenizer calls) is told through its
+// Served(v) method.
 func (g *Gateway) SetReady(name string, v int64) error {
 	g.mu.Lock()
 	defer g.mu.Unlock()
@@ -267,8 +273,18 @@ func (g *Gateway) SetReady(name string, v int64) error {
 	if !ok {
 		return fmt.Errorf("gateway: %w: no replica %q", policy.ErrConfig, name)
 	}
-	r.ready = v
-	g.metrics.ready.WithLabelValues(name).Set(float64(v))
+	r.ready = max(v, -1)
+	g.metrics.ready.WithLabelValues(name).Set(float64(r.ready))
+	if v >= 0 {
+		// Weight sync just verified what the replica serves: it answers
+		// (a health check that failed before its first load, say, is
+		// stale). The next health check decides again.
+		r.healthy = true
+		g.metrics.healthy.WithLabelValues(name).Set(1)
+	}
+	if s, ok := r.c.(interface{ Served(int64) }); ok && v >= 0 {
+		s.Served(v)
+	}
 	return nil
 }
 
@@ -400,10 +416,10 @@ func (g *Gateway) GenerateEach(ctx context.Context, reqs []model.Request, want p
 func (g *Gateway) replicaWant(r *replica, want policy.Want) policy.Want {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	if (want.Version != 0 && !want.AtLeast) || r.ready == 0 {
+	if (!want.Any() && !want.AtLeast) || r.ready < 0 {
 		return want
 	}
-	return policy.Want{Version: max(r.ready, want.Version), AtLeast: true}
+	return policy.AtLeast(max(r.ready, want.Version))
 }
 
 type group struct {
@@ -458,10 +474,8 @@ func (g *Gateway) pick(req model.Request, j *job, want policy.Want, now time.Tim
 		if slices.Contains(j.tried, r) || !r.healthy {
 			return false
 		}
-		if want.Version != 0 || want.AtLeast {
-			if r.ready == 0 || !(r.ready == want.Version || (want.AtLeast && r.ready > want.Version)) {
-				return false
-			}
+		if !want.Any() && (r.ready < 0 || !want.Meets(r.ready)) {
+			return false
 		}
 		switch r.state {
 		case BreakerOpen:

@@ -28,7 +28,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		healthy: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "trajflow_policy_replica_healthy",
 			Help: "1 when the replica's last health check passed."}, r),
 		ready: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "trajflow_policy_replica_ready_version",
-			Help: "Policy version weight sync acknowledged for the replica (0: none)."}, r),
+			Help: "Policy version weight sync acknowledged for the replica (-1: none)."}, r),
 		retries: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "trajflow_policy_retries_total",
 			Help: "Requests sent again after an infrastructure failure on this replica."}, r),
 	}
@@ -45,7 +45,7 @@ func (m *metrics) init(name string) {
 	m.outstanding.WithLabelValues(name).Set(0)
 	m.breaker.WithLabelValues(name).Set(BreakerClosed)
 	m.healthy.WithLabelValues(name).Set(1)
-	m.ready.WithLabelValues(name).Set(0)
+	m.ready.WithLabelValues(name).Set(-1)
 	m.latency.WithLabelValues(name)
 	m.retries.WithLabelValues(name)
 }

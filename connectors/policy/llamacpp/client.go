@@ -62,10 +62,15 @@ package llamacpp
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"io"
 	"math"
+	"os"
 	"slices"
+	"sync/atomic"
 
 	"github.com/trajflow/trajflow/connectors/policy"
 	"github.com/trajflow/trajflow/gpu/model"
@@ -79,8 +84,8 @@ type Config struct {
 	// version, named policy.ModelName(version); each request names the
 	// model of its wanted version.
 	Router bool
-	// Version is the policy version of a single-model server (required
-	// when not Router).
+	// Version is the policy version of a single-model server (0, the
+	// initial policy, unless set; ignored with Router).
 	Version int64
 	// CachePrompt sends cache_prompt true (see the package comment).
 	CachePrompt bool
@@ -91,6 +96,9 @@ type Client struct {
 	cfg  Config
 	conn *policy.Conn
 	id   policy.IdentityCache
+	// acked is the newest version weight sync acknowledged (Served), -1
+	// before: a router's tokenizer calls name its model.
+	acked atomic.Int64
 }
 
 var (
@@ -100,14 +108,28 @@ var (
 
 // New returns a client of the server at cfg.Addr (nothing is sent yet).
 func New(cfg Config) (*Client, error) {
-	if !cfg.Router && cfg.Version <= 0 {
-		return nil, fmt.Errorf("llamacpp: %w: a single-model server needs Config.Version, the policy version it serves", policy.ErrConfig)
+	if !cfg.Router && cfg.Version < 0 {
+		return nil, fmt.Errorf("llamacpp: %w: a single-model server's Config.Version %d is not a policy version", policy.ErrConfig, cfg.Version)
 	}
 	conn, err := cfg.Resolve()
 	if err != nil {
 		return nil, fmt.Errorf("llamacpp: %w", err)
 	}
-	return &Client{cfg: cfg, conn: conn}, nil
+	c := &Client{cfg: cfg, conn: conn}
+	c.acked.Store(-1)
+	return c, nil
+}
+
+// Served records that weight sync acknowledged version v on the server
+// (gateway.SetReady calls it): a router's tokenizer calls, which carry no
+// version, name the model of the newest such version.
+func (c *Client) Served(v int64) {
+	for {
+		cur := c.acked.Load()
+		if v <= cur || c.acked.CompareAndSwap(cur, v) {
+			return
+		}
+	}
 }
 
 // Close drops idle connections.
@@ -169,6 +191,12 @@ type completionReq struct {
 	CachePrompt       bool     `json:"cache_prompt"`
 	Stream            bool     `json:"stream"`
 	Model             string   `json:"model,omitempty"`
+	// TrajflowSeed is the request's whole 64-bit seed, sent only to a
+	// server whose /props says it reads it (trajflow serve policy:
+	// "trajflow_seed": true), so that the built-in policy behind this
+	// protocol samples exactly as in process. llama-server's seed is the
+	// 32-bit Seed32.
+	TrajflowSeed *uint64 `json:"trajflow_seed,omitempty"`
 }
 
 func (c *Client) params(s model.Settings) completionReq {
@@ -220,8 +248,8 @@ func (c *Client) served(want policy.Want) (int64, string, error) {
 	if !c.cfg.Router {
 		return c.cfg.Version, "", nil
 	}
-	if want.Version <= 0 {
-		return 0, "", fmt.Errorf("llamacpp: %w: a router names the model of a version: want a version (Want.Version)", policy.ErrConfig)
+	if want.Any() {
+		return 0, "", fmt.Errorf("llamacpp: %w: a router names the model of a version: want a version (policy.Exactly, policy.AtLeast)", policy.ErrConfig)
 	}
 	return want.Version, policy.ModelName(want.Version), nil
 }
@@ -246,6 +274,10 @@ func (c *Client) one(ctx context.Context, r model.Request, want policy.Want) (mo
 	}
 	q := c.params(r.Settings)
 	q.Prompt, q.Seed, q.Model = r.Context, Seed32(r.Seed), name
+	if id.Seed64 {
+		seed := r.Seed
+		q.TrajflowSeed = &seed
+	}
 	var resp completionResp
 	path := "/completion"
 	if c.cfg.Router {
@@ -274,6 +306,12 @@ func (c *Client) one(ctx context.Context, r model.Request, want policy.Want) (mo
 	raw := policy.Raw{Tokens: toks, Version: version, TokensField: "tokens", LogprobsField: "completion_probabilities"}
 	for i, p := range probs {
 		if p.ID == nil || (i < len(toks) && *p.ID != toks[i]) {
+			if len(probs) < len(toks) {
+				// llama-server leaves out the entry of a token after which
+				// the text ends inside a UTF-8 character (deploy/local/
+				// LLAMA.md): that token's log-prob is unknown.
+				return model.Sample{}, policy.Infra(policy.ReasonBadResponse, addr, "completion_probabilities[%d].id does not match tokens[%d]: %d entries for %d tokens (the server left out the entry of a token, so its log-prob is unknown)", i, i, len(probs), len(toks))
+			}
 			return model.Sample{}, policy.Infra(policy.ReasonBadResponse, addr, "completion_probabilities[%d].id does not match tokens[%d]", i, i)
 		}
 		if !p.Prob.Set {
@@ -329,6 +367,7 @@ func (c *Client) Identity(ctx context.Context) (policy.Identity, error) {
 			NVocab        int    `json:"n_vocab"`
 			TokenizerHash string `json:"tokenizer_hash"`
 			Grammar       string `json:"grammar"`
+			TrajflowSeed  bool   `json:"trajflow_seed"`
 		}
 		err := c.conn.Call(ctx, "GET", "/props", nil, &props)
 		if ie, ok := policy.AsInfra(err); ok && ie.Reason == policy.ReasonRejected && c.cfg.Router {
@@ -364,22 +403,37 @@ func (c *Client) Identity(ctx context.Context) (policy.Identity, error) {
 		if props.ChatTemplate != "" {
 			tpl = policy.HashText(props.ChatTemplate)
 		}
-		mp := props.ModelPath
+		mp, modelHash := props.ModelPath, ""
 		if c.cfg.Router {
 			mp = "router"
+		} else if th == "" && mp != "" {
+			// A GGUF file embeds its tokenizer: a llama-server reports no
+			// tokenizer hash, so the model file's sha256 names it (and the
+			// weights), when the file is readable here.
+			if h, err := fileSHA256(mp); err == nil {
+				th, modelHash = h, h
+			}
 		}
 		return policy.Identity{
-			Protocol: policy.LlamaCpp, Addr: c.conn.Addr, Server: "llama.cpp " + props.BuildInfo, Model: mp,
+			Protocol: policy.LlamaCpp, Addr: c.conn.Addr, Server: "llama.cpp " + props.BuildInfo, Model: mp, ModelHash: modelHash,
 			Vocab: vocab, TokenizerHash: th, ChatTemplateHash: tpl, Grammar: props.Grammar,
 			Logprobs: "log(completion_probabilities[i].prob) with post_sampling_probs (after temperature, top-k, top-p)",
+			Seed64:   props.TrajflowSeed,
 		}, nil
 	})
 }
 
-// modelField is the "model" of tokenizer calls in router mode (the
-// client's Want version), empty otherwise.
+// modelField is the "model" of tokenizer calls in router mode (the newest
+// version acknowledged by Served, else the client's Want version), empty
+// otherwise. Every version of a policy shares its tokenizer.
 func (c *Client) modelField() string {
-	if c.cfg.Router && c.cfg.Want.Version > 0 {
+	if !c.cfg.Router {
+		return ""
+	}
+	if v := c.acked.Load(); v >= 0 {
+		return policy.ModelName(v)
+	}
+	if !c.cfg.Want.Any() {
 		return policy.ModelName(c.cfg.Want.Version)
 	}
 	return ""
@@ -445,3 +499,17 @@ func (c *Client) TokenizerHash() string { return c.id.Cached().TokenizerHash }
 
 // ChatTemplateHash implements rollout.Tokenizer (from the identity).
 func (c *Client) ChatTemplateHash() string { return c.id.Cached().ChatTemplateHash }
+
+// fileSHA256 is "sha256:<hex>" of a file.
+func fileSHA256(path string) (string, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return "", err
+	}
+	defer f.Close()
+	h := sha256.New()
+	if _, err := io.Copy(h, f); err != nil {
+		return "", err
+	}
+	return "sha256:" + hex.EncodeToString(h.Sum(nil)), nil
+}

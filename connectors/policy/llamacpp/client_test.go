@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"math"
 	"net/http"
 	"testing"
@@ -42,10 +43,30 @@ func router(t testing.TB, addr string, timeout time.Duration, want policy.Want) 
 	return c
 }
 
-// toServer is the request as llama.cpp carries it: a 32-bit seed.
-func toServer(r model.Request) model.Request {
-	r.Seed = uint64(llamacpp.Seed32(r.Seed))
-	return r
+// toServer is the request as the server samples it: trajflow serve policy
+// announces "trajflow_seed" in /props, so the client sends the whole
+// 64-bit seed beside llama-server's 32-bit Seed32, and the server samples
+// exactly as in process (TestSeed64 checks the fold).
+func toServer(r model.Request) model.Request { return r }
+
+// TestSeed64: the 64-bit trajflow_seed must fold to the 32-bit seed sent
+// beside it; a request without it samples with the 32-bit seed.
+func TestSeed64(t *testing.T) {
+	dir := t.TempDir()
+	policytest.Release(t, dir, 1, false)
+	srv := policytest.Start(t, policy.LlamaCpp, dir, policytest.Registry(t), nil, 1)
+	ctx := context.Background()
+	seed := uint64(0x123456789abcdef0)
+	body := func(seed32 uint32, seed64 uint64) string {
+		return fmt.Sprintf(`{"prompt":[1,2],"n_predict":2,"seed":%d,"trajflow_seed":%d,"temperature":1,"samplers":["temperature"],"min_p":0,"model":%q}`,
+			seed32, seed64, policy.ModelName(1))
+	}
+	if code, resp, err := policytest.Post(ctx, srv.URL+"/completion", body(llamacpp.Seed32(seed)+1, seed)); err != nil || code != http.StatusBadRequest {
+		t.Fatalf("a trajflow_seed that does not fold to seed: %d %s %v", code, resp, err)
+	}
+	if code, resp, err := policytest.Post(ctx, srv.URL+"/completion", body(llamacpp.Seed32(seed), seed)); err != nil || code != http.StatusOK {
+		t.Fatalf("a trajflow_seed that folds to seed: %d %s %v", code, resp, err)
+	}
 }
 
 func TestExact(t *testing.T) {

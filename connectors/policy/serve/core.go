@@ -99,7 +99,7 @@ func (c *core) manifestPath(v int64) string { return filepath.Join(c.dir, gpu.Ma
 // (checkpoint hash and model config hash), then the same verified bytes
 // as a model for the logits the protocols report besides samples.
 func (c *core) load(v int64) (*loaded, error) {
-	if v <= 0 {
+	if v < 0 {
 		return nil, fmt.Errorf("serve: policy version %d", v)
 	}
 	path := c.manifestPath(v)

@@ -44,6 +44,12 @@ import (
 // `trajflow_logprob` is that log-prob exactly as the sampler computed it (a
 // float32 value written as the shortest decimal of that float64): a double
 // `prob` cannot carry a log-prob within ~1e-9 of 0 to float32 precision.
+//
+// Seeds: llama-server's seed is 32 bits. A request may also carry
+// `trajflow_seed`, the request's whole 64-bit seed (announced by
+// "trajflow_seed": true in /props; llama-server ignores the field), which
+// must fold to `seed` (the xor of its halves, llamacpp.Seed32): the sample
+// is then the one model.Policy.Generate draws in process for that seed.
 func (s *Server) llamaRoutes(mux *http.ServeMux) {
 	mux.HandleFunc("POST /completion", s.llamaCompletion)
 	mux.HandleFunc("POST /completions", s.llamaCompletion)
@@ -78,6 +84,7 @@ type llamaCompletionReq struct {
 	TopNSigma         *float64        `json:"top_n_sigma"`
 	DynatempRange     *float64        `json:"dynatemp_range"`
 	Seed              *int64          `json:"seed"`
+	TrajflowSeed      *uint64         `json:"trajflow_seed"`
 	Samplers          []string        `json:"samplers"`
 	NProbs            int             `json:"n_probs"`
 	PostSamplingProbs bool            `json:"post_sampling_probs"`
@@ -185,7 +192,27 @@ func (c *core) llamaSettings(q *llamaCompletionReq) (model.Settings, uint64, err
 	if err := st.Validate(); err != nil {
 		return model.Settings{}, 0, err
 	}
-	return st, uint64(*q.Seed), nil
+	seed := uint64(*q.Seed)
+	if q.TrajflowSeed != nil {
+		// The whole 64-bit seed (this server's extension, announced in
+		// /props): the built-in policy then samples exactly as in
+		// process. It must fold to the 32-bit seed sent beside it.
+		if fold32(*q.TrajflowSeed) != uint32(*q.Seed) {
+			return model.Settings{}, 0, fmt.Errorf("trajflow_seed %d does not fold to seed %d (the xor of its halves)", *q.TrajflowSeed, *q.Seed)
+		}
+		seed = *q.TrajflowSeed
+	}
+	return st, seed, nil
+}
+
+// fold32 is llamacpp.Seed32: the 32-bit llama-server seed of a 64-bit
+// seed.
+func fold32(s uint64) uint32 {
+	x := uint32(s) ^ uint32(s>>32)
+	if x == math.MaxUint32 {
+		x--
+	}
+	return x
 }
 
 // llamaModel picks the loaded model a request names.
@@ -445,7 +472,7 @@ func (s *Server) llamaProps(w http.ResponseWriter, r *http.Request) {
 	}
 	writeJSON(w, http.StatusOK, map[string]any{
 		"build_info": Software, "model_path": path, "chat_template": chatTemplate, "total_slots": 1,
-		"n_vocab": s.vocab(), "tokenizer_hash": rollout.TokenizerHash, "grammar": s.grammarID(),
+		"n_vocab": s.vocab(), "tokenizer_hash": rollout.TokenizerHash, "grammar": s.grammarID(), "trajflow_seed": true,
 		"default_generation_settings": map[string]any{"n_ctx": 0},
 	})
 }

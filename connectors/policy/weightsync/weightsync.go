@@ -11,13 +11,22 @@
 //   - llama.cpp (router mode, llama-server --models-dir): the release is
 //     the model policy.ModelName(version) of the models directory (a file
 //     policy-vNNNNNNNN.gguf, or a release in `trajflow serve policy`'s
-//     directory). GET /models; POST /models/load {"model": NAME} unless it
-//     is loaded; poll GET /models until its status is "loaded" (a failed
-//     load is an error with the child's exit code). Then the router
-//     unloads (POST /models/unload) every other policy model nothing needs
-//     (Replica.Retain; by default the newest older version stays, so
-//     requests on it drain). Verified: the model is listed loaded, and its
-//     checkpoint hash when the router reports one.
+//     directory). GET /models?reload=1 (llama-server discovers files added
+//     to its models directory only on a rescan); POST /models/load
+//     {"model": NAME} unless it is loaded; poll GET /models until its
+//     status is "loaded" (a failed load is an error with the child's exit
+//     code). Then the router unloads (POST /models/unload) every other
+//     policy model nothing needs (Replica.Retain; by default the newest
+//     older version stays, so requests on it drain). Verified: the model
+//     is listed loaded, and its checkpoint hash when the router reports one
+//     (trajflow serve policy) or, when the release's checkpoint is a GGUF
+//     file, the sha256 of the file GET /props?model=NAME names, if that
+//     file is readable here (llama-server reports no checksum).
+//   - llama.cpp single-model server (Replica.Single: llama-server -m
+//     FILE): nothing is loaded; GET /props must name the release's
+//     checkpoint file as its model_path (and the file's sha256, where it
+//     is readable here, must be the checkpoint hash). It serves only the
+//     release it was started with.
 //   - SGLang: POST /update_weights_from_disk {model_path, weight_version,
 //     abort_all_requests, flush_cache}; GET /get_model_info must report the
 //     weight_version; GET /get_server_info's checkpoint hash, when
@@ -41,7 +50,10 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io"
 	"net/url"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"time"
@@ -69,6 +81,9 @@ type Replica struct {
 	// PollInterval is the period of a llama.cpp router's status polls
 	// (0: 100 ms).
 	PollInterval time.Duration
+	// Single marks a llama.cpp server started with one model (-m), not a
+	// router: Load only verifies that it serves the release.
+	Single bool
 }
 
 // Ack is what a replica acknowledged after a load.
@@ -96,7 +111,7 @@ var ErrVerify = errors.New("weightsync: replica does not serve the release")
 // Failures of the calls are *policy.InfraError (retry); a replica that
 // answers but serves something else is ErrVerify.
 func Load(ctx context.Context, r Replica, rel schemas.PolicyRelease) (Ack, error) {
-	if !rel.Ready || rel.PolicyVersion <= 0 {
+	if !rel.Ready || rel.PolicyVersion < 0 {
 		return Ack{}, fmt.Errorf("weightsync: %w: release %d is not ready", policy.ErrConfig, rel.PolicyVersion)
 	}
 	if r.Timeout <= 0 {
@@ -114,7 +129,11 @@ func Load(ctx context.Context, r Replica, rel schemas.PolicyRelease) (Ack, error
 	var ack Ack
 	switch r.Protocol {
 	case policy.LlamaCpp:
-		ack, err = s.llama(ctx)
+		if r.Single {
+			ack, err = s.llamaSingle(ctx)
+		} else {
+			ack, err = s.llama(ctx)
+		}
 	case policy.SGLang:
 		ack, err = s.sglang(ctx)
 	case policy.VLLM:
@@ -142,7 +161,8 @@ func (s *syncer) modelPath() string {
 	return strings.TrimPrefix(s.rel.CheckpointURI, "file://")
 }
 
-// checkHash compares a reported checkpoint hash with the release's.
+// checkHash compares a reported checkpoint hash with the release's (a
+// release without one takes the reported hash as its acknowledgement's).
 func (s *syncer) checkHash(reported string) (string, error) {
 	if reported == "" {
 		return "", nil
@@ -150,7 +170,7 @@ func (s *syncer) checkHash(reported string) (string, error) {
 	if !strings.HasPrefix(reported, "sha256:") {
 		reported = "sha256:" + reported
 	}
-	if reported != s.rel.CheckpointHash {
+	if s.rel.CheckpointHash != "" && reported != s.rel.CheckpointHash {
 		return "", fmt.Errorf("%w: checkpoint hash %s, the release's is %s", ErrVerify, reported, s.rel.CheckpointHash)
 	}
 	return reported, nil
@@ -169,11 +189,15 @@ type routerModel struct {
 	} `json:"meta"`
 }
 
-func (s *syncer) routerModels(ctx context.Context) ([]routerModel, error) {
+func (s *syncer) routerModels(ctx context.Context, reload bool) ([]routerModel, error) {
 	var resp struct {
 		Data *[]routerModel `json:"data"`
 	}
-	if err := s.c.Call(ctx, "GET", "/models", nil, &resp); err != nil {
+	path := "/models"
+	if reload {
+		path += "?reload=1"
+	}
+	if err := s.c.Call(ctx, "GET", path, nil, &resp); err != nil {
 		return nil, err
 	}
 	if resp.Data == nil {
@@ -193,7 +217,7 @@ func (s *syncer) llama(ctx context.Context) (Ack, error) {
 		}
 		return nil
 	}
-	ms, err := s.routerModels(ctx)
+	ms, err := s.routerModels(ctx, true)
 	if err != nil {
 		return Ack{}, err
 	}
@@ -208,7 +232,7 @@ func (s *syncer) llama(ctx context.Context) (Ack, error) {
 			}
 		}
 		for {
-			if ms, err = s.routerModels(ctx); err != nil {
+			if ms, err = s.routerModels(ctx, false); err != nil {
 				return Ack{}, err
 			}
 			if m = find(ms); m == nil {
@@ -228,10 +252,12 @@ func (s *syncer) llama(ctx context.Context) (Ack, error) {
 		}
 	}
 	ack := Ack{Version: v, Model: name}
-	if m.Meta != nil {
+	if m.Meta != nil && m.Meta.CheckpointHash != "" {
 		if ack.Checksum, err = s.checkHash(m.Meta.CheckpointHash); err != nil {
 			return Ack{}, err
 		}
+	} else if ack.Checksum, err = s.modelFileHash(ctx, "/props?model="+url.QueryEscape(name)); err != nil {
+		return Ack{}, err
 	}
 	// Unload the policy versions nothing needs.
 	var older []int64
@@ -265,6 +291,67 @@ func (s *syncer) llama(ctx context.Context) (Ack, error) {
 			return Ack{}, fmt.Errorf("loaded, but unloading version %d: %w", u, err)
 		}
 		ack.Unloaded = append(ack.Unloaded, u)
+	}
+	return ack, nil
+}
+
+// modelFileHash asks a llama.cpp server's props (path) for its model_path
+// and, when the release's checkpoint is a GGUF file and the model file is
+// readable here, returns its checked sha256 ("" when unreadable: a server
+// on another host).
+func (s *syncer) modelFileHash(ctx context.Context, path string) (string, error) {
+	if !strings.HasSuffix(s.modelPath(), ".gguf") {
+		return "", nil
+	}
+	var props struct {
+		ModelPath string `json:"model_path"`
+	}
+	if err := s.c.Call(ctx, "GET", path, nil, &props); err != nil {
+		return "", err
+	}
+	sum, err := fileHash(props.ModelPath)
+	if err != nil {
+		return "", nil
+	}
+	return s.checkHash(sum)
+}
+
+// fileHash is "sha256:<hex>" of a file.
+func fileHash(path string) (string, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return "", err
+	}
+	defer f.Close()
+	h := sha256.New()
+	if _, err := io.Copy(h, f); err != nil {
+		return "", err
+	}
+	return "sha256:" + hex.EncodeToString(h.Sum(nil)), nil
+}
+
+// llamaSingle verifies that a single-model llama-server serves the
+// release: its model_path is the release's checkpoint file.
+func (s *syncer) llamaSingle(ctx context.Context) (Ack, error) {
+	var props struct {
+		ModelPath *string `json:"model_path"`
+	}
+	if err := s.c.Call(ctx, "GET", "/props", nil, &props); err != nil {
+		return Ack{}, err
+	}
+	if props.ModelPath == nil {
+		return Ack{}, policy.Infra(policy.ReasonBadResponse, s.c.Addr, "GET /props: missing model_path")
+	}
+	want := s.modelPath()
+	if filepath.Clean(*props.ModelPath) != filepath.Clean(want) {
+		return Ack{}, fmt.Errorf("%w: the single-model server serves %s, release %d is %s (a single-model llama-server serves only the model it was started with; start a router, --models-dir, to load releases)",
+			ErrVerify, *props.ModelPath, s.rel.PolicyVersion, want)
+	}
+	ack := Ack{Version: s.rel.PolicyVersion, Model: *props.ModelPath}
+	if sum, err := fileHash(*props.ModelPath); err == nil && s.rel.CheckpointHash != "" {
+		if ack.Checksum, err = s.checkHash(sum); err != nil {
+			return Ack{}, err
+		}
 	}
 	return ack, nil
 }

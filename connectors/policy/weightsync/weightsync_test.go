@@ -233,3 +233,38 @@ func TestLoadFailures(t *testing.T) {
 		})
 	}
 }
+
+// TestLoadInitial, for each protocol: release 0 — the initial policy, the
+// first release a trainer publishes — loads and is served as version 0,
+// and a request that wants exactly version 0 gets its samples; one that
+// wants version 1 is a version mismatch.
+func TestLoadInitial(t *testing.T) {
+	for _, proto := range []string{policy.LlamaCpp, policy.SGLang, policy.VLLM} {
+		t.Run(proto, func(t *testing.T) {
+			reg := policytest.Registry(t)
+			dir := t.TempDir()
+			rel := policytest.Release(t, dir, 0, false)
+			srv := policytest.Start(t, proto, dir, reg, nil)
+			ctx := context.Background()
+			ack, err := weightsync.Load(ctx, weightsync.Replica{Protocol: proto, Addr: srv.URL}, rel)
+			if err != nil || ack.Version != 0 || ack.Checksum != rel.CheckpointHash {
+				t.Fatalf("load release 0: %+v %v", ack, err)
+			}
+			reqs := policytest.Requests(reg, 10, 3, policytest.RequestOptions{StopEnd: proto == policy.LlamaCpp})
+			got, err := client(t, proto, srv.URL, policy.Exactly(0)).Generate(ctx, reqs)
+			if err != nil {
+				t.Fatal(err)
+			}
+			want, _ := policytest.Load(t, rel).Generate(ctx, reqs)
+			for i := range reqs {
+				if !policytest.Equal(got[i], want[i]) || got[i].PolicyVersion != 0 {
+					t.Fatalf("request %d: served %+v, release 0 %+v", i, got[i], want[i])
+				}
+			}
+			_, err = client(t, proto, srv.URL, policy.Exactly(1)).Generate(ctx, reqs[:1])
+			if ie, ok := policy.AsInfra(err); !ok || (ie.Reason != policy.ReasonVersionMismatch && ie.Reason != policy.ReasonRejected) {
+				t.Fatalf("wanting version 1 of a server at 0: %v", err)
+			}
+		})
+	}
+}

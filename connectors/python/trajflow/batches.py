@@ -387,3 +387,90 @@ class BatchReader:
     def close(self) -> None:
         self.consumer.close()
         self.producer.close()
+
+
+def encode_packed_batch(b: PackedBatch) -> tuple[bytes, list]:
+    """The batches-topic message (value, headers) of a PackedBatch: one
+    Arrow IPC stream of kind packed_batch version 1, the columns of
+    schemas/packed.go (batch-level columns repeated on every row). For
+    tests and tools that put batches on a topic without the Go packer;
+    decode_packed_batch reads it back."""
+    from .ids import headers as _headers
+    n = len(b.rows)
+    cols, fields = [], []
+    for name, typ in _BATCH_COLS:
+        cols.append(pa.array([getattr(b, name)] * n, type=typ))
+        fields.append(pa.field(name, typ, nullable=False))
+    for name, typ in _TOKEN_COLS + _SEG_COLS:
+        vals = []
+        for r in b.rows:
+            v = getattr(r, name)
+            if v is None:
+                vals.append(None)
+            elif typ == pa.string():
+                vals.append([str(x) for x in v])
+            elif typ == pa.bool_():
+                vals.append([bool(x) for x in v])
+            else:
+                vals.append(np.asarray(v, dtype=typ.to_pandas_dtype()).tolist())
+        lt = pa.list_(pa.field("item", typ, nullable=False))
+        cols.append(pa.array(vals, type=lt))
+        fields.append(pa.field(name, lt, nullable=name in _NULLABLE))
+    schema = pa.schema(fields, metadata={META_KIND: KIND.encode(), META_VERSION: str(VERSION).encode()})
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, schema) as w:
+        w.write_batch(pa.record_batch(cols, schema=schema))
+    return sink.getvalue().to_pybytes(), _headers(KIND, b.batch_id)
+
+
+def pack_segments(segments: list[dict], budget: int) -> list[PackedRow]:
+    """Packs segments into rows of at most budget tokens, first fit in the
+    given order (the Go packer sorts first; callers that want its exact
+    layout pass segments in that order). Each segment is a dict with
+    ``tokens`` (the whole stream), ``trained`` (input positions p whose token
+    the policy sampled), ``logprobs`` (the behavior log-prob of each of
+    them), ``advantage``, ``version`` (behavior version), ``trajectory_id``
+    and ``group_id``. Columns are target-aligned: the token at position p is
+    the target of entry p-1 (action_mask[p-1] = 1, old_logprobs[p-1] its
+    log-prob)."""
+    rows: list[list[dict]] = []
+    for s in segments:
+        if len(s["tokens"]) > budget:
+            raise ValueError(f"segment {s['trajectory_id']} of {len(s['tokens'])} tokens exceeds the budget {budget}")
+        for r in rows:
+            if sum(len(x["tokens"]) for x in r) + len(s["tokens"]) <= budget:
+                r.append(s)
+                break
+        else:
+            rows.append([s])
+    out = []
+    for r in rows:
+        T = sum(len(x["tokens"]) for x in r)
+        ids, pos, seg = (np.zeros(T, np.int32) for _ in range(3))
+        mask = np.zeros(T, np.uint8)
+        old, adv, val = (np.zeros(T, np.float32) for _ in range(3))
+        turn = np.full(T, -1, np.int32)
+        ver = np.full(T, -1, np.int32)
+        o = 0
+        for k, s in enumerate(r):
+            n = len(s["tokens"])
+            ids[o:o + n] = s["tokens"]
+            pos[o:o + n] = np.arange(n)
+            seg[o:o + n] = k
+            for p, lp in zip(s["trained"], s["logprobs"]):
+                if not 1 <= p < n:
+                    raise ValueError(f"segment {s['trajectory_id']}: trained position {p} outside [1, {n})")
+                mask[o + p - 1] = 1
+                old[o + p - 1] = lp
+                adv[o + p - 1] = s["advantage"]
+                turn[o + p - 1] = 0
+                ver[o + p - 1] = s["version"]
+            o += n
+        out.append(PackedRow(
+            input_ids=ids, position_ids=pos, segment_ids=seg, action_mask=mask, old_logprobs=old, ref_logprobs=None,
+            advantages=adv, value_targets=val, turn_ids=turn, policy_versions=ver,
+            segment_trajectory_ids=[s["trajectory_id"] for s in r], segment_group_ids=[s["group_id"] for s in r],
+            segment_policy_versions=np.array([s["version"] for s in r], np.int64),
+            segment_lengths=np.array([len(s["tokens"]) for s in r], np.int32),
+            segment_weights=np.ones(len(r), np.float32), segment_truncated=np.zeros(len(r), bool)))
+    return out

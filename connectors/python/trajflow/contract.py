@@ -53,7 +53,12 @@ SCHEMA: list = [
     ("dispatch", [("tasks_per_update", I), ("groups_per_update", I), ("domain_quotas", MAPF), ("eval_every", I),
                   ("mode", S), ("partial_rollouts", S)]),
     ("latency", [("tool_median_ms", F), ("tool_sigma", F), ("token_median_ms", F), ("token_sigma", F)]),
+    ("policy", [("protocol", S), ("endpoints", LISTS), ("timeout_ms", I), ("retries", I), ("concurrency", I),
+                ("router", B)]),
 ]
+
+# Sections that are not part of the contract hash (Go tag contract:"unhashed").
+UNHASHED = {"policy"}
 
 
 class ContractError(ValueError):
@@ -127,7 +132,7 @@ def _floor_text(s: str) -> str:
 def _canon(schema, v, out: list) -> None:
     if isinstance(schema, list):
         out.append("{")
-        for i, (k, t) in enumerate(schema):
+        for i, (k, t) in enumerate([(k, t) for k, t in schema if k not in UNHASHED]):
             if i:
                 out.append(",")
             out.append(quote(k) + ":")

@@ -15,6 +15,7 @@ never named like a checkpoint.
 from __future__ import annotations
 
 import datetime as _dt
+import hashlib
 import json
 import os
 import tempfile
@@ -35,8 +36,11 @@ OMIT_EMPTY = {"next_batch"}
 INT_FIELDS = {"policy_version", "training_step", "next_batch"}
 
 
-def checkpoint_name(v: int) -> str:
-    return f"policy-v{v:08d}.ckpt"
+def checkpoint_name(v: int, ext: str = ".ckpt") -> str:
+    """The checkpoint file of version v: ``.ckpt`` for the built-in policy,
+    ``.gguf`` for a language model (a llama.cpp router serves the file
+    ``policy-vNNNNNNNN.gguf`` as the model policy.ModelName(v))."""
+    return f"policy-v{v:08d}{ext}"
 
 
 def manifest_name(v: int) -> str:
@@ -51,15 +55,29 @@ def optim_name(v: int) -> str:
     return f"policy-v{v:08d}.optim"
 
 
-def write_atomic(path: str, data: bytes) -> None:
-    """Temporary file beside path, write, fsync, rename, fsync the directory."""
+def write_atomic(path: str, data) -> Optional[str]:
+    """Temporary file beside path, write, fsync, rename, fsync the directory.
+    data is bytes, or a function that writes the file whose path it is
+    given (a large checkpoint streamed to disk); then the sha256 of the
+    written file is returned (read back after the fsync)."""
     d = os.path.dirname(os.path.abspath(path))
     fd, tmp = tempfile.mkstemp(dir=d, prefix="." + os.path.basename(path) + ".", suffix=".tmp")
+    digest = None
     try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
+        if callable(data):
+            os.close(fd)
+            data(tmp)
+            with open(tmp, "rb+") as f:
+                os.fsync(f.fileno())
+                h = hashlib.sha256()
+                for b in iter(lambda: f.read(1 << 22), b""):
+                    h.update(b)
+                digest = "sha256:" + h.hexdigest()
+        else:
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
         os.rename(tmp, path)
     except BaseException:
         try:
@@ -72,6 +90,7 @@ def write_atomic(path: str, data: bytes) -> None:
         os.fsync(dfd)
     finally:
         os.close(dfd)
+    return digest
 
 
 @dataclass
@@ -82,19 +101,22 @@ class ReleaseMeta:
     contract_hash: str = ""
 
 
-def write_release(directory: str, version: int, training_step: int, checkpoint: bytes, model_config_hash: str,
-                  meta: ReleaseMeta, now: Optional[_dt.datetime] = None, next_batch: int = 0) -> dict:
+def write_release(directory: str, version: int, training_step: int, checkpoint, model_config_hash: str,
+                  meta: ReleaseMeta, now: Optional[_dt.datetime] = None, ext: str = ".ckpt",
+                  next_batch: int = 0) -> dict:
     """Writes checkpoint and manifest files of version under directory and
     returns the manifest (schemas.PolicyRelease fields, in their order).
+    checkpoint is the bytes, or a function writing the file (write_atomic);
+    the manifest's checkpoint_hash is the sha256 of the file as written.
     next_batch: every batch index below it was consumed by the trainer
     (0: the initial release)."""
     d = os.path.abspath(directory)
-    ckpt = os.path.join(d, checkpoint_name(version))
-    write_atomic(ckpt, checkpoint)
+    ckpt = os.path.join(d, checkpoint_name(version, ext))
+    digest = write_atomic(ckpt, checkpoint)
     now = now or _dt.datetime.now(_dt.timezone.utc)
     rel = {
         "policy_version": int(version), "training_step": int(training_step),
-        "checkpoint_hash": hash_bytes(checkpoint), "checkpoint_uri": "file://" + ckpt,
+        "checkpoint_hash": digest if digest is not None else hash_bytes(checkpoint), "checkpoint_uri": "file://" + ckpt,
         "model_config_hash": model_config_hash, "tokenizer_hash": meta.tokenizer_hash,
         "chat_template_hash": meta.chat_template_hash, "sampler_contract": meta.sampler_contract,
         "contract_hash": meta.contract_hash,

@@ -1,7 +1,9 @@
-"""python -m trajflow.train: the trainer of the built-in policy over Kafka.
+"""python -m trajflow.train: the trainer of the built-in policy, or of a
+GGUF language model (--model gguf:PATH), over Kafka.
 
     python -m trajflow.train --brokers 127.0.0.1:9092 --run demo \\
         --releases /shared/releases --contract resolved.yaml [--state DIR]
+        [--model gguf:SmolLM2-135M-Instruct.Q4_1.gguf [--export-dtype f32]]
 
 It consumes ``<run>.batches`` from the offsets committed for the group
 ``<run>.train`` (the Go train operator's group: the two are interchangeable,
@@ -16,6 +18,8 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import json
+import os
 import logging
 import signal
 import sys
@@ -34,14 +38,14 @@ from .update import Adam
 BUILTIN_TOKENIZER_HASH = "sha256:" + hashlib.sha256(b"trajflow/kv-tokenizer/v1:32").hexdigest()
 
 
-def config_from_contract(c: C.Contract, brokers: str, releases: str, state: str | None) -> TrainConfig:
+def config_from_contract(c: C.Contract, brokers: str, releases: str, state: str | None, builtin: bool = True) -> TrainConfig:
     d = c.doc
     s, loss, opt, pk = d["sampler"], d["loss"], d["loss"]["optimizer"], d["packing"]
     if s["min_p"] != 0:
         raise C.ContractError("sampler.min_p: the built-in policy's behavior distribution has no min-p; set it to 0")
     if opt["minibatches"] != 1:
         raise C.ContractError("loss.optimizer.minibatches: the built-in trainer takes one step per epoch; set it to 1")
-    if not d["artifacts"]["tokenizer"].startswith("builtin:tokenizer/kv@"):
+    if builtin and not d["artifacts"]["tokenizer"].startswith("builtin:tokenizer/kv@"):
         raise C.ContractError(f"artifacts.tokenizer {d['artifacts']['tokenizer']!r}: this trainer trains the built-in "
                               "policy of the built-in kv task family only")
     # The built-in task registry (rollout.DefaultRegistryConfig): 4 keys, 8 values.
@@ -64,6 +68,37 @@ def config_from_contract(c: C.Contract, brokers: str, releases: str, state: str 
     )
 
 
+def llm_config_from_contract(c: C.Contract, brokers: str, releases: str, state: str | None, model_path: str,
+                             export_dtype: str = "f32") -> TrainConfig:
+    """The trainer of a GGUF language model (trajflow.llm): the contract's
+    loss, optimizer and packing; the behavior transform of its sampler
+    (temperature, top-k, top-p, no grammar); the release identities from the
+    GGUF (tokenizer and chat template hashes, checked again at every
+    restore)."""
+    from . import gguf_io
+    from .llm import LLMBackend
+    d = c.doc
+    s, opt = d["sampler"], d["loss"]["optimizer"]
+    if s["min_p"] != 0:
+        raise C.ContractError("sampler.min_p: the language-model trainer's behavior transform has no min-p; set it to 0")
+    if opt["minibatches"] != 1:
+        raise C.ContractError("loss.optimizer.minibatches: the trainer takes one step per epoch; set it to 1")
+    if not os.path.isfile(model_path):
+        raise C.ContractError(f"--model gguf:{model_path}: no such file")
+    try:
+        ident = gguf_io.identity(gguf_io.read_gguf(model_path, dequantize=False))
+    except gguf_io.GGUFError as e:
+        raise C.ContractError(f"--model gguf:{model_path}: {e}") from None
+    cfg = config_from_contract(c, brokers, releases, state, builtin=False)
+    cfg.behavior = Behavior(temperature=s["temperature"], top_k=s["top_k"], top_p=s["top_p"], grammar=None)
+    cfg.behavior.validate()
+    cfg.meta = ReleaseMeta(tokenizer_hash=ident.tokenizer_hash, chat_template_hash=ident.chat_template_hash,
+                           sampler_contract=settings_id(cfg.behavior, s["max_tokens_per_action"], s["stop_token_ids"]),
+                           contract_hash=c.hash)
+    cfg.backend = LLMBackend(model_path, export_dtype)
+    return cfg
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m trajflow.train", description=__doc__.split("\n\n")[0])
     ap.add_argument("--brokers", required=True, help="comma-separated bootstrap brokers")
@@ -74,16 +109,27 @@ def main(argv=None) -> int:
     ap.add_argument("--init-checkpoint", default=None, help="checkpoint of version 0 when the policy topic is empty")
     ap.add_argument("--group", default=None, help="consumer group (default <run>.train)")
     ap.add_argument("--max-updates", type=int, default=0, help="stop after this many trained batches (0: until stopped)")
+    ap.add_argument("--model", default="builtin", help="builtin (the window-MLP) or gguf:PATH (a llama-architecture GGUF)")
+    ap.add_argument("--export-dtype", default="f32", choices=["f32", "f16"], help="tensor type of the GGUF releases (--model gguf:)")
+    ap.add_argument("--threads", type=int, default=1, help="torch CPU threads (1: fixed reduction order, bit-reproducible)")
+    ap.add_argument("--print-updates", action="store_true", help="print one JSON line per trained update on stdout")
     ap.add_argument("--log-level", default="info")
     a = ap.parse_args(argv)
     logging.basicConfig(level=getattr(logging, a.log_level.upper(), logging.INFO), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s %(message)s")
-    torch.set_num_threads(1)  # fixed reduction order: the same batches give the same bytes
+    torch.set_num_threads(max(1, a.threads))  # 1: fixed reduction order, the same batches give the same bytes
     try:
         c = C.load(a.contract)
         if c["run_id"] != a.run:
             raise C.ContractError(f"--run {a.run!r} but the contract's run_id is {c['run_id']!r}")
-        cfg = config_from_contract(c, a.brokers, a.releases, a.state)
+        if a.model == "builtin":
+            cfg = config_from_contract(c, a.brokers, a.releases, a.state)
+        elif a.model.startswith("gguf:"):
+            if a.init_checkpoint:
+                raise C.ContractError("--init-checkpoint is for the built-in policy; --model gguf:PATH is version 0")
+            cfg = llm_config_from_contract(c, a.brokers, a.releases, a.state, a.model[len("gguf:"):], a.export_dtype)
+        else:
+            raise C.ContractError(f"--model {a.model!r}: want builtin or gguf:PATH")
     except (OSError, C.ContractError, ValueError) as e:
         print(f"trajflow.train: {e}", file=sys.stderr)
         return 2
@@ -107,8 +153,10 @@ def main(argv=None) -> int:
             m = consumer.poll(0.5)
             if m is None:
                 continue
-            stage.process(m)
+            what = stage.process(m)
             consumer.commit(m)
+            if what == "trained" and a.print_updates:
+                print("update " + json.dumps(update_line(stage)), flush=True)
             if a.max_updates and stage.counts["trained"] >= a.max_updates:
                 break
     finally:
@@ -116,6 +164,24 @@ def main(argv=None) -> int:
         stage.producer.close()
     logging.getLogger("trajflow.train").info("stopped: %s", stage.counts)
     return 0
+
+
+def update_line(stage: TrainStage) -> dict:
+    """The per-update summary printed with --print-updates."""
+    rec = stage.last_record or {}
+    m = rec.get("metrics", {})
+    t = rec.get("trainer", {})
+    out = {"version": rec.get("version"), "batch_index": rec.get("batch_index"), "tokens": m.get("tokens"),
+           "loss": m.get("loss"), "approx_kl": m.get("approx_kl_old"), "ratio_mean": m.get("ratio_mean"),
+           "clip_frac_pos": m.get("clip_frac_pos"), "clip_frac_neg": m.get("clip_frac_neg"),
+           "entropy": m.get("entropy"), "grad_norm": m.get("grad_norm"), "train_s": rec.get("step_seconds"),
+           "release_s": stage.release_seconds}
+    for k in ("timings", "max_rss_mb"):
+        if k in t:
+            out[k] = t[k]
+    if "mismatch" in t:
+        out["mismatch"] = {k: v for k, v in t["mismatch"].items() if k != "by_version"}
+    return out
 
 
 if __name__ == "__main__":

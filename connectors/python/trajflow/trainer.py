@@ -80,6 +80,30 @@ class Topics:
                    census=f"{run}.census", incidents=f"{run}.incidents")
 
 
+class MLPBackend:
+    """The built-in window-MLP (trajflow.model) as the trained policy."""
+
+    name = "trajflow.train (PyTorch)"
+    keep_optim = 0  # keep every version's optimizer state, as the Go trainer does
+
+    def initial(self, c: "TrainConfig") -> Trainer:
+        if c.init_checkpoint is not None:
+            cfg, p = load_checkpoint(c.init_checkpoint)
+            if cfg != c.model:
+                raise ValueError(f"initial checkpoint is {cfg}, the contract's model is {c.model}")
+        else:
+            p = init_params(c.model, c.model_seed)
+        return Trainer(WindowMLP(c.model, p), c.behavior, 0)
+
+    def restore(self, c: "TrainConfig", rel: dict) -> Trainer:
+        v = rel["policy_version"]
+        with open(checkpoint_path(rel), "rb") as f:
+            model = WindowMLP.from_checkpoint(f.read(), rel["checkpoint_hash"])
+        if model.cfg.hash() != rel["model_config_hash"]:
+            raise ValueError(f"version {v}: model config hash {model.cfg.hash()}, manifest says {rel['model_config_hash']}")
+        return Trainer(model, c.behavior, v)
+
+
 @dataclass
 class TrainConfig:
     brokers: str
@@ -100,6 +124,8 @@ class TrainConfig:
     init_checkpoint: Optional[bytes] = None
     kafka: dict = field(default_factory=dict)
     stage: str = "train"
+    # The trained policy: MLPBackend (default) or trajflow.llm_backend.LLMBackend.
+    backend: object = None
 
 
 def json_records(r) -> list:
@@ -122,6 +148,7 @@ class TrainStage:
         cfg.objective.validate()
         cfg.adam.validate()
         self.cfg = cfg
+        self.backend = cfg.backend if cfg.backend is not None else MLPBackend()
         self.producer = producer or AckProducer(cfg.brokers, cfg.kafka)
         self.trainer: Optional[Trainer] = None
         self.last_index = -1
@@ -129,6 +156,8 @@ class TrainStage:
         self.trained: set[str] = set()
         self.initial = False
         self.counts = {"trained": 0, "skipped": 0, "refused": 0}
+        self.release_seconds = 0.0
+        self.last_record: Optional[dict] = None
         # Census and incident records of the latest update, re-sent when its
         # batch is redelivered after a restart (see process).
         self.last_outputs: list = []
@@ -151,27 +180,16 @@ class TrainStage:
 
         scan(c.brokers, c.topics.policy, on_release, c.kafka)
         if not latest:
-            if c.init_checkpoint is not None:
-                cfg, p = load_checkpoint(c.init_checkpoint)
-                if cfg != c.model:
-                    raise ValueError(f"initial checkpoint is {cfg}, the contract's model is {c.model}")
-            else:
-                p = init_params(c.model, c.model_seed)
-            self.trainer = Trainer(WindowMLP(c.model, p), c.behavior, 0)
+            self.trainer = self.backend.initial(c)
             self.initial = True
             log.info("trainer starts from the initial policy, version 0")
             return
         v = latest["policy_version"]
-        with open(checkpoint_path(latest), "rb") as f:
-            model = WindowMLP.from_checkpoint(f.read(), latest["checkpoint_hash"])
-        if model.cfg.hash() != latest["model_config_hash"]:
-            raise ValueError(f"version {v}: model config hash {model.cfg.hash()}, manifest says {latest['model_config_hash']}")
-        self.trainer = Trainer(model, c.behavior, v)
+        self.trainer = self.backend.restore(c, latest)
         self.trainer.steps = latest["training_step"]
         op = os.path.join(c.release_dir, optim_name(v))
         if os.path.exists(op):
-            with open(op, "rb") as f:
-                self.trainer.set_optim(f.read())
+            self.trainer.load_optim(op)
         elif v > 0:
             log.warning("no optimizer state beside release %d; Adam restarts from zero moments", v)
         if v > 0:
@@ -257,8 +275,8 @@ class TrainStage:
     # ---------------------------------------------------------- publish
     def _release(self, next_batch: int = 0) -> dict:
         t = self.trainer
-        rel = write_release(self.cfg.release_dir, t.version, t.steps, t.model.checkpoint(), t.model.cfg.hash(), self.cfg.meta,
-                            next_batch=next_batch)
+        rel = write_release(self.cfg.release_dir, t.version, t.steps, t.checkpoint_payload(), t.config_hash(), self.cfg.meta,
+                            ext=t.CHECKPOINT_EXT, next_batch=next_batch)
         return rel
 
     def publish_initial(self) -> None:
@@ -355,12 +373,16 @@ class TrainStage:
         if lag["lag_tokens"]:
             rec["lag_tokens"] = lag["lag_tokens"]
         rec.update({"step_seconds": secs,
-                    "trainer": {"trainer": "trajflow.train (PyTorch)", "torch": torch.__version__,
-                                "source": m.ref, "outputs": [json_records(r) for r in out]}})
+                    "trainer": {"trainer": self.backend.name, "torch": torch.__version__,
+                                "source": m.ref, **first.extra, "outputs": [json_records(r) for r in out]}})
+        t1 = time.monotonic()
         write_atomic(os.path.join(c.release_dir, update_name(v)), update_document(rec))
-        write_atomic(os.path.join(c.release_dir, optim_name(v)), self.trainer.optim_bytes())
+        write_atomic(os.path.join(c.release_dir, optim_name(v)), self.trainer.optim_payload())
         rel = self._release(batch.batch_index + 1)
         self.producer.send([(c.topics.policy,) + release_record(c.run_id, rel)] + out)
+        self.release_seconds = time.monotonic() - t1
+        self.last_record = rec
+        self._prune_optim(v)
         self.last_outputs, self.last_outputs_of = out, None
         self.last_index = batch.batch_index
         self.batches.add(batch.batch_id)
@@ -370,6 +392,19 @@ class TrainStage:
         log.info("trained batch %s (index %d) -> version %d in %.3fs, loss %.5f", batch.batch_id, batch.batch_index, v,
                  secs, first.stats.loss)
         return "trained"
+
+    def _prune_optim(self, v: int) -> None:
+        """Removes optimizer states older than the backend keeps (a
+        language model's is 1 GB a version); only after the newer release
+        is durable, so a restart always finds the state of its release."""
+        keep = getattr(self.backend, "keep_optim", 0)
+        if not keep:
+            return
+        for k in range(max(0, v - keep - 8), v - keep + 1):
+            try:
+                os.unlink(os.path.join(self.cfg.release_dir, optim_name(k)))
+            except FileNotFoundError:
+                pass
 
     def _lag_rule(self, batch: B.PackedBatch) -> dict:
         """Masks the tokens the lag rule excludes at this update (see the

@@ -21,7 +21,7 @@ from __future__ import annotations
 import hashlib
 import math
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Optional
 
 import numpy as np
@@ -70,6 +70,9 @@ class StepResult:
     from_version: int
     version: int
     grad: Optional[torch.Tensor] = None
+    # What a trainer records beyond gpu.Metrics (the update record's
+    # "trainer" object), e.g. the language-model trainer's mismatch.
+    extra: dict = field(default_factory=dict)
 
     def metrics(self) -> dict:
         d = self.stats.to_dict()
@@ -118,6 +121,21 @@ class Trainer:
         # the last update began.
         self._prox: Optional[torch.Tensor] = None
         self._prox_batch: Optional[str] = None
+
+    CHECKPOINT_EXT = ".ckpt"
+
+    def config_hash(self) -> str:
+        return self.model.cfg.hash()
+
+    def checkpoint_payload(self) -> bytes:
+        return self.model.checkpoint()
+
+    def optim_payload(self) -> bytes:
+        return self.optim_bytes()
+
+    def load_optim(self, path: str) -> None:
+        with open(path, "rb") as f:
+            self.set_optim(f.read())
 
     # The optimizer state file beside every release (gpu OptimName):
     # magic, steps, n (uint64 LE), m1[n], m2[n] (float64 LE), SHA-256.

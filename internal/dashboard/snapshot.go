@@ -1,0 +1,150 @@
+package dashboard
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/trajflow/trajflow/connectors/parquet"
+	"github.com/trajflow/trajflow/internal/loop"
+	"github.com/trajflow/trajflow/pipeline/contract"
+)
+
+// FileChecks is the verification of a snapshot's files: every Parquet
+// file against its sidecar checksum and lineage (parquet.ReadFile), the
+// run-level files against their sidecars, and the offsets between files.
+type FileChecks struct {
+	Verified int           `json:"verified"`
+	Failures []FileFailure `json:"failures"`
+	Gaps     []string      `json:"gaps"`
+}
+
+// FileFailure is a file that did not verify.
+type FileFailure struct {
+	File  string `json:"file"`
+	Error string `json:"error"`
+}
+
+// snapshot is a run read from its Parquet snapshot directory.
+type snapshot struct {
+	runDir   string
+	outDir   string // the directory holding run=<run>/ (a demo's --out)
+	info     parquet.RunInfo
+	contract *contract.Contract
+	recs     *Records
+	files    FileChecks
+	summary  *loop.Summary
+}
+
+// readSnapshot reads every file of the run in dir (a demo's output
+// directory or a run=<run> directory). A file that does not verify is
+// reported and skipped, never fatal: a dashboard shows what it can. The
+// run's own files (run.json, contract.yaml) must be readable.
+func readSnapshot(dir, run string) (*snapshot, error) {
+	runDir, err := parquet.FindRun(dir, run)
+	if err != nil {
+		return nil, err
+	}
+	s := &snapshot{runDir: runDir, outDir: filepath.Dir(runDir), recs: NewRecords()}
+	if s.info, err = parquet.ReadRunInfo(runDir); err != nil {
+		return nil, err
+	}
+	for _, name := range []string{parquet.RunInfoFile, parquet.ContractFile} {
+		s.checkSidecar(filepath.Join(runDir, name))
+	}
+	if s.contract, err = loadContract(filepath.Join(runDir, parquet.ContractFile), s.info.ContractHash); err != nil {
+		return nil, err
+	}
+	files, err := parquet.List(runDir)
+	if err != nil {
+		return nil, err
+	}
+	var read []parquet.File
+	for _, f := range files {
+		lin, msgs, err := parquet.ReadFile(f.Path, parquet.ReadOptions{})
+		if err == nil && (lin.Run != s.info.Run || lin.ContractHash != s.info.ContractHash) {
+			err = fmt.Errorf("%w: run %q under contract %s, the run directory is run %q under %s", parquet.ErrCorrupt, lin.Run, lin.ContractHash, s.info.Run, s.info.ContractHash)
+		}
+		if err != nil {
+			s.files.Failures = append(s.files.Failures, FileFailure{File: s.rel(f.Path), Error: err.Error()})
+			continue
+		}
+		s.files.Verified++
+		read = append(read, f)
+		for _, m := range msgs {
+			s.recs.Add(f.Topic, m)
+		}
+	}
+	for _, g := range parquet.Contiguity(read) {
+		s.files.Gaps = append(s.files.Gaps, g.String())
+	}
+	s.summary, err = readSummary(filepath.Join(s.outDir, loop.SummaryFile))
+	if err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+func (s *snapshot) rel(path string) string {
+	if r, err := filepath.Rel(s.outDir, path); err == nil {
+		return r
+	}
+	return path
+}
+
+// checkSidecar verifies a run-level file against its "_<name>.sha256"
+// sidecar, when it has one.
+func (s *snapshot) checkSidecar(path string) {
+	side, err := os.ReadFile(parquet.SidecarPath(path))
+	if errors.Is(err, os.ErrNotExist) {
+		return
+	}
+	b, rerr := os.ReadFile(path)
+	if err == nil && rerr == nil {
+		sum := sha256.Sum256(b)
+		want, _, _ := strings.Cut(strings.TrimSpace(string(side)), " ")
+		if hex.EncodeToString(sum[:]) == want {
+			s.files.Verified++
+			return
+		}
+		err = fmt.Errorf("sha256 %s, sidecar says %q", hex.EncodeToString(sum[:]), want)
+	}
+	s.files.Failures = append(s.files.Failures, FileFailure{File: s.rel(path), Error: errors.Join(err, rerr).Error()})
+}
+
+// loadContract reads and resolves a contract file; want, when set, is the
+// hash the run recorded.
+func loadContract(path, want string) (*contract.Contract, error) {
+	c, err := contract.Load(path)
+	if err != nil {
+		return nil, fmt.Errorf("dashboard: %w", err)
+	}
+	if err := c.Resolve(); err != nil {
+		return nil, fmt.Errorf("dashboard: contract %s: %w", path, err)
+	}
+	if want != "" && c.Hash() != want {
+		return nil, fmt.Errorf("dashboard: contract %s has hash %s, the run was written under %s", path, c.Hash(), want)
+	}
+	return c, nil
+}
+
+// readSummary reads a demo's summary.json; a missing file is no summary.
+func readSummary(path string) (*loop.Summary, error) {
+	b, err := os.ReadFile(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("dashboard: %w", err)
+	}
+	var s loop.Summary
+	if err := json.Unmarshal(b, &s); err != nil {
+		return nil, fmt.Errorf("dashboard: %s: %w", path, err)
+	}
+	return &s, nil
+}
