@@ -237,11 +237,36 @@ type UpdateRecord struct {
 	NotTrained    []string   `json:"not_trained,omitempty"`
 	StaleLag      []LagCount `json:"stale_lag,omitempty"`
 	Lag           []LagCount `json:"lag_tokens,omitempty"`
-	StepSeconds   float64    `json:"step_seconds"`
+	// Selection is what the lag rule left of the batch, so that a bias
+	// toward short or fresh trajectories shows at every update (systems
+	// §6); launched against trained by task, reward and latency is the
+	// census's (`trajflow census`). Absent from a trainer that does not
+	// write it.
+	Selection   *UpdateSelection `json:"selection,omitempty"`
+	StepSeconds float64          `json:"step_seconds"`
 	// Trainer holds what a trainer records beyond these fields (an
 	// external trainer's own details, e.g. the Python trainer's); absent for
 	// the built-in one.
 	Trainer json.RawMessage `json:"trainer,omitempty"`
+}
+
+// UpdateSelection is the selection account of one update: the segments
+// (trajectories) of the batch that had a trained token before the lag
+// rule, and those left with one after it.
+type UpdateSelection struct {
+	Segments        int `json:"segments"`
+	TrainedSegments int `json:"trained_segments"`
+	// Groups and TrainedGroups count the distinct groups of those
+	// segments.
+	Groups        int `json:"groups"`
+	TrainedGroups int `json:"trained_groups"`
+	// LengthMean and LengthMeanTrained are the mean segment length in
+	// tokens (context and actions) of both.
+	LengthMean        float64 `json:"length_mean"`
+	LengthMeanTrained float64 `json:"length_mean_trained"`
+	// StaleShare is the share of the batch's trained tokens the rule
+	// excluded (StaleTokens over the trained tokens before the rule).
+	StaleShare float64 `json:"stale_share"`
 }
 
 // LagCount is a number of tokens at one policy lag.

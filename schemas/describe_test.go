@@ -71,6 +71,7 @@ func TestCatalogCoversEveryKind(t *testing.T) {
 	// The fields written only when set (omitempty).
 	u.StalePolicy, u.NotTrained = "drop", []string{"x"}
 	u.StaleLag, u.Lag = []LagCount{{}}, []LagCount{{}}
+	u.Selection = &UpdateSelection{}
 	for _, s := range []*ObjectiveStats{&u.Last, &u.Metrics.ObjectiveStats} {
 		s.ISWeightMean, s.ISWeightMax, s.ISTruncated = 1, 1, 1
 	}

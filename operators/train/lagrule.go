@@ -52,6 +52,8 @@ type LagOutcome struct {
 	Trained []string
 	Masked  map[string]int64
 	Left    map[string]int64
+	// Selection is the segments and groups before and after the rule.
+	Selection schemas.UpdateSelection
 }
 
 // Apply masks the stale tokens of batch in place (ActionMask set to 0)
@@ -61,6 +63,9 @@ type LagOutcome struct {
 func (r LagRule) Apply(batch *schemas.PackedBatch, v int64) LagOutcome {
 	out := LagOutcome{Masked: map[string]int64{}, Left: map[string]int64{}}
 	stale, kept := map[int64]int64{}, map[int64]int64{}
+	groups, trainedGroups := map[string]bool{}, map[string]bool{}
+	var length, lengthTrained, before int64
+	sel := &out.Selection
 	for ri := range batch.Rows {
 		row := &batch.Rows[ri]
 		nseg := len(row.SegTrajectoryIDs)
@@ -94,6 +99,13 @@ func (r LagRule) Apply(batch *schemas.PackedBatch, v int64) LagOutcome {
 			kept[lag]++
 		}
 		for k, id := range row.SegTrajectoryIDs {
+			group, n := segMeta(row, k)
+			if had[k] > 0 {
+				sel.Segments++
+				groups[group] = true
+				length += n
+				before += had[k]
+			}
 			switch {
 			case had[k] == 0:
 			case left[k] == 0:
@@ -101,11 +113,38 @@ func (r LagRule) Apply(batch *schemas.PackedBatch, v int64) LagOutcome {
 			default:
 				out.Trained = append(out.Trained, id)
 				out.Left[id] += left[k]
+				sel.TrainedSegments++
+				trainedGroups[group] = true
+				lengthTrained += n
 			}
 		}
 	}
 	out.StaleLag, out.Lag = lagCounts(stale), lagCounts(kept)
+	sel.Groups, sel.TrainedGroups = len(groups), len(trainedGroups)
+	if sel.Segments > 0 {
+		sel.LengthMean = float64(length) / float64(sel.Segments)
+	}
+	if sel.TrainedSegments > 0 {
+		sel.LengthMeanTrained = float64(lengthTrained) / float64(sel.TrainedSegments)
+	}
+	if before > 0 {
+		sel.StaleShare = float64(out.StaleTokens) / float64(before)
+	}
 	return out
+}
+
+// segMeta is segment k's group id and length (empty and 0 in a row
+// built without them).
+func segMeta(row *schemas.PackedRow, k int) (string, int64) {
+	var g string
+	var n int64
+	if k < len(row.SegGroupIDs) {
+		g = row.SegGroupIDs[k]
+	}
+	if k < len(row.SegLengths) {
+		n = int64(row.SegLengths[k])
+	}
+	return g, n
 }
 
 // lagCounts turns a lag histogram into LagCounts in increasing lag order.

@@ -24,6 +24,8 @@ func lagRow(v [6]int32) schemas.PackedRow {
 		PolicyVersions: slices.Repeat([]int32{-1}, 12),
 		// trajectory ids of the segments
 		SegTrajectoryIDs: []string{"a", "b", "c"},
+		SegGroupIDs:      []string{"g1", "g2", "g2"},
+		SegLengths:       []int32{4, 4, 4},
 	}
 	for k, i := range []int{1, 2, 5, 6, 9, 10} {
 		r.ActionMask[i] = 1
@@ -67,6 +69,11 @@ func TestLagRuleHandComputed(t *testing.T) {
 		out := train.LagRule{MaxLag: 1, Policy: tc.policy}.Apply(&b, 5)
 		if got := masked(b.Rows[0]); !slices.Equal(got, tc.trained) {
 			t.Errorf("%s: trained entries %v, want %v", tc.policy, got, tc.trained)
+		}
+		wantSel := schemas.UpdateSelection{Segments: 3, TrainedSegments: len(tc.kept), Groups: 2, TrainedGroups: len(tc.kept),
+			LengthMean: 4, LengthMeanTrained: 4, StaleShare: float64(tc.stale) / 6}
+		if out.Selection != wantSel {
+			t.Errorf("%s: selection %+v, want %+v", tc.policy, out.Selection, wantSel)
 		}
 		if out.StaleTokens != tc.stale || !slices.Equal(out.Dropped, tc.dropped) || !slices.Equal(out.Trained, tc.kept) {
 			t.Errorf("%s: stale %d dropped %v trained %v, want %d %v %v", tc.policy, out.StaleTokens, out.Dropped, out.Trained, tc.stale, tc.dropped, tc.kept)

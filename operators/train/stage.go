@@ -367,7 +367,8 @@ func (s *Stage) Process(_ context.Context, m pipeline.Message) (pipeline.Result,
 	u := schemas.UpdateRecord{Version: s.tr.Version(), BatchID: batch.BatchID, BatchIndex: batch.BatchIndex,
 		Metrics: met, Last: last, Duplicates: dups, StepSeconds: time.Since(start).Seconds(),
 		MaxLag: s.cfg.Lag.MaxLag, StalePolicy: s.cfg.Lag.Policy, StaleTokens: lag.StaleTokens,
-		StaleSegments: len(lag.Dropped), NotTrained: lag.Dropped, StaleLag: lag.StaleLag, Lag: lag.Lag}
+		StaleSegments: len(lag.Dropped), NotTrained: lag.Dropped, StaleLag: lag.StaleLag, Lag: lag.Lag,
+		Selection: &lag.Selection}
 	ub, err := schemas.EncodeUpdate(u)
 	if err != nil {
 		return res, fmt.Errorf("train: update record: %w", err)

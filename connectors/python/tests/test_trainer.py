@@ -118,6 +118,9 @@ def test_protocol(run):
     assert [l["lag"] for l in u3["stale_lag"]] == [1] and u3["stale_lag"][0]["tokens"] == u3["stale_tokens"]
     assert [l["lag"] for l in u3["lag_tokens"]] == [0] and u3["lag_tokens"][0]["tokens"] == u3["metrics"]["tokens"]
     assert u3["metrics"]["sequences"] == segs0[0]
+    sel = u3["selection"]
+    assert sel["segments"] == segs0[0] + segs0[1] and sel["trained_segments"] == segs0[0]
+    assert sel["stale_share"] == u3["stale_tokens"] / (u3["stale_tokens"] + u3["metrics"]["tokens"])
     # Quarantine: the original message plus reason, detail, stage, source.
     q = topic(broker, "quarantine")
     reasons = [dict(m.headers)["trajflow-reason"] for m in q]

@@ -372,6 +372,7 @@ class TrainStage:
             rec["stale_lag"] = lag["stale_lag"]
         if lag["lag_tokens"]:
             rec["lag_tokens"] = lag["lag_tokens"]
+        rec["selection"] = lag["selection"]
         rec.update({"step_seconds": secs,
                     "trainer": {"trainer": self.backend.name, "torch": torch.__version__,
                                 "source": m.ref, **first.extra, "outputs": [json_records(r) for r in out]}})
@@ -422,6 +423,10 @@ class TrainStage:
         left: dict = {}
         trained_ids, dropped = [], []
         total = 0
+        # The selection account (schemas.UpdateSelection): segments with a
+        # trained token before the rule, and those left with one.
+        segs = segs_trained = length = length_trained = before = 0
+        groups, groups_trained = set(), set()
         for r in batch.rows:
             trained = r.action_mask == 1
             lag = frm - r.policy_versions.astype(np.int64)
@@ -446,11 +451,22 @@ class TrainStage:
                     masked[tid] = masked.get(tid, 0) + int(gone[k])
                 if had[k] == 0:
                     continue
+                segs += 1
+                groups.add(r.segment_group_ids[k])
+                length += int(r.segment_lengths[k])
+                before += int(had[k])
                 if had[k] == gone[k]:
                     dropped.append(tid)
                 else:
                     trained_ids.append(tid)
                     left[tid] = left.get(tid, 0) + int(had[k] - gone[k])
+                    segs_trained += 1
+                    groups_trained.add(r.segment_group_ids[k])
+                    length_trained += int(r.segment_lengths[k])
         hist = lambda h: [{"lag": L, "tokens": h[L]} for L in sorted(h)]  # noqa: E731
+        sel = {"segments": segs, "trained_segments": segs_trained, "groups": len(groups),
+               "trained_groups": len(groups_trained), "length_mean": length / segs if segs else 0.0,
+               "length_mean_trained": length_trained / segs_trained if segs_trained else 0.0,
+               "stale_share": total / before if before else 0.0}
         return {"stale_tokens": total, "stale_lag": hist(stale_h), "lag_tokens": hist(kept_h), "masked": masked,
-                "left": left, "trained": trained_ids, "dropped": dropped}
+                "left": left, "trained": trained_ids, "dropped": dropped, "selection": sel}
