@@ -123,13 +123,28 @@ func chaosRun(t *testing.T, bin string, seed uint64) {
 			p.Wait()
 		}
 	})
+	// Every process logs to dir/logs; a failed run prints their tails.
+	logs := filepath.Join(dir, "logs")
+	if err := os.MkdirAll(logs, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if t.Failed() {
+			printLogTails(t, logs)
+		}
+	})
 	start := func(args ...string) (*exec.Cmd, io.Reader) {
 		cmd := exec.Command(bin, args...)
 		out, err := cmd.StdoutPipe()
 		if err != nil {
 			t.Fatal(err)
 		}
-		cmd.Stderr = io.Discard
+		lf, err := os.OpenFile(filepath.Join(logs, logName(args)), os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { lf.Close() })
+		cmd.Stderr = lf
 		if err := cmd.Start(); err != nil {
 			t.Fatal(err)
 		}
@@ -149,7 +164,7 @@ func chaosRun(t *testing.T, bin string, seed uint64) {
 	releases := filepath.Join(dir, "releases")
 	startOp := func(name string) {
 		args := []string{"run", name, "--brokers", addr, "--contract", cpath, "--releases", releases,
-			"--rounds", fmt.Sprint(c.rounds), "--state", filepath.Join(dir, "state", name), "--log-level", "warn"}
+			"--rounds", fmt.Sprint(c.rounds), "--state", filepath.Join(dir, "state", name), "--log-level", "info"}
 		if name == "pack" {
 			args = append(args, "--window-max-wait", "100ms") // windows smaller and later than the pacing assumes
 		}
@@ -180,11 +195,11 @@ func chaosRun(t *testing.T, bin string, seed uint64) {
 			t.Logf("killed and restarted %s", v)
 			nextKill = time.Now().Add(time.Duration(2000+rng.IntN(4000)) * time.Millisecond)
 		}
-		if kills == c.kills && chaosDone(t, ctx, cfg, topics, c.rounds*4) {
-			break
-		}
 		if ctx.Err() != nil {
 			t.Fatalf("the loop did not finish")
+		}
+		if kills == c.kills && chaosDone(t, ctx, cfg, topics, c.rounds*4) {
+			break
 		}
 		time.Sleep(300 * time.Millisecond)
 	}
@@ -198,6 +213,27 @@ func chaosRun(t *testing.T, bin string, seed uint64) {
 		}
 	}
 	checkChaos(t, ctx, cfg, topics, releases, c)
+}
+
+// logName is the log file of a process started with args.
+func logName(args []string) string {
+	if args[0] == "run" {
+		return args[1] + ".log"
+	}
+	return args[0] + ".log"
+}
+
+// printLogTails logs the last lines of every process's log in dir.
+func printLogTails(t *testing.T, dir string) {
+	ents, _ := os.ReadDir(dir)
+	for _, e := range ents {
+		b, err := os.ReadFile(filepath.Join(dir, e.Name()))
+		if err != nil {
+			continue
+		}
+		lines := strings.Split(strings.TrimSpace(string(b)), "\n")
+		t.Logf("--- %s (last lines)\n%s", e.Name(), strings.Join(lines[max(0, len(lines)-15):], "\n"))
+	}
 }
 
 // chaosDone reports whether every group was decided and every batch taken

@@ -231,13 +231,19 @@ func TestStageSync(t *testing.T) {
 }
 
 // batchWindow reports groups [from, to) of round r decided into batch
-// index k (k < 0: a window without a batch).
+// index k (k < 0: a window without a batch), closed at the latest release
+// dispatch knows (as pack's would be).
 func (h *harness) batchWindow(r int64, from, to int, k int64) []int64 {
+	return h.batchWindowAt(r, from, to, k, max(h.s.policy, 0))
+}
+
+// batchWindowAt is batchWindow closed at trainer version v.
+func (h *harness) batchWindowAt(r int64, from, to int, k, v int64) []int64 {
 	var groups []string
 	for _, g := range h.s.cfg.Planner.Plan(r)[from:to] {
 		groups = append(groups, g.GroupID)
 	}
-	rec := schemas.WindowRecord{Groups: groups, BatchIndex: k}
+	rec := schemas.WindowRecord{Groups: groups, BatchIndex: k, TrainerVersion: v}
 	if k >= 0 {
 		rec.BatchID = fmt.Sprintf("b%d", k)
 	}
@@ -310,6 +316,30 @@ func TestStageAsyncContinue(t *testing.T) {
 		if !reflect.DeepEqual(got, want) {
 			t.Fatalf("continue %v: dispatched %v beside a straggler, want %v", cont, got, want)
 		}
+	}
+}
+
+// TestStageAsyncStaleBatch: a straggler of round 0 lands alone in the
+// last batch, closed at version 0, while round 1 trained up to version 2
+// (max_lag 1). The trainer can only refuse that batch (every token is two
+// versions old at its update), so no release will say it consumed it:
+// dispatch stops counting it in flight once a release makes it stale,
+// and rounds 2 and 3 go out (two rounds in flight) instead of the loop
+// stalling.
+func TestStageAsyncStaleBatch(t *testing.T) {
+	h := newHarness(t, ModeAsync, 1, 0)
+	h.trained(0, 0)
+	h.batchWindowAt(0, 0, 7, 0, 0)
+	h.batchWindowAt(1, 0, 8, 1, 0)
+	h.batchWindowAt(0, 7, 8, 2, 0) // the straggler, in the last batch
+	if got := h.trained(1, 1); got != nil {
+		t.Fatalf("batch 0 trained: dispatched %v; round 0's straggler batch can still train", got)
+	}
+	if got := h.trained(2, 2); !reflect.DeepEqual(got, []int64{2, 3}) {
+		t.Fatalf("batch 1 trained at version 2: dispatched %v, want rounds 2 and 3 (batch 2 is stale: in flight %d)", got, h.s.InFlight())
+	}
+	if n := h.s.InFlight(); n != 16 {
+		t.Fatalf("%d groups in flight, want rounds 2 and 3's 16", n)
 	}
 }
 

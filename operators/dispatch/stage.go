@@ -101,8 +101,16 @@ type round struct {
 // trainer's lag rule at the update excludes and counts what is beyond
 // MaxLag (operators/train LagRule), so the bound holds regardless.
 //
+// A batch the trainer can only refuse is not in flight either: the window
+// that made it closed at trainer version t (pack's version, never older
+// than a behavior version it admitted), so once a release v with
+// v - t > MaxLag is out and the trainer had not consumed the batch by
+// then, every token of it is beyond the lag bound at its update — the
+// trainer excludes it whole (stale_batch, counted) and no release will
+// say it consumed it. Waiting for it would stall the loop when it is the
+// last batch (a straggler's).
+//
 // Its outputs are the tasks messages (one per group, keyed by group
-// id, Arrow TaskAttempt rows) and a "dispatched" census event per attempt. Its outputs are the tasks messages (one per group, keyed by group
 // id, Arrow TaskAttempt rows) and a "dispatched" census event per attempt.
 //
 // State (next round, which groups are outstanding) is rebuilt at Start
@@ -117,6 +125,9 @@ type Stage struct {
 	// (the releases' next_batch; their version for a trainer that does not
 	// say).
 	consumed int64
+	// closedAt is the trainer version of the window of every batch not
+	// yet consumed.
+	closedAt map[int64]int64
 	next     int64
 	rounds   map[int64]*round
 	group    map[string]int64 // outstanding group id -> round
@@ -137,7 +148,7 @@ func NewStage(cfg StageConfig) (*Stage, error) {
 	if cfg.MaxLag < 0 || cfg.Rounds < 0 || cfg.BatchGroups < 0 {
 		return nil, fmt.Errorf("%w: max lag %d, rounds %d, batch groups %d", ErrConfig, cfg.MaxLag, cfg.Rounds, cfg.BatchGroups)
 	}
-	return &Stage{cfg: cfg, policy: -1, rounds: map[int64]*round{}, group: map[string]int64{}}, nil
+	return &Stage{cfg: cfg, policy: -1, rounds: map[int64]*round{}, group: map[string]int64{}, closedAt: map[int64]int64{}}, nil
 }
 
 // Name implements pipeline.Stage.
@@ -222,6 +233,9 @@ func (s *Stage) open(r int64) {
 
 // window applies a pack window record (idempotent).
 func (s *Stage) window(w schemas.WindowRecord) {
+	if w.BatchID != "" && w.BatchIndex >= s.consumed {
+		s.closedAt[w.BatchIndex] = w.TrainerVersion
+	}
 	for _, g := range w.Groups {
 		r, ok := s.group[g]
 		if !ok {
@@ -247,18 +261,31 @@ func (s *Stage) release(rel schemas.PolicyRelease) {
 		next = rel.PolicyVersion // a trainer that does not say: one batch per version
 	}
 	s.consumed = max(s.consumed, next)
+	for b := range s.closedAt {
+		if b < s.consumed {
+			delete(s.closedAt, b)
+		}
+	}
+}
+
+// doomed reports whether batch b, not consumed, can only be refused by
+// the trainer: every token of it is beyond MaxLag of the latest release
+// (see Stage).
+func (s *Stage) doomed(b int64) bool {
+	t, ok := s.closedAt[b]
+	return ok && s.policy-t > s.cfg.MaxLag
 }
 
 // inFlight is the number of groups of round r still in flight (async):
-// undecided, or in a batch the trainer has not consumed (Untrained: no
-// trainer consumes them, so only undecided).
+// undecided, or in a batch the trainer has not consumed and can still
+// train (Untrained: no trainer consumes them, so only undecided).
 func (s *Stage) inFlight(rd *round) int {
 	n := len(rd.pending)
 	if s.cfg.Untrained {
 		return n
 	}
 	for b, groups := range rd.batches {
-		if b >= s.consumed {
+		if b >= s.consumed && !s.doomed(b) {
 			n += groups
 		}
 	}
