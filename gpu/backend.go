@@ -34,6 +34,15 @@ type Backend interface {
 	Close() error
 }
 
+// ObjectiveChecker is implemented by a backend that trains only some
+// objectives: CheckObjective returns an error naming the contract fields
+// it does not implement (a device backend's ErrUnsupported) rather than
+// ignoring them. The train stage calls it when it starts the backend; the
+// CPU reference implements every objective.
+type ObjectiveChecker interface {
+	CheckObjective(opts objective.Options) error
+}
+
 // BackendFactory starts a backend from model m at policy version, training
 // the behavior distribution b.
 type BackendFactory func(m *model.Model, b model.Behavior, version int64) (Backend, error)

@@ -47,6 +47,11 @@ type parityCase struct {
 	// that seed (KL to a reference).
 	RefSeed     uint64
 	TokenBudget int
+	// BehaviorSeed, when non-zero, makes the batch off-policy: the old
+	// log-probs of its trained tokens are those of a model with that
+	// seed, as if an older policy had sampled them (for the off-policy
+	// corrections; the ratio before the first update is then not 1).
+	BehaviorSeed uint64
 }
 
 func parityCases() []parityCase {
@@ -80,6 +85,27 @@ func parityCases() []parityCase {
 				KLPlacement: objective.KLNone, KLEstimator: objective.K2, EntropyCoef: 0.05},
 			Adam:  AdamOptions{LR: 0.01, Beta1: 0.9, Beta2: 0.999, Eps: 1e-8, MaxGradNorm: 1},
 			Steps: 1, RefSeed: 3, TokenBudget: 128,
+		},
+		{
+			// Off-policy samples, the decoupled objective with a capped
+			// importance weight: the proximal policy is the first step's.
+			Name: "decoupled-is-cap-off-policy", Model: small,
+			Behavior: model.Behavior{Temperature: 1},
+			Objective: objective.Options{ClipLow: 0.2, ClipHigh: 0.28, Normalization: objective.TokenMean,
+				KLPlacement: objective.KLNone, EntropyCoef: 0.02, MaxLogRatio: objective.DefaultMaxLogRatio,
+				OffPolicy: objective.OffPolicyDecoupled, ISCap: 1.05},
+			Adam:  AdamOptions{LR: 0.02, Beta1: 0.9, Beta2: 0.999, Eps: 1e-8, MaxGradNorm: 1},
+			Steps: 2, TokenBudget: 96, BehaviorSeed: 13,
+		},
+		{
+			// Off-policy samples, truncated importance sampling.
+			Name: "tis-seq-mean-token-mean-off-policy", Model: small,
+			Behavior: model.Behavior{Temperature: 0.9},
+			Objective: objective.Options{ClipLow: 0.2, ClipHigh: 0.2, Normalization: objective.SeqMeanTokenMean,
+				KLPlacement: objective.KLNone, EntropyCoef: 0.01, MaxLogRatio: objective.DefaultMaxLogRatio,
+				OffPolicy: objective.OffPolicyTIS, ISCap: 1.1},
+			Adam:  AdamOptions{LR: 0.02, Beta1: 0.9, Beta2: 0.999, Eps: 1e-8, MaxGradNorm: 1},
+			Steps: 2, TokenBudget: 64, BehaviorSeed: 17,
 		},
 	}
 }
@@ -115,9 +141,13 @@ type parityFixture struct {
 	Grammar   string            `json:"grammar"`
 	Objective objective.Options `json:"objective"`
 	Adam      AdamOptions       `json:"adam"`
-	BatchFile string            `json:"batch_file"`
-	InitFile  string            `json:"init_file"`
-	Steps     []parityStep      `json:"steps"`
+	// OffPolicyBatch: the batch's old log-probs are another policy's
+	// (parityCase.BehaviorSeed), so the ratio to the behavior policy is
+	// not 1 at the first step.
+	OffPolicyBatch bool         `json:"off_policy_batch,omitempty"`
+	BatchFile      string       `json:"batch_file"`
+	InitFile       string       `json:"init_file"`
+	Steps          []parityStep `json:"steps"`
 }
 
 // buildParity returns the files of one case: name -> bytes.
@@ -152,6 +182,24 @@ func buildParity(t *testing.T, pc parityCase) map[string][]byte {
 			r.RefLogprobs = lp
 		}
 	}
+	if pc.BehaviorSeed != 0 {
+		old, err := model.New(pc.Model, pc.BehaviorSeed)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i := range batch.Rows {
+			r := &batch.Rows[i]
+			lp, err := old.LogprobsForTraining(h.tr.Behavior(), r.InputIDs, r.PositionIDs, r.SegmentIDs)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for j, m := range r.ActionMask {
+				if m == 1 {
+					r.OldLogprobs[j] = lp[j]
+				}
+			}
+		}
+	}
 	batchBytes, err := schemas.PackedBatches.Encode(nil, batch)
 	if err != nil {
 		t.Fatal(err)
@@ -167,7 +215,7 @@ func buildParity(t *testing.T, pc parityCase) map[string][]byte {
 	}
 	fx := parityFixture{
 		Name: pc.Name, Model: pc.Model, Behavior: h.tr.Behavior(), Grammar: h.tr.Behavior().Grammar.ID(),
-		Objective: pc.Objective, Adam: pc.Adam, BatchFile: "batch.arrows", InitFile: "init.ckpt",
+		Objective: pc.Objective, Adam: pc.Adam, OffPolicyBatch: pc.BehaviorSeed != 0, BatchFile: "batch.arrows", InitFile: "init.ckpt",
 	}
 	files := map[string][]byte{"batch.arrows": batchBytes, "init.ckpt": initBytes}
 	for s := 0; s < pc.Steps; s++ {
@@ -184,7 +232,7 @@ func buildParity(t *testing.T, pc parityCase) map[string][]byte {
 		if err != nil {
 			t.Fatalf("%s step %d: %v", pc.Name, s, err)
 		}
-		if s == 0 && (met.RatioMin != 1 || met.RatioMax != 1) {
+		if s == 0 && (pc.BehaviorSeed == 0 || pc.Objective.OffPolicy == objective.OffPolicyDecoupled) && (met.RatioMin != 1 || met.RatioMax != 1) {
 			t.Fatalf("%s: ratio [%v, %v] before the first update, want exactly 1", pc.Name, met.RatioMin, met.RatioMax)
 		}
 		gf, pf := fmt.Sprintf("step%d.grad.f32", s+1), fmt.Sprintf("step%d.params.f32", s+1)

@@ -66,6 +66,13 @@ type Trainer struct {
 	grad     []float32
 	tape     model.Tape
 	res      objective.Result
+	// prox holds, for the decoupled objective, the proximal log-probs of
+	// every row of batch proxBatch: the current log-probs of the first Step
+	// on it since the last Update began (the policy at the start of the
+	// update).
+	prox      [][]float32
+	proxBatch string
+	proxOK    bool
 }
 
 // NewTrainer starts training m (copied) at policy version `version`. b is
@@ -146,6 +153,11 @@ func checkRow(r *schemas.PackedRow) error {
 // On error nothing is updated. The computation is sequential and in a fixed
 // order, so the same batch from the same state gives the same parameters
 // bit for bit.
+//
+// With the decoupled objective (objective.OffPolicyDecoupled) the
+// proximal policy is the policy of the first Step on a batch id since the
+// last Update began: Update's epochs share it; a Step on another batch
+// takes a new one.
 func (t *Trainer) Step(batch schemas.PackedBatch, opts objective.Options, adam AdamOptions) (Metrics, error) {
 	if err := opts.Validate(); err != nil {
 		return Metrics{}, fmt.Errorf("gpu: step: %w", err)
@@ -167,6 +179,22 @@ func (t *Trainer) Step(batch schemas.PackedBatch, opts objective.Options, adam A
 	}
 	met := Metrics{Rows: len(batch.Rows), FromVersion: t.version}
 	clear(t.grad)
+	// The decoupled objective clips against the proximal policy: the
+	// first step on a batch takes the current log-probs as proximal (its
+	// clipped ratio is exactly 1) and keeps them for the next epochs.
+	decoupled := opts.OffPolicy == objective.OffPolicyDecoupled
+	takeProx := decoupled && (!t.proxOK || t.proxBatch != batch.BatchID || len(t.prox) != len(batch.Rows))
+	if takeProx {
+		t.prox, t.proxOK = make([][]float32, len(batch.Rows)), false
+	}
+	ok := false
+	defer func() {
+		if takeProx && ok {
+			t.proxBatch, t.proxOK = batch.BatchID, true
+		} else if takeProx {
+			t.prox, t.proxOK = nil, false
+		}
+	}()
 	V := t.m.Config.Vocab
 	var lags [][]objective.LagStat
 	first := true
@@ -188,8 +216,14 @@ func (t *Trainer) Step(batch schemas.PackedBatch, opts objective.Options, adam A
 		if err != nil {
 			return Metrics{}, fmt.Errorf("gpu: batch %s row %d: %w", batch.BatchID, ri, err)
 		}
+		if decoupled && !takeProx {
+			in.ProxLogprobs = t.prox[ri]
+		}
 		if err := objective.ComputeInto(in, opts, den, &t.res); err != nil {
 			return Metrics{}, fmt.Errorf("gpu: batch %s row %d: %w", batch.BatchID, ri, err)
+		}
+		if takeProx {
+			t.prox[ri] = append([]float32(nil), t.res.CurLogprobs...)
 		}
 		if first {
 			met.ObjectiveStats, first = t.res.Stats, false
@@ -241,6 +275,7 @@ func (t *Trainer) Step(batch schemas.PackedBatch, opts objective.Options, adam A
 	}
 	t.version++
 	met.Version = t.version
+	ok = true
 	return met, nil
 }
 

@@ -22,6 +22,8 @@ type ReleaseMeta struct {
 	ChatTemplateHash string
 	SamplerContract  string // the sampler settings id (model.Settings.ID)
 	ContractHash     string
+	// NextBatch is recorded in the manifest (schemas.PolicyRelease).
+	NextBatch int64
 	// Now stamps CreatedAt; nil means time.Now.
 	Now func() time.Time
 }
@@ -79,6 +81,7 @@ func ReleaseModel(files Files, m *model.Model, version, steps int64, meta Releas
 		ContractHash:     meta.ContractHash,
 		CreatedAt:        now().UTC().Format(time.RFC3339),
 		Ready:            true,
+		NextBatch:        meta.NextBatch,
 	}
 	js, err := json.MarshalIndent(rel, "", "  ")
 	if err != nil {

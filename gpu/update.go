@@ -116,6 +116,7 @@ func InitialModel(cfg model.Config, seed uint64) (*model.Model, error) { return 
 // parameters, optimizer state, step count and version are as before.
 func (t *Trainer) Update(batch schemas.PackedBatch, opts objective.Options, adam AdamOptions, epochs int) (Metrics, objective.Stats, error) {
 	from, steps := t.version, t.steps
+	t.proxOK = false // the proximal policy is the policy at the start of this update
 	params := slices.Clone(t.m.Params)
 	m1, m2 := slices.Clone(t.m1), slices.Clone(t.m2)
 	var first Metrics

@@ -198,7 +198,8 @@ func newDispatch(d Deps) (pipeline.Stage, error) {
 	}
 	return dispatch.NewStage(dispatch.StageConfig{
 		Planner: p, Topics: d.Topics, RunID: d.Contract.RunID, Mode: d.Contract.Dispatch.Mode,
-		MaxLag: d.Contract.Packing.MaxLag, Rounds: d.Rounds, Untrained: d.NoTrain, Gated: d.Gated,
+		MaxLag: d.Contract.Packing.MaxLag, BatchGroups: d.Contract.Packing.BatchGroups, Rounds: d.Rounds, Untrained: d.NoTrain,
+		Gated: d.Gated, Continue: d.Contract.Dispatch.PartialRollouts == contract.PartialContinue,
 	})
 }
 
@@ -212,6 +213,8 @@ func newRollout(d Deps) (pipeline.Stage, error) {
 		Topics: d.Topics, RunID: d.Contract.RunID, Load: gpu.PolicyFromRelease,
 		Retries:      d.Contract.Sampler.ToolRetries,
 		GroupTimeout: time.Duration(d.Contract.Sampler.ToolTimeoutMS) * time.Millisecond * time.Duration(max(1, d.Contract.Sampler.MaxTurns)),
+		Latency:      RolloutLatency(d.Contract),
+		Continue:     d.Contract.Dispatch.PartialRollouts == contract.PartialContinue,
 	}
 	rolloutEnv(d, &cfg)
 	// A contract whose policy runs on servers: the gateway (policy.go).
@@ -223,6 +226,15 @@ func newRollout(d Deps) (pipeline.Stage, error) {
 		c.Close() // the gateway's health checks
 	}
 	return st, err
+}
+
+// RolloutLatency is the contract's simulated latency of the built-in
+// environment and policy, seeded by the contract seed.
+func RolloutLatency(c *contract.Contract) rollout.LatencyModel {
+	ms := func(x float64) time.Duration { return time.Duration(x * float64(time.Millisecond)) }
+	l := c.Latency
+	return rollout.LatencyModel{ToolMedian: ms(l.ToolMedianMS), ToolSigma: l.ToolSigma,
+		TokenMedian: ms(l.TokenMedianMS), TokenSigma: l.TokenSigma, Seed: c.Seed}
 }
 
 func newTrain(d Deps) (pipeline.Stage, error) {
@@ -385,6 +397,7 @@ func TrainConfig(d Deps) (train.StageConfig, error) {
 	return train.StageConfig{
 		Topics: d.Topics, RunID: c.RunID, ContractHash: c.Hash(), Behavior: s.Behavior,
 		Model: mc, ModelSeed: seed, Objective: c.Loss.Options, Backend: backend,
+		Lag:    train.LagRule{MaxLag: c.Packing.MaxLag, Policy: c.Packing.StalePolicy},
 		Adam:   gpu.AdamOptions{LR: o.LR, Beta1: o.Beta1, Beta2: o.Beta2, Eps: o.Eps, MaxGradNorm: o.GradClip},
 		Epochs: o.Epochs, Minibatches: o.Minibatches, Seed: c.Seed,
 		Meta: gpu.ReleaseMeta{TokenizerHash: rollout.TokenizerHash, SamplerContract: s.ID(), ContractHash: c.Hash()},

@@ -38,6 +38,7 @@ var censusFields = []censusField{
 	{key: "update", kind: 'i', num: func(e *CensusEvent) *int64 { return &e.Update }, omit: true},
 	{key: "policy_version", kind: 'i', num: func(e *CensusEvent) *int64 { return &e.PolicyVersion }, omit: true},
 	{key: "tokens", kind: 'i', num: func(e *CensusEvent) *int64 { return &e.Tokens }, omit: true},
+	{key: "stale_tokens", kind: 'i', num: func(e *CensusEvent) *int64 { return &e.StaleTokens }, omit: true},
 	{key: "reward", kind: 'f', omit: true},
 	{key: "latency_us", kind: 'i', num: func(e *CensusEvent) *int64 { return &e.LatencyUS }, omit: true},
 	{key: "at_us", kind: 'i', num: func(e *CensusEvent) *int64 { return &e.At }},

@@ -112,6 +112,13 @@ type ObjectiveStats struct {
 	ClippedNeg  int64   `json:"clipped_neg"`
 	ClipFracPos float64 `json:"clip_frac_pos"`
 	ClipFracNeg float64 `json:"clip_frac_neg"`
+	// Off-policy corrections (loss.off_policy): the mean and largest
+	// importance weight to the behavior policy over masked tokens (tis:
+	// min(π/μ, is_cap); decoupled: π_prox/μ, capped), and how many
+	// tokens the cap truncated. 0 without a correction.
+	ISWeightMean float64 `json:"is_weight_mean,omitempty"`
+	ISWeightMax  float64 `json:"is_weight_max,omitempty"`
+	ISTruncated  int64   `json:"is_truncated,omitempty"`
 }
 
 // Merge returns the Stats of two disjoint calls sharing one set of
@@ -130,15 +137,20 @@ func (s ObjectiveStats) Merge(o ObjectiveStats) ObjectiveStats {
 		NegTokens:       s.NegTokens + o.NegTokens,
 		ClippedPos:      s.ClippedPos + o.ClippedPos,
 		ClippedNeg:      s.ClippedNeg + o.ClippedNeg,
+		ISTruncated:     s.ISTruncated + o.ISTruncated,
+		ISWeightMax:     math.Max(s.ISWeightMax, o.ISWeightMax),
 	}
 	switch {
 	case s.Tokens == 0:
 		m.ApproxKLOld, m.RatioMean, m.RatioMin, m.RatioMax = o.ApproxKLOld, o.RatioMean, o.RatioMin, o.RatioMax
+		m.ISWeightMean = o.ISWeightMean
 	case o.Tokens == 0:
 		m.ApproxKLOld, m.RatioMean, m.RatioMin, m.RatioMax = s.ApproxKLOld, s.RatioMean, s.RatioMin, s.RatioMax
+		m.ISWeightMean = s.ISWeightMean
 	default:
 		ns, no, n := float64(s.Tokens), float64(o.Tokens), float64(m.Tokens)
 		m.ApproxKLOld = (s.ApproxKLOld*ns + o.ApproxKLOld*no) / n
+		m.ISWeightMean = (s.ISWeightMean*ns + o.ISWeightMean*no) / n
 		m.RatioMean = (s.RatioMean*ns + o.RatioMean*no) / n
 		m.RatioMin = math.Min(s.RatioMin, o.RatioMin)
 		m.RatioMax = math.Max(s.RatioMax, o.RatioMax)
@@ -208,8 +220,30 @@ type UpdateRecord struct {
 	Last ObjectiveStats `json:"last"`
 	// Duplicates counts segments of the batch masked out because their
 	// trajectory was already trained.
-	Duplicates  int     `json:"duplicates"`
-	StepSeconds float64 `json:"step_seconds"`
+	Duplicates int `json:"duplicates"`
+	// The lag rule at the optimizer step (pipeline §15): MaxLag and
+	// StalePolicy are the contract's packing.max_lag and
+	// packing.stale_policy; StaleTokens counts the trained tokens of the
+	// batch the rule excluded (their lag, the trainer's version at the
+	// update minus the token's behavior version, exceeded MaxLag: masked
+	// out, never trained), StaleSegments the segments it left with no
+	// trained token (their trajectories, NotTrained, have a census event
+	// "filtered" with reason ReasonStaleAtUpdate), StaleLag the excluded
+	// tokens by lag and Lag the trained tokens by lag.
+	MaxLag        int64      `json:"max_lag"`
+	StalePolicy   string     `json:"stale_policy,omitempty"`
+	StaleTokens   int64      `json:"stale_tokens"`
+	StaleSegments int        `json:"stale_segments"`
+	NotTrained    []string   `json:"not_trained,omitempty"`
+	StaleLag      []LagCount `json:"stale_lag,omitempty"`
+	Lag           []LagCount `json:"lag_tokens,omitempty"`
+	// Selection is what the lag rule left of the batch, so that a bias
+	// toward short or fresh trajectories shows at every update (systems
+	// §6); launched against trained by task, reward and latency is the
+	// census's (`trajflow census`). Absent from a trainer that does not
+	// write it.
+	Selection   *UpdateSelection `json:"selection,omitempty"`
+	StepSeconds float64          `json:"step_seconds"`
 	// MinibatchOrder is, with loss.optimizer.minibatches > 1, the row
 	// indexes of every minibatch of every epoch in the order they were
 	// stepped (seeded: gpu.MinibatchOrder); absent with one minibatch.
@@ -224,6 +258,36 @@ type UpdateRecord struct {
 	// the built-in one.
 	Trainer json.RawMessage `json:"trainer,omitempty"`
 }
+
+// UpdateSelection is the selection account of one update: the segments
+// (trajectories) of the batch that had a trained token before the lag
+// rule, and those left with one after it.
+type UpdateSelection struct {
+	Segments        int `json:"segments"`
+	TrainedSegments int `json:"trained_segments"`
+	// Groups and TrainedGroups count the distinct groups of those
+	// segments.
+	Groups        int `json:"groups"`
+	TrainedGroups int `json:"trained_groups"`
+	// LengthMean and LengthMeanTrained are the mean segment length in
+	// tokens (context and actions) of both.
+	LengthMean        float64 `json:"length_mean"`
+	LengthMeanTrained float64 `json:"length_mean_trained"`
+	// StaleShare is the share of the batch's trained tokens the rule
+	// excluded (StaleTokens over the trained tokens before the rule).
+	StaleShare float64 `json:"stale_share"`
+}
+
+// LagCount is a number of tokens at one policy lag.
+type LagCount struct {
+	Lag    int64 `json:"lag"`
+	Tokens int64 `json:"tokens"`
+}
+
+// ReasonStaleAtUpdate is the census reason (kind CensusFiltered, stage
+// "train") of a trajectory admitted to a batch whose every trained token
+// the lag rule excluded at the optimizer step.
+const ReasonStaleAtUpdate = "stale_at_update"
 
 // EncodeUpdate returns the JSON document of an update record.
 func EncodeUpdate(u UpdateRecord) ([]byte, error) { return encodeDoc(KindUpdateRecord, &u) }

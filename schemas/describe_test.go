@@ -70,6 +70,13 @@ func TestCatalogCoversEveryKind(t *testing.T) {
 	u.Trainer = json.RawMessage(`{}`) // omitted when empty
 	u.MinibatchOrder = [][][]int{{{0}}}
 	u.RolledBackTo = new(int64)
+	// The fields written only when set (omitempty).
+	u.StalePolicy, u.NotTrained = "drop", []string{"x"}
+	u.StaleLag, u.Lag = []LagCount{{}}, []LagCount{{}}
+	u.Selection = &UpdateSelection{}
+	for _, s := range []*ObjectiveStats{&u.Last, &u.Metrics.ObjectiveStats} {
+		s.ISWeightMean, s.ISWeightMax, s.ISTruncated = 1, 1, 1
+	}
 	raw, err := json.Marshal(u)
 	if err != nil {
 		t.Fatal(err)

@@ -20,7 +20,7 @@ func sampleRelease() PolicyRelease {
 func sampleCensus() CensusEvent {
 	return CensusEvent{EventID: DerivedID("census/admitted", "a1"), RunID: "run", AttemptID: "a1", TaskID: "t", GroupID: "g",
 		Kind: CensusAdmitted, Stage: "pack", Reason: "ünïcødé ✓", Infra: true, BatchID: "b", Update: 3, PolicyVersion: 2,
-		Tokens: 1024, Reward: -0.25, LatencyUS: 17, At: 1700000000000000}
+		Tokens: 1024, StaleTokens: 12, Reward: -0.25, LatencyUS: 17, At: 1700000000000000}
 }
 
 func TestJSONRoundTrip(t *testing.T) {
@@ -108,7 +108,7 @@ func TestCensusFastPathMatchesEncodingJSON(t *testing.T) {
 		}
 		e := CensusEvent{EventID: pick(), RunID: pick(), AttemptID: pick(), TaskID: pick(), GroupID: pick(), Kind: pick(),
 			Stage: pick(), Reason: pick(), Infra: r.IntN(2) == 0, BatchID: pick(), Update: num(), PolicyVersion: num(),
-			Tokens: num(), LatencyUS: num(), At: num()}
+			Tokens: num(), StaleTokens: num(), LatencyUS: num(), At: num()}
 		if i%2 == 1 && r.IntN(2) == 0 {
 			e.Reward = r.NormFloat64()
 		}

@@ -241,6 +241,12 @@ type PolicyRelease struct {
 	ContractHash     string `json:"contract_hash"`
 	CreatedAt        string `json:"created_at"` // RFC 3339
 	Ready            bool   `json:"ready"`
+	// NextBatch says how far the trainer has come through the batches
+	// topic: every batch index below it was consumed (trained, or skipped
+	// as trained already) when this version was released. 0 for the
+	// initial release and for a trainer that does not say. Dispatch paces
+	// asynchronous rounds by it.
+	NextBatch int64 `json:"next_batch,omitempty"`
 }
 
 // Census event kinds: the life of every attempt (pipeline §6, §9; systems §6).
@@ -266,20 +272,25 @@ const (
 
 // CensusEvent is one step in the life of an attempt.
 type CensusEvent struct {
-	EventID       string  `json:"event_id"` // deterministic: DerivedID(kind+stage, attempt id)
-	RunID         string  `json:"run_id"`
-	AttemptID     string  `json:"attempt_id"`
-	TaskID        string  `json:"task_id,omitempty"`
-	GroupID       string  `json:"group_id,omitempty"`
-	Kind          string  `json:"kind"`
-	Stage         string  `json:"stage"`
-	Reason        string  `json:"reason,omitempty"`
-	Infra         bool    `json:"infra,omitempty"` // failure of infrastructure, not of the task
-	BatchID       string  `json:"batch_id,omitempty"`
-	Update        int64   `json:"update,omitempty"`
-	PolicyVersion int64   `json:"policy_version,omitempty"`
-	Tokens        int64   `json:"tokens,omitempty"`
-	Reward        float64 `json:"reward,omitempty"`
-	LatencyUS     int64   `json:"latency_us,omitempty"`
-	At            int64   `json:"at_us"`
+	EventID       string `json:"event_id"` // deterministic: DerivedID(kind+stage, attempt id)
+	RunID         string `json:"run_id"`
+	AttemptID     string `json:"attempt_id"`
+	TaskID        string `json:"task_id,omitempty"`
+	GroupID       string `json:"group_id,omitempty"`
+	Kind          string `json:"kind"`
+	Stage         string `json:"stage"`
+	Reason        string `json:"reason,omitempty"`
+	Infra         bool   `json:"infra,omitempty"` // failure of infrastructure, not of the task
+	BatchID       string `json:"batch_id,omitempty"`
+	Update        int64  `json:"update,omitempty"`
+	PolicyVersion int64  `json:"policy_version,omitempty"`
+	Tokens        int64  `json:"tokens,omitempty"`
+	// StaleTokens are policy tokens of the attempt taken out of training
+	// by the lag rule (pipeline §15): at pack (a trajectory filtered
+	// "stale", or stale turns kept as context) or at the trainer's update
+	// (ReasonStaleAtUpdate, or stale turns masked of a trained one).
+	StaleTokens int64   `json:"stale_tokens,omitempty"`
+	Reward      float64 `json:"reward,omitempty"`
+	LatencyUS   int64   `json:"latency_us,omitempty"`
+	At          int64   `json:"at_us"`
 }

@@ -20,7 +20,7 @@ import (
 )
 
 func init() {
-	register("bench", "measure throughput of validate→reward→advantage→pack beside raw kafka-go (bench peers: beside Ray, ZeroMQ, raw clients)", cmdBench)
+	register("bench", "measure throughput of validate→reward→advantage→pack beside raw kafka-go (bench peers: beside Ray, ZeroMQ, raw clients; bench loop: the RL loop sync vs async under latency)", cmdBench)
 }
 
 // benchFlags are the flags of trajflow bench.
@@ -127,6 +127,9 @@ func (f benchFlags) config(stderr io.Writer) (bench.Config, error) {
 func cmdBench(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if len(args) > 0 && args[0] == "peers" {
 		return cmdBenchPeers(ctx, args[1:], stdout, stderr)
+	}
+	if len(args) > 0 && args[0] == "loop" {
+		return cmdBenchLoop(ctx, args[1:], stdout, stderr)
 	}
 	fs := newFlags("bench", stderr)
 	f := addBenchFlags(fs)

@@ -27,6 +27,8 @@ func cmdDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	fs.StringVar(&o.RunID, "run", "", "run id (default: the contract's): the prefix of every topic and the namespace of every record id and random stream, so another id gives other (equally valid) results")
 	fs.BoolVar(&o.Async, "async", false, "asynchronous mode: up to max-lag+1 rounds in flight, stale samples dropped")
 	fs.Int64Var(&o.MaxLag, "max-lag", 1, "policy versions a sample may lag the trainer (with --async)")
+	fs.StringVar(&o.OffPolicy, "off-policy", "", "override loss.off_policy: none, tis or decoupled")
+	fs.Float64Var(&o.ISCap, "is-cap", 0, "loss.is_cap with --off-policy (tis needs one >= 1)")
 	evalSamples := fs.Int("eval-samples", 4, "attempts per hidden-eval task (fixed seeds)")
 	env := addEnvFlags(fs)
 	fs.StringVar(&o.Environment, "environment", "", "the contract's artifacts.environment (default the demo's kv; builtin:env/ledger-env@v1: the ledger family)")

@@ -127,6 +127,20 @@ func (be *Backend) Version() int64 { return be.tr.Version() }
 // Steps implements gpu.Backend.
 func (be *Backend) Steps() int64 { return be.tr.Steps() }
 
+// CheckObjective implements gpu.ObjectiveChecker: the device step
+// implements the objective without an off-policy correction; truncated
+// importance sampling and the decoupled objective (loss.off_policy,
+// loss.is_cap) are ErrUnsupported.
+func (be *Backend) CheckObjective(opts objective.Options) error {
+	if opts.Corrected() {
+		return fmt.Errorf("%w: the CUDA trainer implements loss.off_policy %q only; this contract has loss.off_policy %q (is_cap %g): train it on the CPU (--device cpu)",
+			ErrUnsupported, objective.OffPolicyNone, opts.OffPolicy, opts.ISCap)
+	}
+	return nil
+}
+
+var _ gpu.ObjectiveChecker = (*Backend)(nil)
+
 // SetSteps implements gpu.Backend.
 func (be *Backend) SetSteps(n int64) { be.tr.steps = n }
 
@@ -141,6 +155,9 @@ func (be *Backend) Update(batch schemas.PackedBatch, opts objective.Options, ada
 	}
 	if err := opts.Validate(); err != nil {
 		return gpu.Metrics{}, objective.Stats{}, fmt.Errorf("cuda: update: %w", err)
+	}
+	if err := be.CheckObjective(opts); err != nil {
+		return gpu.Metrics{}, objective.Stats{}, err
 	}
 	if err := adam.Validate(); err != nil {
 		return gpu.Metrics{}, objective.Stats{}, err

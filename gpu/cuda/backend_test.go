@@ -13,6 +13,7 @@ import (
 	"github.com/trajflow/trajflow/gpu"
 	"github.com/trajflow/trajflow/gpu/gputest"
 	"github.com/trajflow/trajflow/gpu/model"
+	"github.com/trajflow/trajflow/gpu/objective"
 	"github.com/trajflow/trajflow/operators/rollout"
 	"github.com/trajflow/trajflow/schemas"
 )
@@ -570,6 +571,47 @@ func TestBackendRefusesUnsupported(t *testing.T) {
 		t.Fatal(err)
 	}
 	if err := be.Close(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestBackendRefusesOffPolicyCorrections: the device step implements no
+// off-policy correction, so the backend refuses truncated importance
+// sampling and the decoupled objective with ErrUnsupported, naming
+// loss.off_policy — at the check the train stage makes when it starts, and
+// in Update — and leaves the parameters untouched; the plain objective
+// trains.
+func TestBackendRefusesOffPolicyCorrections(t *testing.T) {
+	loop := backendLoop(t, 1)
+	m, _ := gpu.InitialModel(model.DefaultConfig(), 15)
+	var o emuDevice
+	be, err := o.factory()(m, loop.Settings.Behavior, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer be.Close()
+	b, err := loop.Batch(context.Background(), model.NewPolicy(m, 0), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		off string
+		cap float64
+	}{{objective.OffPolicyTIS, 2}, {objective.OffPolicyDecoupled, 0}} {
+		opts := gpu.DefaultObjective()
+		opts.OffPolicy, opts.ISCap = c.off, c.cap
+		err := be.(gpu.ObjectiveChecker).CheckObjective(opts)
+		if !errors.Is(err, ErrUnsupported) || !strings.Contains(err.Error(), "loss.off_policy") {
+			t.Fatalf("%s: check %v", c.off, err)
+		}
+		if _, _, err := be.Update(b, opts, gpu.DefaultAdam(), 1); !errors.Is(err, ErrUnsupported) || gpu.Untrainable(err) {
+			t.Fatalf("%s: update %v", c.off, err)
+		}
+		if be.Version() != 0 || be.Steps() != 0 {
+			t.Fatalf("%s: refused update moved the backend to version %d, %d steps", c.off, be.Version(), be.Steps())
+		}
+	}
+	if _, _, err := be.Update(b, gpu.DefaultObjective(), gpu.DefaultAdam(), 1); err != nil {
 		t.Fatal(err)
 	}
 }

@@ -9,6 +9,7 @@ import (
 
 	"github.com/trajflow/trajflow/gpu"
 	"github.com/trajflow/trajflow/gpu/model"
+	"github.com/trajflow/trajflow/operators/pack"
 	"github.com/trajflow/trajflow/operators/train"
 	"github.com/trajflow/trajflow/pipeline"
 	"github.com/trajflow/trajflow/schemas"
@@ -33,6 +34,7 @@ func TestTrainStageSwitchesBackend(t *testing.T) {
 	cfg := train.StageConfig{
 		Topics: topics, RunID: loop.RunID, ContractHash: "contract", Behavior: loop.Settings.Behavior,
 		Model: model.DefaultConfig(), ModelSeed: 7, Objective: gpu.DefaultObjective(), Adam: gpu.DefaultAdam(), Epochs: 2,
+		Lag: train.LagRule{MaxLag: 1 << 20, Policy: pack.StaleDrop},
 	}
 	msg := func(b schemas.PackedBatch, off int64) pipeline.Message {
 		v, err := schemas.PackedBatches.Encode(nil, b)

@@ -25,6 +25,12 @@ type Inputs struct {
 	// RefLogprobs are the reference log-probs of the targets; nil when no
 	// reference ran.
 	RefLogprobs []float32
+	// ProxLogprobs are the proximal log-probs of the targets — the
+	// trainer's policy at the start of the update — for
+	// OffPolicyDecoupled; nil means the current log-probs of this call
+	// (the first step of an update, where the clipped ratio is exactly 1).
+	// Ignored by the other corrections.
+	ProxLogprobs []float32
 	// Advantages per target token.
 	Advantages []float32
 	// SegmentIDs identify the sequence each position belongs to, in
@@ -112,6 +118,9 @@ func (in Inputs) check() error {
 	}
 	if in.RefLogprobs != nil && len(in.RefLogprobs) != in.T {
 		return fmt.Errorf("objective: %d ref logprobs for T=%d: %w", len(in.RefLogprobs), in.T, ErrShape)
+	}
+	if in.ProxLogprobs != nil && len(in.ProxLogprobs) != in.T {
+		return fmt.Errorf("objective: %d proximal logprobs for T=%d: %w", len(in.ProxLogprobs), in.T, ErrShape)
 	}
 	return nil
 }
@@ -221,7 +230,7 @@ func ComputeInto(in Inputs, opts Options, den Denominators, res *Result) error {
 	res.DLogits = grow(res.DLogits, in.T*in.V)
 	st, err := compute(coreInputs[float32]{
 		T: in.T, V: in.V, logits: in.Logits, targets: in.Targets, mask: in.Mask,
-		old: in.OldLogprobs, ref: in.RefLogprobs, adv: in.Advantages, seg: in.SegmentIDs,
+		old: in.OldLogprobs, ref: in.RefLogprobs, prox: in.ProxLogprobs, adv: in.Advantages, seg: in.SegmentIDs,
 	}, opts, den, res.CurLogprobs, res.DLogits)
 	if err != nil {
 		return fmt.Errorf("compute: %w", err)
@@ -246,6 +255,7 @@ type coreInputs[F float32 | float64] struct {
 	mask    []uint8
 	old     []float32
 	ref     []float32
+	prox    []float32
 	adv     []float32
 	seg     []int32
 }
@@ -316,8 +326,17 @@ func compute[F float32 | float64](in coreInputs[F], opts Options, den Denominato
 	}
 	lo, hi := 1-opts.ClipLow, 1+opts.ClipHigh
 	e := make([]float64, V)
+	off := opts.OffPolicy
+	M := opts.MaxLogRatio
+	// clampLR applies the MaxLogRatio guard to a log ratio.
+	clampLR := func(lr float64) (float64, bool) {
+		if M > 0 && (lr > M || lr < -M) {
+			return math.Max(-M, math.Min(M, lr)), true
+		}
+		return lr, false
+	}
 
-	var polSum, klSum, entSum, akl, ratioSum float64
+	var polSum, klSum, entSum, akl, ratioSum, isSum float64
 	st.RatioMin, st.RatioMax = math.Inf(1), math.Inf(-1)
 	for i := 0; i < T; i++ {
 		y := in.targets[i]
@@ -363,18 +382,55 @@ func compute[F float32 | float64](in coreInputs[F], opts Options, den Denominato
 		default: // SeqMeanTokenMean
 			w = 1 / (float64(perSeg[in.seg[i]]) * float64(den.Sequences))
 		}
+		// lrRaw is the log ratio to the behavior policy; the surrogate's
+		// ratio r is to the behavior policy, or (decoupled) to the
+		// proximal policy, whose own ratio to the behavior policy is the
+		// importance weight iw.
 		lrRaw := c - old
-		lr := lrRaw
-		clampedLR := false
-		if M := opts.MaxLogRatio; M > 0 && (lr > M || lr < -M) {
-			lr = math.Max(-M, math.Min(M, lr))
-			clampedLR = true
+		base, iw, clampedW := old, 1.0, false
+		if off == OffPolicyDecoupled {
+			p := c
+			if in.prox != nil {
+				p = float64(in.prox[i])
+				if !finite(p) {
+					return st, fmt.Errorf("objective: masked position %d: proximal log-prob %v: %w", i, p, ErrInput)
+				}
+			}
+			var lb float64
+			lb, clampedW = clampLR(p - old)
+			iw = math.Exp(lb)
+			if opts.ISCap > 0 && iw > opts.ISCap {
+				iw = opts.ISCap
+				st.ISTruncated++
+			}
+			base = p
+		}
+		lr, clampedLR := clampLR(c - base)
+		if clampedLR || clampedW {
 			st.LogRatioClamped++
 		}
 		r := math.Exp(lr)
-		sur, dsdcur, clipped := surrogate(r, a, lo, hi)
+		var sur, dsdcur float64
+		var clipped bool
+		if off == OffPolicyTIS {
+			// The policy gradient weighted by min(r, cap): the surrogate
+			// sg(w/r)·r·A has value w·A and gradient w·A.
+			iw = r
+			if iw > opts.ISCap {
+				iw = opts.ISCap
+				st.ISTruncated++
+			}
+			sur, dsdcur = iw*a, iw*a
+		} else {
+			sur, dsdcur, clipped = surrogate(r, a, lo, hi)
+			sur, dsdcur = iw*sur, iw*dsdcur
+		}
 		if clampedLR {
 			dsdcur = 0
+		}
+		if off == OffPolicyTIS || off == OffPolicyDecoupled {
+			isSum += iw
+			st.ISWeightMax = math.Max(st.ISWeightMax, iw)
 		}
 		switch {
 		case a > 0:
@@ -449,6 +505,9 @@ func compute[F float32 | float64](in coreInputs[F], opts Options, den Denominato
 	n := float64(st.Tokens)
 	st.ApproxKLOld = akl / n
 	st.RatioMean = ratioSum / n
+	if off == OffPolicyTIS || off == OffPolicyDecoupled {
+		st.ISWeightMean = isSum / n
+	}
 	st.ClipFracPos = frac(st.ClippedPos, st.PosTokens)
 	st.ClipFracNeg = frac(st.ClippedNeg, st.NegTokens)
 	return st, nil

@@ -33,6 +33,24 @@ const (
 	KLReward = "reward"
 )
 
+// Off-policy corrections (pipeline §13, §15): how a sample's behavior
+// policy, older than the trainer's, enters the objective.
+const (
+	// OffPolicyNone: the clipped surrogate of the ratio to the behavior
+	// policy, r = π/μ (the default).
+	OffPolicyNone = "none"
+	// OffPolicyTIS: truncated importance sampling against the behavior
+	// policy: the policy gradient weighted by min(π/μ, ISCap), no trust
+	// region beyond the cap (ISCap > 0 required).
+	OffPolicyTIS = "tis"
+	// OffPolicyDecoupled: the decoupled clipped objective (decoupled PPO):
+	// the importance weight w = π_prox/μ (capped at ISCap when set) times
+	// the clipped surrogate of r = π/π_prox, π_prox being the policy at the
+	// start of the update, so the trust region is measured from the
+	// trainer's own policy, not from the behavior policy.
+	OffPolicyDecoupled = "decoupled"
+)
+
 // Options declares the loss.
 type Options struct {
 	ClipLow       float64 `yaml:"clip_low" json:"clip_low"`   // ratio lower bound 1-ClipLow
@@ -47,7 +65,17 @@ type Options struct {
 	// ratio that overflows is an ErrNonFinite error). The learning contract
 	// defaults it to DefaultMaxLogRatio.
 	MaxLogRatio float64 `yaml:"max_log_ratio" json:"max_log_ratio"`
+	// OffPolicy is the off-policy correction: "" or OffPolicyNone,
+	// OffPolicyTIS, OffPolicyDecoupled.
+	OffPolicy string `yaml:"off_policy" json:"off_policy,omitempty"`
+	// ISCap truncates the importance weight to the behavior policy
+	// (OffPolicyTIS: required; OffPolicyDecoupled: 0 = no cap); 0 or >= 1
+	// (on policy the weight is exactly 1). Must be 0 with no correction.
+	ISCap float64 `yaml:"is_cap" json:"is_cap,omitempty"`
 }
+
+// Corrected reports whether o declares an off-policy correction.
+func (o Options) Corrected() bool { return o.OffPolicy != "" && o.OffPolicy != OffPolicyNone }
 
 // DefaultMaxLogRatio is the default MaxLogRatio: ratios are kept within
 // [e^-20, e^20] = [2.1e-9, 4.9e8]. It never changes a sane run: the clip

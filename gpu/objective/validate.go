@@ -13,7 +13,10 @@ import (
 //     pipeline §13);
 //   - KLPlacement is "", KLNone, KLLoss or KLReward ("" means KLNone);
 //   - KLEstimator is "", K1, K2 or K3, and is set when KLPlacement is KLLoss;
-//   - KLCoef, EntropyCoef and MaxLogRatio are finite and >= 0.
+//   - KLCoef, EntropyCoef and MaxLogRatio are finite and >= 0;
+//   - OffPolicy is "", OffPolicyNone, OffPolicyTIS or OffPolicyDecoupled;
+//     ISCap is 0 or a finite value >= 1, > 0 for OffPolicyTIS and 0
+//     without a correction.
 //
 // Every error wraps ErrOptions.
 func (o Options) Validate() error {
@@ -47,6 +50,22 @@ func (o Options) Validate() error {
 	}
 	if o.KLPlacement == KLLoss && o.KLEstimator == "" {
 		return fmt.Errorf("objective: kl_placement %q needs kl_estimator: %w", KLLoss, ErrOptions)
+	}
+	if !finite(o.ISCap) || (o.ISCap != 0 && o.ISCap < 1) {
+		return fmt.Errorf("objective: is_cap %v: want 0 (no cap) or a finite cap >= 1 (a cap below 1 would down-weight on-policy tokens): %w", o.ISCap, ErrOptions)
+	}
+	switch o.OffPolicy {
+	case "", OffPolicyNone:
+		if o.ISCap != 0 {
+			return fmt.Errorf("objective: is_cap %v without an off_policy correction: %w", o.ISCap, ErrOptions)
+		}
+	case OffPolicyTIS:
+		if o.ISCap <= 0 {
+			return fmt.Errorf("objective: off_policy %q needs is_cap > 0: %w", OffPolicyTIS, ErrOptions)
+		}
+	case OffPolicyDecoupled:
+	default:
+		return fmt.Errorf("objective: off_policy %q (want %q, %q or %q): %w", o.OffPolicy, OffPolicyNone, OffPolicyTIS, OffPolicyDecoupled, ErrOptions)
 	}
 	return nil
 }

@@ -1,5 +1,7 @@
 // Package audit reads a run's batches and census topics back and accounts
-// for every attempt: admitted (how many times), filtered, quarantined. The
+// for every attempt: admitted (how many times), excluded at the update
+// (admitted to a batch, then not trained: the lag rule at the optimizer
+// step), filtered, quarantined. The
 // conformance and fault-injection tests and `trajflow bench` use it to
 // report launched / admitted / lost / duplicated.
 package audit
@@ -16,12 +18,20 @@ import (
 
 // Report is the accounting of a run.
 type Report struct {
-	Batches     int
-	BatchIDs    map[string]int    // batch id -> occurrences in the batches topic
-	Admitted    map[string]int    // trajectory id -> occurrences in batches
-	Filtered    map[string]string // trajectory id -> filter reason (census)
+	Batches  int
+	BatchIDs map[string]int    // batch id -> occurrences in the batches topic
+	Admitted map[string]int    // trajectory id -> occurrences in batches
+	Filtered map[string]string // trajectory id -> filter reason (census, before a batch)
+	// Excluded are trajectories the train stage did not train after their
+	// batch was admitted (census "filtered" of stage train, e.g.
+	// schemas.ReasonStaleAtUpdate): trajectory id -> reason.
+	Excluded    map[string]string
 	Quarantined map[string]string // attempt id -> reason (census)
 	Census      map[string]int    // census kind -> distinct events
+	// StaleTokens sums the stale tokens of the distinct census events:
+	// policy tokens the lag rule took out of training, at pack or at the
+	// trainer's update (schemas.CensusEvent.StaleTokens).
+	StaleTokens int64
 	// EnvRetries counts the retried events (one per retry of an
 	// environment call) by reason; InfraFailed the failed and timed_out
 	// events of the infrastructure, whose attempts the rollout stage runs
@@ -42,7 +52,7 @@ type Report struct {
 // Collect reads the batches and census topics of t from the beginning.
 func Collect(ctx context.Context, cfg *pipeline.Config, t pipeline.Topics) (*Report, error) {
 	r := &Report{
-		BatchIDs: map[string]int{}, Admitted: map[string]int{}, Filtered: map[string]string{},
+		BatchIDs: map[string]int{}, Admitted: map[string]int{}, Filtered: map[string]string{}, Excluded: map[string]string{},
 		Quarantined: map[string]string{}, Census: map[string]int{}, EnvRetries: map[string]int{},
 		FailedInfra: map[string]string{}, distinct: map[string]int{},
 	}
@@ -88,9 +98,14 @@ func Collect(ctx context.Context, cfg *pipeline.Config, t pipeline.Topics) (*Rep
 		}
 		seen[ev.EventID] = true
 		r.Census[ev.Kind]++
+		r.StaleTokens += ev.StaleTokens
 		switch ev.Kind {
 		case schemas.CensusFiltered:
-			r.Filtered[ev.AttemptID] = ev.Reason
+			if ev.Stage == TrainStage {
+				r.Excluded[ev.AttemptID] = ev.Reason
+			} else {
+				r.Filtered[ev.AttemptID] = ev.Reason
+			}
 		case schemas.CensusQuarantined:
 			r.Quarantined[ev.AttemptID] = ev.Reason
 		case schemas.CensusRetried:
@@ -109,10 +124,19 @@ func Collect(ctx context.Context, cfg *pipeline.Config, t pipeline.Topics) (*Rep
 	return r, nil
 }
 
-// Counts is the accounting of a set of launched attempts.
+// TrainStage is the stage name of the trainer's census events.
+const TrainStage = "train"
+
+// Counts is the accounting of a set of launched attempts. Every launched
+// attempt is in exactly one of Admitted, Excluded, Filtered, Quarantined
+// and Lost.
 type Counts struct {
-	Launched    int
-	Admitted    int // distinct ids in batches
+	Launched int
+	Admitted int // distinct ids in batches, not excluded at the update
+	// Excluded: admitted to a batch, then not trained (the trainer's lag
+	// rule took every token out: census filtered by the train stage).
+	// Neither lost nor trained.
+	Excluded    int
 	Filtered    int
 	Quarantined int
 	Lost        int // launched, never admitted, filtered or quarantined
@@ -130,6 +154,8 @@ func (r *Report) Account(launched []string) Counts {
 	c := Counts{Launched: len(launched)}
 	for _, id := range launched {
 		switch {
+		case r.Admitted[id] > 0 && r.Excluded[id] != "":
+			c.Excluded++
 		case r.Admitted[id] > 0:
 			c.Admitted++
 		case r.Filtered[id] != "":
@@ -204,6 +230,6 @@ func (r *Report) AccountDistinct(launched []string) Counts {
 }
 
 func (c Counts) String() string {
-	return fmt.Sprintf("launched=%d admitted=%d filtered=%d quarantined=%d lost=%d duplicated=%d",
-		c.Launched, c.Admitted, c.Filtered, c.Quarantined, c.Lost, c.Duplicated)
+	return fmt.Sprintf("launched=%d admitted=%d excluded=%d filtered=%d quarantined=%d lost=%d duplicated=%d",
+		c.Launched, c.Admitted, c.Excluded, c.Filtered, c.Quarantined, c.Lost, c.Duplicated)
 }

@@ -23,6 +23,9 @@ const (
 	OutcomeAdmitted    = "admitted"
 	OutcomeFiltered    = "filtered"
 	OutcomeQuarantined = "quarantined"
+	// OutcomeExcluded: admitted to a batch, not trained (the trainer's lag
+	// rule at the update).
+	OutcomeExcluded = "excluded"
 )
 
 // Fate is the decided outcome of one launched attempt.
@@ -45,14 +48,19 @@ type Fate struct {
 type Stream struct {
 	mu      sync.Mutex
 	pending map[string]Attempt
-	batches map[string]struct{}
-	counts  Counts
-	dups    []string // up to 20 duplicated ids, for diagnosis
+	// excluded are ids the train stage excluded at the update (census
+	// filtered of stage train): read before their batch (pending) they
+	// count as Excluded when it arrives; after it, Admitted becomes
+	// Excluded once.
+	excluded map[string]bool // id -> counted already
+	batches  map[string]struct{}
+	counts   Counts
+	dups     []string // up to 20 duplicated ids, for diagnosis
 }
 
 // NewStream returns an empty Stream.
 func NewStream() *Stream {
-	return &Stream{pending: map[string]Attempt{}, batches: map[string]struct{}{}}
+	return &Stream{pending: map[string]Attempt{}, batches: map[string]struct{}{}, excluded: map[string]bool{}}
 }
 
 // Launch registers an attempt as in flight.
@@ -84,6 +92,12 @@ func (s *Stream) Batch(b *schemas.PackedBatch) []Fate {
 				continue
 			}
 			delete(s.pending, id)
+			if _, ex := s.excluded[id]; ex {
+				s.excluded[id] = true
+				s.counts.Excluded++
+				out = append(out, Fate{ID: id, Attempt: a, Outcome: OutcomeExcluded, Batch: b.BatchID})
+				continue
+			}
 			s.counts.Admitted++
 			out = append(out, Fate{ID: id, Attempt: a, Outcome: OutcomeAdmitted, Batch: b.BatchID})
 		}
@@ -93,7 +107,9 @@ func (s *Stream) Batch(b *schemas.PackedBatch) []Fate {
 
 // Census accounts a filtered or quarantined census event; it reports the
 // fate when the event decided an in-flight attempt (other kinds, and
-// repeated events of decided attempts, report false).
+// repeated events of decided attempts, report false). A filtered event of
+// the train stage (excluded at the update) never decides a fate — the
+// attempt's batch does — but moves the attempt from Admitted to Excluded.
 func (s *Stream) Census(ev *schemas.CensusEvent) (Fate, bool) {
 	var outcome string
 	switch ev.Kind {
@@ -107,6 +123,17 @@ func (s *Stream) Census(ev *schemas.CensusEvent) (Fate, bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	a, ok := s.pending[ev.AttemptID]
+	if outcome == OutcomeFiltered && ev.Stage == TrainStage {
+		// Excluded at the update: its batch decided its fate.
+		if counted, seen := s.excluded[ev.AttemptID]; !ok && (!seen || !counted) {
+			s.excluded[ev.AttemptID] = true
+			s.counts.Admitted--
+			s.counts.Excluded++
+		} else if ok && !seen {
+			s.excluded[ev.AttemptID] = false
+		}
+		return Fate{}, false
+	}
 	if !ok {
 		return Fate{}, false
 	}

@@ -40,6 +40,13 @@ func TestStream(t *testing.T) {
 			{census: &schemas.CensusEvent{Kind: schemas.CensusAdmitted, AttemptID: "b"}},
 			{batch: batch("b0", "b", "c")},
 		}, Counts{Launched: 4, Admitted: 2, Filtered: 1, Lost: 1, LostIDs: []string{"d"}}},
+		{"excluded at the update, before and after its batch", []step{
+			{batch: batch("b0", "a", "b")},
+			{census: &schemas.CensusEvent{Kind: schemas.CensusFiltered, Stage: TrainStage, AttemptID: "a", Reason: schemas.ReasonStaleAtUpdate}},
+			{census: &schemas.CensusEvent{Kind: schemas.CensusFiltered, Stage: TrainStage, AttemptID: "a", Reason: schemas.ReasonStaleAtUpdate}},
+			{census: &schemas.CensusEvent{Kind: schemas.CensusFiltered, Stage: TrainStage, AttemptID: "c", Reason: schemas.ReasonStaleAtUpdate}},
+			{batch: batch("b1", "c", "d")},
+		}, Counts{Launched: 4, Admitted: 2, Excluded: 2}},
 		{"never decided", nil, Counts{Launched: 4, Lost: 4, LostIDs: []string{"a", "b", "c", "d"}}},
 	}
 	for _, tc := range cases {
@@ -52,7 +59,7 @@ func TestStream(t *testing.T) {
 			for _, st := range tc.steps {
 				if st.batch != nil {
 					for _, f := range s.Batch(st.batch) {
-						if f.Outcome != OutcomeAdmitted || f.Tokens == 0 {
+						if (f.Outcome != OutcomeAdmitted && f.Outcome != OutcomeExcluded) || f.Tokens == 0 {
 							t.Errorf("fate %+v", f)
 						}
 						decided++
@@ -69,7 +76,8 @@ func TestStream(t *testing.T) {
 			}
 			got := s.Counts()
 			if got.Launched != tc.want.Launched || got.Admitted != tc.want.Admitted || got.Filtered != tc.want.Filtered ||
-				got.Quarantined != tc.want.Quarantined || got.Lost != tc.want.Lost || got.Duplicated != tc.want.Duplicated {
+				got.Quarantined != tc.want.Quarantined || got.Lost != tc.want.Lost || got.Duplicated != tc.want.Duplicated ||
+				got.Excluded != tc.want.Excluded {
 				t.Fatalf("counts %v, want %v", got, tc.want)
 			}
 			if len(got.LostIDs) != len(tc.want.LostIDs) {
@@ -80,7 +88,7 @@ func TestStream(t *testing.T) {
 					t.Fatalf("lost ids %v, want %v", got.LostIDs, tc.want.LostIDs)
 				}
 			}
-			if decided != got.Admitted+got.Filtered+got.Quarantined || s.InFlight() != got.Lost {
+			if decided != got.Admitted+got.Excluded+got.Filtered+got.Quarantined || s.InFlight() != got.Lost {
 				t.Fatalf("decided %d, in flight %d, counts %v", decided, s.InFlight(), got)
 			}
 		})

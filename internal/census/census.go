@@ -28,6 +28,15 @@ type Report struct {
 	FailedTask  map[string]bool
 	Launched    []Attempt // attempts whose trajectory was recorded, by id
 	Admitted    map[string]bool
+	// StaleTokens sums the census events' stale tokens (the lag rule, at
+	// pack or at the update); GeneratedTokens are the policy-sampled
+	// tokens of the recorded trajectories.
+	StaleTokens     int64
+	GeneratedTokens int64
+
+	lives         map[string]*life
+	updateStart   map[int64]int64 // update -> when the trainer began it (µs)
+	updateVersion map[int64]int64
 	// Retried counts the retried events (one per retry of an environment
 	// call by the rollout stage's client), by reason.
 	Retried map[string]int
@@ -90,7 +99,8 @@ func Collect(runDir string) (*Report, error) {
 	}
 	r := &Report{Kinds: map[string]map[string]bool{}, Reasons: map[string]map[string]bool{},
 		FailedInfra: map[string]bool{}, FailedTask: map[string]bool{}, Admitted: map[string]bool{}, Retried: map[string]int{},
-		Unattributed: map[string]int{}}
+		Unattributed: map[string]int{},
+		lives:        map[string]*life{}, updateStart: map[int64]int64{}, updateVersion: map[int64]int64{}}
 	r.Warnings = holes(runDir, files)
 	for _, g := range snap.Gaps {
 		if slices.Contains(read, g.Topic) {
@@ -185,6 +195,7 @@ func (r *Report) addEvents(msgs []parquet.Message) error {
 		seen[ev.EventID] = true
 		r.Events++
 		add(r.Kinds, ev.Kind, ev.AttemptID)
+		r.observe(&ev)
 		switch ev.Kind {
 		case schemas.CensusQuarantined, schemas.CensusFiltered:
 			add(r.Reasons, ev.Kind+"/"+ev.Reason, ev.AttemptID)
@@ -237,6 +248,15 @@ func (r *Report) addAttempts(msgs []parquet.Message, rewards map[string]float64)
 			}
 			f.Reward, f.HasReward = rewards[t.RecordID]
 			r.Launched = append(r.Launched, f)
+			for _, turn := range t.Turns {
+				r.GeneratedTokens += int64(len(turn.ActionIDs))
+			}
+			if l := r.lives[t.RecordID]; l != nil {
+				l.reward, l.hasReward = f.Reward, f.HasReward
+				if l.tokens == 0 {
+					l.tokens = int64(f.Tokens)
+				}
+			}
 		}
 	}
 	slices.SortFunc(r.Launched, func(a, b Attempt) int { return strings.Compare(a.ID, b.ID) })

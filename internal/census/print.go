@@ -25,6 +25,7 @@ func (r *Report) Print(w io.Writer, top int) {
 	dist("reward", func(f Attempt) (float64, bool) { return f.Reward, f.HasReward })
 	dist("length", func(f Attempt) (float64, bool) { return float64(f.Tokens), true })
 	dist("latency ms", func(f Attempt) (float64, bool) { return f.LatencyMS, true })
+	r.PrintUpdates(w)
 }
 
 // printFunnel writes every census kind with its share of the launched

@@ -31,6 +31,13 @@ func (r *runner) account(ctx context.Context) error {
 	s := r.sum
 	s.AttemptsLaunched, s.TrajectoriesAdmitted, s.TrajectoriesFiltered = counts.Launched, counts.Admitted, counts.Filtered
 	s.Quarantined, s.DuplicatesAdmitted, s.Lost = counts.Quarantined, counts.Duplicated, counts.Lost
+	s.TrajectoriesExcluded, s.StaleTokens = counts.Excluded, rep.StaleTokens
+	if s.GeneratedTokens, err = GeneratedTokens(actx, cfg, r.topics); err != nil {
+		return err
+	}
+	if s.GeneratedTokens > 0 {
+		s.StaleShare = float64(s.StaleTokens) / float64(s.GeneratedTokens)
+	}
 	s.AttemptsRetried = counts.Retried
 	if len(counts.RetriedTries) > 0 {
 		s.InfraRetries = counts.RetriedTries
@@ -80,4 +87,28 @@ func BatchHashes(ctx context.Context, cfg *pipeline.Config, t pipeline.Topics) (
 		return nil
 	})
 	return hashes, err
+}
+
+// GeneratedTokens counts the policy-sampled (action) tokens of the
+// distinct trajectories on the run's trajectories topic.
+func GeneratedTokens(ctx context.Context, cfg *pipeline.Config, t pipeline.Topics) (int64, error) {
+	var n int64
+	seen := map[string]bool{}
+	err := pipeline.ScanTail(ctx, cfg, t.Trajectories, 0, func(m pipeline.Message) error {
+		rows, err := schemas.Trajectories.DecodeShared(nil, m.Value)
+		if err != nil {
+			return nil // quarantined by validate; the census counts it
+		}
+		for _, tr := range rows {
+			if seen[tr.RecordID] {
+				continue
+			}
+			seen[tr.RecordID] = true
+			for _, turn := range tr.Turns {
+				n += int64(len(turn.ActionIDs))
+			}
+		}
+		return nil
+	})
+	return n, err
 }

@@ -19,6 +19,7 @@ import (
 // (its decisions) and the trainer's releases.
 type progress struct {
 	decided, batches         int
+	refused                  int // batches the trainer refused
 	byBatch                  map[string]schemas.WindowRecord
 	packTokens, packCapacity int64
 	lastVersion              int64
@@ -67,6 +68,16 @@ func (r *runner) follow(ctx context.Context, errs <-chan error) error {
 			tail(tctx, r.brokers, topic, 0, ch)
 		}()
 	}
+	// Batches the trainer refuses (stale_batch, untrainable_batch) make no
+	// release: the quarantine tells the loop not to wait for them.
+	refusedCh := make(chan kafkago.Message, 64)
+	for part := range max(1, r.c.Topics.Partitions) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			tail(tctx, r.brokers, r.topics.Quarantine, part, refusedCh)
+		}()
+	}
 	if r.g != nil { // the census counts toward the budgets: every partition
 		for part := range r.c.Topics.Partitions {
 			wg.Add(1)
@@ -79,7 +90,7 @@ func (r *runner) follow(ctx context.Context, errs <-chan error) error {
 	p := &progress{byBatch: map[string]schemas.WindowRecord{}, lastAt: time.Now(), evaluated: map[int64]bool{0: true},
 		want: r.o.Updates * r.c.Dispatch.GroupsPerUpdate, census: census}
 	// Without a trainer (NoTrain) the run ends once every group is decided.
-	for p.decided < p.want || (!r.o.NoTrain && (p.lastVersion < int64(p.batches+p.restored) || len(p.queued) > 0)) {
+	for p.decided < p.want || (!r.o.NoTrain && (p.lastVersion+int64(p.refused) < int64(p.batches+p.restored) || len(p.queued) > 0)) {
 		var err error
 		select {
 		case <-ctx.Done():
@@ -95,6 +106,8 @@ func (r *runner) follow(ctx context.Context, errs <-chan error) error {
 			r.g.onIncident(km.Value)
 		case km := <-census:
 			p.completed += r.g.onCensus(km.Value)
+		case km := <-refusedCh:
+			r.onRefused(p, km)
 		}
 		if err == nil {
 			err = r.report(ctx, p)
@@ -153,6 +166,26 @@ func (r *runner) onWindow(p *progress, v []byte) error {
 	return nil
 }
 
+// onRefused counts a batch the trainer refused (its quarantine record).
+func (r *runner) onRefused(p *progress, km kafkago.Message) {
+	source := headerOf(km, schemas.HeaderSourceTopic)
+	if headerOf(km, schemas.HeaderStage) == "train" && source == r.topics.Batches {
+		p.refused++
+		if !r.o.Quiet {
+			fmt.Fprintf(r.stdout, "     -  (batch at %s@%d refused by the trainer: %s)\n", source, km.Offset, headerOf(km, schemas.HeaderReason))
+		}
+	}
+}
+
+func headerOf(km kafkago.Message, key string) string {
+	for _, h := range km.Headers {
+		if h.Key == key {
+			return string(h.Value)
+		}
+	}
+	return ""
+}
+
 // onRelease queues a new release with its update record.
 func (r *runner) onRelease(p *progress, v []byte) error {
 	rel, err := schemas.DecodeRelease(v)
@@ -168,6 +201,10 @@ func (r *runner) onRelease(p *progress, v []byte) error {
 	if u.RolledBackTo != nil {
 		p.restored++
 	}
+	r.sum.ReleaseSeconds = append(r.sum.ReleaseSeconds, time.Since(r.opsStart).Seconds())
+	r.sum.TrainedTokens += u.Metrics.Tokens
+	r.sum.ReleaseTokens = append(r.sum.ReleaseTokens, r.sum.TrainedTokens)
+	r.sum.LagTokens = addLag(r.sum.LagTokens, u.Lag)
 	p.queued = append(p.queued, queuedUpdate{rel, u})
 	return nil
 }
@@ -287,4 +324,20 @@ func clipFrac(s objective.Stats) float64 {
 		return 0
 	}
 	return float64(s.ClippedPos+s.ClippedNeg) / float64(s.Tokens)
+}
+
+// addLag adds the lag counts of b to a, in increasing lag order.
+func addLag(a, b []schemas.LagCount) []schemas.LagCount {
+	for _, x := range b {
+		i := 0
+		for i < len(a) && a[i].Lag < x.Lag {
+			i++
+		}
+		if i < len(a) && a[i].Lag == x.Lag {
+			a[i].Tokens += x.Tokens
+			continue
+		}
+		a = append(a[:i], append([]schemas.LagCount{x}, a[i:]...)...)
+	}
+	return a
 }

@@ -23,6 +23,7 @@ import (
 	"github.com/trajflow/trajflow/operators"
 	"github.com/trajflow/trajflow/pipeline"
 	"github.com/trajflow/trajflow/pipeline/contract"
+	"github.com/trajflow/trajflow/schemas"
 )
 
 // Stages are the operators of the RL loop, in pipeline order.
@@ -30,13 +31,17 @@ var Stages = []string{"dispatch", "rollout", "validate", "reward", "advantage", 
 
 // Options configure one run of the loop.
 type Options struct {
-	Updates     int      // update rounds dispatched (>= 1)
-	Out         string   // output directory (summary.json, releases/, demo.log, snapshots)
-	Seed        int64    // contract seed (also seeds the initial weights)
-	Brokers     []string // external cluster; empty starts the embedded broker
-	RunID       string   // run id (topic prefix); default the contract's
-	Async       bool     // asynchronous mode with MaxLag
-	MaxLag      int64
+	Updates int      // update rounds dispatched (>= 1)
+	Out     string   // output directory (summary.json, releases/, demo.log, snapshots)
+	Seed    int64    // contract seed (also seeds the initial weights)
+	Brokers []string // external cluster; empty starts the embedded broker
+	RunID   string   // run id (topic prefix); default the contract's
+	Async   bool     // asynchronous mode with MaxLag
+	MaxLag  int64
+	// OffPolicy and ISCap override the contract's loss.off_policy and
+	// loss.is_cap when OffPolicy is set.
+	OffPolicy   string
+	ISCap       float64
 	EvalSamples int32 // attempts per hidden-eval task (>= 1)
 	EvalEvery   int   // 0: the contract's dispatch.eval_every
 	Quiet       bool  // no per-update lines
@@ -53,6 +58,16 @@ type Options struct {
 	// sampler.tool_retries and sampler.tool_timeout_ms.
 	ToolRetries   int
 	ToolTimeoutMS int64
+	// Latency, when set, is the contract's latency section (the simulated
+	// latency of the built-in environment and policy).
+	Latency *contract.Latency
+	// RolloutWorkers is how many rollout operators share the tasks topic
+	// (default 1); the topics get at least that many partitions.
+	RolloutWorkers int
+	// PartialRollouts and StalePolicy, when set, replace the contract's
+	// dispatch.partial_rollouts and packing.stale_policy.
+	PartialRollouts string
+	StalePolicy     string
 	// Policy is where rollout generates: the zero value is the built-in
 	// policy in process; a server protocol with endpoints (ParsePolicy)
 	// runs rollout on those replicas through a gateway, with weight sync
@@ -128,9 +143,19 @@ type Summary struct {
 	AttemptsLaunched     int     `json:"attempts_launched"`
 	TrajectoriesAdmitted int     `json:"trajectories_admitted"`
 	TrajectoriesFiltered int     `json:"trajectories_filtered"`
-	Quarantined          int     `json:"quarantined"`
-	DuplicatesAdmitted   int     `json:"duplicates_admitted"`
-	Lost                 int     `json:"lost"`
+	// TrajectoriesExcluded were admitted to a batch and not trained: the
+	// trainer's lag rule took every token out (census filtered,
+	// stale_at_update).
+	TrajectoriesExcluded int `json:"trajectories_excluded"`
+	// GeneratedTokens are the policy-sampled tokens of every recorded
+	// trajectory; StaleTokens those the lag rule took out of training (at
+	// pack or at the update); StaleShare = StaleTokens / GeneratedTokens.
+	GeneratedTokens    int64   `json:"generated_tokens"`
+	StaleTokens        int64   `json:"stale_tokens"`
+	StaleShare         float64 `json:"stale_share"`
+	Quarantined        int     `json:"quarantined"`
+	DuplicatesAdmitted int     `json:"duplicates_admitted"`
+	Lost               int     `json:"lost"`
 	// AttemptsRetried counts the launched attempts that failed for the
 	// infrastructure and were run again (accounted by their retry).
 	AttemptsRetried   int      `json:"attempts_retried,omitempty"`
@@ -139,6 +164,14 @@ type Summary struct {
 	BatchHashes       []string `json:"batch_hashes"`
 	PerUpdate         []Update `json:"per_update"`
 	WallSeconds       float64  `json:"wall_seconds"`
+	// ReleaseSeconds[v-1] is when version v was released, in seconds since
+	// the operators started (ReleaseTokens the tokens trained by then);
+	// TrainedTokens the tokens the updates trained and LagTokens the same
+	// by lag at the update.
+	ReleaseSeconds []float64          `json:"release_seconds"`
+	ReleaseTokens  []int64            `json:"release_trained_tokens"` // cumulative trained tokens at each release
+	TrainedTokens  int64              `json:"trained_tokens"`
+	LagTokens      []schemas.LagCount `json:"lag_tokens"`
 	// InfraRetries counts the tries that failed for a reason of the
 	// infrastructure (a policy server or environment service down, slow,
 	// or answering garbage) and were run again, by census reason; never
@@ -174,6 +207,19 @@ func Contract(o Options) (*contract.Contract, error) {
 		c.Dispatch.Mode = contract.DispatchAsync
 		c.Packing.MaxLag = o.MaxLag
 	}
+	if o.OffPolicy != "" {
+		c.Loss.OffPolicy, c.Loss.ISCap = o.OffPolicy, o.ISCap
+	}
+	if o.Latency != nil {
+		c.Latency = *o.Latency
+	}
+	c.Topics.Partitions = max(c.Topics.Partitions, o.RolloutWorkers)
+	if o.PartialRollouts != "" {
+		c.Dispatch.PartialRollouts = o.PartialRollouts
+	}
+	if o.StalePolicy != "" {
+		c.Packing.StalePolicy = o.StalePolicy
+	}
 	if err := environment(c, o); err != nil {
 		return nil, err
 	}
@@ -202,6 +248,7 @@ type runner struct {
 	evalEvery int
 	sum       *Summary
 	closers   []func() error
+	opsStart  time.Time // when the operators started
 }
 
 // Run runs the loop and returns its summary (also written to
@@ -209,6 +256,9 @@ type runner struct {
 func Run(ctx context.Context, o Options, stdout io.Writer) (*Summary, error) {
 	if o.Updates < 1 || o.EvalSamples < 1 {
 		return nil, fmt.Errorf("loop: updates %d and eval samples %d must be positive", o.Updates, o.EvalSamples)
+	}
+	if o.RolloutWorkers > 1 && len(o.Env) > 0 {
+		return nil, fmt.Errorf("loop: %d rollout workers with environment services: one rollout stage per client", o.RolloutWorkers)
 	}
 	if err := o.check(); err != nil {
 		return nil, err

@@ -99,13 +99,49 @@ func TestRatioOneThroughKafka(t *testing.T) {
 	}
 }
 
-// TestDemoAsync: asynchronous mode runs up to max_lag+1 rounds in flight,
-// drops stale samples at pack, and still accounts for every attempt.
+// TestDemoAsync: asynchronous mode runs up to max_lag+1 rounds in flight
+// and still accounts for every attempt; at every update, every trained
+// token is within max_lag of the trainer's version (the update records'
+// lag distributions), and what the rule excluded is counted.
 func TestDemoAsync(t *testing.T) {
-	s := demo(t, loop.Options{Updates: 6, Seed: 1, Async: true, MaxLag: 1})
-	if s.Mode != "async" || s.Updates == 0 || s.TrajectoriesAdmitted == 0 {
+	out := t.TempDir()
+	s := demo(t, loop.Options{Updates: 6, Seed: 1, Async: true, MaxLag: 1, Out: out})
+	if s.Mode != "async" || s.Updates == 0 || s.TrajectoriesAdmitted == 0 || s.GeneratedTokens == 0 {
 		t.Fatalf("summary %+v", s)
 	}
+	files, err := pipeline.NewDirReleases(filepath.Join(out, "releases"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var trained, stale int64
+	for v := int64(1); v <= int64(s.Updates); v++ {
+		u, err := gpu.ReadUpdate(files, v)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if u.MaxLag != 1 || len(u.Lag) == 0 {
+			t.Fatalf("update %d: max_lag %d, lag distribution %v", v, u.MaxLag, u.Lag)
+		}
+		for _, l := range u.Lag {
+			if l.Lag > u.MaxLag || l.Lag < 0 {
+				t.Fatalf("update %d trained %d tokens at lag %d, max_lag %d", v, l.Tokens, l.Lag, u.MaxLag)
+			}
+			trained += l.Tokens
+		}
+		for _, l := range u.Metrics.Lag {
+			if l.Lag > u.MaxLag {
+				t.Fatalf("update %d: the trainer's lag strata %v exceed max_lag", v, u.Metrics.Lag)
+			}
+		}
+		stale += u.StaleTokens
+	}
+	if trained != s.TrainedTokens {
+		t.Fatalf("update records trained %d tokens, the summary %d", trained, s.TrainedTokens)
+	}
+	if stale > s.StaleTokens {
+		t.Fatalf("update records excluded %d tokens, the census counts only %d stale tokens", stale, s.StaleTokens)
+	}
+	t.Logf("stale share %.4f (%d of %d tokens), %d trajectories excluded at the update", s.StaleShare, s.StaleTokens, s.GeneratedTokens, s.TrajectoriesExcluded)
 }
 
 func TestOptionsRefused(t *testing.T) {

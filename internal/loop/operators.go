@@ -28,11 +28,13 @@ type fleet struct {
 func (r *runner) startOperators() (*fleet, error) {
 	ctx, cancel := context.WithCancel(context.Background())
 	stages := r.stages()
-	f := &fleet{cancel: cancel, errs: make(chan error, len(stages))}
-	for _, name := range stages {
+	f := &fleet{cancel: cancel, errs: make(chan error, len(stages)+max(0, r.o.RolloutWorkers-1))}
+	r.opsStart = time.Now()
+	for _, inst := range instances(stages, r.o.RolloutWorkers) {
+		name := inst.stage
 		op, err := operators.NewOperator(name, r.deps, pipeline.Config{
-			Brokers: r.brokers, StateDir: filepath.Join(r.o.Out, "state", name),
-			Logger: r.log.With("stage", name), Instance: "demo-" + name,
+			Brokers: r.brokers, StateDir: filepath.Join(r.o.Out, "state", inst.name),
+			Logger: r.log.With("stage", name), Instance: "demo-" + inst.name,
 			CommitInterval: 100 * time.Millisecond, TickInterval: 50 * time.Millisecond, BatchTimeout: time.Millisecond,
 			Metrics: r.o.Metrics,
 		})
@@ -164,4 +166,22 @@ func topicEnds(ctx context.Context, brokers []string, specs []kafka.TopicSpec) (
 		}
 	}
 	return out, nil
+}
+
+// instance is one operator of the loop.
+type instance struct{ stage, name string }
+
+// instances lists the operators of stages, with `workers` rollout
+// operators in one consumer group (rollout, rollout-1, ...).
+func instances(stages []string, workers int) []instance {
+	var out []instance
+	for _, st := range stages {
+		out = append(out, instance{st, st})
+		if st == "rollout" {
+			for i := 1; i < workers; i++ {
+				out = append(out, instance{st, fmt.Sprintf("%s-%d", st, i)})
+			}
+		}
+	}
+	return out
 }

@@ -108,7 +108,7 @@ func FleetReport(ctx context.Context, rc ReportConfig) (*Summary, error) {
 
 // SummaryLine is the one line the demo prints at its end.
 func SummaryLine(s *Summary, path string) string {
-	return fmt.Sprintf("hidden-eval success %.3f -> %.3f in %d updates (%.1fs); launched %d, admitted %d, filtered %d, duplicates %d, lost %d; summary in %s",
+	return fmt.Sprintf("hidden-eval success %.3f -> %.3f in %d updates (%.1fs); launched %d, admitted %d, excluded at update %d, filtered %d, duplicates %d, lost %d; stale share %.4f; summary in %s",
 		s.EvalSuccessInitial, s.EvalSuccessFinal, s.Updates, s.WallSeconds, s.AttemptsLaunched, s.TrajectoriesAdmitted,
-		s.TrajectoriesFiltered, s.DuplicatesAdmitted, s.Lost, path)
+		s.TrajectoriesExcluded, s.TrajectoriesFiltered, s.DuplicatesAdmitted, s.Lost, s.StaleShare, path)
 }

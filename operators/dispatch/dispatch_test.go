@@ -231,21 +231,142 @@ func TestStageSync(t *testing.T) {
 	}
 }
 
-// TestStageAsync: up to MaxLag+1 rounds are in flight; releases are not
-// waited for.
+// batchWindow reports groups [from, to) of round r decided into batch
+// index k (k < 0: a window without a batch), closed at the latest release
+// dispatch knows (as pack's would be).
+func (h *harness) batchWindow(r int64, from, to int, k int64) []int64 {
+	return h.batchWindowAt(r, from, to, k, max(h.s.policy, 0))
+}
+
+// batchWindowAt is batchWindow closed at trainer version v.
+func (h *harness) batchWindowAt(r int64, from, to int, k, v int64) []int64 {
+	var groups []string
+	for _, g := range h.s.cfg.Planner.Plan(r)[from:to] {
+		groups = append(groups, g.GroupID)
+	}
+	rec := schemas.WindowRecord{Groups: groups, BatchIndex: k, TrainerVersion: v}
+	if k >= 0 {
+		rec.BatchID = fmt.Sprintf("b%d", k)
+	}
+	b, _ := schemas.EncodeWindow(rec)
+	return h.feed(h.topics.Windows, b)
+}
+
+// trained releases version v after the trainer consumed every batch below
+// next.
+func (h *harness) trained(v, next int64) []int64 {
+	b, _ := schemas.EncodeRelease(schemas.PolicyRelease{PolicyVersion: v, Ready: true, NextBatch: next})
+	return h.feed(h.topics.Policy, b)
+}
+
+// TestStageAsync: with max_lag 1, two rounds are in flight, and a round
+// stays in flight until the trainer consumed its batches (the releases'
+// next_batch), not merely until pack decided it: pack running ahead of a
+// slow trainer does not let dispatch run ahead. A window without a batch
+// settles its groups at once.
 func TestStageAsync(t *testing.T) {
 	h := newHarness(t, ModeAsync, 1, 0)
-	if got := h.release(0); !reflect.DeepEqual(got, []int64{0, 1}) {
-		t.Fatalf("initial: %v", got)
+	steps := []struct {
+		name string
+		do   func() []int64
+		want []int64
+	}{
+		{"initial policy: two rounds", func() []int64 { return h.trained(0, 0) }, []int64{0, 1}},
+		{"round 0 decided into batch 0, not trained", func() []int64 { return h.batchWindow(0, 0, 8, 0) }, nil},
+		{"round 1 decided into batch 1", func() []int64 { return h.batchWindow(1, 0, 8, 1) }, nil},
+		{"batch 0 trained", func() []int64 { return h.trained(1, 1) }, []int64{2}},
+		{"round 2 half in batch 2, half filtered", func() []int64 {
+			h.batchWindow(2, 0, 4, 2)
+			return h.batchWindow(2, 4, 8, -1)
+		}, nil},
+		{"batch 1 trained", func() []int64 { return h.trained(2, 2) }, []int64{3}},
+		{"round 3 decided, batch 2 trained", func() []int64 { h.batchWindow(3, 0, 8, 3); return h.trained(3, 3) }, []int64{4}},
 	}
-	if got := h.window(0, 0, 8, true, 0); !reflect.DeepEqual(got, []int64{2}) {
-		t.Fatalf("round 0 decided: %v", got)
+	for _, st := range steps {
+		if got := st.do(); !reflect.DeepEqual(got, st.want) {
+			t.Fatalf("%s: dispatched rounds %v, want %v (in flight %d)", st.name, got, st.want, h.s.InFlight())
+		}
 	}
-	if got := h.window(2, 0, 8, true, 0); got != nil {
-		t.Fatalf("round 2 decided before round 1: %v", got)
+	if n := h.s.InFlight(); n != 16 {
+		t.Fatalf("%d groups in flight, want 16 (round 3 in batch 3, round 4 undecided)", n)
 	}
-	if got := h.window(1, 0, 8, true, 1); !reflect.DeepEqual(got, []int64{3, 4}) {
-		t.Fatalf("round 1 decided: %v", got)
+}
+
+// TestStageAsyncContinue: without continuation a straggler group of round
+// 0 holds round 2 back (max_lag 1: at most two rounds in flight); with
+// partial-rollout continuation it does not — only the groups in flight
+// are bounded, (1+1)·8 = 16: round 2 goes out beside the straggler, round
+// 3 waits.
+func TestStageAsyncContinue(t *testing.T) {
+	for _, cont := range []bool{false, true} {
+		topics, _ := pipeline.TopicsFor("run")
+		s, err := NewStage(StageConfig{Planner: planner(t, PlannerConfig{Seed: 1}), Topics: topics, RunID: "run",
+			Mode: ModeAsync, MaxLag: 1, Continue: cont})
+		if err != nil {
+			t.Fatal(err)
+		}
+		h := &harness{t: t, s: s, topics: topics}
+		h.trained(0, 0)
+		h.batchWindow(0, 0, 7, 0) // one group of round 0 still running
+		h.batchWindow(1, 0, 8, 1)
+		got := h.trained(2, 2)
+		want := []int64(nil)
+		if cont {
+			want = []int64{2}
+		}
+		if !reflect.DeepEqual(got, want) {
+			t.Fatalf("continue %v: dispatched %v beside a straggler, want %v", cont, got, want)
+		}
+	}
+}
+
+// TestStageAsyncStaleBatch: a straggler of round 0 lands alone in the
+// last batch, closed at version 0, while round 1 trained up to version 2
+// (max_lag 1). The trainer can only refuse that batch (every token is two
+// versions old at its update), so no release will say it consumed it:
+// dispatch stops counting it in flight once a release makes it stale,
+// and rounds 2 and 3 go out (two rounds in flight) instead of the loop
+// stalling.
+func TestStageAsyncStaleBatch(t *testing.T) {
+	h := newHarness(t, ModeAsync, 1, 0)
+	h.trained(0, 0)
+	h.batchWindowAt(0, 0, 7, 0, 0)
+	h.batchWindowAt(1, 0, 8, 1, 0)
+	h.batchWindowAt(0, 7, 8, 2, 0) // the straggler, in the last batch
+	if got := h.trained(1, 1); got != nil {
+		t.Fatalf("batch 0 trained: dispatched %v; round 0's straggler batch can still train", got)
+	}
+	if got := h.trained(2, 2); !reflect.DeepEqual(got, []int64{2, 3}) {
+		t.Fatalf("batch 1 trained at version 2: dispatched %v, want rounds 2 and 3 (batch 2 is stale: in flight %d)", got, h.s.InFlight())
+	}
+	if n := h.s.InFlight(); n != 16 {
+		t.Fatalf("%d groups in flight, want rounds 2 and 3's 16", n)
+	}
+}
+
+// TestStageAsyncGroupBudget: with windows of 4 groups (half a round) and
+// max_lag 1, at most (1+1)·4 = 8 groups are in flight: one round at a
+// time, the next dispatched when the trainer has consumed both batches of
+// the previous one — or, with a trainer that does not record next_batch,
+// one batch per version.
+func TestStageAsyncGroupBudget(t *testing.T) {
+	topics, _ := pipeline.TopicsFor("run")
+	s, err := NewStage(StageConfig{Planner: planner(t, PlannerConfig{Seed: 1}), Topics: topics, RunID: "run",
+		Mode: ModeAsync, MaxLag: 1, BatchGroups: 4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := &harness{t: t, s: s, topics: topics}
+	if got := h.trained(0, 0); !reflect.DeepEqual(got, []int64{0}) {
+		t.Fatalf("initial: %v, want round 0 only", got)
+	}
+	h.batchWindow(0, 0, 4, 0)
+	h.batchWindow(0, 4, 8, 1)
+	if got := h.trained(1, 1); got != nil {
+		t.Fatalf("half of round 0 trained: %v", got)
+	}
+	if got := h.release(2); !reflect.DeepEqual(got, []int64{1}) {
+		t.Fatalf("version 2 without next_batch: %v, want round 1", got)
 	}
 }
 

@@ -14,7 +14,7 @@ import (
 // Modes of pacing (contract dispatch.mode).
 const (
 	ModeSync  = "sync"  // stop and synchronize (pipeline §15)
-	ModeAsync = "async" // up to MaxLag+1 rounds in flight
+	ModeAsync = "async" // up to MaxLag+1 rounds in flight until trained (see Stage)
 )
 
 // HeaderRound is the header of a tasks message naming its round.
@@ -29,9 +29,20 @@ type StageConfig struct {
 	// once every group of round r was decided by pack (it appears in a
 	// window record) and, if those windows made batches, the trainer has
 	// released the policy that trained on them. In async mode a round is
-	// dispatched as soon as at most MaxLag earlier rounds are incomplete.
+	// dispatched as soon as at most MaxLag earlier rounds are incomplete —
+	// not yet decided, or decided into batches the trainer has not
+	// consumed — and the groups in flight leave room for it (see Stage).
 	Mode   string
 	MaxLag int64
+	// BatchGroups is the pack window's size in groups
+	// (packing.batch_groups; 0: a round's groups). Async mode keeps at most
+	// (MaxLag+1)·BatchGroups groups in flight.
+	BatchGroups int
+	// Continue is partial-rollout continuation (dispatch.partial_rollouts
+	// continue): an episode in flight samples every turn with the newest
+	// policy, so a straggling round does not hold back later ones (async
+	// mode then bounds only the groups in flight, not the rounds).
+	Continue bool
 	// Rounds is how many rounds to dispatch (0: until stopped).
 	Rounds int64
 	// Untrained: no trainer runs (its releases never come), so in sync
@@ -53,12 +64,58 @@ type round struct {
 	pending map[string]bool // groups not yet decided by pack
 	need    int64           // policy version the round waits for (sync)
 	emitted map[string]bool // groups seen on the tasks topic (rebuild)
+	// batches are the batch indexes its decided groups went into, with
+	// their groups (async: the round is complete once the trainer consumed
+	// them all).
+	batches map[int64]int
 }
 
 // Stage is the dispatch operator. It consumes the policy topic (releases:
-// the behavior version to attach, and in sync mode the signal that a round
-// was trained) and the windows topic (pack's decisions: which groups are
-// done). Its outputs are the tasks messages (one per group, keyed by group
+// the behavior version to attach, and the signal that a round was trained)
+// and the windows topic (pack's decisions: which groups are done, in which
+// batch).
+//
+// Pacing in async mode (pipeline §15, systems §13). A group's lag when it
+// is trained is the number of versions the trainer released between its
+// dispatch (it samples with the latest release or a newer one) and the
+// update that trains its batch. Dispatch is clocked by the trainer's
+// progress, the next_batch of its releases (every batch index below it is
+// consumed): a group is in flight from its dispatch until pack decided it
+// and the trainer consumed the batch it went into (or its window made no
+// batch). Round r is dispatched only when
+//
+//   - every round before r-MaxLag is complete (nothing of it in flight),
+//     so at most MaxLag+1 rounds are in flight; and
+//   - the groups in flight plus the round's fit in (MaxLag+1)·BatchGroups
+//     (at least one round).
+//
+// With partial-rollout continuation (Continue) the first condition is
+// dropped: a straggler of an old round samples every turn with the newest
+// policy, so it does not need the rounds behind it to wait, and only the
+// groups in flight are bounded. A group also starts with the newest
+// release loaded when its rollout begins (never an older one than it was
+// dispatched with), so time waiting in the tasks topic adds no lag.
+//
+// With windows of BatchGroups decided groups, a group dispatched at
+// version v then waits behind at most MaxLag batches when the rounds in
+// flight finish in order, so it is trained within MaxLag of v without the
+// trainer idling more than the window allows; the trainer's rate sets the
+// pace, and a faster rollout only makes samples wait less, never more.
+// Rounds that finish out of order (a straggler group overtaken by a
+// younger round) can still reach the trainer one version late; the
+// trainer's lag rule at the update excludes and counts what is beyond
+// MaxLag (operators/train LagRule), so the bound holds regardless.
+//
+// A batch the trainer can only refuse is not in flight either: the window
+// that made it closed at trainer version t (pack's version, never older
+// than a behavior version it admitted), so once a release v with
+// v - t > MaxLag is out and the trainer had not consumed the batch by
+// then, every token of it is beyond the lag bound at its update — the
+// trainer excludes it whole (stale_batch, counted) and no release will
+// say it consumed it. Waiting for it would stall the loop when it is the
+// last batch (a straggler's).
+//
+// Its outputs are the tasks messages (one per group, keyed by group
 // id, Arrow TaskAttempt rows) and a "dispatched" census event per attempt.
 //
 // State (next round, which groups are outstanding) is rebuilt at Start
@@ -69,10 +126,17 @@ type round struct {
 type Stage struct {
 	cfg    StageConfig
 	policy int64 // latest ready release, -1 before the first
-	next   int64
-	rounds map[int64]*round
-	group  map[string]int64 // outstanding group id -> round
-	redo   []Group          // groups to emit again after a rebuild
+	// consumed: every batch index below it was consumed by the trainer
+	// (the releases' next_batch; their version for a trainer that does not
+	// say).
+	consumed int64
+	// closedAt is the trainer version of the window of every batch not
+	// yet consumed.
+	closedAt map[int64]int64
+	next     int64
+	rounds   map[int64]*round
+	group    map[string]int64 // outstanding group id -> round
+	redo     []Group          // groups to emit again after a rebuild
 	// judged is the latest release the gate ruled on (-1: none); halt is
 	// the stop decision, once one came; acked is set once dispatch's
 	// halted record is out (or was read back).
@@ -95,10 +159,10 @@ func NewStage(cfg StageConfig) (*Stage, error) {
 	if cfg.Mode != ModeSync && cfg.Mode != ModeAsync {
 		return nil, fmt.Errorf("%w: mode %q", ErrConfig, cfg.Mode)
 	}
-	if cfg.MaxLag < 0 || cfg.Rounds < 0 {
-		return nil, fmt.Errorf("%w: max lag %d, rounds %d", ErrConfig, cfg.MaxLag, cfg.Rounds)
+	if cfg.MaxLag < 0 || cfg.Rounds < 0 || cfg.BatchGroups < 0 {
+		return nil, fmt.Errorf("%w: max lag %d, rounds %d, batch groups %d", ErrConfig, cfg.MaxLag, cfg.Rounds, cfg.BatchGroups)
 	}
-	return &Stage{cfg: cfg, policy: -1, judged: -1, rolledBack: -1, rounds: map[int64]*round{}, group: map[string]int64{}}, nil
+	return &Stage{cfg: cfg, policy: -1, judged: -1, rolledBack: -1, rounds: map[int64]*round{}, group: map[string]int64{}, closedAt: map[int64]int64{}}, nil
 }
 
 // Name implements pipeline.Stage.
@@ -153,8 +217,8 @@ func (s *Stage) Start(ctx context.Context, env *pipeline.Env) error {
 		return fmt.Errorf("dispatch: rebuild from windows: %w", err)
 	}
 	err = env.Scan(ctx, s.cfg.Topics.Policy, s.cfg.RebuildScan, func(m pipeline.Message) error {
-		if rel, err := schemas.DecodeRelease(m.Value); err == nil && rel.Ready && rel.PolicyVersion > s.policy {
-			s.policy = rel.PolicyVersion
+		if rel, err := schemas.DecodeRelease(m.Value); err == nil && rel.Ready {
+			s.release(rel)
 		}
 		return nil
 	})
@@ -181,7 +245,7 @@ func (s *Stage) open(r int64) {
 		return
 	}
 	for ; s.next <= r; s.next++ {
-		rd := &round{pending: map[string]bool{}, need: -1, emitted: map[string]bool{}}
+		rd := &round{pending: map[string]bool{}, need: -1, emitted: map[string]bool{}, batches: map[int64]int{}}
 		for _, g := range s.cfg.Planner.Plan(s.next) {
 			rd.pending[g.GroupID] = true
 			s.group[g.GroupID] = s.next
@@ -192,6 +256,9 @@ func (s *Stage) open(r int64) {
 
 // window applies a pack window record (idempotent).
 func (s *Stage) window(w schemas.WindowRecord) {
+	if w.BatchID != "" && w.BatchIndex >= s.consumed {
+		s.closedAt[w.BatchIndex] = w.TrainerVersion
+	}
 	for _, g := range w.Groups {
 		r, ok := s.group[g]
 		if !ok {
@@ -200,10 +267,52 @@ func (s *Stage) window(w schemas.WindowRecord) {
 		rd := s.rounds[r]
 		delete(rd.pending, g)
 		delete(s.group, g)
-		if w.BatchID != "" && w.TrainerVersion+1 > rd.need {
-			rd.need = w.TrainerVersion + 1
+		if w.BatchID != "" {
+			rd.batches[w.BatchIndex]++
+			if w.TrainerVersion+1 > rd.need {
+				rd.need = w.TrainerVersion + 1
+			}
 		}
 	}
+}
+
+// release applies a ready release.
+func (s *Stage) release(rel schemas.PolicyRelease) {
+	s.policy = max(s.policy, rel.PolicyVersion)
+	next := rel.NextBatch
+	if next == 0 {
+		next = rel.PolicyVersion // a trainer that does not say: one batch per version
+	}
+	s.consumed = max(s.consumed, next)
+	for b := range s.closedAt {
+		if b < s.consumed {
+			delete(s.closedAt, b)
+		}
+	}
+}
+
+// doomed reports whether batch b, not consumed, can only be refused by
+// the trainer: every token of it is beyond MaxLag of the latest release
+// (see Stage).
+func (s *Stage) doomed(b int64) bool {
+	t, ok := s.closedAt[b]
+	return ok && s.policy-t > s.cfg.MaxLag
+}
+
+// inFlight is the number of groups of round r still in flight (async):
+// undecided, or in a batch the trainer has not consumed and can still
+// train (Untrained: no trainer consumes them, so only undecided).
+func (s *Stage) inFlight(rd *round) int {
+	n := len(rd.pending)
+	if s.cfg.Untrained {
+		return n
+	}
+	for b, groups := range rd.batches {
+		if b >= s.consumed && !s.doomed(b) {
+			n += groups
+		}
+	}
+	return n
 }
 
 // complete reports whether round r is done: every group decided, and in
@@ -213,8 +322,11 @@ func (s *Stage) complete(r int64) bool {
 	if !ok {
 		return true
 	}
-	if s.cfg.Mode == ModeAsync || s.cfg.Untrained {
+	if s.cfg.Untrained {
 		return len(rd.pending) == 0
+	}
+	if s.cfg.Mode == ModeAsync {
+		return s.inFlight(rd) == 0
 	}
 	return len(rd.pending) == 0 && s.policy >= rd.need
 }
@@ -265,12 +377,40 @@ func (s *Stage) ready() bool {
 	if s.cfg.Mode == ModeAsync {
 		lag = s.cfg.MaxLag
 	}
-	for r := range s.rounds {
-		if r < s.next-lag && !s.complete(r) {
+	flying := 0
+	for r, rd := range s.rounds {
+		if r < s.next-lag && !s.complete(r) && !(s.cfg.Mode == ModeAsync && s.cfg.Continue) {
+			return false
+		}
+		if s.cfg.Mode == ModeAsync {
+			flying += s.inFlight(rd)
+		}
+	}
+	if s.cfg.Mode == ModeAsync && flying > 0 {
+		g := s.cfg.Planner.GroupsPerRound()
+		b := s.cfg.BatchGroups
+		if b <= 0 {
+			b = g
+		}
+		if flying+g > max(int(s.cfg.MaxLag+1)*b, g) {
 			return false
 		}
 	}
 	return true
+}
+
+// InFlight is the number of groups dispatched and not yet trained (async)
+// or not yet decided (sync), for reports.
+func (s *Stage) InFlight() int {
+	n := 0
+	for _, rd := range s.rounds {
+		if s.cfg.Mode == ModeAsync {
+			n += s.inFlight(rd)
+		} else {
+			n += len(rd.pending)
+		}
+	}
+	return n
 }
 
 // Process implements pipeline.Stage.
@@ -281,8 +421,8 @@ func (s *Stage) Process(_ context.Context, m pipeline.Message) (pipeline.Result,
 		if err != nil {
 			return pipeline.Result{}, stagekit.DecodeRefusal(err)
 		}
-		if rel.Ready && rel.PolicyVersion > s.policy {
-			s.policy = rel.PolicyVersion
+		if rel.Ready {
+			s.release(rel)
 		}
 	case s.cfg.Topics.Windows:
 		w, err := schemas.DecodeWindow(m.Value)

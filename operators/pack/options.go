@@ -17,6 +17,20 @@ const (
 	StaleMaskTurns = "mask_stale" // only in-window turns train; stale turns stay as context
 )
 
+// Rules for a trajectory whose turns were sampled by several policy
+// versions (a partial rollout continued under a newer policy, systems §7).
+const (
+	// MultiPolicySegments trains every turn with its own version's
+	// behavior log-probs (per-segment ratios; the default).
+	MultiPolicySegments = "per_segment"
+	// MultiPolicyNewest trains only the turns of the trajectory's newest
+	// version; earlier turns stay in the stream as context.
+	MultiPolicyNewest = "new_segments"
+	// MultiPolicyDiscard filters a trajectory of more than one version
+	// (reason FilterMixedPolicy, counted).
+	MultiPolicyDiscard = "discard"
+)
+
 // Options declares packing and admission.
 type Options struct {
 	TokenBudget int    `yaml:"token_budget" json:"token_budget"` // tokens per packed row
@@ -25,4 +39,8 @@ type Options struct {
 	Overflow    string `yaml:"overflow" json:"overflow"`         // OverflowReject / OverflowTruncate
 	MaxLag      int64  `yaml:"max_lag" json:"max_lag"`           // admission window in policy versions
 	StalePolicy string `yaml:"stale_policy" json:"stale_policy"` // StaleDrop / StaleMaskTurns
+	// MultiPolicy is the rule for multi-policy trajectories:
+	// MultiPolicySegments ("" is the same), MultiPolicyNewest or
+	// MultiPolicyDiscard.
+	MultiPolicy string `yaml:"multi_policy" json:"multi_policy,omitempty"`
 }

@@ -284,7 +284,7 @@ func expand(row *schemas.PackedRow, o int, seg *Segment, neg []int32) (trained i
 		}
 		src := lp[:n]
 		lp = lp[n:]
-		if sp.Stale {
+		if sp.Stale || sp.Older {
 			continue // context: written with the next gap
 		}
 		copy(turn[cur:at], neg)

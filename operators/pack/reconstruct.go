@@ -42,6 +42,9 @@ const (
 	// position predicts (no action tokens at all, or only the stream's very
 	// first token). Such a sample would train nothing.
 	FilterNoTargets Filter = "no_targets"
+	// FilterMixedPolicy: the trajectory's turns were sampled by more than
+	// one policy version and the rule is MultiPolicyDiscard.
+	FilterMixedPolicy Filter = "mixed_policy"
 )
 
 // Validate reports whether o is usable. TokenBudget must be positive; at
@@ -68,6 +71,11 @@ func (o Options) Validate() error {
 	if o.StalePolicy != StaleDrop && o.StalePolicy != StaleMaskTurns {
 		return fmt.Errorf("%w: stale_policy %q (want %q or %q)", ErrOptions, o.StalePolicy, StaleDrop, StaleMaskTurns)
 	}
+	switch o.MultiPolicy {
+	case "", MultiPolicySegments, MultiPolicyNewest, MultiPolicyDiscard:
+	default:
+		return fmt.Errorf("%w: multi_policy %q (want %q, %q or %q)", ErrOptions, o.MultiPolicy, MultiPolicySegments, MultiPolicyNewest, MultiPolicyDiscard)
+	}
 	return nil
 }
 
@@ -86,6 +94,9 @@ type Span struct {
 	// StaleMaskTurns: its tokens stay in the stream as context and are
 	// not targets (mask 0).
 	Stale bool
+	// Older marks a turn of an older version than the trajectory's newest
+	// under MultiPolicyNewest: context, like a stale turn, but not stale.
+	Older bool
 }
 
 // Segment is one reconstructed training sequence (pipeline §11): the token
@@ -119,6 +130,27 @@ type Segment struct {
 	Weight float32
 }
 
+// targets is the number of target entries of the segment's spans, stale
+// or not.
+func (s *Segment) targets() int {
+	n := 0
+	for _, sp := range s.Spans {
+		n += int(sp.Len)
+	}
+	return n
+}
+
+// staleTargets is the number of target entries of the stale spans.
+func (s *Segment) staleTargets() int {
+	n := 0
+	for _, sp := range s.Spans {
+		if sp.Stale {
+			n += int(sp.Len)
+		}
+	}
+	return n
+}
+
 // Len is the number of tokens of the segment.
 func (s *Segment) Len() int { return len(s.Tokens) }
 
@@ -129,7 +161,7 @@ type Role uint8
 const (
 	RoleContext     Role = iota // prompt, observation, or an action token no position predicts
 	RoleAction                  // a policy-sampled token that is a training target
-	RoleStaleAction             // a policy-sampled token of a stale turn kept as context
+	RoleStaleAction             // a policy-sampled token of a stale (or older-version) turn kept as context
 )
 
 // String returns "context", "action" or "stale".
@@ -151,7 +183,7 @@ func (s *Segment) Roles() []Role {
 	r := make([]Role, len(s.Tokens))
 	for _, sp := range s.Spans {
 		role := RoleAction
-		if sp.Stale {
+		if sp.Stale || sp.Older {
 			role = RoleStaleAction
 		}
 		for p := sp.At + 1; p <= sp.At+sp.Len; p++ {
@@ -302,10 +334,40 @@ func Reconstruct(s *schemas.Scored, trainerVersion int64, opts Options) (Segment
 		}
 		pos += copy(toks[pos:], t.ObservationIDs)
 	}
+	if f := multiPolicy(&seg, opts.MultiPolicy); f != FilterNone {
+		return Segment{}, f, nil
+	}
 	if f := admit(&seg, trainerVersion, opts.MaxLag, opts.StalePolicy == StaleDrop); f != FilterNone {
 		return Segment{}, f, nil
 	}
 	return seg, FilterNone, nil
+}
+
+// multiPolicy applies the rule for trajectories sampled by several policy
+// versions (systems §7): per segment, nothing to do (every token keeps
+// its own version and log-prob); MultiPolicyNewest marks the turns older
+// than the newest version as context; MultiPolicyDiscard filters the
+// trajectory.
+func multiPolicy(seg *Segment, rule string) Filter {
+	if rule == "" || rule == MultiPolicySegments || len(seg.Spans) < 2 {
+		return FilterNone
+	}
+	newest := seg.Spans[0].PolicyVersion
+	mixed := false
+	for _, sp := range seg.Spans[1:] {
+		mixed = mixed || sp.PolicyVersion != newest
+		newest = max(newest, sp.PolicyVersion)
+	}
+	if !mixed {
+		return FilterNone
+	}
+	if rule == MultiPolicyDiscard {
+		return FilterMixedPolicy
+	}
+	for i := range seg.Spans {
+		seg.Spans[i].Older = seg.Spans[i].PolicyVersion < newest
+	}
+	return FilterNone
 }
 
 // checkTurnValues refuses a non-finite turn advantage or value target:
@@ -368,6 +430,9 @@ func admit(seg *Segment, trainerVersion, maxLag int64, drop bool) Filter {
 	stale := false
 	for i := range seg.Spans {
 		sp := &seg.Spans[i]
+		if sp.Older {
+			continue // context (MultiPolicyNewest), never judged stale
+		}
 		sp.Stale = trainerVersion-sp.PolicyVersion > maxLag
 		if sp.Stale {
 			if drop {

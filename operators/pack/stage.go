@@ -293,7 +293,11 @@ func (s *Stage) Process(ctx context.Context, m pipeline.Message) (pipeline.Resul
 			s.env.DuplicateDropped(r.RecordID)
 		case Filtered:
 			s.env.Metrics().Filtered(string(out.Filter))
-			ev, err := s.census(r.RecordID, r.TaskID, r.GroupID, schemas.CensusFiltered, string(out.Filter), "", 0, now)
+			stale := int64(0)
+			if out.Filter == FilterStale {
+				stale = actionTokens(r)
+			}
+			ev, err := s.census(r.RecordID, r.TaskID, r.GroupID, schemas.CensusFiltered, string(out.Filter), "", 0, stale, now)
 			if err != nil {
 				return pipeline.Result{}, err
 			}
@@ -382,14 +386,18 @@ func (s *Stage) close(res *pipeline.Result, by string) error {
 	res.Outputs = append(res.Outputs, pipeline.Output{Topic: s.cfg.Topics.Windows, Key: []byte(s.cfg.RunID), Value: lin,
 		Headers: stagekit.Headers(schemas.KindWindowRecord, wid)})
 	for _, a := range closed.Admitted {
-		ev, err := s.census(a.RecordID, "", a.GroupID, schemas.CensusAdmitted, "", batch.BatchID, int64(a.Tokens), now)
+		ev, err := s.census(a.RecordID, "", a.GroupID, schemas.CensusAdmitted, "", batch.BatchID, int64(a.Tokens), int64(a.Stale), now)
 		if err != nil {
 			return err
 		}
 		res.Outputs = append(res.Outputs, ev)
 	}
 	for _, d := range closed.Filtered {
-		ev, err := s.census(d.RecordID, "", d.GroupID, schemas.CensusFiltered, string(d.Filter), "", 0, now)
+		stale := int64(0)
+		if d.Filter == FilterStale {
+			stale = int64(d.Tokens)
+		}
+		ev, err := s.census(d.RecordID, "", d.GroupID, schemas.CensusFiltered, string(d.Filter), "", 0, stale, now)
 		if err != nil {
 			return err
 		}
@@ -421,11 +429,20 @@ func maxBehaviorVersion(r *schemas.Scored) int64 {
 	return v
 }
 
-func (s *Stage) census(id, task, group, kind, reason, batch string, tokens int64, now time.Time) (pipeline.Output, error) {
+func (s *Stage) census(id, task, group, kind, reason, batch string, tokens, stale int64, now time.Time) (pipeline.Output, error) {
 	return stagekit.Census(s.cfg.Topics.Census, schemas.CensusEvent{
 		RunID: s.cfg.RunID, AttemptID: id, TaskID: task, GroupID: group, Kind: kind, Stage: "pack",
-		Reason: reason, BatchID: batch, Tokens: tokens, PolicyVersion: s.win.TrainerVersion(), At: now.UnixMicro(),
+		Reason: reason, BatchID: batch, Tokens: tokens, StaleTokens: stale, PolicyVersion: s.win.TrainerVersion(), At: now.UnixMicro(),
 	})
+}
+
+// actionTokens is the number of policy-sampled tokens of r.
+func actionTokens(r *schemas.Scored) int64 {
+	n := 0
+	for i := range r.Turns {
+		n += len(r.Turns[i].ActionIDs)
+	}
+	return int64(n)
 }
 
 // now is the stage's clock (stagekit.Now).

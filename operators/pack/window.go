@@ -61,6 +61,7 @@ type Admission struct {
 	Trained       int   // trained target tokens
 	PolicyVersion int64 // oldest behavior version among the trained tokens
 	Truncated     bool
+	Stale         int // target tokens of stale turns kept as context (StaleMaskTurns)
 }
 
 // Decision is a record filtered when the window closed.
@@ -68,6 +69,7 @@ type Decision struct {
 	RecordID string
 	GroupID  string
 	Filter   Filter
+	Tokens   int // its target tokens
 }
 
 // Closed reports a closed window.
@@ -363,7 +365,8 @@ func (w *Window) Close(batchIndex int64, runID, contractHash string, trainerVers
 	drop := w.opts.StalePolicy == StaleDrop
 	for i := range segs {
 		if f := admit(&segs[i], trainerVersion, w.opts.MaxLag, drop); f != FilterNone {
-			closed.Filtered = append(closed.Filtered, Decision{RecordID: segs[i].TrajectoryID, GroupID: segs[i].GroupID, Filter: f})
+			closed.Filtered = append(closed.Filtered, Decision{RecordID: segs[i].TrajectoryID, GroupID: segs[i].GroupID, Filter: f,
+				Tokens: segs[i].targets()})
 			continue
 		}
 		kept = append(kept, segs[i])
@@ -387,6 +390,7 @@ func (w *Window) Close(batchIndex int64, runID, contractHash string, trainerVers
 				Trained:       int(seg.Trained),
 				PolicyVersion: rows[r].SegPolicyVersions[k],
 				Truncated:     seg.Truncated,
+				Stale:         seg.staleTargets(),
 			}
 		}
 	}

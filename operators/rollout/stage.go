@@ -43,6 +43,17 @@ type StageConfig struct {
 	// attempt asks for (0: until the operator stops).
 	PolicyWait time.Duration
 	Now        func() time.Time
+	// Latency is the simulated latency of the built-in environment and
+	// policy (the contract's latency section; zero: none). It wraps the
+	// environment and the policy of every run (LatencyModel.Wrap), so the
+	// agent loop is unchanged and tokens never depend on it.
+	Latency LatencyModel
+	// Continue is partial-rollout continuation (the contract's
+	// dispatch.partial_rollouts continue, systems §7): an episode in
+	// flight when a newer policy is loaded continues with it from its next
+	// turn (following), instead of finishing on the snapshot its group
+	// started with.
+	Continue bool
 	// Env is the environment the episodes run against; nil is Registry,
 	// in process. An environment service's client (connectors/envsvc) is
 	// injected by the operators registry; Registry still names the tasks
@@ -106,6 +117,9 @@ func NewStage(cfg StageConfig) (*Stage, error) {
 	}
 	if cfg.Limits.MaxTurns <= 0 || cfg.Limits.MaxEpisodeTokens <= 0 || cfg.Retries < 0 {
 		return nil, fmt.Errorf("rollout: stage: limits %+v, retries %d", cfg.Limits, cfg.Retries)
+	}
+	if err := cfg.Latency.Validate(); err != nil {
+		return nil, err
 	}
 	return &Stage{cfg: cfg, changed: make(chan struct{}), reps: newReplicas()}, nil
 }

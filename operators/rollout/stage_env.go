@@ -14,11 +14,14 @@ import (
 // runEpisodes runs the agent loop of one try of a group against the
 // stage's environment: the registry in process, or StageConfig.Env.
 func (s *Stage) runEpisodes(ctx context.Context, pol Policy, atts []schemas.TaskAttempt, lim Limits) ([]schemas.Trajectory, error) {
-	if s.cfg.Env == nil {
-		return s.cfg.Registry.RunEpisodes(ctx, pol, atts, s.cfg.Settings, lim)
+	var env Environment = s.cfg.Registry
+	if s.cfg.Env != nil {
+		env = s.cfg.Env
 	}
-	tok, _ := any(pol).(Tokenizer)
-	return Agent{Env: s.cfg.Env, Policy: pol, Tokenizer: tok, Settings: s.cfg.Settings, Limits: lim}.Run(ctx, atts)
+	// The contract's simulated latency wraps both (nothing when off).
+	env, p := s.cfg.Latency.Wrap(env, s.groupPolicy(pol))
+	tok, _ := p.(Tokenizer)
+	return Agent{Env: env, Policy: p, Tokenizer: tok, Settings: s.cfg.Settings, Limits: lim}.Run(ctx, atts)
 }
 
 // envRetries is a snapshot of the environment client's retries (nil

@@ -33,7 +33,10 @@ type StageConfig struct {
 	Model     model.Config
 	ModelSeed uint64
 	Objective objective.Options
-	Adam      gpu.AdamOptions
+	// Lag is the lag rule at the optimizer step (packing.max_lag and
+	// packing.stale_policy; LagRule).
+	Lag  LagRule
+	Adam gpu.AdamOptions
 	// Epochs is the number of optimizer steps on every batch (>= 1). An
 	// update is all of them; it produces one policy version.
 	Epochs int
@@ -94,6 +97,9 @@ func NewStage(cfg StageConfig) (*Stage, error) {
 	if err := cfg.Adam.Validate(); err != nil {
 		return nil, err
 	}
+	if err := cfg.Lag.Validate(); err != nil {
+		return nil, err
+	}
 	if err := cfg.Model.Validate(); err != nil {
 		return nil, err
 	}
@@ -137,6 +143,18 @@ func (s *Stage) remember(id string) {
 // Start restores the trainer from the latest release, or prepares the
 // initial one.
 func (s *Stage) Start(ctx context.Context, env *pipeline.Env) error {
+	if err := s.start(ctx, env); err != nil {
+		return err
+	}
+	if oc, ok := s.tr.(gpu.ObjectiveChecker); ok {
+		if err := oc.CheckObjective(s.cfg.Objective); err != nil {
+			return fmt.Errorf("train: %w", err)
+		}
+	}
+	return nil
+}
+
+func (s *Stage) start(ctx context.Context, env *pipeline.Env) error {
 	s.env = env
 	if s.cfg.Now == nil {
 		s.cfg.Now = env.Now
@@ -245,7 +263,7 @@ func (s *Stage) Tick(_ context.Context, _ time.Time) (pipeline.Result, error) {
 	if !s.initial {
 		return res, nil
 	}
-	out, err := s.release()
+	out, err := s.release(0)
 	if err != nil {
 		return res, err
 	}
@@ -255,9 +273,11 @@ func (s *Stage) Tick(_ context.Context, _ time.Time) (pipeline.Result, error) {
 }
 
 // release writes the current version to the release store and returns the
-// manifest record for the policy topic.
-func (s *Stage) release() (pipeline.Output, error) {
-	rel, err := s.tr.Release(s.files, s.cfg.Meta)
+// manifest record for the policy topic; next is the manifest's NextBatch.
+func (s *Stage) release(next int64) (pipeline.Output, error) {
+	meta := s.cfg.Meta
+	meta.NextBatch = next
+	rel, err := s.tr.Release(s.files, meta)
 	if err != nil {
 		return pipeline.Output{}, err
 	}
@@ -277,7 +297,7 @@ func (s *Stage) Process(_ context.Context, m pipeline.Message) (pipeline.Result,
 		return s.decision(m)
 	}
 	if s.initial {
-		out, err := s.release()
+		out, err := s.release(0)
 		if err != nil {
 			return res, err
 		}
@@ -330,6 +350,27 @@ func (s *Stage) Process(_ context.Context, m pipeline.Message) (pipeline.Result,
 	if len(ids) == 0 {
 		return res, refuse(pipeline.Refuse("duplicate_batch", "every trajectory of batch %s was trained already", batch.BatchID))
 	}
+	from := s.tr.Version()
+	lag := s.cfg.Lag.Apply(&batch, from)
+	at := s.now().UnixMicro()
+	for _, id := range lag.Dropped {
+		ev, err := stagekit.Census(s.cfg.Topics.Census, schemas.CensusEvent{
+			RunID: s.cfg.RunID, AttemptID: id, Kind: schemas.CensusFiltered, Stage: s.Name(),
+			Reason: schemas.ReasonStaleAtUpdate, BatchID: batch.BatchID, Update: batch.BatchIndex,
+			PolicyVersion: from, StaleTokens: lag.Masked[id], At: at,
+		})
+		if err != nil {
+			return res, err
+		}
+		res.Outputs = append(res.Outputs, ev)
+	}
+	if len(lag.Trained) == 0 {
+		// Nothing left to train: the batch is refused, its trajectories
+		// counted (census above) as excluded at the update.
+		return res, refuse(pipeline.Refuse("stale_batch", "batch %s: no trained token within max_lag %d of trainer version %d (%d tokens, %d segments excluded)",
+			batch.BatchID, s.cfg.Lag.MaxLag, from, lag.StaleTokens, len(lag.Dropped)))
+	}
+	ids = lag.Trained
 	start := time.Now()
 	var (
 		met   gpu.Metrics
@@ -354,7 +395,10 @@ func (s *Stage) Process(_ context.Context, m pipeline.Message) (pipeline.Result,
 		return res, fmt.Errorf("train batch %s: %w", batch.BatchID, err)
 	}
 	u := schemas.UpdateRecord{Version: s.tr.Version(), BatchID: batch.BatchID, BatchIndex: batch.BatchIndex,
-		Metrics: met, Last: last, Duplicates: dups, StepSeconds: time.Since(start).Seconds(), MinibatchOrder: order}
+		Metrics: met, Last: last, Duplicates: dups, StepSeconds: time.Since(start).Seconds(), MinibatchOrder: order,
+		MaxLag: s.cfg.Lag.MaxLag, StalePolicy: s.cfg.Lag.Policy, StaleTokens: lag.StaleTokens,
+		StaleSegments: len(lag.Dropped), NotTrained: lag.Dropped, StaleLag: lag.StaleLag, Lag: lag.Lag,
+		Selection: &lag.Selection}
 	ub, err := schemas.EncodeUpdate(u)
 	if err != nil {
 		return res, fmt.Errorf("train: update record: %w", err)
@@ -369,18 +413,18 @@ func (s *Stage) Process(_ context.Context, m pipeline.Message) (pipeline.Result,
 	s.env.Logger.Info("policy updated", "version", u.Version, "batch", batch.BatchID, "loss", u.Last.Loss,
 		"approx_kl", u.Last.ApproxKLOld, "clip_pos", u.Last.ClipFracPos, "clip_neg", u.Last.ClipFracNeg,
 		"entropy", u.Last.Entropy, "duplicates", dups, "seconds", u.StepSeconds)
-	out, err := s.release()
+	out, err := s.release(batch.BatchIndex + 1)
 	if err != nil {
 		return res, err
 	}
 	res.Outputs = append(res.Outputs, out)
 	s.lastIndex = batch.BatchIndex
-	at := s.now().UnixMicro()
 	for _, id := range ids {
 		s.remember(id)
 		ev, err := stagekit.Census(s.cfg.Topics.Census, schemas.CensusEvent{
 			RunID: s.cfg.RunID, AttemptID: id, Kind: schemas.CensusTrained, Stage: s.Name(),
-			BatchID: batch.BatchID, Update: batch.BatchIndex, PolicyVersion: u.Version, At: at,
+			BatchID: batch.BatchID, Update: batch.BatchIndex, PolicyVersion: u.Version,
+			Tokens: lag.Left[id], StaleTokens: lag.Masked[id], At: at,
 		})
 		if err != nil {
 			return res, err
@@ -477,7 +521,7 @@ func (s *Stage) decision(m pipeline.Message) (pipeline.Result, error) {
 	if _, err := s.files.Write(gpu.OptimName(v+1), s.tr.OptimState()); err != nil {
 		return res, err
 	}
-	out, err := s.release()
+	out, err := s.release(s.lastIndex + 1) // the batches trained before stay consumed
 	if err != nil {
 		return res, err
 	}

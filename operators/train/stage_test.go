@@ -9,6 +9,7 @@ import (
 	"github.com/trajflow/trajflow/gpu"
 	"github.com/trajflow/trajflow/gpu/gputest"
 	"github.com/trajflow/trajflow/gpu/model"
+	"github.com/trajflow/trajflow/operators/pack"
 	"github.com/trajflow/trajflow/operators/train"
 	"github.com/trajflow/trajflow/pipeline"
 	"github.com/trajflow/trajflow/schemas"
@@ -32,6 +33,7 @@ func newFixture(t *testing.T) *fixture {
 	cfg := train.StageConfig{
 		Topics: topics, RunID: loop.RunID, ContractHash: "contract", Behavior: loop.Settings.Behavior,
 		Model: model.DefaultConfig(), ModelSeed: 7, Objective: gpu.DefaultObjective(), Adam: gpu.DefaultAdam(), Epochs: 2,
+		Lag: train.LagRule{MaxLag: 1, Policy: pack.StaleDrop},
 	}
 	m0, err := gpu.InitialModel(cfg.Model, cfg.ModelSeed)
 	if err != nil {

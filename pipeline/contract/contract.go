@@ -67,15 +67,21 @@ type Contract struct {
 	// Packing declares sequence packing and the lag-aware admission window
 	// (pipeline §11, DESIGN.md). Rules: token_budget in [1, 2^31-1];
 	// batch_tokens >= token_budget; batch_groups >= 0 (0 = off); overflow
-	// and stale_policy known; max_lag >= 0. Defaults: token_budget 1024, batch_tokens
+	// and stale_policy known; max_lag >= 0; multi_policy per_segment,
+	// new_segments or discard. Defaults: token_budget 1024, batch_tokens
 	// 65536, batch_groups = dispatch.groups_per_update, overflow reject,
-	// max_lag 1, stale_policy drop.
+	// max_lag 1, stale_policy drop, multi_policy per_segment (each turn
+	// trained with its own version's behavior log-probs, pack.MultiPolicy*).
+	// The lag rule holds again at the trainer's update (operators/train).
 	Packing pack.Options `yaml:"packing"`
 	// Rewards are the separately kept reward components (pipeline §8); at
 	// least one, names unique.
 	Rewards  []Reward `yaml:"rewards"`
 	Topics   Topics   `yaml:"topics"`
 	Dispatch Dispatch `yaml:"dispatch"`
+	// Latency is the simulated latency of the built-in environment and
+	// policy (systems §6); every field 0 (the default) is none.
+	Latency Latency `yaml:"latency"`
 	// Policy names the policy servers rollout generates with (systems
 	// §3). It is not part of the contract hash (see Canonical).
 	Policy Policy `yaml:"policy" contract:"unhashed"`
@@ -179,10 +185,18 @@ type Sampler struct {
 // is exactly 1; 0 turns the clamp off, and a ratio that then overflows
 // refuses the batch).
 //
+// Off-policy correction (pipeline §13, §15): off_policy none (default:
+// the clipped ratio to the behavior policy), tis (truncated importance
+// sampling against the behavior policy, weight min(π/μ, is_cap)) or
+// decoupled (the decoupled clipped objective: weight π_prox/μ, capped at
+// is_cap when set, times the surrogate clipped against π_prox, the policy
+// at the start of the update); on policy both have ratio and weight
+// exactly 1. is_cap default 0.
+//
 // Rules: clip_low in [0, 1); clip_high >= 0; kl_coef > 0 when kl_placement
 // is loss and 0 otherwise (with placement reward the coefficient is the
 // weight of the "kl" reward component); entropy_coef >= 0; max_log_ratio
-// >= 0.
+// >= 0; off_policy known; is_cap 0 or >= 1, set with tis, 0 with none.
 type Loss struct {
 	objective.Options `yaml:",inline"`
 	Optimizer         Optimizer `yaml:"optimizer"`
@@ -271,6 +285,37 @@ type Dispatch struct {
 	// version). In both, the pack window counts decided groups, admitted
 	// or filtered, towards packing.batch_groups. Default sync.
 	Mode string `yaml:"mode"`
+	// PartialRollouts is what an episode in flight does at an update
+	// boundary (systems §7): PartialFinish (default) finishes it on the
+	// policy snapshot it started with; PartialContinue keeps its
+	// environment and agent state, token history and remaining budget and
+	// continues it with the newer policy from its next turn, every turn
+	// keeping the version that sampled it (packing.multi_policy decides
+	// how such trajectories train). Only asynchronous rounds meet a
+	// boundary mid-episode.
+	PartialRollouts string `yaml:"partial_rollouts"`
+}
+
+// Partial-rollout rules (dispatch.partial_rollouts).
+const (
+	PartialFinish   = "finish"
+	PartialContinue = "continue"
+)
+
+// Latency declares the simulated latency of the built-in environment and
+// policy (systems §6: heavy-tailed tool calls and generation, so that a
+// synchronous round waits for its stragglers as real agent workloads do).
+// Log-normal: every tool call waits tool_median_ms·e^{tool_sigma·z}, every
+// generated token token_median_ms·e^{token_sigma·z'}, z and z' standard
+// normal drawn from the contract seed and the turn id (cut at ±4), so two
+// runs of one seed wait alike, whatever their pacing; tokens never depend
+// on it (rollout.LatencyModel). Defaults 0 (off). Rules: every value
+// finite and >= 0; sigmas <= 3.
+type Latency struct {
+	ToolMedianMS  float64 `yaml:"tool_median_ms"`
+	ToolSigma     float64 `yaml:"tool_sigma"`
+	TokenMedianMS float64 `yaml:"token_median_ms"`
+	TokenSigma    float64 `yaml:"token_sigma"`
 }
 
 // Dispatch modes.
@@ -381,7 +426,10 @@ func Default() *Contract {
 // groups, a token-mean clipped surrogate with asymmetric clip [0.8, 1.28]
 // and entropy bonus 0.05, Adam lr 0.01 with 2 optimizer passes per batch,
 // 256-token rows, and strictly on-policy admission (max_lag 0) in
-// stop-and-synchronize mode (pipeline §15).
+// stop-and-synchronize mode (pipeline §15). The objective is the decoupled
+// one (clipped against the trainer's policy at the start of the update):
+// on policy, as in stop-and-synchronize mode, it is the plain clipped
+// surrogate bit for bit; with --async it keeps stale samples useful.
 func demoKnobs(c *Contract) {
 	c.Sampler.MaxTokensPerAction = 3
 	c.Sampler.MaxTokensPerEpisode = 64
@@ -393,6 +441,7 @@ func demoKnobs(c *Contract) {
 	c.Estimator.MinGroupSize = 1
 	c.Loss.ClipHigh = 0.28
 	c.Loss.EntropyCoef = 0.05
+	c.Loss.OffPolicy = objective.OffPolicyDecoupled
 	c.Loss.Optimizer.LR = 0.01
 	c.Loss.Optimizer.Epochs = 2
 	c.Packing.TokenBudget = 256
@@ -436,6 +485,7 @@ func knobDefaults() *Contract {
 				KLPlacement:   objective.KLNone,
 				KLEstimator:   objective.K3,
 				MaxLogRatio:   objective.DefaultMaxLogRatio,
+				OffPolicy:     objective.OffPolicyNone,
 			},
 			Optimizer: Optimizer{
 				LR:          1e-3,
@@ -453,6 +503,7 @@ func knobDefaults() *Contract {
 			Overflow:    pack.OverflowReject,
 			MaxLag:      1,
 			StalePolicy: pack.StaleDrop,
+			MultiPolicy: pack.MultiPolicySegments,
 		},
 		Topics: Topics{
 			Partitions:      4,
@@ -465,6 +516,7 @@ func knobDefaults() *Contract {
 			GroupsPerUpdate: 4,
 			EvalEvery:       5,
 			Mode:            DispatchSync,
+			PartialRollouts: PartialFinish,
 		},
 		Policy: Policy{
 			Protocol:    PolicyBuiltin,

@@ -215,6 +215,7 @@ func (c *Contract) Validate() error {
 	c.validateRewards(&v)
 	c.validateTopics(&v)
 	c.validateDispatch(&v)
+	c.validateLatency(&v)
 	c.validatePolicy(&v)
 	return errors.Join(v.errs...)
 }
@@ -399,6 +400,15 @@ func (c *Contract) validateLoss(v *validator) {
 	}
 	v.nonNegative("loss.entropy_coef", l.EntropyCoef)
 	v.nonNegative("loss.max_log_ratio", l.MaxLogRatio)
+	v.oneOf("loss.off_policy", l.OffPolicy, objective.OffPolicyNone, objective.OffPolicyTIS, objective.OffPolicyDecoupled)
+	switch {
+	case math.IsNaN(l.ISCap) || math.IsInf(l.ISCap, 0) || (l.ISCap != 0 && l.ISCap < 1):
+		v.add("loss.is_cap", "must be 0 (no cap) or a finite cap >= 1 (on policy the weight is 1), got %s", g(l.ISCap))
+	case l.OffPolicy == objective.OffPolicyTIS && l.ISCap == 0:
+		v.add("loss.is_cap", "must be set (>= 1) with loss.off_policy %s: truncated importance sampling needs its cap", objective.OffPolicyTIS)
+	case l.OffPolicy == objective.OffPolicyNone && l.ISCap != 0:
+		v.add("loss.is_cap", "must be 0 with loss.off_policy none (nothing to truncate), got %s", g(l.ISCap))
+	}
 	o := l.Optimizer
 	v.positive("loss.optimizer.lr", o.LR)
 	v.within("loss.optimizer.beta1", o.Beta1, 0, 1, true)
@@ -422,6 +432,7 @@ func (c *Contract) validatePacking(v *validator) {
 	v.oneOf("packing.overflow", p.Overflow, pack.OverflowReject, pack.OverflowTruncate)
 	v.minInt("packing.max_lag", p.MaxLag, 0)
 	v.oneOf("packing.stale_policy", p.StalePolicy, pack.StaleDrop, pack.StaleMaskTurns)
+	v.oneOf("packing.multi_policy", p.MultiPolicy, pack.MultiPolicySegments, pack.MultiPolicyNewest, pack.MultiPolicyDiscard)
 }
 
 func (c *Contract) validateRewards(v *validator) {
@@ -504,6 +515,15 @@ func (c *Contract) validateDispatch(v *validator) {
 	if d.Mode != DispatchSync && d.Mode != DispatchAsync {
 		v.add("dispatch.mode", "must be %s or %s, got %q", DispatchSync, DispatchAsync, d.Mode)
 	}
+	v.oneOf("dispatch.partial_rollouts", d.PartialRollouts, PartialFinish, PartialContinue)
+}
+
+func (c *Contract) validateLatency(v *validator) {
+	l := c.Latency
+	v.nonNegative("latency.tool_median_ms", l.ToolMedianMS)
+	v.nonNegative("latency.token_median_ms", l.TokenMedianMS)
+	v.within("latency.tool_sigma", l.ToolSigma, 0, 3, false)
+	v.within("latency.token_sigma", l.TokenSigma, 0, 3, false)
 }
 
 func (c *Contract) validatePolicy(v *validator) {

@@ -249,3 +249,47 @@ def test_masked_token_inputs_any_model():
     l1, s1, _ = P.objective(got, opts)
     l2, s2, _ = P.objective(want, opts)
     assert float(l1.detach()) == float(l2.detach()) == pytest.approx(fx["steps"][0]["metrics"]["loss"], rel=1e-6)
+
+
+def _one_token(old, prox=None):
+    """One token over logits [0, 0] (current probability exactly 1/2),
+    advantage +1, weight 1 (gpu/objective TestOffPolicyHandComputed)."""
+    return P.TokenInputs(logits=torch.zeros((1, 2), dtype=torch.float64, requires_grad=True),
+                         targets=torch.tensor([1]), old=torch.tensor([math.log(old)], dtype=torch.float32),
+                         ref=None, adv=torch.tensor([1.0], dtype=torch.float32), weight=torch.tensor([1.0], dtype=torch.float64),
+                         versions=torch.tensor([0]),
+                         prox=None if prox is None else torch.tensor([math.log(prox)], dtype=torch.float32))
+
+
+@pytest.mark.parametrize("off,cap,prox,sur,dz,ratio,w,truncated,clipped", [
+    ("none", 0, None, 1.28, 0, 2, 0, 0, 1),
+    ("tis", 1.5, None, 1.5, -0.75, 2, 1.5, 1, 0),
+    ("decoupled", 0, 0.4, 2, -1, 1.25, 1.6, 0, 0),
+    ("decoupled", 1.5, 0.4, 1.875, -0.9375, 1.25, 1.5, 1, 0),
+    ("decoupled", 0, 0.3, 1.536, 0, 5 / 3, 1.2, 0, 1),
+])
+def test_off_policy_hand_computed(off, cap, prox, sur, dz, ratio, w, truncated, clipped):
+    inp = _one_token(0.25, prox)
+    opts = P.Options(clip_low=0.2, clip_high=0.28, off_policy=off, is_cap=cap, max_log_ratio=20)
+    loss, st, _ = P.objective(inp, opts)
+    loss.backward()
+    g = inp.logits.grad[0]
+    assert st.policy_loss == pytest.approx(-sur, abs=1e-6)
+    assert float(g[1]) == pytest.approx(dz, abs=1e-6) and float(g[0]) == pytest.approx(-dz, abs=1e-6)
+    assert st.ratio_mean == pytest.approx(ratio, abs=1e-6) and st.is_weight_mean == pytest.approx(w, abs=1e-6)
+    assert st.is_truncated == truncated and st.clipped_pos == clipped
+
+
+@pytest.mark.parametrize("off,cap", [("tis", 2.0), ("decoupled", 0.0), ("decoupled", 1.0)])
+def test_off_policy_ratio_exactly_one_on_policy(off, cap):
+    z = torch.tensor([[0.3, -1.2, 0.7], [1.5, 0.1, -0.4]], dtype=torch.float64)
+    y = torch.tensor([2, 0])
+    cur = torch.log_softmax(z, dim=1).gather(1, y.unsqueeze(1)).squeeze(1).float()
+    mk = lambda prox: P.TokenInputs(logits=z, targets=y, old=cur, ref=None,  # noqa: E731
+                                    adv=torch.tensor([0.5, -1.0]), weight=torch.tensor([0.5, 0.5], dtype=torch.float64),
+                                    versions=torch.tensor([0, 0]), prox=prox)
+    _, plain, _ = P.objective(mk(None), P.Options())
+    for prox in (None, cur):
+        _, st, _ = P.objective(mk(prox), P.Options(off_policy=off, is_cap=cap))
+        assert st.ratio_min == st.ratio_max == 1.0 and st.is_weight_mean == st.is_weight_max == 1.0
+        assert st.is_truncated == 0 and st.loss == plain.loss

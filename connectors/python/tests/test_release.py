@@ -61,8 +61,8 @@ def test_release_files_and_document(tmp_path):
     m = WindowMLP(Config(vocab=32, window=4, embed=4, hidden=8), seed=2)
     ck = m.checkpoint()
     meta = R.ReleaseMeta(tokenizer_hash="sha256:t", sampler_contract="sha256:s", contract_hash="sha256:c")
-    rel = R.write_release(str(tmp_path), 3, 7, ck, m.cfg.hash(), meta)
-    assert list(rel) == R.FIELDS and rel["ready"] and rel["policy_version"] == 3 and rel["training_step"] == 7
+    rel = R.write_release(str(tmp_path), 3, 7, ck, m.cfg.hash(), meta, next_batch=5)
+    assert list(rel) == R.FIELDS and rel["ready"] and rel["next_batch"] == 5 and rel["policy_version"] == 3 and rel["training_step"] == 7
     assert open(R.checkpoint_path(rel), "rb").read() == ck
     assert rel["checkpoint_hash"] == hash_bytes(ck)
     assert json.loads((tmp_path / R.manifest_name(3)).read_bytes()) == rel
@@ -75,6 +75,10 @@ def test_release_files_and_document(tmp_path):
     h = dict(hdrs)
     assert h["trajflow-kind"] == b"policy_release" and h["trajflow-version"] == b"1"
     assert h["traceparent"].startswith(b"00-") and len(h["trajflow-id"]) == 32
+    # next_batch is omitted when 0 (the initial release), as Go writes it.
+    r0 = R.write_release(str(tmp_path), 0, 0, ck, m.cfg.hash(), meta)
+    assert "next_batch" not in r0 and b"next_batch" not in R.encode_release(r0)
+    assert R.decode_release(R.encode_release(r0))["next_batch"] == 0
     with pytest.raises(ValueError):
         R.decode_release(value.replace(b'"ready"', b'"readyx"'))
     with pytest.raises(ValueError):

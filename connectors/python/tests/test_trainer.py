@@ -113,9 +113,14 @@ def test_protocol(run):
     u2 = json.load(open(os.path.join(rd, update_name(2))))["data"]
     assert u2["duplicates"] == segs0[0]
     u3 = json.load(open(os.path.join(rd, update_name(3))))["data"]
-    assert u3["batch_index"] == 4 and u3["trainer"]["lag_dropped_segments"] == segs0[1]
-    assert u3["trainer"]["lag_masked_tokens"] > 0
+    assert u3["batch_index"] == 4 and u3["stale_segments"] == segs0[1] and len(u3["not_trained"]) == segs0[1]
+    assert u3["stale_tokens"] > 0 and u3["max_lag"] == 0 and u3["stale_policy"] == "drop"
+    assert [l["lag"] for l in u3["stale_lag"]] == [1] and u3["stale_lag"][0]["tokens"] == u3["stale_tokens"]
+    assert [l["lag"] for l in u3["lag_tokens"]] == [0] and u3["lag_tokens"][0]["tokens"] == u3["metrics"]["tokens"]
     assert u3["metrics"]["sequences"] == segs0[0]
+    sel = u3["selection"]
+    assert sel["segments"] == segs0[0] + segs0[1] and sel["trained_segments"] == segs0[0]
+    assert sel["stale_share"] == u3["stale_tokens"] / (u3["stale_tokens"] + u3["metrics"]["tokens"])
     # Quarantine: the original message plus reason, detail, stage, source.
     q = topic(broker, "quarantine")
     reasons = [dict(m.headers)["trajflow-reason"] for m in q]
@@ -131,10 +136,15 @@ def test_protocol(run):
     trained = [e for e in ev if e["kind"] == "trained"]
     # b0: all; b1: row 1 (renamed); b4: row 0 (row 1 dropped as stale).
     assert len(trained) == len({e["attempt_id"] for e in trained}) == (segs0[0] + segs0[1]) + segs0[1] + segs0[0]
+    assert all(e["tokens"] > 0 for e in trained)
+    # Excluded at the update, with the reason and the excluded tokens: b4's
+    # row 1, and both rows of b5 (refused as stale_batch).
     filtered = [e for e in ev if e["kind"] == "filtered"]
-    assert len(filtered) == segs0[1] and all(e["reason"] == "stale" and e["stage"] == "train" for e in filtered)
+    assert len(filtered) == segs0[1] + segs0[0] + segs0[1]
+    assert all(e["reason"] == "stale_at_update" and e["stage"] == "train" and e["stale_tokens"] > 0 for e in filtered)
+    assert sum(e["stale_tokens"] for e in filtered if e["batch_id"] == batch_id(RUN, 4)) == u3["stale_tokens"]
     inc = [json.loads(m.value)["data"]["reason"] for m in topic(broker, "incidents")]
-    assert sorted(inc) == ["duplicate_trajectory", "stale_tokens"]
+    assert sorted(inc) == ["duplicate_trajectory"]
     # The manifest of the latest version is on the policy topic.
     rel = [decode_release(m.value) for m in topic(broker, "policy")]
     assert rel[-1]["policy_version"] == 3 and rel[-1]["contract_hash"] == c.hash
@@ -155,7 +165,10 @@ def test_mask_stale_keeps_in_window_tokens(run):
     s = stage_for(run, stale="mask_stale", state=str(tmp / "state"))
     assert [s.process(m) for m in msgs] == ["trained", "trained"]
     u = json.load(open(os.path.join(str(tmp / "releases"), update_name(2))))["data"]
-    assert u["trainer"]["lag_dropped_segments"] == 0 and u["trainer"]["lag_masked_tokens"] > 0
+    # Every token of row 1 is stale: masked, and its segments, left with no
+    # trained token, count as dropped (census stale_at_update).
+    segs = [len(r) for r in pa.ipc.open_stream(b1).read_all().column("segment_trajectory_ids").to_pylist()]
+    assert u["stale_segments"] == segs[1] and u["stale_tokens"] > 0 and u["stale_policy"] == "mask_stale"
     # With local state the restart reads it instead of the batches topic.
     s2 = stage_for(run, state=str(tmp / "state"))
     assert s2.trained == s.trained and s2.last_index == 1

@@ -43,22 +43,22 @@ SCHEMA: list = [
     ("estimator", [("name", S), ("normalize_std", B), ("std_mode", S), ("epsilon", F), ("gamma", F), ("lambda", F),
                    ("zero_variance", S), ("min_group_size", I), ("bootstrap_truncations", LISTS)]),
     ("loss", [("clip_low", F), ("clip_high", F), ("normalization", S), ("kl_placement", S), ("kl_estimator", S),
-              ("kl_coef", F), ("entropy_coef", F), ("max_log_ratio", F),
+              ("kl_coef", F), ("entropy_coef", F), ("max_log_ratio", F), ("off_policy", S), ("is_cap", F),
               ("optimizer", [("lr", F), ("beta1", F), ("beta2", F), ("eps", F), ("grad_clip", F), ("epochs", I),
                              ("minibatches", I)])]),
     ("packing", [("token_budget", I), ("batch_tokens", I), ("batch_groups", I), ("overflow", S), ("max_lag", I),
-                 ("stale_policy", S)]),
+                 ("stale_policy", S), ("multi_policy", S)]),
     ("rewards", ("list", REWARD)),
     ("topics", [("partitions", I), ("replication", I), ("retention_ms", I), ("max_message_bytes", I)]),
     ("dispatch", [("tasks_per_update", I), ("groups_per_update", I), ("domain_quotas", MAPF), ("eval_every", I),
-                  ("mode", S)]),
+                  ("mode", S), ("partial_rollouts", S)]),
+    ("latency", [("tool_median_ms", F), ("tool_sigma", F), ("token_median_ms", F), ("token_sigma", F)]),
+    ("policy", [("protocol", S), ("endpoints", LISTS), ("timeout_ms", I), ("retries", I), ("concurrency", I),
+                ("router", B)]),
 ]
 
-# The policy section: where the policy runs (in process or on inference
-# servers). Parsed and checked like the rest, but not part of the hash
-# (SCHEMA is what the hash covers), as in pipeline/contract.
-POLICY = [("protocol", S), ("endpoints", LISTS), ("timeout_ms", I), ("retries", I), ("concurrency", I), ("router", B)]
-RESOLVED: list = SCHEMA + [("policy", POLICY)]
+# Sections that are not part of the contract hash (Go tag contract:"unhashed").
+UNHASHED = {"policy"}
 
 
 class ContractError(ValueError):
@@ -132,7 +132,7 @@ def _floor_text(s: str) -> str:
 def _canon(schema, v, out: list) -> None:
     if isinstance(schema, list):
         out.append("{")
-        for i, (k, t) in enumerate(schema):
+        for i, (k, t) in enumerate([(k, t) for k, t in schema if k not in UNHASHED]):
             if i:
                 out.append(",")
             out.append(quote(k) + ":")
@@ -197,7 +197,7 @@ def parse(text: str, name: str = "contract") -> Contract:
         raw = yaml.load(text, Loader=yaml.BaseLoader)  # every scalar as text; types from SCHEMA
     except yaml.YAMLError as e:
         raise ContractError(f"{name}: {e}") from None
-    doc = _parse("", RESOLVED, raw)
+    doc = _parse("", SCHEMA, raw)
     h = "sha256:" + hashlib.sha256(b"trajflow/contract/v1\n" + canonical(doc).encode()).hexdigest()
     sout: list = []
     _canon(dict(SCHEMA)["sampler"], doc["sampler"], sout)

@@ -59,7 +59,7 @@ def go_json(obj, indent: str | None = None) -> bytes:
 CENSUS_FIELDS = [("event_id", False), ("run_id", False), ("attempt_id", False), ("task_id", True),
                  ("group_id", True), ("kind", False), ("stage", False), ("reason", True), ("infra", True),
                  ("batch_id", True), ("update", True), ("policy_version", True), ("tokens", True),
-                 ("reward", True), ("latency_us", True), ("at_us", False)]
+                 ("stale_tokens", True), ("reward", True), ("latency_us", True), ("at_us", False)]
 
 
 def census_record(ev: dict) -> tuple[bytes, bytes, list]:

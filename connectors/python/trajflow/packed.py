@@ -26,6 +26,8 @@ SEQ_MEAN_TOKEN_MEAN = "seq-mean-token-mean"
 NORMALIZATIONS = (TOKEN_MEAN, SEQ_MEAN_TOKEN_SUM, SEQ_MEAN_TOKEN_MEAN)
 K1, K2, K3 = "k1", "k2", "k3"
 KL_NONE, KL_LOSS, KL_REWARD = "none", "loss", "reward"
+# Off-policy corrections (gpu/objective OffPolicy*).
+OFF_NONE, OFF_TIS, OFF_DECOUPLED = "none", "tis", "decoupled"
 NO_TARGET = -1
 
 
@@ -96,6 +98,11 @@ class Options:
     kl_coef: float = 0.0
     entropy_coef: float = 0.0
     max_log_ratio: float = 0.0
+    off_policy: str = ""
+    is_cap: float = 0.0
+
+    def corrected(self) -> bool:
+        return self.off_policy not in ("", OFF_NONE)
 
     def validate(self) -> None:
         fin = lambda x: not (math.isnan(x) or math.isinf(x))  # noqa: E731
@@ -115,6 +122,16 @@ class Options:
             raise ValueError(f"objective: kl_estimator {self.kl_estimator!r}")
         if self.kl_placement == KL_LOSS and not self.kl_estimator:
             raise ValueError("objective: kl_placement 'loss' needs kl_estimator")
+        if not fin(self.is_cap) or (self.is_cap != 0 and self.is_cap < 1):
+            raise ValueError(f"objective: is_cap {self.is_cap}: want 0 or a finite cap >= 1")
+        if self.off_policy in ("", OFF_NONE):
+            if self.is_cap != 0:
+                raise ValueError(f"objective: is_cap {self.is_cap} without an off_policy correction")
+        elif self.off_policy == OFF_TIS:
+            if self.is_cap <= 0:
+                raise ValueError("objective: off_policy 'tis' needs is_cap > 0")
+        elif self.off_policy != OFF_DECOUPLED:
+            raise ValueError(f"objective: off_policy {self.off_policy!r}")
 
 
 @dataclass
@@ -173,6 +190,9 @@ class Stats:
     clipped_neg: int = 0
     clip_frac_pos: float = 0.0
     clip_frac_neg: float = 0.0
+    is_weight_mean: float = 0.0
+    is_weight_max: float = 0.0
+    is_truncated: int = 0
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -192,6 +212,9 @@ class TokenInputs:
     adv: torch.Tensor
     weight: torch.Tensor
     versions: torch.Tensor
+    # Proximal log-probs (the decoupled objective): the policy at the start
+    # of the update; None means the current log-probs (ratio exactly 1).
+    prox: Optional[torch.Tensor] = None
 
 
 def token_weights(rows: Sequence, den: Denominators, normalization: str) -> list[np.ndarray]:
@@ -270,6 +293,12 @@ def objective(inp: TokenInputs, opts: Options) -> tuple[torch.Tensor, Stats, tor
         lr_t  = clamp(cur_t - old_t, ±max_log_ratio)  (no clamp when 0)
         r_t   = exp(lr_t)
         s_t   = min(r_t A_t, clamp(r_t, 1-clip_low, 1+clip_high) A_t)
+
+    with an off-policy correction (gpu/objective Compute): tis
+    s_t = sg(w_t/r_t)·r_t·A_t, w_t = min(r_t, is_cap); decoupled
+    s_t = w_t·min(q_t A_t, clamp(q_t, ...) A_t) with w_t = min(exp(prox_t -
+    old_t), is_cap) (no cap when 0) and q_t = exp(cur_t - prox_t), prox
+    being inp.prox or, when None, cur itself (q exactly 1).
         loss  = -Σ c_t s_t + kl_coef·Σ c_t k(ref_t - cur_t)·[placement loss]
                 - entropy_coef·Σ c_t H_t
 
@@ -304,21 +333,50 @@ def objective(inp: TokenInputs, opts: Options) -> tuple[torch.Tensor, Stats, tor
     w = inp.weight.double()
 
     lr_raw = cur - old
-    if opts.max_log_ratio > 0:
-        M = opts.max_log_ratio
-        clamped = (lr_raw.detach() > M) | (lr_raw.detach() < -M)
-        lr = torch.where(clamped, lr_raw.detach().clamp(-M, M), lr_raw)
-    else:
-        clamped = torch.zeros(N, dtype=torch.bool)
-        lr = lr_raw
+    M = opts.max_log_ratio
+
+    def clamp(x):
+        """The max_log_ratio guard: a clamped log ratio passes no gradient."""
+        if M > 0:
+            c = (x.detach() > M) | (x.detach() < -M)
+            return torch.where(c, x.detach().clamp(-M, M), x), c
+        return x, torch.zeros(N, dtype=torch.bool)
+
+    # The surrogate's ratio r is to the behavior policy, or (decoupled) to
+    # the proximal policy, whose ratio to the behavior policy is the
+    # importance weight iw (a constant).
+    iw = torch.ones(N, dtype=torch.float64)
+    clamped_w = torch.zeros(N, dtype=torch.bool)
+    truncated = torch.zeros(N, dtype=torch.bool)
+    base = old
+    if opts.off_policy == OFF_DECOUPLED:
+        p = cur32.double() if inp.prox is None else inp.prox.double()
+        if not torch.isfinite(p).all():
+            raise ObjectiveInputError("non-finite proximal log-prob at a masked position")
+        lb, clamped_w = clamp(p - old)
+        iw = torch.exp(lb.detach())
+        if opts.is_cap > 0:
+            truncated = iw > opts.is_cap
+            iw = torch.where(truncated, torch.full_like(iw, opts.is_cap), iw)
+        base = p
+    lr, clamped = clamp(cur - base)
+    clamped = clamped | clamped_w
     r = torch.exp(lr)
     lo, hi = 1 - opts.clip_low, 1 + opts.clip_high
     rd = r.detach()
-    clip_pos = (adv > 0) & (rd > hi)
-    clip_neg = (adv < 0) & (rd < lo)
-    clipped = clip_pos | clip_neg
-    bound = torch.where(clip_pos, torch.full_like(adv, hi), torch.full_like(adv, lo))
-    sur = torch.where(clipped, bound * adv, r * adv)
+    if opts.off_policy == OFF_TIS:
+        # The policy gradient weighted by min(r, cap): value iw·A, gradient
+        # iw·A·dcur.
+        truncated = rd > opts.is_cap
+        iw = torch.where(truncated, torch.full_like(rd, opts.is_cap), rd)
+        clip_pos = clip_neg = torch.zeros(N, dtype=torch.bool)
+        sur = (iw / rd) * r * adv
+    else:
+        clip_pos = (adv > 0) & (rd > hi)
+        clip_neg = (adv < 0) & (rd < lo)
+        clipped = clip_pos | clip_neg
+        bound = torch.where(clip_pos, torch.full_like(adv, hi), torch.full_like(adv, lo))
+        sur = iw * torch.where(clipped, bound * adv, r * adv)
 
     kl_on = inp.ref is not None and opts.kl_estimator != ""
     kl_loss = opts.kl_placement == KL_LOSS
@@ -359,6 +417,10 @@ def objective(inp: TokenInputs, opts: Options) -> tuple[torch.Tensor, Stats, tor
     st.clipped_neg = int(clip_neg.sum())
     st.clip_frac_pos = st.clipped_pos / st.pos_tokens if st.pos_tokens else 0.0
     st.clip_frac_neg = st.clipped_neg / st.neg_tokens if st.neg_tokens else 0.0
+    if opts.corrected():
+        st.is_weight_mean = float(iw.mean())
+        st.is_weight_max = float(iw.max())
+        st.is_truncated = int(truncated.sum())
     return loss, st, cur32
 
 

@@ -29,7 +29,11 @@ KIND = "policy_release"
 VERSION = 1
 
 FIELDS = ["policy_version", "training_step", "checkpoint_hash", "checkpoint_uri", "model_config_hash",
-          "tokenizer_hash", "chat_template_hash", "sampler_contract", "contract_hash", "created_at", "ready"]
+          "tokenizer_hash", "chat_template_hash", "sampler_contract", "contract_hash", "created_at", "ready",
+          "next_batch"]
+# Fields written only when not zero (omitempty in schemas.PolicyRelease).
+OMIT_EMPTY = {"next_batch"}
+INT_FIELDS = {"policy_version", "training_step", "next_batch"}
 
 
 def checkpoint_name(v: int, ext: str = ".ckpt") -> str:
@@ -98,11 +102,14 @@ class ReleaseMeta:
 
 
 def write_release(directory: str, version: int, training_step: int, checkpoint, model_config_hash: str,
-                  meta: ReleaseMeta, now: Optional[_dt.datetime] = None, ext: str = ".ckpt") -> dict:
+                  meta: ReleaseMeta, now: Optional[_dt.datetime] = None, ext: str = ".ckpt",
+                  next_batch: int = 0) -> dict:
     """Writes checkpoint and manifest files of version under directory and
     returns the manifest (schemas.PolicyRelease fields, in their order).
     checkpoint is the bytes, or a function writing the file (write_atomic);
-    the manifest's checkpoint_hash is the sha256 of the file as written."""
+    the manifest's checkpoint_hash is the sha256 of the file as written.
+    next_batch: every batch index below it was consumed by the trainer
+    (0: the initial release)."""
     d = os.path.abspath(directory)
     ckpt = os.path.join(d, checkpoint_name(version, ext))
     digest = write_atomic(ckpt, checkpoint)
@@ -115,13 +122,16 @@ def write_release(directory: str, version: int, training_step: int, checkpoint, 
         "contract_hash": meta.contract_hash,
         "created_at": now.astimezone(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"), "ready": True,
     }
+    if next_batch:
+        rel["next_batch"] = int(next_batch)
     write_atomic(os.path.join(d, manifest_name(version)), go_json(rel, indent="  "))
     return rel
 
 
 def encode_release(rel: dict) -> bytes:
     """schemas.EncodeRelease."""
-    return go_json({"kind": KIND, "version": VERSION, "data": {k: rel[k] for k in FIELDS}})
+    return go_json({"kind": KIND, "version": VERSION,
+                    "data": {k: rel[k] for k in FIELDS if not (k in OMIT_EMPTY and not rel.get(k))}})
 
 
 def decode_release(b: bytes) -> dict:
@@ -135,7 +145,7 @@ def decode_release(b: bytes) -> dict:
     data = doc["data"]
     if not isinstance(data, dict) or set(data) - set(FIELDS):
         raise ValueError(f"policy release: unknown fields {sorted(set(data) - set(FIELDS))}")
-    return {k: data.get(k, False if k == "ready" else (0 if k in ("policy_version", "training_step") else "")) for k in FIELDS}
+    return {k: data.get(k, False if k == "ready" else (0 if k in INT_FIELDS else "")) for k in FIELDS}
 
 
 def release_record(run_id: str, rel: dict) -> tuple[bytes, bytes, list]:

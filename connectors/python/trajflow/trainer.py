@@ -9,14 +9,19 @@ Exactly-once training over at-least-once delivery:
   batch (its action mask set to 0) and counted; the update record says how
   many (``duplicates``) and an incident ``duplicate_trajectory`` is raised.
   A batch with no new trajectory is refused (``duplicate_batch``).
-* The lag rule holds where the gradient is taken: with ``from`` the
-  trainer's version at the update, a trained token whose behavior version v
-  has ``from - v > max_lag`` is never trained. Under the contract's
-  ``stale_policy: drop`` every segment holding such a token is masked out
-  (counted as dropped segments and tokens); under ``mask_stale`` only the
-  stale tokens are masked (counted). Counts go to the update record (under
-  ``python``) and to an incident ``stale_tokens``; a batch left with no
-  trained token is refused (``stale_batch``).
+* The lag rule holds where the gradient is taken, as in the Go train
+  stage (operators/train LagRule): with ``from`` the trainer's version at
+  the update, a trained token whose behavior version v has
+  ``from - v > max_lag`` is never trained. Under the contract's
+  ``stale_policy: drop`` every segment holding such a token is masked out;
+  under ``mask_stale`` only the stale tokens are. A segment left with no
+  trained token is dropped: census ``filtered`` with reason
+  ``stale_at_update`` (stage train, its excluded tokens in
+  ``stale_tokens``). The update record counts the excluded tokens
+  (``stale_tokens``, ``stale_lag`` by lag), the dropped segments
+  (``stale_segments``, ``not_trained``) and the trained tokens by lag
+  (``lag_tokens``); a batch left with no trained token is refused
+  (``stale_batch``), its trajectories counted in the census the same way.
 * State is rebuilt at start from the policy topic (latest ready release),
   that release's update record (last batch index), the optimizer state
   beside it, and the batches topic (the ids of every batch up to that index
@@ -56,6 +61,9 @@ log = logging.getLogger("trajflow.train")
 
 STALE_DROP = "drop"
 STALE_MASK = "mask_stale"
+# The census reason of a trajectory the lag rule excluded at the update
+# (schemas.ReasonStaleAtUpdate).
+REASON_STALE_AT_UPDATE = "stale_at_update"
 
 
 @dataclass
@@ -218,7 +226,7 @@ class TrainStage:
                 trained_batches = None
                 break
             trained_batches.add(u["batch_id"])
-            not_trained.update(u.get("trainer", {}).get("not_trained", []))
+            not_trained.update(u.get("not_trained") or [])
 
         def on_batch(m: Message):
             try:
@@ -265,10 +273,10 @@ class TrainStage:
         write_atomic(p, json.dumps(st).encode())
 
     # ---------------------------------------------------------- publish
-    def _release(self) -> dict:
+    def _release(self, next_batch: int = 0) -> dict:
         t = self.trainer
         rel = write_release(self.cfg.release_dir, t.version, t.steps, t.checkpoint_payload(), t.config_hash(), self.cfg.meta,
-                            ext=t.CHECKPOINT_EXT)
+                            ext=t.CHECKPOINT_EXT, next_batch=next_batch)
         return rel
 
     def publish_initial(self) -> None:
@@ -323,19 +331,19 @@ class TrainStage:
                     fresh += 1
         if not fresh:
             return self.refuse(m, B.REASON_DUPLICATE_BATCH, f"every trajectory of batch {batch.batch_id} was trained already")
+        frm = self.trainer.version
         lag = self._lag_rule(batch)
-        # Trajectories with a token left to train, and those the lag rule
-        # took out entirely (not trained: census "filtered", reason stale).
-        ids, stale_ids = [], []
-        for r in batch.rows:
-            live = set(np.unique(r.segment_ids[r.action_mask == 1]).tolist())
-            for k, tid in enumerate(r.segment_trajectory_ids):
-                if tid in self.trained:
-                    continue
-                (ids if k in live else stale_ids).append(tid)
+        ids, stale_ids = lag["trained"], lag["dropped"]
+        at = int(time.time() * 1e6)
+        stale_events = [(c.topics.census,) + census_record({
+            "run_id": c.run_id, "attempt_id": tid, "kind": "filtered", "stage": c.stage, "reason": REASON_STALE_AT_UPDATE,
+            "batch_id": batch.batch_id, "update": batch.batch_index, "policy_version": frm,
+            "stale_tokens": lag["masked"].get(tid, 0), "at_us": at}) for tid in stale_ids]
         if not ids:
+            self.producer.send(stale_events)
             return self.refuse(m, B.REASON_STALE_BATCH,
-                               f"batch {batch.batch_id}: no token within max_lag {c.max_lag} of trainer version {self.trainer.version}")
+                               f"batch {batch.batch_id}: no trained token within max_lag {c.max_lag} of trainer version {frm} "
+                               f"({lag['stale_tokens']} tokens, {len(stale_ids)} segments excluded)")
         t0 = time.monotonic()
         try:
             first, last = self.trainer.update(batch, c.objective, c.adam, c.epochs)
@@ -343,37 +351,35 @@ class TrainStage:
             return self.refuse(m, B.REASON_UNTRAINABLE, f"batch {batch.batch_id}: {e}")
         secs = time.monotonic() - t0
         v = self.trainer.version
-        at = int(time.time() * 1e6)
-        out = []
+        out = list(stale_events)
         for tid in ids:
             out.append((c.topics.census,) + census_record({
                 "run_id": c.run_id, "attempt_id": tid, "kind": "trained", "stage": c.stage,
-                "batch_id": batch.batch_id, "update": batch.batch_index, "policy_version": v, "at_us": at}))
-        for tid in stale_ids:
-            out.append((c.topics.census,) + census_record({
-                "run_id": c.run_id, "attempt_id": tid, "kind": "filtered", "stage": c.stage, "reason": "stale",
-                "batch_id": batch.batch_id, "update": batch.batch_index, "policy_version": v, "at_us": at}))
+                "batch_id": batch.batch_id, "update": batch.batch_index, "policy_version": v,
+                "tokens": lag["left"].get(tid, 0), "stale_tokens": lag["masked"].get(tid, 0), "at_us": at}))
         if dups:
             out.append((c.topics.incidents,) + incident_record({
                 "run_id": c.run_id, "attempt_id": batch.batch_id, "stage": c.stage, "reason": "duplicate_trajectory",
                 "detail": f"{dups} segments of batch {batch.batch_id} were trained already and were masked out",
                 "source": m.ref, "at_us": at}))
-        if lag["lag_masked_tokens"]:
-            out.append((c.topics.incidents,) + incident_record({
-                "run_id": c.run_id, "attempt_id": batch.batch_id, "stage": c.stage, "reason": "stale_tokens",
-                "detail": f"{lag['lag_masked_tokens']} tokens ({lag['lag_dropped_segments']} segments dropped) of batch "
-                          f"{batch.batch_id} were more than max_lag {c.max_lag} behind version {v - 1} and were not trained",
-                "source": m.ref, "at_us": at}))
         rec = {"version": v, "batch_id": batch.batch_id, "batch_index": batch.batch_index,
-               "metrics": first.metrics(), "last": last.to_dict(), "duplicates": dups, "step_seconds": secs,
-               "trainer": {"trainer": self.backend.name, "torch": torch.__version__,
-                          "max_lag": c.max_lag, "stale_policy": c.stale_policy, **lag,
-                          "source": m.ref, "not_trained": stale_ids, **first.extra,
-                          "outputs": [json_records(r) for r in out]}}
+               "metrics": first.metrics(), "last": last.to_dict(), "duplicates": dups,
+               "max_lag": c.max_lag, "stale_policy": c.stale_policy, "stale_tokens": lag["stale_tokens"],
+               "stale_segments": len(stale_ids)}
+        if stale_ids:
+            rec["not_trained"] = stale_ids
+        if lag["stale_lag"]:
+            rec["stale_lag"] = lag["stale_lag"]
+        if lag["lag_tokens"]:
+            rec["lag_tokens"] = lag["lag_tokens"]
+        rec["selection"] = lag["selection"]
+        rec.update({"step_seconds": secs,
+                    "trainer": {"trainer": self.backend.name, "torch": torch.__version__,
+                                "source": m.ref, **first.extra, "outputs": [json_records(r) for r in out]}})
         t1 = time.monotonic()
         write_atomic(os.path.join(c.release_dir, update_name(v)), update_document(rec))
         write_atomic(os.path.join(c.release_dir, optim_name(v)), self.trainer.optim_payload())
-        rel = self._release()
+        rel = self._release(batch.batch_index + 1)
         self.producer.send([(c.topics.policy,) + release_record(c.run_id, rel)] + out)
         self.release_seconds = time.monotonic() - t1
         self.last_record = rec
@@ -403,21 +409,64 @@ class TrainStage:
 
     def _lag_rule(self, batch: B.PackedBatch) -> dict:
         """Masks the tokens the lag rule excludes at this update (see the
-        module docstring) and returns the counts."""
+        module docstring; operators/train LagRule.Apply) and returns what it
+        did: the excluded tokens (``stale_tokens``, by lag ``stale_lag``,
+        per trajectory ``masked``), the trained tokens by lag
+        (``lag_tokens``, per trajectory ``left``), and the trajectories
+        left with a trained token (``trained``) or none (``dropped``), in
+        row then segment order. Segments without a trained token before
+        the rule (duplicates masked out) are in neither list."""
         frm = self.trainer.version
-        masked_tokens = dropped_segments = 0
+        stale_h: dict = {}
+        kept_h: dict = {}
+        masked: dict = {}
+        left: dict = {}
+        trained_ids, dropped = [], []
+        total = 0
+        # The selection account (schemas.UpdateSelection): segments with a
+        # trained token before the rule, and those left with one.
+        segs = segs_trained = length = length_trained = before = 0
+        groups, groups_trained = set(), set()
         for r in batch.rows:
             trained = r.action_mask == 1
-            stale = trained & ((frm - r.policy_versions.astype(np.int64)) > self.cfg.max_lag)
-            if not stale.any():
-                continue
+            lag = frm - r.policy_versions.astype(np.int64)
+            stale = trained & (lag > self.cfg.max_lag)
+            had = np.bincount(r.segment_ids[trained], minlength=len(r.segment_trajectory_ids))
             if self.cfg.stale_policy == STALE_DROP:
-                for k in np.unique(r.segment_ids[stale]):
-                    seg = (r.segment_ids == k) & trained
-                    masked_tokens += int(seg.sum())
-                    dropped_segments += 1
-                    r.action_mask[seg] = 0
+                bad = np.zeros(len(r.segment_trajectory_ids), dtype=bool)
+                bad[np.unique(r.segment_ids[stale])] = True
+                out = trained & bad[r.segment_ids]
             else:
-                masked_tokens += int(stale.sum())
-                r.action_mask[stale] = 0
-        return {"lag_masked_tokens": masked_tokens, "lag_dropped_segments": dropped_segments}
+                out = stale
+            for L, n in zip(*np.unique(lag[out], return_counts=True)):
+                stale_h[int(L)] = stale_h.get(int(L), 0) + int(n)
+            keep = trained & ~out
+            for L, n in zip(*np.unique(lag[keep], return_counts=True)):
+                kept_h[int(L)] = kept_h.get(int(L), 0) + int(n)
+            total += int(out.sum())
+            gone = np.bincount(r.segment_ids[out], minlength=len(r.segment_trajectory_ids))
+            r.action_mask[out] = 0
+            for k, tid in enumerate(r.segment_trajectory_ids):
+                if gone[k]:
+                    masked[tid] = masked.get(tid, 0) + int(gone[k])
+                if had[k] == 0:
+                    continue
+                segs += 1
+                groups.add(r.segment_group_ids[k])
+                length += int(r.segment_lengths[k])
+                before += int(had[k])
+                if had[k] == gone[k]:
+                    dropped.append(tid)
+                else:
+                    trained_ids.append(tid)
+                    left[tid] = left.get(tid, 0) + int(had[k] - gone[k])
+                    segs_trained += 1
+                    groups_trained.add(r.segment_group_ids[k])
+                    length_trained += int(r.segment_lengths[k])
+        hist = lambda h: [{"lag": L, "tokens": h[L]} for L in sorted(h)]  # noqa: E731
+        sel = {"segments": segs, "trained_segments": segs_trained, "groups": len(groups),
+               "trained_groups": len(groups_trained), "length_mean": length / segs if segs else 0.0,
+               "length_mean_trained": length_trained / segs_trained if segs_trained else 0.0,
+               "stale_share": total / before if before else 0.0}
+        return {"stale_tokens": total, "stale_lag": hist(stale_h), "lag_tokens": hist(kept_h), "masked": masked,
+                "left": left, "trained": trained_ids, "dropped": dropped, "selection": sel}

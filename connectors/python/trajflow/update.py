@@ -29,7 +29,7 @@ import torch
 
 from .batches import PackedBatch
 from .model import Behavior, WindowMLP, behavior_logits_row
-from .packed import (Denominators, gather_target_logprobs, ObjectiveInputError, Options, Stats, TokenInputs, global_denominators, lag_stats,
+from .packed import (OFF_DECOUPLED, Denominators, gather_target_logprobs, ObjectiveInputError, Options, Stats, TokenInputs, global_denominators, lag_stats,
                      objective, shift_targets, token_weights)
 
 
@@ -116,6 +116,11 @@ class Trainer:
         self.m1 = torch.zeros(n, dtype=torch.float64)
         self.m2 = torch.zeros(n, dtype=torch.float64)
         self.exact = exact
+        # The decoupled objective's proximal log-probs (gpu.Trainer prox):
+        # the current log-probs of the first step on batch _prox_batch since
+        # the last update began.
+        self._prox: Optional[torch.Tensor] = None
+        self._prox_batch: Optional[str] = None
 
     CHECKPOINT_EXT = ".ckpt"
 
@@ -209,7 +214,14 @@ class Trainer:
             raise ObjectiveInputError(f"batch {batch.batch_id} has no trained token")
         self.model.zero_grad(set_to_none=True)
         inp, _ = self.token_inputs(batch, opts, den)
+        decoupled = opts.off_policy == OFF_DECOUPLED
+        take = decoupled and (self._prox is None or self._prox_batch != batch.batch_id
+                              or self._prox.numel() != inp.old.numel())
+        if decoupled and not take:
+            inp.prox = self._prox
         loss, st, cur = objective(inp, opts)
+        if take:
+            self._prox, self._prox_batch = cur.detach().clone(), batch.batch_id
         st.sequences = den.sequences
         lag = lag_stats(cur, inp.old, inp.versions, self.version)
         loss.backward()
@@ -245,6 +257,7 @@ class Trainer:
         returns the first step's metrics and the last step's stats; atomic."""
         saved = (self.model.flat.detach().clone(), self.m1.clone(), self.m2.clone(), self.version, self.steps)
         frm = self.version
+        self._prox = None  # the proximal policy is the policy at the start of this update
         try:
             first = last = None
             for e in range(max(1, epochs)):
