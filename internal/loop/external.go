@@ -6,6 +6,9 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+
+	"github.com/trajflow/trajflow/gpu"
+	"github.com/trajflow/trajflow/operators"
 )
 
 // Trainers of Options.Trainer.
@@ -22,6 +25,10 @@ const TrainerFile = "trainer.json"
 // (with an external trainer: its --contract).
 const ContractFile = "contract.yaml"
 
+// InitialCheckpointFile is the built-in policy's version 0 in the output
+// directory (with an external trainer: its --init-checkpoint).
+const InitialCheckpointFile = "initial.ckpt"
+
 // TrainerInfo is OUT/trainer.json: the arguments of the external trainer.
 type TrainerInfo struct {
 	Brokers  []string `json:"brokers"`
@@ -32,8 +39,13 @@ type TrainerInfo struct {
 	Releases string   `json:"releases"` // the release directory (the loop reads update records there)
 	Contract string   `json:"contract"` // the resolved contract
 	Updates  int      `json:"updates"`  // releases after release 0 the run waits for
+	// InitCheckpoint is the built-in policy's version 0, the model the
+	// hidden eval measured at the start (the trainer's --init-checkpoint;
+	// empty for a language model, whose version 0 is its GGUF file).
+	InitCheckpoint string `json:"init_checkpoint,omitempty"`
 	// Command is `python -m trajflow.train` with these arguments (for the
-	// built-in policy; a language model adds --model gguf:PATH).
+	// built-in policy; a language model adds --model gguf:PATH instead of
+	// --init-checkpoint).
 	Command []string `json:"command"`
 }
 
@@ -65,6 +77,25 @@ func (r *runner) writeTrainerInfo() error {
 		Policy: r.topics.Policy, Releases: rel, Contract: cp, Updates: r.o.Updates}
 	info.Command = []string{"python", "-m", "trajflow.train", "--brokers", strings.Join(r.brokers, ","), "--run", info.RunID,
 		"--releases", rel, "--contract", cp}
+	if r.o.Tasks != TasksText {
+		// The Python trainer draws other initial weights than the Go
+		// trainer's (gpu.InitialModel): it is given these, so that release
+		// 0 is the policy the hidden eval measured.
+		mc, seed := operators.ModelConfig(r.c)
+		m0, err := gpu.InitialModel(mc, seed)
+		if err != nil {
+			return err
+		}
+		b, err := m0.Bytes()
+		if err != nil {
+			return err
+		}
+		info.InitCheckpoint = filepath.Join(filepath.Dir(cp), InitialCheckpointFile)
+		if err := writeFileAtomic(info.InitCheckpoint, b); err != nil {
+			return fmt.Errorf("demo: initial checkpoint: %w", err)
+		}
+		info.Command = append(info.Command, "--init-checkpoint", info.InitCheckpoint)
+	}
 	b, err := json.MarshalIndent(info, "", "  ")
 	if err != nil {
 		return err

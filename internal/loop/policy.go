@@ -199,6 +199,12 @@ func textStops(ctx context.Context, o Options) ([]int32, error) {
 	if !ok {
 		return nil, fmt.Errorf("loop: the %s client has no tokenizer", c.Policy.Protocol)
 	}
+	if s, ok := cl.(interface{ Served(int64) }); ok && c.Policy.Router {
+		// A router's tokenizer calls name a model: version 0's, the model
+		// every run starts from (its versions share the tokenizer). It
+		// must be loaded on the router (examples/llm/run.sh loads it).
+		s.Served(0)
+	}
 	// A final assistant message is rendered open (for the model to go
 	// on): follow it with a user message, and take the text between them.
 	msgs := []rollout.ChatMessage{{Role: "user", Content: "q"}, {Role: "assistant", Content: "\u27e6a\u27e7"}, {Role: "user", Content: "\u27e6u\u27e7"}}
