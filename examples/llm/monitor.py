@@ -169,7 +169,7 @@ def fmt(ln: dict) -> str:
     return (f"{ln['update']:6d}  {f(ln['reward'], '6.3f')}  {f(ln['action_validity'], '5.3f')}  {f(ln['success'], '7.3f')}  "
             f"{f(ln['kl_first'], '8.5f')}  {f(ln['kl_last'], '8.5f')}  {f(mm.get('rollout_logprobs_diff_mean'), '7.4f')}  "
             f"{f(mm.get('rollout_logprobs_diff_max'), '6.3f')}  {f(mm.get('mismatch_kl'), '6.4f')}  {f(ln['tokens_per_s'], '6.1f')}  "
-            f"{f(s['generation'], '6.1f')}  {f(s['pipeline'], '6.1f')}  {f(s['training'], '6.1f')}  {f(s['weight_sync'], '6.1f')}")
+            f"{f(s['generation'], '6.1f')}  {f(s['pipeline'], '6.2f')}  {f(s['training'], '6.1f')}  {f(s['weight_sync'], '6.1f')}")
 
 
 def main(argv=None) -> int:
