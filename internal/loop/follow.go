@@ -160,7 +160,7 @@ func (r *runner) report(ctx context.Context, p *progress) error {
 		r.sum.MaxLagSeen = max(r.sum.MaxLagSeen, line.Lag)
 		p.lastAt = now
 		evalNote := ""
-		if rel.PolicyVersion%int64(r.evalEvery) == 0 {
+		if r.ev != nil && rel.PolicyVersion%int64(r.evalEvery) == 0 { // no hidden eval of a served language model
 			s, err := r.ev.Release(ctx, rel)
 			if err != nil {
 				return err
