@@ -195,7 +195,8 @@ def parse(text: str, name: str = "contract") -> Contract:
     # The policy section says which servers generate (deployment): the Go
     # side leaves it out of the hash (pipeline/contract Canonical) and the
     # trainer does not read it; it is kept as written.
-    policy = raw.pop("policy", None) if isinstance(raw, dict) else None
+    # (A SCHEMA that lists the policy section parses it itself.)
+    policy = raw.pop("policy", None) if isinstance(raw, dict) and "policy" not in dict(SCHEMA) else None
     if policy is not None and not isinstance(policy, dict):
         raise ContractError(f"{name}: policy: want a mapping")
     doc = _parse("", SCHEMA, raw)
