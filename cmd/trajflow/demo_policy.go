@@ -14,7 +14,8 @@ type policyFlags struct {
 }
 
 func addPolicyFlags(fs *flag.FlagSet, o *loop.Options) policyFlags {
-	fs.StringVar(&o.Tasks, "tasks", loop.TasksKV, "task family: kv (the built-in vocabulary) or text (a language model on --policy llamacpp://...; needs --no-train)")
+	fs.StringVar(&o.Tasks, "tasks", loop.TasksKV, "task family: kv (the built-in vocabulary) or text (a language model on --policy llamacpp://...; needs --no-train or --trainer external)")
+	fs.StringVar(&o.Trainer, "trainer", loop.TrainerBuiltin, "who trains: builtin (the Go train stage) or external (a trainer outside the loop, python -m trajflow.train, consumes the batches topic and publishes every release; arguments in OUT/trainer.json)")
 	fs.BoolVar(&o.NoTrain, "no-train", false, "leave the train stage out (the built-in trainer cannot train a server's model): release 0 only, each round closes once pack decided its groups")
 	return policyFlags{
 		urls:     fs.String("policy", "", "policy server replicas, comma-separated: sglang://HOST:PORT, vllm://HOST:PORT, llamacpp://HOST:PORT, or http://HOST:PORT with --policy-protocol (default: the built-in policy in process); weight sync runs in the loop, the servers read releases from OUT/releases"),

@@ -82,6 +82,13 @@ type Options struct {
 	// itself, dispatch closes a round once pack decided all its groups,
 	// and the run ends when every round is decided.
 	NoTrain bool
+	// Trainer is who trains: TrainerBuiltin ("" too: the Go train stage
+	// in the loop) or TrainerExternal (a trainer outside the loop, such as
+	// `python -m trajflow.train`, consumes the batches topic and publishes
+	// every release, release 0 included, on the policy topic; the loop
+	// writes what it needs to OUT/trainer.json, waits for its releases as
+	// for the built-in trainer's, and ends after Updates releases).
+	Trainer string
 	// StopTokenIDs, when set, are the sampler's stop ids (for TasksText
 	// the loop asks the server's chat template when unset).
 	StopTokenIDs []int32
@@ -344,6 +351,9 @@ func (r *runner) prepare(ctx context.Context) error {
 		return err
 	}
 	if err := r.publishInitial(ctx); err != nil {
+		return err
+	}
+	if err := r.writeTrainerInfo(); err != nil {
 		return err
 	}
 	r.sum = &Summary{RunID: c.RunID, ContractHash: c.Hash(), Seed: c.Seed, Mode: c.Dispatch.Mode, Rounds: r.o.Updates}

@@ -76,14 +76,23 @@ func (o Options) served() bool {
 
 // check refuses option combinations the loop cannot run.
 func (o Options) check() error {
+	switch o.Trainer {
+	case "", TrainerBuiltin:
+	case TrainerExternal:
+		if o.NoTrain {
+			return fmt.Errorf("loop: --trainer external and --no-train: an external trainer trains; leave out one of them")
+		}
+	default:
+		return fmt.Errorf("loop: --trainer %q: want %s or %s", o.Trainer, TrainerBuiltin, TrainerExternal)
+	}
 	switch o.Tasks {
 	case "", TasksKV:
 	case TasksText:
 		if !o.served() {
 			return fmt.Errorf("loop: --tasks text needs a language model on a policy server (--policy llamacpp://HOST:PORT)")
 		}
-		if !o.NoTrain {
-			return fmt.Errorf("loop: --tasks text needs --no-train: the built-in trainer trains only the built-in window-MLP, not the server's language model")
+		if !o.NoTrain && !o.external() {
+			return fmt.Errorf("loop: --tasks text needs --no-train or --trainer external (python -m trajflow.train --model gguf:PATH): the built-in trainer trains only the built-in window-MLP, not the server's language model")
 		}
 	default:
 		return fmt.Errorf("loop: --tasks %q: want %s or %s", o.Tasks, TasksKV, TasksText)
@@ -96,7 +105,7 @@ func (o Options) check() error {
 func (r *runner) stages() []string {
 	var out []string
 	for _, s := range Stages {
-		if s == "train" && r.o.NoTrain {
+		if s == "train" && (r.o.NoTrain || r.o.external()) {
 			continue
 		}
 		out = append(out, s)
@@ -135,7 +144,8 @@ func applyPolicy(c *contract.Contract, o Options) {
 // a small language model on a policy server: 2 tasks x 2 groups x 4
 // attempts per round, at most 3 turns of 32 tokens, 960 tokens per
 // episode (a llama-server slot of -c 2048 -np 2 holds 1024), GRPO keeping
-// zero-variance groups (the untrained model often fails every attempt).
+// zero-variance groups (the untrained model often fails every attempt),
+// the optimizer of a pretrained language model.
 // The artifacts that the server holds (model, tokenizer, chat template)
 // are named as the server's; each trajectory records their hashes.
 func textKnobs(c *contract.Contract) {
@@ -162,6 +172,13 @@ func textKnobs(c *contract.Contract) {
 	c.Dispatch.TasksPerUpdate, c.Dispatch.GroupsPerUpdate = 2, 2
 	c.Packing.BatchGroups = 2
 	c.Packing.TokenBudget = 1024
+	// A trainer of the language model (--trainer external): fine-tuning
+	// steps of a pretrained 135M model, one pass over each batch, no
+	// entropy bonus (the demo's 0.01 and 0.05 are for the window-MLP
+	// trained from scratch).
+	c.Loss.Optimizer.LR = 1e-5
+	c.Loss.Optimizer.Epochs = 1
+	c.Loss.EntropyCoef = 0
 }
 
 // textStops asks the first replica for the ids that end an assistant
@@ -181,6 +198,12 @@ func textStops(ctx context.Context, o Options) ([]int32, error) {
 	tok, ok := cl.(rollout.Tokenizer)
 	if !ok {
 		return nil, fmt.Errorf("loop: the %s client has no tokenizer", c.Policy.Protocol)
+	}
+	if s, ok := cl.(interface{ Served(int64) }); ok && c.Policy.Router {
+		// A router's tokenizer calls name a model: version 0's, the model
+		// every run starts from (its versions share the tokenizer). It
+		// must be loaded on the router (examples/llm/run.sh loads it).
+		s.Served(0)
 	}
 	// A final assistant message is rendered open (for the model to go
 	// on): follow it with a user message, and take the text between them.

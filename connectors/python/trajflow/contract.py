@@ -180,6 +180,7 @@ class Contract:
     doc: dict
     hash: str
     sampler_hash: str
+    policy: dict = None  # the policy section (deployment; not hashed, not read)
 
     def __getitem__(self, k):
         return self.doc[k]
@@ -197,6 +198,13 @@ def parse(text: str, name: str = "contract") -> Contract:
         raw = yaml.load(text, Loader=yaml.BaseLoader)  # every scalar as text; types from SCHEMA
     except yaml.YAMLError as e:
         raise ContractError(f"{name}: {e}") from None
+    # The policy section says which servers generate (deployment): the Go
+    # side leaves it out of the hash (pipeline/contract Canonical) and the
+    # trainer does not read it; it is kept as written.
+    # (A SCHEMA that lists the policy section parses it itself.)
+    policy = raw.pop("policy", None) if isinstance(raw, dict) and "policy" not in dict(SCHEMA) else None
+    if policy is not None and not isinstance(policy, dict):
+        raise ContractError(f"{name}: policy: want a mapping")
     doc = _parse("", SCHEMA, raw)
     h = "sha256:" + hashlib.sha256(b"trajflow/contract/v1\n" + canonical(doc).encode()).hexdigest()
     sout: list = []
@@ -206,7 +214,7 @@ def parse(text: str, name: str = "contract") -> Contract:
     if m and m.group(1) != h:
         raise ContractError(f"{name}: header says hash {m.group(1)}, the contract hashes to {h} (edited after resolving? "
                             "resolve it again with trajflow contract validate)")
-    return Contract(doc=doc, hash=h, sampler_hash=sh)
+    return Contract(doc=doc, hash=h, sampler_hash=sh, policy=policy or {})
 
 
 def load(path: str) -> Contract:
