@@ -1,7 +1,7 @@
 // Package bench measures trajflow's throughput over a broker, side by side
-// with the limit set by moving the same bytes through Kafka (systems §4:
+// with the limit set by moving the same bytes through Kafka (docs/SYSTEMS.md §4:
 // "maximize valid, appropriately on-policy, reward-bearing training tokens
-// per unit time"; systems §18: capacity planning starts from one measured
+// per unit time"; docs/SYSTEMS.md §18: capacity planning starts from one measured
 // episode distribution).
 //
 // Run drives the validate → reward → advantage → pack stages as Kafka
@@ -424,7 +424,7 @@ func (r *run) pipeline(ctx context.Context, rep *Report) error {
 	cfg := &r.cfg
 	c := cfg.Contract
 	// The trainer's version: the lag rule judges behavior versions
-	// against it (systems §4 "appropriately on-policy").
+	// against it (docs/SYSTEMS.md §4 "appropriately on-policy").
 	if err := r.publishPolicy(ctx); err != nil {
 		return err
 	}

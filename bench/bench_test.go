@@ -90,7 +90,7 @@ func TestHistogram(t *testing.T) {
 	}
 }
 
-// TestLossCategories: every census reason lands in one loss of systems §4.
+// TestLossCategories: every census reason lands in one loss of docs/SYSTEMS.md §4.
 func TestLossCategories(t *testing.T) {
 	cases := []struct {
 		outcome, reason, want string

@@ -61,7 +61,7 @@ type Report struct {
 
 	PackingEfficiency float64 `json:"packing_efficiency"`
 	// Yield is valid action tokens admitted / action tokens generated;
-	// Losses itemize the rest (systems §4), as shares of generated action
+	// Losses itemize the rest (docs/SYSTEMS.md §4), as shares of generated action
 	// tokens; PaddingShare is the share of packed row slots left empty.
 	Yield        float64            `json:"yield"`
 	Losses       map[string]float64 `json:"losses"`
@@ -192,7 +192,7 @@ func newAccounting() *accounting {
 		lagGen: map[int64]int64{}, lagAdm: map[int64]int64{}, lat: newHistogram(), batchHop: newHistogram()}
 }
 
-// Loss categories (systems §4 "Track losses from").
+// Loss categories (docs/SYSTEMS.md §4 "Track losses from").
 const (
 	LossInvalid      = "invalid"
 	LossInfra        = "infrastructure_failure"

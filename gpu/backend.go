@@ -24,7 +24,7 @@ type Backend interface {
 	// tells a batch the policy cannot train from a failure of the
 	// backend).
 	Update(batch schemas.PackedBatch, opts objective.Options, adam AdamOptions, epochs int) (Metrics, objective.Stats, error)
-	// Release publishes the current parameters in files (systems §8).
+	// Release publishes the current parameters in files (docs/SYSTEMS.md §8).
 	Release(files Files, meta ReleaseMeta) (schemas.PolicyRelease, error)
 	// OptimState and SetOptimState save and restore the optimizer state
 	// written beside every release.

@@ -1,4 +1,4 @@
-// Package gpu is the trainer consumer (pipeline document §12–§14): it turns
+// Package gpu is the trainer consumer (docs/PIPELINE.md §12–§14): it turns
 // packed batches into updates of the policy. This file is the CPU backend
 // for the built-in policy (gpu/model): current log-probs on the exact
 // stored tokens, the objective of gpu/objective, backpropagation, Adam with
@@ -24,7 +24,7 @@ var (
 	ErrOptim = errors.New("gpu: bad optimizer options")
 )
 
-// AdamOptions declares the optimizer (pipeline §14).
+// AdamOptions declares the optimizer (docs/PIPELINE.md §14).
 type AdamOptions struct {
 	LR          float64 `json:"lr" yaml:"lr"`                       // > 0
 	Beta1       float64 `json:"beta1" yaml:"beta1"`                 // [0, 1)
@@ -109,7 +109,7 @@ func (t *Trainer) Policy() *model.Policy { return model.NewPolicy(t.m, t.version
 // Behavior is the behavior distribution the trainer optimizes.
 func (t *Trainer) Behavior() model.Behavior { return t.behavior }
 
-// Metrics of one update (pipeline §13, §14, §20): schemas.UpdateMetrics.
+// Metrics of one update (docs/PIPELINE.md §13, §14, §20): schemas.UpdateMetrics.
 type Metrics = schemas.UpdateMetrics
 
 // checkRow validates the shapes of one packed row.
@@ -138,7 +138,7 @@ func checkRow(r *schemas.PackedRow) error {
 	return nil
 }
 
-// Step performs one update on a packed batch (pipeline §12–§14):
+// Step performs one update on a packed batch (docs/PIPELINE.md §12–§14):
 //
 //  1. the global denominators of all rows (objective.GlobalDenominators);
 //  2. per row: the behavior logits of the current model on the exact stored

@@ -14,7 +14,7 @@ import (
 	"github.com/trajflow/trajflow/schemas"
 )
 
-// loopConfig is the in-process synchronous loop of pipeline §19 with the
+// loopConfig is the in-process synchronous loop of docs/PIPELINE.md §19 with the
 // real stage functions: rollout -> reward (trusted validator) -> advantage
 // (GRPO) -> pack window -> trainer step.
 type loopConfig struct {

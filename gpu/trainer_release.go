@@ -16,7 +16,7 @@ import (
 // ErrRelease is wrapped by errors of releasing or loading a policy.
 var ErrRelease = errors.New("gpu: policy release")
 
-// ReleaseMeta is what a release records besides the weights (systems §8).
+// ReleaseMeta is what a release records besides the weights (docs/SYSTEMS.md §8).
 type ReleaseMeta struct {
 	TokenizerHash    string
 	ChatTemplateHash string
@@ -48,7 +48,7 @@ func (t *Trainer) Release(files Files, meta ReleaseMeta) (schemas.PolicyRelease,
 }
 
 // ReleaseModel publishes model m as policy version `version` after `steps`
-// optimizer steps in files (systems §8 "Publication protocol"): the
+// optimizer steps in files (docs/SYSTEMS.md §8 "Publication protocol"): the
 // checkpoint is written atomically under CheckpointName(version) and
 // hashed (sha256 of its bytes), then the manifest, with Ready = true, under
 // ManifestName(version). A reader that sees the manifest therefore sees a
@@ -94,7 +94,7 @@ func ReleaseModel(files Files, m *model.Model, version, steps int64, meta Releas
 }
 
 // LoadRelease loads the policy of a release into a new snapshot (a
-// rollout worker's shadow slot, systems §8): the manifest must be Ready,
+// rollout worker's shadow slot, docs/SYSTEMS.md §8): the manifest must be Ready,
 // the checkpoint at CheckpointURI (file:// or a plain path) must hash to
 // CheckpointHash, and its architecture to ModelConfigHash. Any mismatch is
 // an error wrapping ErrRelease and nothing is returned; the caller keeps

@@ -62,7 +62,7 @@ func batchFor(t *testing.T, h *harness, update int) schemas.PackedBatch {
 // TestRatioOneBeforeFirstUpdate: the trainer's recomputed log-probs on the
 // exact stored tokens equal the behavior log-probs bit for bit, so the
 // ratio is exactly 1 and the KL to the behavior policy exactly 0 before any
-// update (pipeline §21 "Ratio is not one before first update"), for the
+// update (docs/PIPELINE.md §21 "Ratio is not one before first update"), for the
 // demo sampler and for one with temperature, top-k and top-p.
 func TestRatioOneBeforeFirstUpdate(t *testing.T) {
 	for _, tc := range []struct {
@@ -141,7 +141,7 @@ func TestRatioOneBeforeFirstUpdate(t *testing.T) {
 
 // TestStepDirection: an update on one batch raises the log-probability of
 // tokens with positive advantage and lowers it for negative advantage
-// (pipeline §18 Gate A "observe expected direction").
+// (docs/PIPELINE.md §18 Gate A "observe expected direction").
 func TestStepDirection(t *testing.T) {
 	cfg := smallLoop()
 	cfg.Objective.EntropyCoef = 0
@@ -390,7 +390,7 @@ func TestReleaseAndLoad(t *testing.T) {
 	}
 }
 
-// TestOfflineLearning is pipeline §18 Gate A's learning check: GRPO from
+// TestOfflineLearning is docs/PIPELINE.md §18 Gate A's learning check: GRPO from
 // the initial policy on the train split, through the real reward
 // (trusted validator), advantage and pack stages, raises the hidden-eval
 // success rate to >= 0.6 and >= 2x its initial value, for three model and

@@ -72,7 +72,7 @@ func (j *judge) Evaluate(_ context.Context, t *schemas.Trajectory) ([]schemas.Re
 // and the attempt admitted; one that always fails sends the attempt to
 // quarantine as reward_unavailable, flagged infrastructure, never a task
 // failure; an environment timeout (status timed_out) is quarantined as
-// timed_out, infrastructure too (pipeline §8, systems §14).
+// timed_out, infrastructure too (docs/PIPELINE.md §8, docs/SYSTEMS.md §14).
 func evaluatorScenario(t *testing.T, addr, broker string) {
 	start := time.Now()
 	path, c := runContract(t, uniqueRun("eval"), "")

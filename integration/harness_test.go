@@ -7,7 +7,7 @@
 // failing reward evaluators, malformed records on every data-plane topic.
 // Every scenario accounts for each launched attempt (internal/audit):
 // admitted exactly once, filtered or quarantined with a reason; lost and
-// duplicated must be 0 (systems §14: at-least-once delivery with
+// duplicated must be 0 (docs/SYSTEMS.md §14: at-least-once delivery with
 // deduplication, nothing silently duplicated).
 package integration
 

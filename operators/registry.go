@@ -31,7 +31,7 @@ type Deps struct {
 	// Evaluators are the reward evaluators beyond the built-in generic ones
 	// (for example the environment's trusted validator).
 	Evaluators []reward.Evaluator
-	// EvalDenylist reports hidden-evaluation task ids (pipeline §6).
+	// EvalDenylist reports hidden-evaluation task ids (docs/PIPELINE.md §6).
 	EvalDenylist func(taskID string) bool
 	VocabSize    int32
 	// PartialGroupTimeout and WindowMaxWait are the wall-clock policies of
@@ -335,7 +335,7 @@ func Planner(d Deps) (*dispatch.Planner, error) {
 }
 
 // RolloutSettings resolves the contract's sampler for the registry's tasks
-// (pipeline §5): temperature, top-k, top-p, min-p, the task grammar as the
+// (docs/PIPELINE.md §5): temperature, top-k, top-p, min-p, the task grammar as the
 // constrained-decoding mask, actions of at most max_tokens_per_action
 // ending at a stop token.
 //

@@ -9,7 +9,7 @@ import (
 // TopicSpecs lists every topic of the topology (pipeline.Topology) with
 // the contract's partitions, replication, retention and max.message.bytes.
 // Topics that must keep a single order (batches, windows, the policy log)
-// have one partition; the policy topic is compacted (systems §8: the
+// have one partition; the policy topic is compacted (docs/SYSTEMS.md §8: the
 // latest release per key). `trajflow topics create` then sets the
 // replication it plans with ReplicationRequest.
 //

@@ -168,7 +168,7 @@ func (e *Env) Close() error {
 	return st.Close()
 }
 
-// ReleaseStore keeps the files of policy releases (systems §8): a file is
+// ReleaseStore keeps the files of policy releases (docs/SYSTEMS.md §8): a file is
 // written atomically, so a reader never sees a partial one.
 type ReleaseStore interface {
 	// Write stores data under name: a temporary file in the store, fsynced,

@@ -2,7 +2,7 @@
 // member of a Kafka consumer group, drives a stage's pure function,
 // produces the outputs with acks=all, and commits an input offset only after
 // every output derived from it is acknowledged (at-least-once delivery,
-// systems document §14).
+// docs/SYSTEMS.md §14).
 //
 // A stage never touches Kafka, the disk or the network itself: the runtime
 // owns commits, retries, backpressure, quarantine and shutdown, and gives

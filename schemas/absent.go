@@ -12,7 +12,7 @@ import (
 // stage. A group that lost a member to quarantine can never complete;
 // with the declaration the advantage stage closes it (scored or filtered
 // under the partial-group policy) as soon as every other member is
-// present, instead of waiting for its partial-group timeout (pipeline §9).
+// present, instead of waiting for its partial-group timeout (docs/PIPELINE.md §9).
 type AbsentMembers map[string][]int32
 
 // Add records that member of groupID was refused. Rows without a group id

@@ -11,7 +11,7 @@ import (
 )
 
 // Codec encodes and decodes rows of one record kind as Arrow data. The wire
-// form (DESIGN.md, "Wire format") is one self-describing Arrow IPC stream
+// form (docs/GUARANTEES.md "Wire format") is one self-describing Arrow IPC stream
 // per message: the schema, carrying MetaKind and MetaVersion in its
 // metadata, one record batch holding all rows, and the end-of-stream
 // marker. The record forms serve the Parquet snapshot writer and reader.

@@ -57,7 +57,7 @@ func DecodeWindow(b []byte) (WindowRecord, error) {
 	return decodeDoc[WindowRecord](KindWindowRecord, b)
 }
 
-// Incident is a safety or integrity incident (pipeline §8, §9: "trigger an
+// Incident is a safety or integrity incident (docs/PIPELINE.md §8, §9: "trigger an
 // incident path"), on the incidents topic.
 type Incident struct {
 	IncidentID string `json:"incident_id"`
@@ -78,7 +78,7 @@ func EncodeIncident(i Incident) ([]byte, error) { return encodeDoc(KindIncident,
 func DecodeIncident(b []byte) (Incident, error) { return decodeDoc[Incident](KindIncident, b) }
 
 // ObjectiveStats are the statistics of the policy objective over a batch
-// (pipeline §13): gpu/objective computes them (objective.Stats has this
+// (docs/PIPELINE.md §13): gpu/objective computes them (objective.Stats has this
 // layout).
 type ObjectiveStats struct {
 	// Loss = PolicyLoss + KLCoef*KL (only when KL is placed in the loss)
@@ -105,7 +105,7 @@ type ObjectiveStats struct {
 	RatioMax  float64 `json:"ratio_max"`
 	// LogRatioClamped counts masked tokens whose log ratio was clamped.
 	LogRatioClamped int64 `json:"log_ratio_clamped"`
-	// Clip counts and fractions by advantage sign (pipeline §13).
+	// Clip counts and fractions by advantage sign (docs/PIPELINE.md §13).
 	PosTokens   int64   `json:"pos_tokens"`
 	NegTokens   int64   `json:"neg_tokens"`
 	ClippedPos  int64   `json:"clipped_pos"`
@@ -168,7 +168,7 @@ func fracOf(a, b int64) float64 {
 }
 
 // LagStat is the ratio and KL to the behavior policy of the masked tokens
-// at one policy lag (pipeline §18 gate E, "lag-stratified ratio/KL").
+// at one policy lag (docs/PIPELINE.md §18 gate E, "lag-stratified ratio/KL").
 type LagStat struct {
 	Lag       int64   `json:"lag"`    // trainer version - behavior version, >= 0
 	Tokens    int64   `json:"tokens"` // masked tokens at this lag
@@ -182,7 +182,7 @@ type LagStat struct {
 	K3 float64 `json:"k3"`
 }
 
-// UpdateMetrics are the metrics of one update (pipeline §13, §14, §20).
+// UpdateMetrics are the metrics of one update (docs/PIPELINE.md §13, §14, §20).
 type UpdateMetrics struct {
 	// ObjectiveStats over the whole batch.
 	ObjectiveStats
@@ -221,7 +221,7 @@ type UpdateRecord struct {
 	// Duplicates counts segments of the batch masked out because their
 	// trajectory was already trained.
 	Duplicates int `json:"duplicates"`
-	// The lag rule at the optimizer step (pipeline §15): MaxLag and
+	// The lag rule at the optimizer step (docs/PIPELINE.md §15): MaxLag and
 	// StalePolicy are the contract's packing.max_lag and
 	// packing.stale_policy; StaleTokens counts the trained tokens of the
 	// batch the rule excluded (their lag, the trainer's version at the
@@ -298,7 +298,7 @@ func DecodeUpdate(b []byte) (UpdateRecord, error) {
 }
 
 // WeightAck is a policy server replica's acknowledgement of a release
-// (systems §8 "have replicas confirm the version they serve"), on the
+// (docs/SYSTEMS.md §8 "have replicas confirm the version they serve"), on the
 // weights topic: weight sync loaded the release into the replica with its
 // protocol's calls and verified what the replica reports. A failed load is
 // acknowledged too (Loaded false, Error set): the replica keeps serving

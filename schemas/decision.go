@@ -1,6 +1,6 @@
 package schemas
 
-// Gate actions (pipeline §17) and the dispatch acknowledgement of a stop.
+// Gate actions (docs/PIPELINE.md §17) and the dispatch acknowledgement of a stop.
 const (
 	GatePromote  = "promote"
 	GateContinue = "continue"

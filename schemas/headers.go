@@ -12,14 +12,14 @@ const (
 	// content's ids, so a redelivered input reproduces it.
 	HeaderID = "trajflow-id"
 	// HeaderTrace is the W3C trace context; the trace id is the attempt's
-	// id (systems §15), so every record of one attempt joins one trace.
+	// id (docs/SYSTEMS.md §15), so every record of one attempt joins one trace.
 	HeaderTrace = "traceparent"
 	// HeaderRound names the update round of a tasks message (dispatch).
 	HeaderRound = "trajflow-round"
 	// HeaderAbsent declares group members refused upstream (validate,
 	// reward) that will never reach the advantage stage: a JSON object
 	// from group id to the refused member indices, keys sorted, indices
-	// ascending and distinct, e.g. {"g-17":[2,5]} (pipeline §9 "group
+	// ascending and distinct, e.g. {"g-17":[2,5]} (docs/PIPELINE.md §9 "group
 	// completeness or declared partial-group policy").
 	HeaderAbsent = "trajflow-absent-members"
 	// HeaderSourceRow is the row index a quarantined single row had in its

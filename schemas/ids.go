@@ -6,7 +6,7 @@ import (
 	"strconv"
 )
 
-// Deterministic identifiers (systems document §14: "deterministic identifiers
+// Deterministic identifiers (docs/SYSTEMS.md §14: "deterministic identifiers
 // from run/task/attempt/turn"). An identifier is the first 16 bytes of the
 // SHA-256 of a versioned, length-prefixed tuple, written as 32 hex digits.
 // Length prefixes make the encoding injective: ("ab","c") and ("a","bc")
@@ -35,7 +35,7 @@ func makeID(kind string, parts ...string) string {
 
 func itoa(v int64) string { return strconv.FormatInt(v, 10) }
 
-// GroupID names one group of G attempts of the same task (pipeline §6): the
+// GroupID names one group of G attempts of the same task (docs/PIPELINE.md §6): the
 // index-th group drawn for taskID in run runID. It is the Kafka key of every
 // record of the group, so one advantage instance sees the whole group.
 func GroupID(runID, taskID string, index int64) string {
@@ -69,7 +69,7 @@ func DerivedID(stage, parentID string) string {
 }
 
 // SeedFor derives a 64-bit seed for a random stream from the contract seed
-// and a record id (DESIGN.md, Determinism): the same attempt and turn draw
+// and a record id (docs/GUARANTEES.md "Determinism rules"): the same attempt and turn draw
 // the same numbers whichever process runs them.
 func SeedFor(contractSeed int64, id string, stream string) uint64 {
 	h := sha256.New()

@@ -9,7 +9,7 @@ import (
 	"strconv"
 )
 
-// The control-plane kinds (DESIGN.md, "Wire format") travel as small JSON
+// The control-plane kinds (docs/GUARANTEES.md "Wire format") travel as small JSON
 // documents:
 //
 //	{"kind":"policy_release","version":1,"data":{...fields of PolicyRelease...}}
@@ -66,7 +66,7 @@ func decodeDoc[T any](kind Kind, b []byte) (T, error) {
 }
 
 // EncodeRelease returns the JSON document of a policy release manifest
-// (systems §8).
+// (docs/SYSTEMS.md §8).
 func EncodeRelease(r PolicyRelease) ([]byte, error) { return encodeDoc(KindPolicyRelease, &r) }
 
 // DecodeRelease reads a document written by EncodeRelease.

@@ -13,7 +13,7 @@ import (
 // every row, and decoding checks that they are constant. A batch has at
 // least one row: an empty batch could not carry its batch-level fields.
 //
-// Per-token columns (pipeline §11, §12) are list<int32> for ids,
+// Per-token columns (docs/PIPELINE.md §11, §12) are list<int32> for ids,
 // list<float32> for log-probs, advantages and value targets, and
 // list<uint8> for action_mask; ref_logprobs is nullable (null when the
 // row's RefLogprobs is nil). Encoding copies each column's values once

@@ -1,5 +1,5 @@
 package schemas
 
 // RewardComponents is the codec of KindRewardComponent: one row per
-// separately kept, versioned reward term (pipeline §8).
+// separately kept, versioned reward term (docs/PIPELINE.md §8).
 var RewardComponents = newCodec[RewardComponent](KindRewardComponent)

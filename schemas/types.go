@@ -3,7 +3,7 @@ package schemas
 // This file holds the Go row types of every record kind. Each kind has its
 // own file with its Arrow schema and codec (task.go, trajectory.go, ...).
 //
-// Token-level conventions (pipeline document §7, §11):
+// Token-level conventions (docs/PIPELINE.md §7, §11):
 //   - Token ids are int32 and are exactly those returned by the policy; they
 //     are never re-derived from text.
 //   - A trajectory is a sequence of turns. The training token stream of a
@@ -16,7 +16,7 @@ package schemas
 //     targets. Observations are context.
 //   - ActionLogprobs[i] is the log-probability of ActionIDs[i] under the
 //     actual sampling distribution (after temperature, top-k/top-p and masks,
-//     pipeline §5).
+//     docs/PIPELINE.md §5).
 
 // Split of the task registry a task belongs to.
 const (
@@ -24,7 +24,7 @@ const (
 	SplitEval  = "eval"
 )
 
-// Decision of the parser/authorizer for one turn (pipeline §7).
+// Decision of the parser/authorizer for one turn (docs/PIPELINE.md §7).
 const (
 	DecisionOK      = "ok"      // parsed and authorized; the environment stepped
 	DecisionInvalid = "invalid" // the parser rejected the action
@@ -41,13 +41,13 @@ const (
 
 // Ending of an episode: termination is a true end of the MDP; truncation is
 // an external cut (turn or token budget, timeout). GAE bootstraps only from
-// truncations the contract declares (pipeline §10).
+// truncations the contract declares (docs/PIPELINE.md §10).
 const (
 	EndTerminated = "terminated"
 	EndTruncated  = "truncated"
 )
 
-// TaskAttempt is one unit of work emitted by dispatch (pipeline §6): the
+// TaskAttempt is one unit of work emitted by dispatch (docs/PIPELINE.md §6): the
 // curriculum's (task_id, environment_version, seed, group_id), the group
 // membership reserved for it, and the behavior policy version attached.
 type TaskAttempt struct {
@@ -86,7 +86,7 @@ type Turn struct {
 }
 
 // Trajectory is the immutable event log of one attempt, as the agent loop
-// finalizes it (pipeline §7).
+// finalizes it (docs/PIPELINE.md §7).
 type Trajectory struct {
 	RecordID      string `json:"record_id"` // == AttemptID of the attempt
 	RunID         string `json:"run_id"`
@@ -101,7 +101,7 @@ type Trajectory struct {
 	Attempt       int32  `json:"attempt"`
 	Seed          int64  `json:"seed"`
 	ContractHash  string `json:"contract_hash"`
-	SamplerID     string `json:"sampler_id"` // hash of the resolved sampler (pipeline §5)
+	SamplerID     string `json:"sampler_id"` // hash of the resolved sampler (docs/PIPELINE.md §5)
 	ParserVersion string `json:"parser_version"`
 	TokenizerHash string `json:"tokenizer_hash"`
 	// ChatTemplateHash is the policy server's chat template that rendered
@@ -122,7 +122,7 @@ type Trajectory struct {
 	Turns      []Turn `json:"turns"`
 }
 
-// Scope of a reward component (pipeline §8).
+// Scope of a reward component (docs/PIPELINE.md §8).
 const (
 	ScopeTrajectory = "trajectory"
 	ScopeTurn       = "turn"
@@ -158,7 +158,7 @@ type Rewarded struct {
 }
 
 // GroupStats are the statistics of a trajectory's group, recorded before any
-// filtering or normalization (pipeline §10).
+// filtering or normalization (docs/PIPELINE.md §10).
 type GroupStats struct {
 	Size       int32   `json:"size"`       // members that contributed a return
 	Expected   int32   `json:"expected"`   // declared group size G
@@ -188,7 +188,7 @@ type Scored struct {
 // PackedRow is one packed training sequence: several trajectories
 // (segments) concatenated into at most the token budget.
 //
-// Alignment (pipeline §11, §12): InputIDs, PositionIDs and SegmentIDs are
+// Alignment (docs/PIPELINE.md §11, §12): InputIDs, PositionIDs and SegmentIDs are
 // indexed by input position i. Every other per-token slice is aligned to
 // the next-token target: entry i describes the prediction made at position
 // i of target InputIDs[i+1]. The last position of each segment predicts
@@ -226,7 +226,7 @@ type PackedBatch struct {
 	Rows           []PackedRow
 }
 
-// PolicyRelease is the manifest of one published policy (systems §8). It is
+// PolicyRelease is the manifest of one published policy (docs/SYSTEMS.md §8). It is
 // written only after the checkpoint is complete, hashed and fsynced; Ready
 // marks it usable.
 type PolicyRelease struct {
@@ -249,7 +249,7 @@ type PolicyRelease struct {
 	NextBatch int64 `json:"next_batch,omitempty"`
 }
 
-// Census event kinds: the life of every attempt (pipeline §6, §9; systems §6).
+// Census event kinds: the life of every attempt (docs/PIPELINE.md §6, §9; docs/SYSTEMS.md §6).
 const (
 	CensusDispatched  = "dispatched"
 	CensusStarted     = "started"
@@ -261,7 +261,7 @@ const (
 	CensusAdmitted    = "admitted"
 	CensusTrained     = "trained"
 	// CensusRetried is one retry of an environment call that got no
-	// answer or a refusal worth retrying (systems §12, §14): the rollout
+	// answer or a refusal worth retrying (docs/SYSTEMS.md §12, §14): the rollout
 	// stage writes one per retry its environment client made during a
 	// group's run, with the client's reason ("timeout", "connection",
 	// "status_timeout", "capacity", ...) and Infra set, on the attempt of
@@ -286,7 +286,7 @@ type CensusEvent struct {
 	PolicyVersion int64  `json:"policy_version,omitempty"`
 	Tokens        int64  `json:"tokens,omitempty"`
 	// StaleTokens are policy tokens of the attempt taken out of training
-	// by the lag rule (pipeline §15): at pack (a trajectory filtered
+	// by the lag rule (docs/PIPELINE.md §15): at pack (a trajectory filtered
 	// "stale", or stale turns kept as context) or at the trainer's update
 	// (ReasonStaleAtUpdate, or stale turns masked of a trained one).
 	StaleTokens int64   `json:"stale_tokens,omitempty"`

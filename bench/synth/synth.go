@@ -2,7 +2,7 @@
 // heavy-tailed (log-normal) token lengths with a long tail, multi-turn
 // episodes with tool observations, group structure, policy-version lag and
 // a share of failed and invalid attempts. It feeds tests, `trajflow bench`
-// and capacity planning (systems §18: "measure one episode distribution").
+// and capacity planning (docs/SYSTEMS.md §18: "measure one episode distribution").
 // Everything is a pure function of the Config and the group index.
 package synth
 
@@ -63,7 +63,7 @@ func Default() Config {
 }
 
 // Bench is the distribution `trajflow bench` feeds: Default plus every
-// loss of systems §4 in a realistic share (infrastructure failures, corrupt
+// loss of docs/SYSTEMS.md §4 in a realistic share (infrastructure failures, corrupt
 // records, zero-variance groups; staleness comes from the lag
 // distribution against the contract's max_lag).
 func Bench() Config {

@@ -155,7 +155,7 @@ func TestFleet(t *testing.T) { fleet(t, 4, 0, "") }
 // those of the uninterrupted in-process demo.
 func TestFleetTrainerCrash(t *testing.T) { fleet(t, 5, 2, "") }
 
-// TestResumeEquality (pipeline §18, gate C): the trainer and dispatch are
+// TestResumeEquality (docs/PIPELINE.md §18, gate C): the trainer and dispatch are
 // killed together (SIGKILL, local state lost) once version 2 is released
 // and started again; the run's batches and every release's checkpoint are
 // byte-identical to those of the uninterrupted in-process run of the same

@@ -2,7 +2,7 @@
 // 1, docs/ENV_PROTOCOL.md): a server that runs the built-in task families
 // behind HTTP + JSON (`trajflow serve env`), and its client, which
 // implements rollout.Environment so the agent loop runs against the
-// service exactly as against the in-process registry (systems §12, §14,
+// service exactly as against the in-process registry (docs/SYSTEMS.md §12, §14,
 // §16).
 //
 // The service allocates an episode from an immutable task snapshot and

@@ -412,7 +412,7 @@ type ControlRow struct {
 	Value       []byte `parquet:"_value"` // BYTE_ARRAY; never a list<uint8> field, which parquet-go writes empty
 	DecodeError string `parquet:"_decode_error"`
 
-	// Census events (pipeline §6, §9).
+	// Census events (docs/PIPELINE.md §6, §9).
 	EventID       string  `parquet:"event_id"`
 	RunID         string  `parquet:"run_id"`
 	AttemptID     string  `parquet:"attempt_id"`
@@ -431,7 +431,7 @@ type ControlRow struct {
 	LatencyUS     int64   `parquet:"latency_us"`
 	At            int64   `parquet:"at_us"`
 
-	// Policy releases (systems §8).
+	// Policy releases (docs/SYSTEMS.md §8).
 	TrainingStep   int64  `parquet:"training_step"`
 	CheckpointHash string `parquet:"checkpoint_hash"`
 	CheckpointURI  string `parquet:"checkpoint_uri"`

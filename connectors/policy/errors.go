@@ -23,7 +23,7 @@ const (
 
 // InfraError is a failure of the policy server or of the network, never of
 // the task: the caller retries it (on another replica when there is one)
-// and must not count it as a task failure (pipeline §6). Addr is the
+// and must not count it as a task failure (docs/PIPELINE.md §6). Addr is the
 // server's base URL; Detail names the field or call and what was wrong.
 type InfraError struct {
 	Reason string

@@ -19,7 +19,7 @@ const (
 	VLLM     = "vllm"     // vLLM token-in/token-out API
 )
 
-// Identity is what a client knows of the server behind it (systems §8, §9):
+// Identity is what a client knows of the server behind it (docs/SYSTEMS.md §8, §9):
 // recorded with the samples it serves, and hashed into the sampler id.
 type Identity struct {
 	Protocol string `json:"protocol"`
@@ -112,7 +112,7 @@ type Client interface {
 	Identity(ctx context.Context) (Identity, error)
 	// SamplerID is "sha256:<hex>" of the protocol, the server's identity
 	// (as last fetched), the settings' own id and the sampler fields the
-	// client sends for them (pipeline §5 "Record the resolved sampler").
+	// client sends for them (docs/PIPELINE.md §5 "Record the resolved sampler").
 	SamplerID(s model.Settings) string
 }
 

@@ -1,5 +1,5 @@
 // Package cuda is the CUDA backend of the trainer consumer (pipeline
-// document §12–§14; systems document §8): packed batches travel from Arrow
+// document §12–§14; docs/SYSTEMS.md §8): packed batches travel from Arrow
 // records into pinned host staging buffers, are copied to the device
 // asynchronously on a copy stream (double-buffered, so the copy of batch
 // k+1 overlaps the compute of batch k), and one optimizer step of the

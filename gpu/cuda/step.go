@@ -315,7 +315,7 @@ func (t *Trainer) gemm(tA, tB blas.Transpose, m, n, k int, a DevPtr, lda int, b 
 }
 
 // Step performs one update on the staged batch h, with the semantics of
-// gpu.Trainer.Step (pipeline §12–§14): global denominators, behavior
+// gpu.Trainer.Step (docs/PIPELINE.md §12–§14): global denominators, behavior
 // log-probs of the current model on the stored tokens, the objective and
 // its gradient, global gradient-norm clipping, Adam, version + 1. On error
 // the parameters and optimizer state are unchanged.

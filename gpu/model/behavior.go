@@ -11,7 +11,7 @@ import (
 	"github.com/trajflow/trajflow/gpu/objective"
 )
 
-// Grammar is a constrained-decoding token mask (pipeline §5). Allow must be
+// Grammar is a constrained-decoding token mask (docs/PIPELINE.md §5). Allow must be
 // a pure function of the segment prefix: given every token of the segment
 // up to and including the current position, it sets allowed[v] = true for
 // each token v that may follow (allowed arrives all false). Because it
@@ -42,7 +42,7 @@ type Grammar interface {
 // same distribution: it applies Transform to the current logits on the
 // exact stored tokens, so that before the first update the recomputed
 // log-probs equal the behavior log-probs bit for bit (ratio exactly 1,
-// pipeline §21 "Ratio is not one before first update"). Top-k, top-p and
+// docs/PIPELINE.md §21 "Ratio is not one before first update"). Top-k, top-p and
 // min-p sets are recomputed from the current logits and treated as
 // constant masks by the gradient. A consequence: once the parameters move,
 // a stored token can fall outside the current kept set, where its log-prob
@@ -263,7 +263,7 @@ func (b Behavior) BackpropBehavior(behaviorLogits, d []float32) error {
 }
 
 // LogprobsForTraining is the trainer's recomputation of behavior
-// log-probabilities on stored tokens (pipeline §12): for a packed row
+// log-probabilities on stored tokens (docs/PIPELINE.md §12): for a packed row
 // (inputIDs, positionIDs, segmentIDs as in schemas.PackedRow) it returns,
 // aligned to next-token targets, out[i] = log p_behavior(inputIDs[i+1] |
 // segment prefix up to i), and 0 where i+1 is outside i's segment

@@ -18,7 +18,7 @@ import (
 //	params  [count]float32 (IEEE 754 bits)
 //
 // The checkpoint hash of a release is "sha256:<hex>" of exactly these
-// bytes (systems §8).
+// bytes (docs/SYSTEMS.md §8).
 var magic = [8]byte{'T', 'F', 'M', 'L', 'P', 0, 0, 1}
 
 const headerLen = 8 + 5*4
@@ -109,7 +109,7 @@ func Load(r io.Reader) (*Model, error) {
 
 // LoadVerified decodes checkpoint bytes after checking that their hash is
 // wantHash ("sha256:<hex>"); a mismatch is an ErrCheckpoint error and
-// nothing is loaded (systems §8: "verify complete model" before a shadow
+// nothing is loaded (docs/SYSTEMS.md §8: "verify complete model" before a shadow
 // slot switches).
 func LoadVerified(b []byte, wantHash string) (*Model, error) {
 	if got := HashBytes(b); got != wantHash {

@@ -2,19 +2,19 @@
 // language model small enough to train on a CPU in seconds, with a
 // hand-written backward pass, deterministic initialization, a checkpoint
 // format, and the exact behavior sampler of the built-in policy server
-// (pipeline document §5, §12; systems document §8, §9).
+// (docs/PIPELINE.md §5, §12; docs/SYSTEMS.md §8, §9).
 //
 // Architecture. For position i of a segment, the input is the window of the
 // last Window tokens ending at i (token i in the last slot). Slots that fall
 // before the start of the segment hold PadID, so a packed row never lets one
-// segment see another's tokens (pipeline §11: "attention structure that
+// segment see another's tokens (docs/PIPELINE.md §11: "attention structure that
 // prevents cross-example leakage when packed"). With x the concatenation of
 // the slots' embeddings:
 //
 //	h      = tanh(W1 x + b1)         (Hidden units)
 //	logits = W2 h + b2               (Vocab entries)
 //
-// logits at position i predict the token at i+1 (pipeline §11).
+// logits at position i predict the token at i+1 (docs/PIPELINE.md §11).
 //
 // Determinism. Every dot product is accumulated in float32 in a fixed order
 // and every product is explicitly rounded before it is added, which forbids
@@ -94,7 +94,7 @@ func (c Config) NumParams() int {
 
 // Hash is "sha256:<hex>" of the architecture name and the four dimensions
 // (little-endian uint32): the model_config_hash of a policy release
-// (systems §8).
+// (docs/SYSTEMS.md §8).
 func (c Config) Hash() string {
 	h := sha256.New()
 	h.Write([]byte("trajflow/model/window-mlp/v1"))

@@ -36,7 +36,7 @@ func lossOf(m *Model, tokens, positions []int32, coef []float32) float64 {
 }
 
 // TestGradientFiniteDifference checks Backward against central finite
-// differences (pipeline §18 Gate A) on every parameter tensor, on a row of
+// differences (docs/PIPELINE.md §18 Gate A) on every parameter tensor, on a row of
 // two segments.
 func TestGradientFiniteDifference(t *testing.T) {
 	cfg := Config{Vocab: 7, Window: 3, Embed: 4, Hidden: 5}
@@ -238,7 +238,7 @@ func (evenOdd) Allow(prefix []int32, allowed []bool) {
 
 // TestSamplerLogprobsMatchTraining: the log-probs the sampler returns
 // equal, bit for bit, those the trainer recomputes on the stored tokens of
-// a packed row (pipeline §21 "Ratio is not one before first update"),
+// a packed row (docs/PIPELINE.md §21 "Ratio is not one before first update"),
 // under temperature, grammar, top-k, top-p and min-p.
 func TestSamplerLogprobsMatchTraining(t *testing.T) {
 	cfg := Config{Vocab: 10, Window: 5, Embed: 4, Hidden: 8}

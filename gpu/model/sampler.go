@@ -12,7 +12,7 @@ import (
 	"github.com/trajflow/trajflow/gpu/objective"
 )
 
-// Settings are the resolved sampler settings of one request (pipeline §5):
+// Settings are the resolved sampler settings of one request (docs/PIPELINE.md §5):
 // the behavior distribution and the generation limits.
 type Settings struct {
 	Behavior
@@ -32,7 +32,7 @@ func (s Settings) Validate() error {
 }
 
 // ID is "sha256:<hex>" of the resolved settings: the sampler id recorded
-// with every trajectory (pipeline §5 "Record the resolved sampler").
+// with every trajectory (docs/PIPELINE.md §5 "Record the resolved sampler").
 func (s Settings) ID() string {
 	parts := []string{"sampler/v1", s.Behavior.ID(), strconv.Itoa(s.MaxTokens)}
 	for _, t := range s.Stop {

@@ -6,7 +6,7 @@ import (
 	"github.com/trajflow/trajflow/schemas"
 )
 
-// Denominators are the global normalizers of one update (pipeline §13:
+// Denominators are the global normalizers of one update (docs/PIPELINE.md §13:
 // "gradient accumulation and distributed denominator"; §14: "globally
 // normalize using true valid-token/sample denominators"). They are counted
 // once over every row of the global batch and passed unchanged to every

@@ -9,7 +9,7 @@ import (
 )
 
 // LagStat summarizes the masked tokens sampled Lag policy versions before
-// the trainer's version (pipeline §13: "log ... the ratio distribution by
+// the trainer's version (docs/PIPELINE.md §13: "log ... the ratio distribution by
 // policy lag"). The ratio is r = exp(cur - old), unclamped.
 type LagStat = schemas.LagStat
 

@@ -9,7 +9,7 @@ import (
 
 // Inputs are the tensors of one row (or of several rows concatenated with
 // Concat) of T positions over a vocabulary of V entries. Every per-position
-// slice has length T and is aligned to the next-token target (pipeline §11,
+// slice has length T and is aligned to the next-token target (docs/PIPELINE.md §11,
 // §12): entry i describes the prediction made at position i of Targets[i].
 type Inputs struct {
 	T, V int
@@ -144,7 +144,7 @@ type Result struct {
 	Stats
 	// CurLogprobs[i] is the current log-prob of Targets[i] (float32, as
 	// LogSoftmaxGather computes it) at every position with a target, 0 where
-	// Targets[i] < 0. Mask is not applied (pipeline §12: apply the mask only
+	// Targets[i] < 0. Mask is not applied (docs/PIPELINE.md §12: apply the mask only
 	// after the shift is aligned). Feed it to LagStats.
 	CurLogprobs []float32
 	// DLogits is dLoss/dLogits, [T*V] row-major; exactly 0 at unmasked
@@ -152,7 +152,7 @@ type Result struct {
 	DLogits []float32
 }
 
-// Compute evaluates the policy objective of pipeline §13 on one Inputs with
+// Compute evaluates the policy objective of docs/PIPELINE.md §13 on one Inputs with
 // the global Denominators of the update, and its gradient with respect to
 // the logits. It allocates a new Result; ComputeInto reuses one.
 //

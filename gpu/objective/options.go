@@ -5,7 +5,7 @@
 // logits. The CUDA backend is checked against it.
 package objective
 
-// Normalization modes (pipeline §13: "token, sequence, turn, or task
+// Normalization modes (docs/PIPELINE.md §13: "token, sequence, turn, or task
 // normalization").
 const (
 	TokenMean        = "token-mean"          // sum over all masked tokens / global masked-token count
@@ -25,7 +25,7 @@ const (
 	K3 = "k3"
 )
 
-// Where a KL-to-reference term enters (pipeline §8: "in reward or in loss,
+// Where a KL-to-reference term enters (docs/PIPELINE.md §8: "in reward or in loss,
 // never both").
 const (
 	KLNone   = "none"
@@ -33,7 +33,7 @@ const (
 	KLReward = "reward"
 )
 
-// Off-policy corrections (pipeline §13, §15): how a sample's behavior
+// Off-policy corrections (docs/PIPELINE.md §13, §15): how a sample's behavior
 // policy, older than the trainer's, enters the objective.
 const (
 	// OffPolicyNone: the clipped surrogate of the ratio to the behavior

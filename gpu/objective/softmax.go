@@ -31,7 +31,7 @@ var (
 // position of a row, and the last position of every packed segment).
 const NoTarget int32 = -1
 
-// ShiftTargets returns the next-token targets of a row (pipeline §11, §12:
+// ShiftTargets returns the next-token targets of a row (docs/PIPELINE.md §11, §12:
 // logits at position i predict input_ids[i+1]):
 //
 //	targets[i] = inputIDs[i+1]  when i+1 < len and segment i == segment i+1
@@ -134,7 +134,7 @@ func softmaxEntropyRow[F float32 | float64](z []F, e []float64, pos int) (m, s, 
 }
 
 // LogSoftmaxGather writes out[i] = log_softmax(logits[i*V:(i+1)*V])[targets[i]]
-// for every position i in [0, T) (pipeline §12). The log-sum-exp subtracts
+// for every position i in [0, T) (docs/PIPELINE.md §12). The log-sum-exp subtracts
 // the row maximum and accumulates in float64 in vocabulary order; the result
 // is rounded once to float32. Positions whose target is negative (NoTarget)
 // get out[i] = 0 and are otherwise ignored (their logits are not read).

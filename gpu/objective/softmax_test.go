@@ -17,7 +17,7 @@ func TestShiftTargets(t *testing.T) {
 	}{
 		{"empty", nil, nil, []int32{}},
 		{"single", []int32{7}, nil, []int32{-1}},
-		// Hand-built shift (pipeline §11): logits at i predict ids[i+1].
+		// Hand-built shift (docs/PIPELINE.md §11): logits at i predict ids[i+1].
 		{"one sequence", []int32{10, 11, 12, 13}, nil, []int32{11, 12, 13, -1}},
 		{"two segments", []int32{10, 11, 12, 20, 21}, []int32{0, 0, 0, 1, 1}, []int32{11, 12, -1, 21, -1}},
 		{"three segments", []int32{1, 2, 3, 4, 5, 6}, []int32{0, 1, 1, 2, 2, 2}, []int32{-1, 3, -1, 5, 6, -1}},

@@ -10,7 +10,7 @@ import (
 //     1+ClipHigh] contains 1 and has a positive lower bound);
 //   - Normalization is one of TokenMean, SeqMeanTokenSum, SeqMeanTokenMean
 //     (there is no default: the normalization changes the objective,
-//     pipeline §13);
+//     docs/PIPELINE.md §13);
 //   - KLPlacement is "", KLNone, KLLoss or KLReward ("" means KLNone);
 //   - KLEstimator is "", K1, K2 or K3, and is set when KLPlacement is KLLoss;
 //   - KLCoef, EntropyCoef and MaxLogRatio are finite and >= 0;

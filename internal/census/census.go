@@ -1,5 +1,5 @@
 // Package census reads the attempt census of a run from its Parquet
-// snapshots (pipeline §6, §9; systems §6): the funnel of every attempt
+// snapshots (docs/PIPELINE.md §6, §9; docs/SYSTEMS.md §6): the funnel of every attempt
 // from dispatched to trained, with the quarantine and filter reasons, and
 // the selection-bias check — what was admitted against what was launched,
 // by task and by reward, length and latency, with the denominators.

@@ -63,8 +63,8 @@ func (r *Report) updateAt(u, at, version int64) {
 	}
 }
 
-// UpdateRow is the selection-bias account of one update (pipeline §18
-// gate E, systems §6): what was trained against what was launched in the
+// UpdateRow is the selection-bias account of one update (docs/PIPELINE.md §18
+// gate E, docs/SYSTEMS.md §6): what was trained against what was launched in the
 // rounds that fed it, and the stragglers at its boundary.
 type UpdateRow struct {
 	Update  int64 // batch index

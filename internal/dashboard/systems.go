@@ -49,7 +49,7 @@ type TrainerRow struct {
 }
 
 // Yield is the share of generated action tokens that reached an update,
-// with every loss itemized (systems §4).
+// with every loss itemized (docs/SYSTEMS.md §4).
 type Yield struct {
 	Generated int64   `json:"generated_action_tokens"`
 	Trained   int64   `json:"trained_action_tokens"`

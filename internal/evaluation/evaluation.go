@@ -1,5 +1,5 @@
 // Package evaluation measures a policy on the hidden evaluation split
-// (pipeline §6, §18): the evaluation plane, apart from training. It runs
+// (docs/PIPELINE.md §6, §18): the evaluation plane, apart from training. It runs
 // in process on fixed attempts — the same attempt ids and environment
 // seeds for every policy version and every run of the same contract seed —
 // so the success rates of two versions differ only by the policy.

@@ -17,7 +17,7 @@ import (
 	"github.com/trajflow/trajflow/schemas"
 )
 
-// The four suites of the evaluation plane (pipeline §16).
+// The four suites of the evaluation plane (docs/PIPELINE.md §16).
 const (
 	// SuiteValidation: a frozen set of tasks of the training distribution
 	// (the train split) at fixed seeds: optimization progress.

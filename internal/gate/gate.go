@@ -10,7 +10,7 @@ import (
 	"github.com/trajflow/trajflow/schemas"
 )
 
-// Actions of a decision (pipeline §17).
+// Actions of a decision (docs/PIPELINE.md §17).
 const (
 	// Promote: the evaluated release is the new promoted release.
 	Promote = schemas.GatePromote

@@ -1,5 +1,5 @@
 // Package gate holds the statistics of the evaluation plane and the
-// decision gate of a run (pipeline §16, §17): Wilson score intervals for
+// decision gate of a run (docs/PIPELINE.md §16, §17): Wilson score intervals for
 // rates, the unbiased pass@k estimator, percentile bootstrap intervals for
 // statistics without a closed form (p95 turns), and Decide, which applies
 // the learning contract's objective and stop rules to one evaluation and

@@ -17,7 +17,7 @@ import (
 )
 
 // identityKeys are the keys no stage reads as a setting: they name the
-// experiment (pipeline §2, §3) and enter the contract hash, which every
+// experiment (docs/PIPELINE.md §2, §3) and enter the contract hash, which every
 // record carries and validate and the trainer check (a record of another
 // contract is refused), and the snapshot writes them with the run.
 var identityKeys = map[string]bool{

@@ -73,7 +73,7 @@ func TestDemoDeterministic(t *testing.T) {
 // rollout -> validate -> reward -> advantage -> pack -> train over Kafka;
 // the trainer's recomputed log-probs on its tokens equal the behavior
 // log-probs, so the ratio is exactly 1 and the KL to the behavior policy
-// exactly 0 (pipeline §21, "Ratio is not one before first update").
+// exactly 0 (docs/PIPELINE.md §21, "Ratio is not one before first update").
 func TestRatioOneThroughKafka(t *testing.T) {
 	out := t.TempDir()
 	demo(t, loop.Options{Updates: 1, Seed: 3, Out: out})

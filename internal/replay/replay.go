@@ -1,6 +1,6 @@
 // Package replay rebuilds a run's batches offline from its Parquet
 // snapshots and compares them byte for byte with the recorded ones
-// (pipeline §1: every batch traceable to its inputs, its contract and its
+// (docs/PIPELINE.md §1: every batch traceable to its inputs, its contract and its
 // window decisions), and re-emits a snapshot into Kafka topics.
 //
 // The stages after rollout are driven with pipeline.Drive, the live

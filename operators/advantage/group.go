@@ -61,7 +61,7 @@ func Stats(returns, bounds []float64, stdMode string) schemas.GroupStats {
 	return s
 }
 
-// GRPOAdvantages returns group-standardized advantages (pipeline §10):
+// GRPOAdvantages returns group-standardized advantages (docs/PIPELINE.md §10):
 // A_i = R_i - mean, divided by (std + epsilon) when normalizeStd, with std
 // under stdMode as in Stats. When the returns are equal (Stats' ZeroVar,
 // with the rounding bounds given, nil for exact equality) every advantage
@@ -83,7 +83,7 @@ func GRPOAdvantages(returns, bounds []float64, normalizeStd bool, stdMode string
 	return adv
 }
 
-// RLOOAdvantages returns leave-one-out advantages (pipeline §10):
+// RLOOAdvantages returns leave-one-out advantages (docs/PIPELINE.md §10):
 // A_i = R_i - mean_{j != i} R_j, each baseline summed in slice order. A
 // single return has no baseline and gets 0; equal returns (Stats' ZeroVar
 // with the rounding bounds given) get exactly 0.
@@ -126,18 +126,18 @@ func RLOOAdvantages(returns, bounds []float64) []float64 {
 //     non-finite value wraps ErrNoCritic); TurnValueTargets = A + V.
 //
 // Group statistics over the returns R are recorded before any filtering or
-// normalization (pipeline §10): Size = members passed, Expected =
+// normalization (docs/PIPELINE.md §10): Size = members passed, Expected =
 // GroupSize, Std under StdMode (population when StdMode is empty),
 // Incomplete = Size < Expected. Then, in this order:
 //   - Size < MinGroupSize: Filtered = FilterIncomplete (declared
-//     partial-group policy, pipeline §9);
+//     partial-group policy, docs/PIPELINE.md §9);
 //   - all returns equal up to their rounding error (Stats' ZeroVar with
 //     ReturnBound of each member): GRPO and RLOO advantages are exactly 0; with
 //     ZeroVarDrop every member gets Filtered = FilterZeroVariance (for any
 //     estimator), with ZeroVarKeep the group is admitted.
 //
 // A filtered group is still returned in full so the census can count it and
-// its denominator (pipeline §9); downstream stages must not train on it.
+// its denominator (docs/PIPELINE.md §9); downstream stages must not train on it.
 //
 // Errors (no partial output): invalid Options (ErrOptions); no members, mixed
 // GroupID or GroupSize, a Member outside [0, GroupSize), a repeated Member

@@ -1,5 +1,5 @@
 // Package advantage turns rewarded trajectories into scored ones: returns,
-// advantages and group statistics (pipeline document §10).
+// advantages and group statistics (docs/PIPELINE.md §10).
 package advantage
 
 // Estimator names.
@@ -11,7 +11,7 @@ const (
 
 // Zero-variance group policies: what happens to a group whose contributing
 // returns are all equal, up to the rounding error of computing them
-// (Stats, ReturnBound) (pipeline §10: "handle zero-variance groups according
+// (Stats, ReturnBound) (docs/PIPELINE.md §10: "handle zero-variance groups according
 // to the declared algorithm").
 const (
 	ZeroVarKeep = "keep" // advantages are 0; the group is admitted and counts in denominators

@@ -10,10 +10,10 @@ import (
 func finite(v float64) bool { return !math.IsNaN(v) && !math.IsInf(v, 0) }
 
 // TurnRewards maps the reward components of r to one reward per turn
-// (pipeline §10: "map reward events to decision steps"):
+// (docs/PIPELINE.md §10: "map reward events to decision steps"):
 //   - a ScopeTrajectory component is added to the last turn;
 //   - a ScopeTurn component is added to turn Turn;
-//   - a ScopeSpan component is an additive reward of turn Turn (pipeline §10,
+//   - a ScopeSpan component is an additive reward of turn Turn (docs/PIPELINE.md §10,
 //     multi-turn decomposition: span rewards are treated as additive rewards,
 //     not as direct advantages, value targets or weights).
 //
@@ -69,7 +69,7 @@ func TurnRewards(r *schemas.Rewarded) ([]float64, error) {
 }
 
 // Bootstrap returns the value V_T that follows the last turn of t under o
-// (pipeline §10: "bootstrap only for configured nonterminal truncations"):
+// (docs/PIPELINE.md §10: "bootstrap only for configured nonterminal truncations"):
 // t.BootstrapValue when t was truncated (End == EndTruncated) for a reason
 // listed in o.BootstrapReasons, otherwise 0 — for a termination and for a
 // truncation whose reason is not declared. A declared truncation whose

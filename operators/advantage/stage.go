@@ -35,7 +35,7 @@ type StageConfig struct {
 // Stage is the advantage operator: it assembles rewarded trajectories into
 // groups by group id (the Kafka key), holds every member's input record
 // until its group is complete, then scores the group with ScoreGroup and
-// produces one scored message per group (pipeline §10).
+// produces one scored message per group (docs/PIPELINE.md §10).
 //
 // State: open groups live in memory and are rebuilt from redelivery (held
 // records are never committed). The ids of emitted groups are kept in
@@ -191,7 +191,7 @@ func (s *Stage) Process(ctx context.Context, m pipeline.Message) (pipeline.Resul
 			}
 		}
 	}
-	// Members refused upstream close their groups now (pipeline §9,
+	// Members refused upstream close their groups now (docs/PIPELINE.md §9,
 	// declared partial-group policy), in group order for determinism.
 	for _, g := range slices.Sorted(maps.Keys(absent)) {
 		for _, member := range absent[g] {

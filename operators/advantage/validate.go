@@ -30,7 +30,7 @@ var (
 	// members, unknown scope, out-of-range turn, non-finite reward, ...).
 	ErrInvalid = errors.New("advantage: invalid input")
 	// ErrUnavailable: a reward component carries an Error. It is unavailable,
-	// not zero (pipeline §8, §9 "component availability"); the validate and
+	// not zero (docs/PIPELINE.md §8, §9 "component availability"); the validate and
 	// reward stages decide what happens to the trajectory.
 	ErrUnavailable = errors.New("advantage: reward component unavailable")
 	// ErrNoCritic: GAE or a declared bootstrap needs a value prediction and
@@ -38,7 +38,7 @@ var (
 	ErrNoCritic = errors.New("advantage: value prediction missing")
 	// ErrInfra: an infrastructure-invalid member (StatusInfra) was passed.
 	// Such attempts are retried upstream and never contribute to a group
-	// (pipeline §9).
+	// (docs/PIPELINE.md §9).
 	ErrInfra = errors.New("advantage: infrastructure-invalid member")
 )
 

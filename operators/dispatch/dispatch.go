@@ -1,4 +1,4 @@
-// Package dispatch is the dispatcher of pipeline §6: for every update round
+// Package dispatch is the dispatcher of docs/PIPELINE.md §6: for every update round
 // it draws tasks from the train split of a task registry (task weights,
 // per-domain quotas), reserves the membership of each group, attaches the
 // behavior policy version and emits the attempts on the tasks topic. Its
@@ -21,7 +21,7 @@ import (
 var ErrConfig = errors.New("dispatch: bad configuration")
 
 // ErrDenied is wrapped when a task on the hidden-evaluation denylist would
-// be dispatched for training (pipeline §6: eval ids are refused).
+// be dispatched for training (docs/PIPELINE.md §6: eval ids are refused).
 var ErrDenied = errors.New("dispatch: task on the evaluation denylist")
 
 // Task is one dispatchable task of the train split.
@@ -189,7 +189,7 @@ func (p *Planner) domainOpen(d string, used map[string]int) bool {
 }
 
 // Attempts returns the attempts of group g at behavior version
-// policyVersion (pipeline §6): attempt ids schemas.AttemptID(run, task,
+// policyVersion (docs/PIPELINE.md §6): attempt ids schemas.AttemptID(run, task,
 // group, member, 0), member seeds schemas.SeedFor(seed, attempt id,
 // "env"), dispatched at dispatchedAt (unix microseconds).
 func (p *Planner) Attempts(g Group, policyVersion, dispatchedAt int64) []schemas.TaskAttempt {

@@ -13,7 +13,7 @@ import (
 
 // Modes of pacing (contract dispatch.mode).
 const (
-	ModeSync  = "sync"  // stop and synchronize (pipeline §15)
+	ModeSync  = "sync"  // stop and synchronize (docs/PIPELINE.md §15)
 	ModeAsync = "async" // up to MaxLag+1 rounds in flight until trained (see Stage)
 )
 
@@ -75,7 +75,7 @@ type round struct {
 // and the windows topic (pack's decisions: which groups are done, in which
 // batch).
 //
-// Pacing in async mode (pipeline §15, systems §13). A group's lag when it
+// Pacing in async mode (docs/PIPELINE.md §15, docs/SYSTEMS.md §13). A group's lag when it
 // is trained is the number of versions the trainer released between its
 // dispatch (it samples with the latest release or a newer one) and the
 // update that trains its batch. Dispatch is clocked by the trainer's

@@ -214,7 +214,7 @@ func fields(lines []string) [][]string {
 
 // TestShiftAlignmentGolden reads testdata/pack/shift_alignment.txt: input
 // trajectories and the expected packed, target-aligned columns side by
-// side (pipeline §11, §12). Run with -update to rewrite the expect blocks
+// side (docs/PIPELINE.md §11, §12). Run with -update to rewrite the expect blocks
 // after a deliberate change (then review the diff by hand).
 func TestShiftAlignmentGolden(t *testing.T) {
 	cases, lines, err := parseGolden(shiftGolden)

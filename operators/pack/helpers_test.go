@@ -70,7 +70,7 @@ type refColumns struct {
 }
 
 // reference is an independent, per-token formulation of reconstruction
-// (pipeline §11) used to check Reconstruct + Pack.
+// (docs/PIPELINE.md §11) used to check Reconstruct + Pack.
 func reference(s *schemas.Scored, tv int64, o Options) (refColumns, Filter) {
 	if s.Group.Filtered != "" {
 		return refColumns{}, Filter(s.Group.Filtered)

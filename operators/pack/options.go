@@ -1,9 +1,9 @@
 // Package pack reconstructs training sequences from scored trajectories and
-// packs them into token budgets (pipeline document §11), behind a lag-aware
-// admission window (DESIGN.md).
+// packs them into token budgets (docs/PIPELINE.md §11), behind a lag-aware
+// admission window (docs/PIPELINE.md §15).
 package pack
 
-// Overflow rules for a trajectory longer than the token budget (pipeline §11:
+// Overflow rules for a trajectory longer than the token budget (docs/PIPELINE.md §11:
 // "context overflow is not solved by silently dropping early observations").
 const (
 	OverflowReject   = "reject"   // filtered with reason "overlong" and counted
@@ -18,7 +18,7 @@ const (
 )
 
 // Rules for a trajectory whose turns were sampled by several policy
-// versions (a partial rollout continued under a newer policy, systems §7).
+// versions (a partial rollout continued under a newer policy, docs/SYSTEMS.md §7).
 const (
 	// MultiPolicySegments trains every turn with its own version's
 	// behavior log-probs (per-segment ratios; the default).

@@ -22,8 +22,8 @@ type Stats struct {
 	Efficiency    float64 // Tokens / (Rows * Budget); 0 when there are no rows
 }
 
-// Pack packs segments into rows of at most budget tokens (pipeline §11,
-// DESIGN.md "Packing") and expands their target-aligned columns.
+// Pack packs segments into rows of at most budget tokens (docs/PIPELINE.md §11,
+// docs/PIPELINE.md §11) and expands their target-aligned columns.
 //
 // Placement is first-fit-decreasing: segments are taken by decreasing
 // length, ties broken by TrajectoryID and then by input index, and each goes

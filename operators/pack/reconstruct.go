@@ -16,10 +16,10 @@ var (
 	ErrOptions = errors.New("pack: invalid options")
 	// ErrMalformed reports a scored trajectory whose columns disagree
 	// (token/log-prob lengths, one advantage per turn, ...). Validation
-	// upstream should have quarantined it (pipeline §9).
+	// upstream should have quarantined it (docs/PIPELINE.md §9).
 	ErrMalformed = errors.New("pack: malformed scored trajectory")
 	// ErrEvalSplit reports a hidden-eval trajectory that reached the
-	// training path; it is never packed (pipeline §16, DESIGN.md).
+	// training path; it is never packed (docs/PIPELINE.md §16, docs/PIPELINE.md §15).
 	ErrEvalSplit = errors.New("pack: eval-split trajectory on the training path")
 )
 
@@ -36,7 +36,7 @@ const (
 	// (StaleMaskTurns).
 	FilterStale Filter = "stale"
 	// FilterOverlong: the token stream exceeds TokenBudget under
-	// OverflowReject (pipeline §11).
+	// OverflowReject (docs/PIPELINE.md §11).
 	FilterOverlong Filter = "overlong"
 	// FilterNoTargets: the stream has no policy-sampled token that any
 	// position predicts (no action tokens at all, or only the stream's very
@@ -81,14 +81,14 @@ func (o Options) Validate() error {
 
 // Span is the run of target-aligned entries of one turn's action tokens.
 // Entries At .. At+Len-1 of a segment predict Tokens[At+1] .. Tokens[At+Len],
-// which are that turn's action tokens (pipeline §11: logits at i predict
+// which are that turn's action tokens (docs/PIPELINE.md §11: logits at i predict
 // input_ids[i+1]).
 type Span struct {
 	At            int32   // first target-aligned entry
 	Len           int32   // number of entries (action tokens kept as targets)
 	Turn          int32   // turn index (position in Trajectory.Turns)
 	PolicyVersion int64   // behavior version that sampled these tokens
-	Advantage     float32 // the turn's advantage, broadcast to its action tokens (pipeline §10)
+	Advantage     float32 // the turn's advantage, broadcast to its action tokens (docs/PIPELINE.md §10)
 	ValueTarget   float32 // the turn's value target (0 when no critic ran)
 	// Stale marks a turn outside the admission window under
 	// StaleMaskTurns: its tokens stay in the stream as context and are
@@ -99,7 +99,7 @@ type Span struct {
 	Older bool
 }
 
-// Segment is one reconstructed training sequence (pipeline §11): the token
+// Segment is one reconstructed training sequence (docs/PIPELINE.md §11): the token
 // stream of one trajectory and, compactly, what its target-aligned columns
 // hold. Every entry outside a non-stale Span is context: mask 0, old
 // log-prob 0, advantage 0, value target 0, turn id -1, policy version -1.
@@ -123,7 +123,7 @@ type Segment struct {
 	// OldestVersion is the oldest behavior version among trained tokens.
 	OldestVersion int64
 	// Truncated is set when OverflowTruncate cut the stream. The kept
-	// prefix is unchanged, so its old log-probs stay valid (pipeline §11).
+	// prefix is unchanged, so its old log-probs stay valid (docs/PIPELINE.md §11).
 	Truncated bool
 	// Weight is the sample weight (1; the column exists for task/group
 	// weighting declared by the contract).
@@ -194,7 +194,7 @@ func (s *Segment) Roles() []Role {
 }
 
 // Reconstruct builds the training sequence of one scored trajectory
-// (pipeline §11) and applies lag-aware admission (DESIGN.md) against
+// (docs/PIPELINE.md §11) and applies lag-aware admission (docs/PIPELINE.md §15) against
 // trainerVersion. It is a pure function; it copies what it keeps, so s may
 // be reused afterwards.
 //
@@ -207,7 +207,7 @@ func (s *Segment) Roles() []Role {
 // version outside int32) or values that cannot be trained (a NaN or
 // infinite turn advantage or value target, a behavior log-prob that is NaN,
 // -Inf or > 0, named by field and index: validation upstream refuses them
-// too, pipeline §9, and pack is the last step before training); a stream
+// too, docs/PIPELINE.md §9, and pack is the last step before training); a stream
 // without action tokens is FilterNoTargets; then the overflow rule
 // (FilterOverlong, or a truncated prefix of TokenBudget tokens); then the
 // lag rule on the kept turns. A turn's lag is trainerVersion - PolicyVersion; a turn is stale
@@ -217,7 +217,7 @@ func (s *Segment) Roles() []Role {
 // FilterStale. A stream with no target at all is FilterNoTargets.
 //
 // Invalid and denied actions (Decision != "ok") were sampled by the policy
-// and are trained with their turn's advantage (pipeline §7, §10). Prompt and
+// and are trained with their turn's advantage (docs/PIPELINE.md §7, §10). Prompt and
 // observation tokens are never targets. The first token of the stream is
 // never a target (no position predicts it).
 func Reconstruct(s *schemas.Scored, trainerVersion int64, opts Options) (Segment, Filter, error) {
@@ -291,7 +291,7 @@ func Reconstruct(s *schemas.Scored, trainerVersion int64, opts Options) (Segment
 	}
 
 	// One pass over the turns: copy the kept prefix and record the target
-	// spans (pipeline §11: logits at i predict input_ids[i+1], so action
+	// spans (docs/PIPELINE.md §11: logits at i predict input_ids[i+1], so action
 	// token at input position p is the target of entry p-1).
 	seg := Segment{
 		TrajectoryID: s.RecordID,
@@ -344,7 +344,7 @@ func Reconstruct(s *schemas.Scored, trainerVersion int64, opts Options) (Segment
 }
 
 // multiPolicy applies the rule for trajectories sampled by several policy
-// versions (systems §7): per segment, nothing to do (every token keeps
+// versions (docs/SYSTEMS.md §7): per segment, nothing to do (every token keeps
 // its own version and log-prob); MultiPolicyNewest marks the turns older
 // than the newest version as context; MultiPolicyDiscard filters the
 // trajectory.

@@ -9,7 +9,7 @@ import (
 	"github.com/trajflow/trajflow/schemas"
 )
 
-// TestShiftAlignmentByHand is the hand-built shift test of pipeline §11:
+// TestShiftAlignmentByHand is the hand-built shift test of docs/PIPELINE.md §11:
 // logits at position i predict input_ids[i+1], so every target-aligned
 // column is written out here, entry by entry, for two trajectories packed
 // into one row.
@@ -287,7 +287,7 @@ func TestReconstructFilters(t *testing.T) {
 }
 
 // TestTruncatedPrefix checks that truncation keeps the prefix and its old
-// log-probs unchanged (pipeline §11) and masks the last kept position.
+// log-probs unchanged (docs/PIPELINE.md §11) and masks the last kept position.
 func TestTruncatedPrefix(t *testing.T) {
 	s := scored("r", "g",
 		turnSpec{prompt: []int32{1, 2}, action: []int32{10, 11, 12, 13}, logprobs: []float32{-1, -2, -3, -4}, obs: []int32{20}, version: 1, adv: 1},

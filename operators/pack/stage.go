@@ -33,7 +33,7 @@ type StageConfig struct {
 	// DedupHorizon bounds how long admitted ids are remembered in the local
 	// state beyond the scanned tail (default 7 days).
 	DedupHorizon time.Duration
-	// CountDecidedGroups is stop-and-synchronize mode (pipeline §15,
+	// CountDecidedGroups is stop-and-synchronize mode (docs/PIPELINE.md §15,
 	// contract dispatch.mode sync): Options.BatchGroups counts every group
 	// decided in the window, admitted or filtered, and a window whose
 	// groups were all filtered still closes, with a WindowRecord and no
@@ -46,8 +46,8 @@ type StageConfig struct {
 // produced on the windows topic.
 type WindowRecord = schemas.WindowRecord
 
-// Stage is the pack operator: the lag-aware admission window (DESIGN.md),
-// reconstruction and packing (pipeline §11). It consumes the scored topic
+// Stage is the pack operator: the lag-aware admission window (docs/PIPELINE.md §15),
+// reconstruction and packing (docs/PIPELINE.md §11). It consumes the scored topic
 // and the policy topic (to know the trainer's version). Every record the
 // open window decided — admitted or filtered — is held until the window
 // closes; the batch, its lineage record and the census events are then

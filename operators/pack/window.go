@@ -83,8 +83,7 @@ type Closed struct {
 	Stats    Stats
 }
 
-// Window is the pack stage's admission window (DESIGN.md "Lag-aware
-// admission", "Determinism"). It is in-memory and does no I/O: the runtime
+// Window is the pack stage's admission window (docs/PIPELINE.md §15, "Determinism"). It is in-memory and does no I/O: the runtime
 // feeds it scored records, closes it when Ready, and publishes the batch.
 //
 // Every record id is decided once in the window's lifetime: admitted,
@@ -144,7 +143,7 @@ func NewWindow(opts Options, trainerVersion int64) (*Window, error) {
 
 // CountDecidedGroups selects what BatchGroups counts: with on, every group
 // with a member decided in the open window, admitted or filtered (stop and
-// synchronize mode, pipeline §15: a round whose groups are all filtered
+// synchronize mode, docs/PIPELINE.md §15: a round whose groups are all filtered
 // still closes a window, with an empty batch, so the loop moves on); with
 // off (the default), only groups with an admitted member.
 func (w *Window) CountDecidedGroups(on bool) { w.countDecided = on }

@@ -12,7 +12,7 @@ import (
 // every environment.
 const (
 	// EvalInvalidAction: Raw is the number of turns whose action the
-	// parser rejected or the authorizer denied (pipeline §8
+	// parser rejected or the authorizer denied (docs/PIPELINE.md §8
 	// invalid_action_cost; declare it with a negative weight or with
 	// TransformNegate). Trajectory scope. Evidence:
 	// {"invalid":[turns...],"denied":[turns...]}.

@@ -1,4 +1,4 @@
-// Package reward is the reward stage (pipeline document §8): it runs the
+// Package reward is the reward stage (docs/PIPELINE.md §8): it runs the
 // evaluators the learning contract declares on a finalized, validated
 // trajectory and records every reward component separately, versioned,
 // with its raw score, weight, transform, scope, evidence, evaluator
@@ -12,7 +12,7 @@
 //
 // A failing evaluator yields a component with Error set, not a zero: the
 // reward of that component is unknown, which is an infrastructure failure
-// and never an agent failure (pipeline §8 "Distinguish validator failure
+// and never an agent failure (docs/PIPELINE.md §8 "Distinguish validator failure
 // from agent failure"). The validate stage quarantines such records
 // ("reward_unavailable") so the attempt is retried.
 package reward
@@ -144,7 +144,7 @@ const (
 )
 
 // Component is one reward term as the learning contract declares it
-// (pipeline §2, §8). Name is both the component's name and the name of the
+// (docs/PIPELINE.md §2, §8). Name is both the component's name and the name of the
 // evaluator that computes it; Version must equal that evaluator's Version().
 // ClipMin and ClipMax are used only by TransformClip. A zero Weight keeps
 // the component for analysis without letting it affect the total.

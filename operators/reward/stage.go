@@ -20,13 +20,13 @@ type StageConfig struct {
 	Check      validate.RewardOptions
 	// Retries is how many times a trajectory whose evaluators failed is
 	// scored again before it is quarantined as infrastructure-invalid
-	// (pipeline §8: "distinguish validator failure from agent failure").
+	// (docs/PIPELINE.md §8: "distinguish validator failure from agent failure").
 	Retries int
 	Backoff time.Duration
 	Now     func() time.Time
 }
 
-// Stage is the reward operator (pipeline §8): every valid trajectory is
+// Stage is the reward operator (docs/PIPELINE.md §8): every valid trajectory is
 // scored by each declared component's evaluator, components kept separate.
 // A trajectory whose evaluators keep failing goes to quarantine with reason
 // reward_unavailable — an infrastructure failure, never a task failure.

@@ -78,7 +78,7 @@ func (r *Registry) RunEpisodes(ctx context.Context, pol Policy, atts []schemas.T
 	return Agent{Env: r, Policy: pol, Tokenizer: tok, Settings: s, Limits: lim}.Run(ctx, atts)
 }
 
-// Agent is the agent loop of pipeline §7 over an Environment: the
+// Agent is the agent loop of docs/PIPELINE.md §7 over an Environment: the
 // registry in process, or an environment service through its client.
 type Agent struct {
 	Env    Environment

@@ -8,7 +8,7 @@ import (
 
 // following is the policy of a group's run under partial-rollout
 // continuation (StageConfig.Continue, contract dispatch.partial_rollouts
-// continue, systems §7): each Generate call — one turn of the group's live
+// continue, docs/SYSTEMS.md §7): each Generate call — one turn of the group's live
 // episodes — samples with the newest snapshot the stage has loaded, never
 // one older than the snapshot the run started with. An episode in flight
 // when a new version is released keeps its environment state, its token

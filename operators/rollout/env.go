@@ -105,7 +105,7 @@ func (e *kvEpisode) Spec() Spec { return kvFamily{}.spec() }
 // (kv and ledger families).
 func TurnPrompt() []int32 { return []int32{TokAct} }
 
-// Authorize is the authorizer (pipeline §7): a lookup of the task's
+// Authorize is the authorizer (docs/PIPELINE.md §7): a lookup of the task's
 // forbidden key is denied; everything else parsed is allowed.
 func (e *kvEpisode) Authorize(a Action) (bool, string) {
 	if a.Kind == KindCall && a.Key == e.h.forbidden {

@@ -12,7 +12,7 @@ import (
 )
 
 // LatencyModel is a simulated latency for the built-in environment and
-// policy (systems §6: tool calls and generation are heavy-tailed, so a
+// policy (docs/SYSTEMS.md §6: tool calls and generation are heavy-tailed, so a
 // synchronous round waits for its stragglers as real agent workloads do).
 // Every tool call (Episode.Step) waits ToolMedian·e^{ToolSigma·z} and every
 // generated token TokenMedian·e^{TokenSigma·z'} before the result is

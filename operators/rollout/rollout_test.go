@@ -519,7 +519,7 @@ func TestDecisionsAndEndings(t *testing.T) {
 
 // TestObservationMaskedAfterPacking: after reward, advantage and packing,
 // the action mask is 1 exactly on targets that are policy-sampled action
-// tokens, never on prompts or tool observations (pipeline §4, §11), and the
+// tokens, never on prompts or tool observations (docs/PIPELINE.md §4, §11), and the
 // old log-probs are the sampled ones.
 func TestObservationMaskedAfterPacking(t *testing.T) {
 	reg := testRegistry(t)

@@ -11,7 +11,7 @@ import (
 	"github.com/trajflow/trajflow/schemas"
 )
 
-// Server is a policy served by policy server replicas (systems §3): in a
+// Server is a policy served by policy server replicas (docs/SYSTEMS.md §3): in a
 // deployment, connectors/policy's gateway over llama.cpp, SGLang or vLLM
 // replicas, which the operators registry adapts and injects (this package
 // never imports the clients). The rollout stage asks it for samples of a

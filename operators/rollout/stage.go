@@ -49,7 +49,7 @@ type StageConfig struct {
 	// agent loop is unchanged and tokens never depend on it.
 	Latency LatencyModel
 	// Continue is partial-rollout continuation (the contract's
-	// dispatch.partial_rollouts continue, systems §7): an episode in
+	// dispatch.partial_rollouts continue, docs/SYSTEMS.md §7): an episode in
 	// flight when a newer policy is loaded continues with it from its next
 	// turn (following), instead of finishing on the snapshot its group
 	// started with.
@@ -86,7 +86,7 @@ type StageConfig struct {
 // attempts ask for, and emits one trajectories message per group (keyed by
 // group id) with census started/completed events.
 //
-// Policy versions (systems §8): the policy topic is a side input (the
+// Policy versions (docs/SYSTEMS.md §8): the policy topic is a side input (the
 // runtime tails it and calls Side); every newer release is loaded into a
 // shadow slot (Load verifies the checkpoint hash; a release that fails to
 // load is logged and skipped, the current version keeps serving), then new
@@ -260,7 +260,7 @@ func (s *Stage) Process(ctx context.Context, m pipeline.Message) (pipeline.Resul
 	want := int64(0)
 	for _, a := range atts {
 		if a.Split == schemas.SplitEval || s.cfg.Registry.IsEval(a.TaskID) {
-			// Pipeline §6: hidden-eval tasks never enter the training
+			// docs/PIPELINE.md §6: hidden-eval tasks never enter the training
 			// stream; a dispatcher that sent one is an incident.
 			inc, ierr := stagekit.IncidentOutput(s.cfg.Topics.Incidents, stagekit.Incident{
 				RunID: a.RunID, AttemptID: a.AttemptID, TaskID: a.TaskID, Stage: s.Name(),

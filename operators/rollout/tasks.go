@@ -217,11 +217,11 @@ func (r *Registry) Spec() Spec { return r.fam.spec() }
 func (r *Registry) Train() []Task { return append([]Task(nil), r.train...) }
 
 // Eval returns the hidden-eval split in id order (a copy). Dispatch must
-// never route these to training (pipeline §6 denylist); pack refuses them.
+// never route these to training (docs/PIPELINE.md §6 denylist); pack refuses them.
 func (r *Registry) Eval() []Task { return append([]Task(nil), r.eval...) }
 
 // IsEval reports whether id is a hidden-eval task id (the denylist of
-// pipeline §6).
+// docs/PIPELINE.md §6).
 func (r *Registry) IsEval(id string) bool {
 	t, ok := r.tasks[id]
 	return ok && t.Split == schemas.SplitEval
@@ -270,7 +270,7 @@ func (r *Registry) attemptTask(a schemas.TaskAttempt) (Task, error) {
 }
 
 // Attempts returns the attempts of one group of G members of task t
-// (pipeline §6): ids from schemas.GroupID/AttemptID, member seeds from
+// (docs/PIPELINE.md §6): ids from schemas.GroupID/AttemptID, member seeds from
 // schemas.SeedFor, and the behavior policy version attached.
 func Attempts(runID string, t Task, groupIndex int64, g int32, contractSeed, policyVersion int64, contractHash string) []schemas.TaskAttempt {
 	gid := schemas.GroupID(runID, t.ID, groupIndex)

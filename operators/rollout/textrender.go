@@ -7,7 +7,7 @@ import (
 )
 
 // textRenderer renders the observations of one text episode with the
-// policy server's chat template and tokenizer (systems §3: the server's
+// policy server's chat template and tokenizer (docs/SYSTEMS.md §3: the server's
 // own tokenizer, ids appended, never re-tokenized).
 //
 // The template is asked once per episode, with sentinel contents, for the

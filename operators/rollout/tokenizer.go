@@ -11,7 +11,7 @@ type ChatMessage struct {
 
 // Tokenizer is a policy server's own tokenizer and chat template. Task
 // families that speak text (rather than the built-in token vocabulary) use
-// it so that tokenization stays exact (systems §3, §8): the first prompt is
+// it so that tokenization stays exact (docs/SYSTEMS.md §3, §8): the first prompt is
 // rendered with the server's chat template and tokenized by the server,
 // observations are tokenized by the server and appended as ids, and action
 // ids are never re-tokenized from their text.

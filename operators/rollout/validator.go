@@ -10,7 +10,7 @@ import (
 )
 
 // Validator is the trusted validator of the registry's task family
-// (pipeline §8): it runs apart from the policy, alone knows the hidden
+// (docs/PIPELINE.md §8): it runs apart from the policy, alone knows the hidden
 // tables, and judges a finalized trajectory from its actions (re-parsed,
 // not trusting the recorded decisions: kv and ledger from the action
 // tokens, text from the action texts the environment logged in the
@@ -138,7 +138,7 @@ func (v *Validator) Evaluate(ctx context.Context, t *schemas.Trajectory) ([]sche
 	return []schemas.RewardComponent{{Raw: raw, Scope: schemas.ScopeTrajectory, Turn: -1, Evidence: evidence}}, nil
 }
 
-// Teacher is a scripted expert for demonstrations (pipeline §4): it looks
+// Teacher is a scripted expert for demonstrations (docs/PIPELINE.md §4): it looks
 // the prompt's key up, then answers with the observed value. Its actions
 // are ordinary action tokens, so a demonstration trains only
 // policy-authored spans when packed.

@@ -1,7 +1,7 @@
 // Package snapshot is the snapshot operator (`trajflow run snapshot`): a
 // thin adapter over connectors/parquet, whose Stage consumes every topic
 // of a run in a consumer group of its own and writes each partition to
-// Parquet files with lineage (pipeline §1), holding every input until the
+// Parquet files with lineage (docs/PIPELINE.md §1), holding every input until the
 // file holding it is durable.
 package snapshot
 

@@ -140,7 +140,7 @@ func Census(topic string, ev schemas.CensusEvent) (pipeline.Output, error) {
 
 // TraceParent derives a W3C traceparent from a record id: the trace id is
 // the attempt's id (32 hex digits), so every record of one attempt shares a
-// trace across stages (systems §15).
+// trace across stages (docs/SYSTEMS.md §15).
 func TraceParent(id string) string { return traceParent(id, id) }
 
 // traceParent is a traceparent in the trace of traceID (the id itself when
@@ -201,7 +201,7 @@ type Refused struct {
 	RunID, AttemptID, TaskID, GroupID string
 	Reason, Detail                    string
 	Infra                             bool // an infrastructure failure, never a task failure
-	Incident                          bool // also raise an incident (pipeline §8, §9)
+	Incident                          bool // also raise an incident (docs/PIPELINE.md §8, §9)
 	At                                int64
 }
 

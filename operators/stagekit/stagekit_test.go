@@ -18,7 +18,7 @@ func header(hs []pipeline.Header, key string) string {
 }
 
 // TestTraceParents: every record of an attempt, its census events
-// included, is in the attempt's trace (systems §15), each with a span of
+// included, is in the attempt's trace (docs/SYSTEMS.md §15), each with a span of
 // its own; ids that are not 32 digits get a derived trace.
 func TestTraceParents(t *testing.T) {
 	attempt := schemas.DerivedID("attempt", "a")

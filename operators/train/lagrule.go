@@ -8,7 +8,7 @@ import (
 	"github.com/trajflow/trajflow/schemas"
 )
 
-// LagRule is the lag rule at the optimizer step (pipeline §15), the same
+// LagRule is the lag rule at the optimizer step (docs/PIPELINE.md §15), the same
 // for every backend: at an update taken at trainer version v, a trained
 // token (action mask 1) whose behavior version b (PackedRow.PolicyVersions,
 // per target) has v - b > MaxLag is stale and is never trained. Policy is

@@ -1,5 +1,5 @@
 // Package train is the train operator (`trajflow run train`, pipeline
-// §12–§14, systems §8): a thin adapter that drives a gpu.Backend (the CPU
+// §12–§14, docs/SYSTEMS.md §8): a thin adapter that drives a gpu.Backend (the CPU
 // reference, or the CUDA backend in a build with the cuda tag) from the
 // batches topic and publishes every update as a policy release.
 package train

@@ -39,14 +39,14 @@ var checks = []check{
 	checkBudget,
 }
 
-// Check classifies a finalized trajectory (pipeline §9). It returns the
+// Check classifies a finalized trajectory (docs/PIPELINE.md §9). It returns the
 // first failing check in a fixed order (incidents before infrastructure
 // faults; trajectory-level before turn-level), so the same record always
 // gets the same verdict. t is not modified. A nil t is infra-invalid.
 //
 // What Check does not cover: duplicate delivery (deduplicated by record id
-// downstream, DESIGN.md "Guarantees") and group completeness (the advantage
-// stage's declared partial-group policy, pipeline §10).
+// downstream, docs/GUARANTEES.md) and group completeness (the advantage
+// stage's declared partial-group policy, docs/PIPELINE.md §10).
 func Check(t *schemas.Trajectory, opts Options) Verdict {
 	if t == nil {
 		return reject(ReasonMissingID, "nil trajectory")
@@ -270,7 +270,7 @@ func checkValue(t *schemas.Trajectory, _ *Options) Verdict {
 }
 
 // checkEndState: every accepted episode declares how it ended, because the
-// advantage stage bootstraps only from declared truncations (pipeline §10).
+// advantage stage bootstraps only from declared truncations (docs/PIPELINE.md §10).
 func checkEndState(t *schemas.Trajectory, _ *Options) Verdict {
 	switch t.End {
 	case schemas.EndTerminated:

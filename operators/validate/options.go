@@ -1,7 +1,7 @@
 package validate
 
 // Options are the expectations a run places on its trajectories, taken from
-// the learning contract and the frozen artifacts (pipeline §2, §3, §9).
+// the learning contract and the frozen artifacts (docs/PIPELINE.md §2, §3, §9).
 // Every zero-valued field disables its check, so Options{} checks only the
 // structural invariants that hold for any run.
 type Options struct {
@@ -18,7 +18,7 @@ type Options struct {
 	// EnvVersions lists the accepted environment versions. Empty = any.
 	EnvVersions []string
 	// EvalDenylist reports whether a task id belongs to the hidden
-	// evaluation registry (pipeline §1, §16). A trajectory of such a task in
+	// evaluation registry (docs/PIPELINE.md §1, §16). A trajectory of such a task in
 	// the training stream is an incident ("eval_task_id"), as is any
 	// trajectory whose Split is schemas.SplitEval. nil = no denylist.
 	EvalDenylist func(taskID string) bool
@@ -34,15 +34,15 @@ type Options struct {
 	// infrastructure failure ("timed_out"): it says more about the
 	// environment or the serving fleet than about the policy, and treating
 	// it as a task failure would bias training against slow-but-correct
-	// behavior (systems §6 on completion-time filtering).
+	// behavior (docs/SYSTEMS.md §6 on completion-time filtering).
 	TimeoutIsTruncation bool
 	// BootstrapReasons lists the truncation reasons from which the
-	// advantage stage bootstraps with BootstrapValue (pipeline §10); such a
+	// advantage stage bootstraps with BootstrapValue (docs/PIPELINE.md §10); such a
 	// trajectory must carry a finite BootstrapValue. Same meaning as
 	// advantage.Options.BootstrapReasons.
 	BootstrapReasons []string
 	// IncidentEndReasons lists EndReason values that are safety or
-	// permission incidents (pipeline §8: hard violations quarantine the
+	// permission incidents (docs/PIPELINE.md §8: hard violations quarantine the
 	// episode and trigger the incident path instead of subtracting reward).
 	IncidentEndReasons []string
 	// LogprobTolerance is how far above 0 a behavior log-prob may lie

@@ -14,7 +14,7 @@ type Range struct {
 }
 
 // RewardOptions are the contract's expectations on reward components
-// (pipeline §9 "reward ranges and component availability"). The zero value
+// (docs/PIPELINE.md §9 "reward ranges and component availability"). The zero value
 // checks only availability, metadata, scope, finiteness and the total.
 type RewardOptions struct {
 	// Required lists component names every rewarded trajectory must carry;
@@ -48,7 +48,7 @@ var rewardChecks = []rewardCheck{
 }
 
 // CheckRewarded classifies the reward part of a rewarded trajectory
-// (pipeline §8, §9). The trajectory itself is assumed to have passed Check
+// (docs/PIPELINE.md §8, §9). The trajectory itself is assumed to have passed Check
 // before the reward stage ran. A component whose evaluator failed (Error
 // non-empty) makes the whole record infra-invalid with reason
 // "reward_unavailable": the attempt's reward is unknown, not zero, and an

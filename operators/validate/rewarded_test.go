@@ -44,7 +44,7 @@ var rewardCases = []rewardCase{
 	{"valid", func(*schemas.Rewarded, *RewardOptions) {}, "", ""},
 	{"valid zero options", func(_ *schemas.Rewarded, o *RewardOptions) { *o = RewardOptions{} }, "", ""},
 	{"valid failure reward", func(r *schemas.Rewarded, _ *RewardOptions) {
-		// A failed task is a valid training episode (pipeline §9).
+		// A failed task is a valid training episode (docs/PIPELINE.md §9).
 		r.Rewards[0].Raw, r.Rewards[0].Value, r.RewardTotal = 0, 0, -0.25
 	}, "", ""},
 	{"valid same name other turn", func(r *schemas.Rewarded, _ *RewardOptions) {

@@ -16,7 +16,7 @@ type StageConfig struct {
 	Now     func() time.Time
 }
 
-// Stage is the validate operator (pipeline §9): every trajectory row is
+// Stage is the validate operator (docs/PIPELINE.md §9): every trajectory row is
 // checked; valid rows go on to the valid topic (in one message per input
 // message, same key), every other row goes to quarantine alone with its
 // reason, with a census event, and incidents also to the incidents topic.

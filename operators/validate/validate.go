@@ -1,16 +1,16 @@
-// Package validate is the accept/quarantine stage (pipeline document §9):
+// Package validate is the accept/quarantine stage (docs/PIPELINE.md §9):
 // it sorts every finalized trajectory into one of three classes.
 //
 //   - Valid: a statistically valid training episode. Environment and logging
 //     succeeded; task success may be zero. A low reward or an agent failure
-//     is never a reason to reject (pipeline §9: dropping ordinary failures
+//     is never a reason to reject (docs/PIPELINE.md §9: dropping ordinary failures
 //     changes the behavior distribution and removes negative advantages).
 //   - InfraInvalid: corrupt or incomplete logging, server crash, reward
 //     failure, irrecoverable version mismatch. The record goes to quarantine
 //     with a reason; the attempt is retried upstream and never counts as a
 //     task failure.
 //   - Incident: unauthorized or unexpected behavior requiring review, such as
-//     a hidden-evaluation task reaching the training stream (pipeline §9
+//     a hidden-evaluation task reaching the training stream (docs/PIPELINE.md §9
 //     "evaluator leakage and sandbox incidents"). The record goes to
 //     quarantine and an incident is raised.
 //
@@ -28,10 +28,10 @@ import (
 	"slices"
 )
 
-// Class is the acceptance class of a record (pipeline §9).
+// Class is the acceptance class of a record (docs/PIPELINE.md §9).
 type Class string
 
-// The three classes of pipeline §9.
+// The three classes of docs/PIPELINE.md §9.
 const (
 	Valid        Class = "valid"
 	InfraInvalid Class = "infra_invalid"
@@ -109,7 +109,7 @@ const (
 const (
 	// ReasonRewardUnavailable: a component carries an Error (its evaluator
 	// failed), or a required component is absent. An evaluator failure is
-	// an infrastructure failure, never an agent failure (pipeline §8).
+	// an infrastructure failure, never an agent failure (docs/PIPELINE.md §8).
 	ReasonRewardUnavailable = "reward_unavailable"
 	// ReasonRewardMetadata: a component lacks name or version, or belongs to
 	// another trajectory.

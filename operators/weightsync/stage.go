@@ -1,4 +1,4 @@
-// Package weightsync is the weight sync operator (systems §8 "Policy
+// Package weightsync is the weight sync operator (docs/SYSTEMS.md §8 "Policy
 // versioning and weight publication"): it consumes the policy topic and
 // loads every newer ready release into every policy server replica with
 // that replica's own calls (through the Replica interface: the registry
@@ -7,7 +7,7 @@
 // replica's version on the weights topic. The rollout stage follows the
 // weights topic and sends a group only to replicas that acknowledged the
 // version it wants; requests in flight finish on the version they started
-// on (every protocol's switch is atomic: systems §8 "never update weights
+// on (every protocol's switch is atomic: docs/SYSTEMS.md §8 "never update weights
 // partially in place").
 //
 // A replica whose load fails (down, a failed verification) is

@@ -1,8 +1,8 @@
 // Package contract is the learning contract of a run: one YAML document that
 // fixes the experiment's meaning before anything is trained (pipeline
 // document §2: objective, constraints, regression floors, budgets, stop
-// rules), names every frozen artifact by an immutable id (pipeline §3),
-// declares the resolved sampler (pipeline §5), and declares the estimator,
+// rules), names every frozen artifact by an immutable id (docs/PIPELINE.md §3),
+// declares the resolved sampler (docs/PIPELINE.md §5), and declares the estimator,
 // loss, optimizer, packing/admission, reward components, topics and dispatch
 // quotas every operator runs with.
 //
@@ -48,12 +48,12 @@ type Contract struct {
 
 	Objective Objective `yaml:"objective"`
 	Budgets   Budgets   `yaml:"budgets"`
-	// StopRules end the run (pipeline §2, §17); at least one, each kind at
+	// StopRules end the run (docs/PIPELINE.md §2, §17); at least one, each kind at
 	// most once. YAML: a list of strings, see ParseStopRule.
 	StopRules []StopRule `yaml:"stop_rules"`
 	Artifacts Artifacts  `yaml:"artifacts"`
 	Sampler   Sampler    `yaml:"sampler"`
-	// Estimator declares returns and advantages (pipeline §10). Defaults:
+	// Estimator declares returns and advantages (docs/PIPELINE.md §10). Defaults:
 	// name grpo, normalize_std true, std_mode sample, epsilon 1e-6, gamma 1,
 	// lambda 0.95, zero_variance keep, min_group_size = sampler.group_size
 	// (full groups only), bootstrap_truncations empty. Rules: name grpo,
@@ -65,7 +65,7 @@ type Contract struct {
 	Estimator advantage.Options `yaml:"estimator"`
 	Loss      Loss              `yaml:"loss"`
 	// Packing declares sequence packing and the lag-aware admission window
-	// (pipeline §11, DESIGN.md). Rules: token_budget in [1, 2^31-1];
+	// (docs/PIPELINE.md §11, docs/PIPELINE.md §15). Rules: token_budget in [1, 2^31-1];
 	// batch_tokens >= token_budget; batch_groups >= 0 (0 = off); overflow
 	// and stale_policy known; max_lag >= 0; multi_policy per_segment,
 	// new_segments or discard. Defaults: token_budget 1024, batch_tokens
@@ -74,13 +74,13 @@ type Contract struct {
 	// trained with its own version's behavior log-probs, pack.MultiPolicy*).
 	// The lag rule holds again at the trainer's update (operators/train).
 	Packing pack.Options `yaml:"packing"`
-	// Rewards are the separately kept reward components (pipeline §8); at
+	// Rewards are the separately kept reward components (docs/PIPELINE.md §8); at
 	// least one, names unique.
 	Rewards  []Reward `yaml:"rewards"`
 	Topics   Topics   `yaml:"topics"`
 	Dispatch Dispatch `yaml:"dispatch"`
 	// Latency is the simulated latency of the built-in environment and
-	// policy (systems §6); every field 0 (the default) is none.
+	// policy (docs/SYSTEMS.md §6); every field 0 (the default) is none.
 	Latency Latency `yaml:"latency"`
 	// Policy names the policy servers rollout generates with (systems
 	// §3). It is not part of the contract hash (see Canonical).
@@ -92,7 +92,7 @@ type Contract struct {
 	filled bool
 }
 
-// Objective fixes what success means (pipeline §2).
+// Objective fixes what success means (docs/PIPELINE.md §2).
 type Objective struct {
 	TargetDistribution string `yaml:"target_distribution"` // required: the task mixture trained for
 	PrimaryMetric      string `yaml:"primary_metric"`      // required: the metric promotion decides on
@@ -125,7 +125,7 @@ func (f Floor) Threshold(initial float64) float64 {
 	return f.Value
 }
 
-// Budgets are the compute and data budgets (pipeline §2); all required and
+// Budgets are the compute and data budgets (docs/PIPELINE.md §2); all required and
 // > 0. Integer fields accept integral floats ("2.0e9").
 type Budgets struct {
 	RolloutTokens    int64   `yaml:"rollout_tokens"`    // tokens sampled by rollout
@@ -151,7 +151,7 @@ type Artifacts struct {
 	ContainerImage   string `yaml:"container_image"` // dependency/container image
 }
 
-// Sampler is the resolved behavior sampler (pipeline §5). Its hash
+// Sampler is the resolved behavior sampler (docs/PIPELINE.md §5). Its hash
 // (SamplerID) is recorded with every trajectory.
 type Sampler struct {
 	Temperature float64 `yaml:"temperature"` // > 0; default 1
@@ -177,15 +177,15 @@ type Sampler struct {
 	ToolRetries int `yaml:"tool_retries"`
 }
 
-// Loss declares the policy objective (pipeline §13) and the optimizer
-// (pipeline §14). Defaults of the objective: clip_low 0.2, clip_high 0.2,
+// Loss declares the policy objective (docs/PIPELINE.md §13) and the optimizer
+// (docs/PIPELINE.md §14). Defaults of the objective: clip_low 0.2, clip_high 0.2,
 // normalization token-mean, kl_placement none, kl_estimator k3, kl_coef 0,
 // entropy_coef 0, max_log_ratio objective.DefaultMaxLogRatio (20: ratios
 // within [e^-20, e^20]; a sane run never reaches it, on policy the ratio
 // is exactly 1; 0 turns the clamp off, and a ratio that then overflows
 // refuses the batch).
 //
-// Off-policy correction (pipeline §13, §15): off_policy none (default:
+// Off-policy correction (docs/PIPELINE.md §13, §15): off_policy none (default:
 // the clipped ratio to the behavior policy), tis (truncated importance
 // sampling against the behavior policy, weight min(π/μ, is_cap)) or
 // decoupled (the decoupled clipped objective: weight π_prox/μ, capped at
@@ -202,7 +202,7 @@ type Loss struct {
 	Optimizer         Optimizer `yaml:"optimizer"`
 }
 
-// Optimizer declares the Adam update (pipeline §14).
+// Optimizer declares the Adam update (docs/PIPELINE.md §14).
 type Optimizer struct {
 	LR          float64 `yaml:"lr"`          // > 0; default 1e-3
 	Beta1       float64 `yaml:"beta1"`       // in [0, 1); default 0.9
@@ -223,11 +223,11 @@ const (
 )
 
 // RewardKL is the name of the reward component that carries a KL penalty
-// when loss.kl_placement is reward (pipeline §8: in reward or in loss, never
+// when loss.kl_placement is reward (docs/PIPELINE.md §8: in reward or in loss, never
 // both).
 const RewardKL = "kl"
 
-// Reward declares one reward component (pipeline §8).
+// Reward declares one reward component (docs/PIPELINE.md §8).
 type Reward struct {
 	Name    string  `yaml:"name"`    // required, unique
 	Version string  `yaml:"version"` // required: evaluator/validator version
@@ -244,12 +244,12 @@ type Reward struct {
 	// RawRange, when written, is the closed interval [lo, hi] the
 	// evaluator's raw score (before transform and weight) must lie in; a
 	// score outside it sends the trajectory to quarantine
-	// (reward_out_of_range, pipeline §9 "reward ranges"). Two finite
+	// (reward_out_of_range, docs/PIPELINE.md §9 "reward ranges"). Two finite
 	// numbers, lo <= hi; empty means unchecked.
 	RawRange []float64 `yaml:"raw_range"`
 }
 
-// Topics declares how the data-plane topics are created (DESIGN.md, Wire
+// Topics declares how the data-plane topics are created (docs/PIPELINE.md §15, Wire
 // format).
 type Topics struct {
 	Partitions  int `yaml:"partitions"`  // > 0; default 4
@@ -262,7 +262,7 @@ type Topics struct {
 	MaxMessageBytes int `yaml:"max_message_bytes"`
 }
 
-// Dispatch declares what the dispatcher launches per update (pipeline §6).
+// Dispatch declares what the dispatcher launches per update (docs/PIPELINE.md §6).
 type Dispatch struct {
 	// TasksPerUpdate distinct tasks are drawn per update; >= 1 and divides
 	// groups_per_update (each task gets the same number of groups).
@@ -277,7 +277,7 @@ type Dispatch struct {
 	// EvalEvery runs the hidden evaluation every that many updates; >= 1,
 	// default 5.
 	EvalEvery int `yaml:"eval_every"`
-	// Mode is how dispatch paces rounds (pipeline §15): DispatchSync
+	// Mode is how dispatch paces rounds (docs/PIPELINE.md §15): DispatchSync
 	// (stop and synchronize: round r+1 is dispatched only once every group
 	// of round r has been decided by pack and, when they made a batch, the
 	// trainer has released the resulting policy) or DispatchAsync (up to
@@ -286,7 +286,7 @@ type Dispatch struct {
 	// or filtered, towards packing.batch_groups. Default sync.
 	Mode string `yaml:"mode"`
 	// PartialRollouts is what an episode in flight does at an update
-	// boundary (systems §7): PartialFinish (default) finishes it on the
+	// boundary (docs/SYSTEMS.md §7): PartialFinish (default) finishes it on the
 	// policy snapshot it started with; PartialContinue keeps its
 	// environment and agent state, token history and remaining budget and
 	// continues it with the newer policy from its next turn, every turn
@@ -303,7 +303,7 @@ const (
 )
 
 // Latency declares the simulated latency of the built-in environment and
-// policy (systems §6: heavy-tailed tool calls and generation, so that a
+// policy (docs/SYSTEMS.md §6: heavy-tailed tool calls and generation, so that a
 // synchronous round waits for its stragglers as real agent workloads do).
 // Log-normal: every tool call waits tool_median_ms·e^{tool_sigma·z}, every
 // generated token token_median_ms·e^{token_sigma·z'}, z and z' standard
@@ -332,7 +332,7 @@ const (
 	PolicyVLLM     = "vllm"     // vLLM's token-in/token-out API
 )
 
-// Policy declares where rollout generates (systems §3, §8): in process
+// Policy declares where rollout generates (docs/SYSTEMS.md §3, §8): in process
 // with the built-in policy, or on policy server replicas of one protocol
 // behind a gateway (least outstanding requests, group affinity, health
 // checks, breakers, retries), with weight sync (trajflow run weightsync)
@@ -426,7 +426,7 @@ func Default() *Contract {
 // groups, a token-mean clipped surrogate with asymmetric clip [0.8, 1.28]
 // and entropy bonus 0.05, Adam lr 0.01 with 2 optimizer passes per batch,
 // 256-token rows, and strictly on-policy admission (max_lag 0) in
-// stop-and-synchronize mode (pipeline §15). The objective is the decoupled
+// stop-and-synchronize mode (docs/PIPELINE.md §15). The objective is the decoupled
 // one (clipped against the trainer's policy at the start of the update):
 // on policy, as in stop-and-synchronize mode, it is the plain clipped
 // surrogate bit for bit; with --async it keeps stale samples useful.

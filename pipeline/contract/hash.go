@@ -57,7 +57,7 @@ func (c *Contract) Hash() string {
 }
 
 // SamplerID returns "sha256:<hex>" of the canonical encoding of the resolved
-// sampler section alone (pipeline §5: the resolved sampler recorded with
+// sampler section alone (docs/PIPELINE.md §5: the resolved sampler recorded with
 // every trajectory).
 func (c *Contract) SamplerID() string {
 	var b bytes.Buffer

@@ -354,7 +354,7 @@ func (c *Contract) validateEstimator(v *validator) {
 	}
 	switch e.Estimator {
 	case advantage.GRPO, advantage.RLOO:
-		// A group-relative baseline needs another member (pipeline §10).
+		// A group-relative baseline needs another member (docs/PIPELINE.md §10).
 		if c.Sampler.GroupSize < 2 {
 			v.add("sampler.group_size", "must be >= 2 for estimator %s, got %d", e.Estimator, c.Sampler.GroupSize)
 		}
@@ -473,7 +473,7 @@ func (c *Contract) validateRewards(v *validator) {
 			hasKL = true
 			switch c.Loss.KLPlacement {
 			case objective.KLLoss:
-				// Pipeline §8: KL in reward or in loss, never both.
+				// docs/PIPELINE.md §8: KL in reward or in loss, never both.
 				v.add(p+".name", "a %q reward component with loss.kl_placement loss applies KL twice (in reward or in loss, never both)", RewardKL)
 			case objective.KLNone:
 				v.add(p+".name", "a %q reward component needs loss.kl_placement reward, got none", RewardKL)

@@ -7,7 +7,7 @@ import (
 	"strings"
 )
 
-// Stop rule kinds (pipeline §2, §17).
+// Stop rule kinds (docs/PIPELINE.md §2, §17).
 const (
 	// StopSafetyViolation stops the run at the first hard safety violation.
 	StopSafetyViolation = "safety_violation"
@@ -110,7 +110,7 @@ func (f Floor) MarshalYAML() (any, error) {
 }
 
 // Value returns the value of a reward component with raw score raw:
-// Weight * transform(raw) (pipeline §8, schemas.RewardComponent). The
+// Weight * transform(raw) (docs/PIPELINE.md §8, schemas.RewardComponent). The
 // component must be valid (Resolve); an unknown transform yields NaN.
 func (r Reward) Value(raw float64) float64 {
 	var t float64

@@ -1,17 +1,17 @@
 // Package capability implements the environment-action capability tokens of
-// systems §12 and §16: every action an agent sends to an environment carries
+// docs/SYSTEMS.md §12 and §16: every action an agent sends to an environment carries
 // a short-lived token, minted by the control plane with a key held per run,
 // scoped to one episode and one action sequence number and bound to the
 // action's bytes (HMAC-SHA256). The environment side (Guard) refuses
 // forged, expired, replayed, out-of-order and mis-scoped actions, executes
 // each accepted action at most once, persists its outcome before
 // acknowledging, and answers status queries so that a client retrying after
-// an ambiguous timeout asks before re-executing (Client.Do; systems §12:
+// an ambiguous timeout asks before re-executing (Client.Do; docs/SYSTEMS.md §12:
 // "A retry after ambiguous timeout must query action status before
 // re-execution").
 //
 // Tokens carry no secret: the key never leaves the issuer and the guard
-// (systems §16: "never mount cluster credentials in tool sandboxes"), and
+// (docs/SYSTEMS.md §16: "never mount cluster credentials in tool sandboxes"), and
 // a token is useless for any other episode, sequence number or action.
 package capability
 

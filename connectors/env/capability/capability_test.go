@@ -315,7 +315,7 @@ func TestClientWaitsWhileRunning(t *testing.T) {
 }
 
 // timeoutEnv gives up on Execute immediately (the action keeps running in
-// the environment) — the ambiguous timeout of systems §12.
+// the environment) — the ambiguous timeout of docs/SYSTEMS.md §12.
 type timeoutEnv struct {
 	g       *Guard
 	started chan struct{}

@@ -59,7 +59,7 @@ type Executor func(ctx context.Context, episode string, seq uint64, action []byt
 // Guard is the environment side: it admits an action only with a valid
 // token for exactly that run, episode, sequence number and action, only as
 // the next sequence number of its episode (sequence numbers start at 1),
-// executes it once, and records the outcome before answering (systems §12:
+// executes it once, and records the outcome before answering (docs/SYSTEMS.md §12:
 // "persist transition before acknowledging"). It is safe for concurrent
 // use; actions of one episode are serialized.
 type Guard struct {
@@ -218,7 +218,7 @@ var ErrAmbiguous = errors.New("capability: action outcome unknown after retries"
 // failure (*ActionError) is final. Any other error — a timeout, a reset
 // connection — is ambiguous: the action may or may not have run, so
 // before sending it again Do queries its status with a fresh token
-// (systems §12) and returns the recorded result if it ran, waits while it
+// (docs/SYSTEMS.md §12) and returns the recorded result if it ran, waits while it
 // runs, and re-executes only if the environment never saw it.
 func (c *Client) Do(ctx context.Context, episode string, seq uint64, action []byte) ([]byte, error) {
 	attempts, backoff := c.Attempts, c.Backoff

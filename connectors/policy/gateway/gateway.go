@@ -1,5 +1,5 @@
 // Package gateway spreads generation over several policy server replicas
-// (systems §3 "inference gateway / load balancer"): a rollout.Policy whose
+// (docs/SYSTEMS.md §3 "inference gateway / load balancer"): a rollout.Policy whose
 // requests go to the replica with the fewest requests outstanding, with
 // group affinity, health checks, a circuit breaker per replica, bounded
 // retries of infrastructure failures on other replicas, a version filter

@@ -1,6 +1,6 @@
 // Package weightsync loads a policy release into a policy server replica
 // with that server's own weight-update calls, then verifies what the
-// replica serves (systems §8 "Publication protocol": load into a shadow
+// replica serves (docs/SYSTEMS.md §8 "Publication protocol": load into a shadow
 // slot, verify, switch atomically, let old requests drain, acknowledge the
 // replica's version). The operator that runs it on every release and
 // publishes the acknowledgements (and calls gateway.SetReady) drives this

@@ -3,7 +3,7 @@ SmolLM2-135M-Instruct (TRAJFLOW_LLAMA_SERVER, TRAJFLOW_LLAMA_MODEL from
 deploy/local/llama.sh env; the tests FAIL without them, pytest marker
 ``llama``).
 
-test_mismatch_per_version is the train/inference mismatch of systems §9,
+test_mismatch_per_version is the train/inference mismatch of docs/SYSTEMS.md §9,
 measured: llama-server in router mode serves version 0 (the Q4_1 file) and
 the trainer's F32 GGUF exports of versions 1 and 2, loaded as new files
 (GET /models?reload=1, POST /models/load); the behavior log-probs of its

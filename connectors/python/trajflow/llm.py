@@ -16,7 +16,7 @@ No token therefore sees another trajectory (``tests/test_llm.py`` perturbs
 segment 0 of a real SmolLM2 row and checks segment 1's logits do not move,
 and that they equal the logits of segment 1 run alone).
 
-Targets (pipeline §11): the logits at input position i predict
+Targets (docs/PIPELINE.md §11): the logits at input position i predict
 ``input_ids[i+1]``; every other per-token column is already aligned to that
 target, so the trained positions are those with ``action_mask[i] == 1`` and
 their target is ``input_ids[i+1]`` (never across a segment end). The
@@ -151,7 +151,7 @@ QUANTILES = (0.0, 0.01, 0.05, 0.25, 0.5, 0.75, 0.95, 0.99, 1.0)
 
 
 def mismatch_metrics(cur: np.ndarray, old: np.ndarray, versions: np.ndarray) -> dict:
-    """Train/inference mismatch (systems §9) over trained tokens: cur the
+    """Train/inference mismatch (docs/SYSTEMS.md §9) over trained tokens: cur the
     trainer's log-probs recomputed on the stored tokens, old the behavior
     log-probs the inference server recorded. Names follow the anchors:
 

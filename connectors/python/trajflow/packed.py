@@ -1,4 +1,4 @@
-"""Packed rows on the training side (pipeline §11–§13): attention masks,
+"""Packed rows on the training side (docs/PIPELINE.md §11–§13): attention masks,
 position checks, target alignment, and the policy objective of
 gpu/objective.
 

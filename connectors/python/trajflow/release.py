@@ -1,4 +1,4 @@
-"""Policy releases (systems §8), as gpu/trainer_release.go writes them.
+"""Policy releases (docs/SYSTEMS.md §8), as gpu/trainer_release.go writes them.
 
 Publication protocol: the checkpoint is written to a temporary file in the
 release directory, fsynced, hashed (``sha256:<hex>`` of its bytes) and
