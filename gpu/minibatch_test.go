@@ -1,6 +1,7 @@
 package gpu
 
 import (
+	"github.com/trajflow/trajflow/gpu/objective"
 	"slices"
 	"testing"
 )
@@ -96,5 +97,50 @@ func TestUpdateMinibatches(t *testing.T) {
 	}
 	if d.Version() != 0 || d.Steps() != 0 || !slices.Equal(d.Model().Params, before) {
 		t.Fatal("a failed update changed the trainer")
+	}
+}
+
+// TestUpdateMinibatchesDecoupled: with the decoupled objective the
+// proximal policy of every minibatch is the policy at the start of the
+// update. One whole-batch minibatch per epoch is Update bit for bit; two
+// minibatches train (each row clips against its own proximal log-probs,
+// of the right length), and the first step's clipped ratio is exactly 1.
+func TestUpdateMinibatchesDecoupled(t *testing.T) {
+	h := newHarness(t, smallLoop())
+	batch := batchFor(t, h, 0)
+	opts := h.cfg.Objective
+	opts.OffPolicy = objective.OffPolicyDecoupled
+	fresh := func() *Trainer {
+		tr, err := NewTrainer(h.tr.Model(), h.tr.Behavior(), 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return tr
+	}
+	rows := make([]int, len(batch.Rows))
+	for i := range rows {
+		rows[i] = i
+	}
+	a, b := fresh(), fresh()
+	if _, _, err := a.Update(batch, opts, h.cfg.Adam, 2); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := b.UpdateMinibatches(batch, opts, h.cfg.Adam, [][][]int{{rows}, {rows}}); err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(a.Model().Params, b.Model().Params) || b.Steps() != 2 {
+		t.Fatal("decoupled: one whole-batch minibatch per epoch differs from Update")
+	}
+	order, err := MinibatchOrder(len(batch.Rows), 2, 2, 1, batch.BatchID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := fresh()
+	met, _, err := c.UpdateMinibatches(batch, opts, h.cfg.Adam, order)
+	if err != nil {
+		t.Fatalf("decoupled, 2 minibatches x 2 epochs: %v", err)
+	}
+	if c.Version() != 1 || c.Steps() != 4 || met.RatioMin != 1 || met.RatioMax != 1 {
+		t.Fatalf("version %d, steps %d, first step ratio [%v, %v]", c.Version(), c.Steps(), met.RatioMin, met.RatioMax)
 	}
 }

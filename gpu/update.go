@@ -175,6 +175,11 @@ func MinibatchOrder(rows, m, epochs int, seed int64, batchID string) ([][][]int,
 // epoch, the row indexes of each minibatch, MinibatchOrder) and makes them
 // one policy version. It returns the metrics of the first step and the
 // objective statistics of the last; on error nothing changed.
+//
+// With the decoupled objective the proximal policy of every minibatch is
+// the policy at the start of the update, as with one minibatch: its
+// log-probs of every row are taken first (a step on the whole batch whose
+// parameter change is undone), and each minibatch clips against its rows'.
 func (t *Trainer) UpdateMinibatches(batch schemas.PackedBatch, opts objective.Options, adam AdamOptions, order [][][]int) (Metrics, objective.Stats, error) {
 	from, steps := t.version, t.steps
 	params := slices.Clone(t.m.Params)
@@ -185,6 +190,16 @@ func (t *Trainer) UpdateMinibatches(batch schemas.PackedBatch, opts objective.Op
 		copy(t.m2, m2)
 		t.version, t.steps = from, steps
 	}
+	var prox [][]float32
+	if opts.OffPolicy == objective.OffPolicyDecoupled {
+		t.proxOK = false
+		if _, err := t.Step(batch, opts, adam); err != nil {
+			restore()
+			return Metrics{}, objective.Stats{}, fmt.Errorf("proximal log-probs: %w", err)
+		}
+		prox = t.prox
+		restore()
+	}
 	var first Metrics
 	var last objective.Stats
 	n := 0
@@ -192,12 +207,19 @@ func (t *Trainer) UpdateMinibatches(batch schemas.PackedBatch, opts objective.Op
 		for k, idx := range mbs {
 			sub := batch
 			sub.Rows = make([]schemas.PackedRow, len(idx))
+			var subProx [][]float32
 			for j, i := range idx {
 				if i < 0 || i >= len(batch.Rows) {
 					restore()
 					return Metrics{}, objective.Stats{}, fmt.Errorf("%w: minibatch order names row %d of %d", ErrBatch, i, len(batch.Rows))
 				}
 				sub.Rows[j] = batch.Rows[i]
+				if prox != nil {
+					subProx = append(subProx, prox[i])
+				}
+			}
+			if prox != nil {
+				t.prox, t.proxBatch, t.proxOK = subProx, batch.BatchID, true
 			}
 			met, err := t.Step(sub, opts, adam)
 			if err != nil {

@@ -18,7 +18,7 @@ import (
 func TestBenchCommand(t *testing.T) {
 	dir := t.TempDir()
 	png := filepath.Join(dir, "bench.png")
-	args := []string{"bench", "--contract", "../../testdata/contracts/bench.yaml", "--duration", "2s", "--warmup", "1s",
+	args := []string{"bench", "--contract", "../../testdata/contracts/bench.yaml", "--duration", "3s", "--warmup", "3s", // past the first batches, on a loaded machine too
 		"--baseline", "1s", "--instances", "validate=2", "--mean-tokens", "400", "--max-tokens", "8000",
 		"--json", "--plot", png}
 	var stdout, stderr bytes.Buffer

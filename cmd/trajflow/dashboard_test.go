@@ -134,7 +134,7 @@ func TestDashboardUsage(t *testing.T) {
 		}
 	}
 	var stderr bytes.Buffer
-	if code := run(context.Background(), []string{"dashboard", "-h"}, io.Discard, &stderr); code != 0 || !strings.Contains(stderr.String(), "example: trajflow demo --out out/demo && trajflow dashboard out/demo") {
+	if code := run(context.Background(), []string{"dashboard", "-h"}, io.Discard, &stderr); code != 0 || !strings.Contains(stderr.String(), "trajflow demo --out out/demo && trajflow dashboard out/demo") {
 		t.Errorf("dashboard -h: exit %d: %s", code, stderr.String())
 	}
 }

@@ -37,15 +37,11 @@ func cmdStatus(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	}
 	set := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
-	var doc fleetDoc
+	doc, err := readFleetDoc(*out)
+	if err != nil {
+		return err
+	}
 	if *out != "" {
-		b, err := os.ReadFile(filepath.Join(*out, FleetFile))
-		if err != nil {
-			return fmt.Errorf("%w: --out: %w (is %s the --out of trajflow up?)", errUsage, err, *out)
-		}
-		if err := json.Unmarshal(b, &doc); err != nil {
-			return fmt.Errorf("status: %s: %w", filepath.Join(*out, FleetFile), err)
-		}
 		if !set["brokers"] {
 			*cf.brokers = doc.Brokers
 		}
@@ -89,13 +85,42 @@ func cmdStatus(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		return fmt.Errorf("status: %w", err)
 	}
 	fmt.Fprintf(stdout, "run %s (contract %s) on %d broker(s) at %s\n", c.RunID, c.Hash(), len(brokers), strings.Join(cc.Brokers, ","))
-	perRound := max(1, c.Dispatch.GroupsPerUpdate)
-	if *rounds > 0 {
+	printProgress(stdout, p, *rounds, max(1, c.Dispatch.GroupsPerUpdate), want)
+	if err := printGroupLag(sctx, stdout, cc, c.RunID, topics, fleetStages(c)); err != nil {
+		return err
+	}
+	if err := printQuarantine(sctx, stdout, cfg, topics.Quarantine); err != nil {
+		return err
+	}
+	printHealth(ctx, stdout, doc.Operators)
+	return nil
+}
+
+// readFleetDoc reads out's fleet.json (nothing without out).
+func readFleetDoc(out string) (fleetDoc, error) {
+	var doc fleetDoc
+	if out == "" {
+		return doc, nil
+	}
+	b, err := os.ReadFile(filepath.Join(out, FleetFile))
+	if err != nil {
+		return doc, fmt.Errorf("%w: --out: %w (is %s the --out of trajflow up?)", errUsage, err, out)
+	}
+	if err := json.Unmarshal(b, &doc); err != nil {
+		return doc, fmt.Errorf("status: %s: %w", filepath.Join(out, FleetFile), err)
+	}
+	return doc, nil
+}
+
+// printProgress prints the rounds decided (of rounds, when > 0), the
+// batches packed, the version trained and the last release.
+func printProgress(stdout io.Writer, p runProgress, rounds int64, perRound, want int) {
+	if rounds > 0 {
 		state := "running"
 		if p.done() {
 			state = "done"
 		}
-		fmt.Fprintf(stdout, "rounds:     %d of %d decided (%d of %d groups), %s\n", p.Decided/perRound, *rounds, p.Decided, want, state)
+		fmt.Fprintf(stdout, "rounds:     %d of %d decided (%d of %d groups), %s\n", p.Decided/perRound, rounds, p.Decided, want, state)
 	} else {
 		fmt.Fprintf(stdout, "rounds:     %d decided (%d groups; no round limit given)\n", p.Decided/perRound, p.Decided)
 	}
@@ -105,14 +130,6 @@ func cmdStatus(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	} else {
 		fmt.Fprintln(stdout, "release:    none yet")
 	}
-	if err := printGroupLag(sctx, stdout, cc, c.RunID, topics, fleetStages(c)); err != nil {
-		return err
-	}
-	if err := printQuarantine(sctx, stdout, cfg, topics.Quarantine); err != nil {
-		return err
-	}
-	printHealth(ctx, stdout, doc.Operators)
-	return nil
 }
 
 // printGroupLag prints, per consumer group of the operators of stages, the

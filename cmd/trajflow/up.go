@@ -96,14 +96,8 @@ func cmdUp(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if err := refuseUsedRun(ctx, cc, c); err != nil {
 		return err
 	}
-	for _, d := range []string{"releases", "snapshots", "state", "logs"} {
-		if err := os.RemoveAll(filepath.Join(*out, d)); err != nil {
-			return fmt.Errorf("up: clear %s: %w", filepath.Join(*out, d), err)
-		}
-	}
-	_ = os.Remove(filepath.Join(*out, loop.SummaryFile))
-	if err := os.MkdirAll(filepath.Join(*out, "logs"), 0o755); err != nil {
-		return fmt.Errorf("up: %w", err)
+	if err := clearFleetOut(*out); err != nil {
+		return err
 	}
 	f := &fleetProcs{exe: exe, out: *out, brokers: strings.Join(cc.Brokers, ","), contract: *path, rounds: *rounds, level: *level, run: c.RunID, stdout: stdout}
 	start := time.Now()
@@ -129,9 +123,31 @@ func cmdUp(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		fmt.Fprintln(stdout, "fleet stopped")
 		return nil
 	}
+	return writeFleetReport(ctx, loop.ReportConfig{Contract: c, Brokers: cc.Brokers, Rounds: int(*rounds), EvalSamples: int32(*evalSamples)},
+		start, *out, stdout)
+}
+
+// clearFleetOut removes what an earlier fleet left in out (releases,
+// snapshots, operator state, logs, the summary) and creates out/logs.
+func clearFleetOut(out string) error {
+	for _, d := range []string{"releases", "snapshots", "state", "logs"} {
+		if err := os.RemoveAll(filepath.Join(out, d)); err != nil {
+			return fmt.Errorf("up: clear %s: %w", filepath.Join(out, d), err)
+		}
+	}
+	_ = os.Remove(filepath.Join(out, loop.SummaryFile))
+	if err := os.MkdirAll(filepath.Join(out, "logs"), 0o755); err != nil {
+		return fmt.Errorf("up: %w", err)
+	}
+	return nil
+}
+
+// writeFleetReport writes the ended fleet's summary (loop.FleetReport) to
+// out/summary.json and prints its line.
+func writeFleetReport(ctx context.Context, rc loop.ReportConfig, start time.Time, out string, stdout io.Writer) error {
 	rctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
 	defer cancel()
-	s, err := loop.FleetReport(rctx, loop.ReportConfig{Contract: c, Brokers: cc.Brokers, Rounds: int(*rounds), EvalSamples: int32(*evalSamples)})
+	s, err := loop.FleetReport(rctx, rc)
 	if err != nil {
 		return fmt.Errorf("up: final report: %w", err)
 	}
@@ -140,7 +156,7 @@ func cmdUp(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	sp := filepath.Join(*out, loop.SummaryFile)
+	sp := filepath.Join(out, loop.SummaryFile)
 	if err := os.WriteFile(sp, append(b, '\n'), 0o644); err != nil {
 		return fmt.Errorf("up: %w", err)
 	}
