@@ -40,7 +40,7 @@ from trajflow.release import checkpoint_path, decode_release, manifest_name, opt
 from trajflow.train import llm_config_from_contract
 
 RUN = "llmkill"
-BATCHES = 20
+BATCHES = 24
 KILLS = 10
 
 
@@ -125,7 +125,13 @@ def test_kill9_llm_trainer(tf_bin, broker, tmp_path):
                 deadline = time.monotonic() + 60
                 while trained_count() == done and time.monotonic() < deadline and done < BATCHES:
                     time.sleep(0.002)
-            time.sleep(r.uniform(0.0, 0.25))
+            # Then a random moment of at most 0.25 s, cut short when the
+            # next batch is trained too (a fast machine trains several in
+            # 0.25 s): each life trains at most two batches, so the kills
+            # land before the last batch however fast the trainer is.
+            end, now = time.monotonic() + r.uniform(0.0, 0.25), trained_count()
+            while time.monotonic() < end and trained_count() <= now:
+                time.sleep(0.002)
             assert p.poll() is None, f"life {life} exited: " + procs.log(f"train-{life:02d}")
             p.send_signal(signal.SIGKILL)
             p.wait()
