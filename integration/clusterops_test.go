@@ -120,6 +120,24 @@ func deleteRun(ctx context.Context, adm *kgo.Client, run string, stages []string
 		}
 		time.Sleep(300 * time.Millisecond)
 	}
+	// A cluster just started may not have its group coordinators yet
+	// (COORDINATOR_NOT_AVAILABLE, COORDINATOR_LOAD_IN_PROGRESS): retried
+	// as long as ctx lasts.
+	for {
+		err := deleteGroups(ctx, adm, run, stages)
+		if err == nil || !(errors.Is(err, kerr.CoordinatorNotAvailable) || errors.Is(err, kerr.CoordinatorLoadInProgress) || errors.Is(err, kerr.NotCoordinator)) {
+			return err
+		}
+		if ctx.Err() != nil {
+			return err
+		}
+		time.Sleep(300 * time.Millisecond)
+	}
+}
+
+// deleteGroups deletes the consumer groups of the stages of run (a group
+// that does not exist is not an error).
+func deleteGroups(ctx context.Context, adm *kgo.Client, run string, stages []string) error {
 	req := kmsg.NewPtrDeleteGroupsRequest()
 	for _, s := range stages {
 		req.Groups = append(req.Groups, run+"."+s)
