@@ -13,7 +13,8 @@ import (
 	"github.com/trajflow/trajflow/pipeline/contract"
 )
 
-func newEvaluator(t *testing.T, samples int32) (*evaluation.Evaluator, *contract.Contract) {
+// demoSetup is the resolved demo contract and the demo's task registry.
+func demoSetup(t *testing.T) (*contract.Contract, *rollout.Registry) {
 	t.Helper()
 	c := contract.Default()
 	if err := c.Resolve(); err != nil {
@@ -23,6 +24,12 @@ func newEvaluator(t *testing.T, samples int32) (*evaluation.Evaluator, *contract
 	if err != nil {
 		t.Fatal(err)
 	}
+	return c, reg
+}
+
+func newEvaluator(t *testing.T, samples int32) (*evaluation.Evaluator, *contract.Contract) {
+	t.Helper()
+	c, reg := demoSetup(t)
 	ev, err := evaluation.New(evaluation.Config{Registry: reg, Settings: operators.RolloutSettings(c, reg),
 		Limits: operators.RolloutLimits(c), Seed: c.Seed, Samples: samples})
 	if err != nil {

@@ -16,14 +16,7 @@ import (
 
 func newPlane(t *testing.T, samples int32) (*evaluation.Plane, *contract.Contract) {
 	t.Helper()
-	c := contract.Default()
-	if err := c.Resolve(); err != nil {
-		t.Fatal(err)
-	}
-	reg, err := rollout.NewRegistry(rollout.DefaultRegistryConfig())
-	if err != nil {
-		t.Fatal(err)
-	}
+	c, reg := demoSetup(t)
 	led, err := rollout.NewFamilyRegistry(rollout.FamilyLedger)
 	if err != nil {
 		t.Fatal(err)
