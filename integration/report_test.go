@@ -176,7 +176,7 @@ func clusterSection(rs []scenarioResult, now string) string {
 	b.WriteString("processes, `--brokers` listing all three nodes) in sync mode against deploy/local/cluster.sh (Apache Kafka\n")
 	b.WriteString("4.1.1, KRaft, topics with replication 3 and min.insync.replicas 2). Every scenario ends with the same checks:\n")
 	b.WriteString("every round decided and trained, lost 0, duplicated 0, quarantined 0, and batches identical to the clean\n")
-	b.WriteString("reference run of the same seed (`trajflow demo`, same run id); during the run a liveness check fails the\n")
+	b.WriteString("reference run of the same seed (`trajflow demo --no-gate`, same run id); during the run a liveness check fails the\n")
 	b.WriteString("scenario when a round stays dispatched 60 s without a window record deciding it, or the loop idles 60 s.\n")
 	b.WriteString("Operator kills are SIGKILL with a restart (\"wiped\": its state directory deleted first); operator restarts\n")
 	b.WriteString("count the in-place restarts an operator made by itself after a fatal error (\"operator failed; restarting\").\n\n")

@@ -30,6 +30,7 @@ func cmdDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	fs.StringVar(&o.OffPolicy, "off-policy", "", "override loss.off_policy: none, tis or decoupled")
 	fs.Float64Var(&o.ISCap, "is-cap", 0, "loss.is_cap with --off-policy (tis needs one >= 1)")
 	evalSamples := fs.Int("eval-samples", 4, "attempts per hidden-eval task (fixed seeds)")
+	fs.BoolVar(&o.NoGate, "no-gate", false, "run without the evaluation plane and the gate (no evaluation, no promote, rollback or stop; what a fleet without eval and gate operators does)")
 	env := addEnvFlags(fs)
 	fs.StringVar(&o.Environment, "environment", "", "the contract's artifacts.environment (default the demo's kv; builtin:env/ledger-env@v1: the ledger family)")
 	pf := addPolicyFlags(fs, &o)

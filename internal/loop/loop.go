@@ -45,6 +45,12 @@ type Options struct {
 	EvalSamples int32 // attempts per hidden-eval task (>= 1)
 	EvalEvery   int   // 0: the contract's dispatch.eval_every
 	Quiet       bool  // no per-update lines
+	// NoGate runs without the evaluation plane and the gate: no
+	// evaluation, no decision, dispatch never waits for one, and every
+	// release is trained on (what a fleet without eval and gate operators
+	// does). The batches are those of the gated run until its first
+	// rollback or stop.
+	NoGate bool
 	// Env lists the `trajflow serve env` services the rollout stage runs
 	// its episodes against (empty: the registry in process); EnvKeyFile
 	// is their capability key file (operators.DialEnv).
@@ -357,7 +363,7 @@ func (r *runner) prepare(ctx context.Context) error {
 		return err
 	}
 	r.sum = &Summary{RunID: c.RunID, ContractHash: c.Hash(), Seed: c.Seed, Mode: c.Dispatch.Mode, Rounds: r.o.Updates}
-	if r.o.Tasks != TasksText { // the evaluation plane runs the built-in policy in process
+	if r.o.Tasks != TasksText && !r.o.NoGate { // the evaluation plane runs the built-in policy in process
 		if err := r.prepareGate(r.deps.Tasks); err != nil {
 			return err
 		}
@@ -431,7 +437,11 @@ func (r *runner) evalInitial(ctx context.Context) error {
 			c := r.c
 			fmt.Fprintf(r.stdout, "trajflow demo: run %s, seed %d, %s tasks, %d rounds of %d groups x %d attempts; operators %v on %v; %s\n",
 				c.RunID, c.Seed, r.o.Tasks, r.o.Updates, c.Dispatch.GroupsPerUpdate, c.Sampler.GroupSize, r.stages(), r.brokers, r.policyNote())
-			fmt.Fprintln(r.stdout, "hidden eval: not run (it runs the built-in policy in process; these tasks need the server's model)")
+			if r.o.NoGate {
+				fmt.Fprintln(r.stdout, "evaluation and gate: off (--no-gate): every release is trained on")
+			} else {
+				fmt.Fprintln(r.stdout, "hidden eval: not run (it runs the built-in policy in process; these tasks need the server's model)")
+			}
 		}
 		return nil
 	}

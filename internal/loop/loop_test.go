@@ -540,3 +540,44 @@ func TestSafetyIncidentStops(t *testing.T) {
 		t.Fatalf("%d rounds, launched %d, lost %d, duplicates %d", s.Rounds, s.AttemptsLaunched, s.Lost, s.DuplicatesAdmitted)
 	}
 }
+
+// TestNoGate: without the gate nothing is evaluated and every release is
+// trained on. Run faults-r1 rolls back at its first evaluation (release
+// 5, a regression floor below the initial policy's success): the gated
+// run's batches equal the ungated run's up to that release and differ
+// from the next one, trained on the restored parameters.
+func TestNoGate(t *testing.T) {
+	run := func(noGate bool) *loop.Summary {
+		ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+		defer cancel()
+		s, err := loop.Run(ctx, loop.Options{Updates: 7, Seed: 1, RunID: "faults-r1", EvalSamples: 1, NoGate: noGate,
+			Quiet: true, Out: t.TempDir()}, io.Discard)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if s.Lost != 0 || s.DuplicatesAdmitted != 0 {
+			t.Fatalf("no gate %v: lost %d, duplicates %d", noGate, s.Lost, s.DuplicatesAdmitted)
+		}
+		return s
+	}
+	free, gated := run(true), run(false)
+	if free.Gate != nil || len(free.Evals) != 0 || len(free.BatchHashes) != 7 {
+		t.Fatalf("no gate: gate %+v, %d evaluations, %d batches; want no gate, no evaluation, 7 batches", free.Gate, len(free.Evals), len(free.BatchHashes))
+	}
+	if gated.Gate == nil {
+		t.Fatal("gated run of faults-r1: no gate summary")
+	}
+	first := int64(-1)
+	for _, d := range gated.Gate.Decisions {
+		if d.Action == schemas.GateRollback {
+			first = d.PolicyVersion
+			break
+		}
+	}
+	if first != 5 {
+		t.Fatalf("gated run of faults-r1: first rollback at release %d, want 5", first)
+	}
+	if !reflect.DeepEqual(gated.BatchHashes[:5], free.BatchHashes[:5]) || gated.BatchHashes[5] == free.BatchHashes[5] {
+		t.Fatalf("batches\n%v (gated)\n%v (no gate)\nwant the first 5 equal and the 6th different", gated.BatchHashes, free.BatchHashes)
+	}
+}

@@ -107,8 +107,14 @@ func FleetReport(ctx context.Context, rc ReportConfig) (*Summary, error) {
 }
 
 // SummaryLine is the one line the demo prints at its end.
+// A run without evaluations (--no-gate, or tasks of a server's model)
+// says so instead of printing success rates it never measured.
 func SummaryLine(s *Summary, path string) string {
-	return fmt.Sprintf("hidden-eval success %.3f -> %.3f in %d updates (%.1fs); launched %d, admitted %d, excluded at update %d, filtered %d, duplicates %d, lost %d; stale share %.4f; summary in %s",
-		s.EvalSuccessInitial, s.EvalSuccessFinal, s.Updates, s.WallSeconds, s.AttemptsLaunched, s.TrajectoriesAdmitted,
+	eval := fmt.Sprintf("hidden-eval success %.3f -> %.3f", s.EvalSuccessInitial, s.EvalSuccessFinal)
+	if len(s.Evals) == 0 {
+		eval = "no hidden eval"
+	}
+	return fmt.Sprintf("%s in %d updates (%.1fs); launched %d, admitted %d, excluded at update %d, filtered %d, duplicates %d, lost %d; stale share %.4f; summary in %s",
+		eval, s.Updates, s.WallSeconds, s.AttemptsLaunched, s.TrajectoriesAdmitted,
 		s.TrajectoriesExcluded, s.TrajectoriesFiltered, s.DuplicatesAdmitted, s.Lost, s.StaleShare, path)
 }
