@@ -12,8 +12,12 @@ import (
 	"github.com/trajflow/trajflow/connectors/envsvc"
 	"github.com/trajflow/trajflow/gpu"
 	"github.com/trajflow/trajflow/gpu/model"
+	"github.com/trajflow/trajflow/internal/evaluation"
+	"github.com/trajflow/trajflow/internal/gate"
 	"github.com/trajflow/trajflow/operators/advantage"
 	"github.com/trajflow/trajflow/operators/dispatch"
+	"github.com/trajflow/trajflow/operators/eval"
+	gateop "github.com/trajflow/trajflow/operators/gate"
 	"github.com/trajflow/trajflow/operators/pack"
 	"github.com/trajflow/trajflow/operators/reward"
 	"github.com/trajflow/trajflow/operators/rollout"
@@ -60,6 +64,9 @@ type Deps struct {
 	// dispatch launches a round at a release only after its ruling
 	// (dispatch.StageConfig.Gated).
 	Gated bool
+	// EvalSamples is the eval stage's attempts per task of every suite
+	// (0: 4).
+	EvalSamples int32
 	// Device selects the train stage's backend ("cpu", the default, or
 	// "cuda" in a build with the cuda tag).
 	Device string
@@ -101,6 +108,8 @@ var specs = []Spec{
 	{Name: "pack", Doc: "the lag-aware admission window: reconstruction and packing into batches", New: newPack},
 	{Name: "train", Doc: "trains on every batch and publishes a policy release (--releases)", New: newTrain},
 	{Name: "weightsync", Doc: "loads every release into every policy server replica and acknowledges the version each serves", New: newWeightsync, Needed: onPolicyServers},
+	{Name: "eval", Doc: "measures every release on frozen evaluation suites (validation, held-out, regression, safety) with confidence intervals", New: newEval},
+	{Name: "gate", Doc: "applies the contract's objective, stop rules and budgets to every evaluation: promote, continue, rollback or stop", New: newGate},
 	{Name: "snapshot", Doc: "writes every topic of the run to Parquet snapshots (--snapshot-dir)", New: newSnapshot},
 }
 
@@ -243,6 +252,51 @@ func newTrain(d Deps) (pipeline.Stage, error) {
 		return nil, err
 	}
 	return train.NewStage(cfg)
+}
+
+func newEval(d Deps) (pipeline.Stage, error) {
+	if d.ReleaseDir == "" {
+		return nil, errors.New("operators: eval reads the releases' checkpoints and update records: give it the release directory (--releases)")
+	}
+	reg, err := TaskRegistry(d)
+	if err != nil {
+		return nil, err
+	}
+	samples := d.EvalSamples
+	if samples == 0 {
+		samples = 4
+	}
+	plane, err := EvaluationPlane(d.Contract, reg, samples)
+	if err != nil {
+		return nil, err
+	}
+	c := d.Contract
+	return eval.NewStage(eval.StageConfig{Plane: plane, Topics: d.Topics, RunID: c.RunID,
+		Every: int64(c.Dispatch.EvalEvery), Epochs: c.Loss.Optimizer.Epochs})
+}
+
+func newGate(d Deps) (pipeline.Stage, error) {
+	return gateop.NewStage(gateop.StageConfig{Policy: gate.PolicyOf(d.Contract), Topics: d.Topics, RunID: d.Contract.RunID})
+}
+
+// EvaluationPlane is the evaluation plane of a run of c on the built-in
+// policy (docs/PIPELINE.md §16): the registry's validation and held-out
+// splits, a regression suite of the other built-in family, the safety
+// suite, samples attempts per task, the initial policy as the KL
+// reference.
+func EvaluationPlane(c *contract.Contract, reg *rollout.Registry, samples int32) (*evaluation.Plane, error) {
+	mc, mseed := ModelConfig(c)
+	ref, err := gpu.InitialModel(mc, mseed)
+	if err != nil {
+		return nil, err
+	}
+	rg, err := rollout.NewFamilyRegistry(evaluation.RegressionFamily(reg.Family()))
+	if err != nil {
+		return nil, err
+	}
+	return evaluation.NewPlane(evaluation.PlaneConfig{Registry: reg, Regression: rg,
+		Settings: RolloutSettings(c, reg), Limits: RolloutLimits(c),
+		Seed: c.Seed, Samples: samples, Reference: ref})
 }
 
 func newSnapshot(d Deps) (pipeline.Stage, error) {

@@ -72,13 +72,13 @@ var topology = []TopicInfo{
 		Producers: append(slices.Clone(stagesThatRefuse), "weightsync"),
 		Doc:       "every refused record as it was, with trajflow-reason, -detail, -stage and its source coordinates"},
 	{Short: "census", Kind: schemas.KindCensusEvent, Plane: PlaneJSON, Key: "attempt id",
-		Producers: stagesThatRefuse,
-		Doc:       "the life of every attempt: dispatched, started, completed, failed, quarantined, filtered, admitted, trained"},
+		Producers: stagesThatRefuse, Consumers: []string{"gate"},
+		Doc: "the life of every attempt: dispatched, started, completed, failed, quarantined, filtered, admitted, trained"},
 	{Short: "incidents", Kind: schemas.KindIncident, Plane: PlaneJSON, Partitions: 1, Key: "attempt id",
-		Producers: []string{"dispatch", "rollout", "validate", "pack", "train"},
-		Doc:       "safety and integrity incidents"},
+		Producers: []string{"dispatch", "rollout", "validate", "pack", "train"}, Side: []string{"gate"},
+		Doc: "safety and integrity incidents"},
 	{Short: "policy", Kind: schemas.KindPolicyRelease, Plane: PlaneJSON, Partitions: 1, Compacted: true, Key: "run id",
-		Producers: []string{"train"}, Consumers: []string{"dispatch", "pack", "weightsync"}, Side: []string{"rollout"},
+		Producers: []string{"train"}, Consumers: []string{"dispatch", "pack", "weightsync", "eval"}, Side: []string{"rollout"},
 		Scanned: []string{"dispatch", "train"},
 		Doc:     "policy release manifests (compacted: the latest release per key)"},
 	{Short: "windows", Kind: schemas.KindWindowRecord, Plane: PlaneJSON, Partitions: 1, Key: "run id",
@@ -88,8 +88,11 @@ var topology = []TopicInfo{
 		Producers: []string{"weightsync"}, Side: []string{"rollout"},
 		Doc: "policy server replicas' acknowledgements of releases, the version each serves: rollout routes a group only to replicas serving its version (compacted: the latest per replica)"},
 	{Short: "decisions", Kind: schemas.KindGateDecision, Plane: PlaneJSON, Partitions: 1, Key: "run id",
-		Producers: []string{"gate", "dispatch"}, Consumers: []string{"dispatch", "train"}, Scanned: []string{"dispatch"},
+		Producers: []string{"gate", "dispatch"}, Consumers: []string{"dispatch", "train"}, Scanned: []string{"dispatch", "gate"},
 		Doc: "the gate's decision on every release (promote, continue, rollback, stop) with its evidence; dispatch's acknowledgement of a stop (halted); a rollback makes the trainer publish the promoted release's parameters as the next version"},
+	{Short: "evaluations", Kind: schemas.KindEvaluation, Plane: PlaneJSON, Partitions: 1, Key: "run id",
+		Producers: []string{"eval"}, Consumers: []string{"gate"},
+		Doc: "the eval operator's measurement of every release, in release order: KL to the reference on every release, every suite with confidence intervals on release 0 and every dispatch.eval_every-th; the gate decides on it"},
 }
 
 // Topology returns the topology table, in pipeline order.
@@ -163,6 +166,7 @@ type Topics struct {
 	Windows      string // pack window decisions (lineage for replay)
 	Weights      string // policy server replicas' acknowledgements of releases
 	Decisions    string // the gate's decisions, dispatch's halt
+	Evaluations  string // the eval operator's measurement of every release
 
 	prefix string
 }
@@ -211,6 +215,8 @@ func (t *Topics) field(short string) *string {
 		return &t.Weights
 	case "decisions":
 		return &t.Decisions
+	case "evaluations":
+		return &t.Evaluations
 	}
 	panic("pipeline: topic " + short + " is not in the topology")
 }

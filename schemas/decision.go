@@ -51,6 +51,9 @@ type GateDecision struct {
 	// launched before it stopped.
 	RoundsDispatched int64 `json:"rounds_dispatched,omitempty"`
 	At               int64 `json:"at_us"`
+	// Resume (the gate operator's decisions) is the gate's state after
+	// the decision: a restarted gate operator resumes from it.
+	Resume *GateResume `json:"resume,omitempty"`
 }
 
 // EncodeGateDecision returns the JSON document of a gate decision.

@@ -35,6 +35,7 @@ var jsonKinds = []struct {
 	{KindIncident, reflect.TypeFor[Incident]()},
 	{KindUpdateRecord, reflect.TypeFor[UpdateRecord]()},
 	{KindGateDecision, reflect.TypeFor[GateDecision]()},
+	{KindEvaluation, reflect.TypeFor[EvaluationRecord]()},
 }
 
 // Catalog is everything a run carries, as `trajflow schemas` prints it

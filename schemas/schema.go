@@ -26,6 +26,7 @@ const (
 	KindUpdateRecord    Kind = "update_record"
 	KindWeightAck       Kind = "weight_ack"
 	KindGateDecision    Kind = "gate_decision"
+	KindEvaluation      Kind = "evaluation"
 )
 
 // Current versions of each kind. A decoder accepts exactly the versions it
@@ -45,6 +46,7 @@ var Versions = map[Kind]int{
 	KindUpdateRecord:    1,
 	KindWeightAck:       1,
 	KindGateDecision:    1,
+	KindEvaluation:      1,
 }
 
 // Arrow schema metadata keys under which kind and version are stored

@@ -21,6 +21,10 @@ type runProgress struct {
 	Batches       int // distinct batches
 	Version       int64
 	Release       schemas.PolicyRelease // the last ready release
+	// Gate is the gate's last decision on a release, Halted dispatch's
+	// acknowledgement of a stop (nil: none): a halted run is done once
+	// the rounds it launched are decided and trained.
+	Gate, Halted *schemas.GateDecision
 }
 
 // done reports whether a run with a round limit has decided every group
@@ -29,10 +33,11 @@ func (p runProgress) done() bool {
 	return p.Want > 0 && p.Decided >= p.Want && p.Version >= int64(p.Batches)
 }
 
-// readProgress scans the windows and policy topics of topics. want is the
-// number of groups of the run (rounds x dispatch.groups_per_update; 0
-// without a round limit).
-func readProgress(ctx context.Context, cfg *pipeline.Config, topics pipeline.Topics, want int) (runProgress, error) {
+// readProgress scans the windows, policy and decisions topics of topics.
+// want is the number of groups of the run (rounds x perRound, perRound
+// the contract's dispatch.groups_per_update; 0 without a round limit); a
+// stop lowers it to the rounds dispatch launched.
+func readProgress(ctx context.Context, cfg *pipeline.Config, topics pipeline.Topics, want, perRound int) (runProgress, error) {
 	p := runProgress{Want: want}
 	groups, batches, windows := map[string]bool{}, map[string]bool{}, map[string]bool{}
 	err := pipeline.ScanTail(ctx, cfg, topics.Windows, 0, func(m pipeline.Message) error {
@@ -61,6 +66,23 @@ func readProgress(ctx context.Context, cfg *pipeline.Config, topics pipeline.Top
 	if err != nil {
 		return p, fmt.Errorf("read %s: %w", topics.Policy, err)
 	}
+	err = pipeline.ScanTail(ctx, cfg, topics.Decisions, 0, func(m pipeline.Message) error {
+		d, err := schemas.DecodeGateDecision(m.Value)
+		switch {
+		case err != nil:
+		case d.Action == schemas.GateHalted:
+			p.Halted = &d
+		case p.Gate == nil || d.PolicyVersion >= p.Gate.PolicyVersion:
+			p.Gate = &d
+		}
+		return nil
+	})
+	if err != nil {
+		return p, fmt.Errorf("read %s: %w", topics.Decisions, err)
+	}
+	if p.Halted != nil {
+		p.Want = int(p.Halted.RoundsDispatched) * perRound
+	}
 	p.Decided, p.Batches, p.Windows = len(groups), len(batches), len(windows)
 	return p, nil
 }
@@ -83,11 +105,13 @@ type endWatch struct {
 	topics pipeline.Topics
 	group  string
 	want   int
-	every  time.Duration
-	op     atomic.Pointer[pipeline.Operator] // the operator now running
-	log    *slog.Logger
-	ended  atomic.Bool
-	final  runProgress
+	// perRound is the contract's dispatch.groups_per_update.
+	perRound int
+	every    time.Duration
+	op       atomic.Pointer[pipeline.Operator] // the operator now running
+	log      *slog.Logger
+	ended    atomic.Bool
+	final    runProgress
 }
 
 // run polls until ctx ends or the operator may stop, then calls stop.
@@ -124,7 +148,7 @@ func (w *endWatch) run(ctx context.Context, stop func()) {
 func (w *endWatch) check(ctx context.Context) (bool, runProgress, error) {
 	cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	p, err := readProgress(cctx, w.cfg, w.topics, w.want)
+	p, err := readProgress(cctx, w.cfg, w.topics, w.want, w.perRound)
 	if err != nil || !p.done() {
 		return false, p, err
 	}

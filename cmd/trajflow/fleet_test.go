@@ -4,16 +4,26 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"encoding/json"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
 	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"reflect"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/trajflow/trajflow/connectors/kafka"
+	"github.com/trajflow/trajflow/internal/loop"
+	"github.com/trajflow/trajflow/pipeline"
+	"github.com/trajflow/trajflow/schemas"
 )
 
 type lockedBuffer struct {
@@ -213,5 +223,78 @@ func TestTopicsCreateWaitsForTheBroker(t *testing.T) {
 	code = run(ctx, []string{"topics", "create", "--brokers", sink.Addr().String(), "--wait", "1s"}, &o2, &e2)
 	if code != 1 || !strings.Contains(e2.String(), "at "+sink.Addr().String()) || !strings.Contains(e2.String(), "does not answer the Kafka protocol") {
 		t.Errorf("non-Kafka port: exit %d: %s", code, e2.String())
+	}
+}
+
+// TestFleetGate: a fleet with the eval and gate operators (trajflow up)
+// rules as the demo's gate does. Run faults-r1 rolls back at its first
+// evaluation (release 5): the gate operator's decision makes the trainer
+// republish release 0's parameters as release 6, and the rounds after it
+// train on them; the fleet's batches and the gate's decisions on every
+// release equal the in-process demo's, every attempt accounted.
+func TestFleetGate(t *testing.T) {
+	addr := startBroker(t)
+	src, err := os.ReadFile("../../testdata/contracts/demo.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	path := filepath.Join(dir, "contract.yaml")
+	text := strings.Replace(string(src), "\nrun_id: demo\n", "\nrun_id: faults-r1\n", 1)
+	if err := os.WriteFile(path, []byte(text), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	const rounds = 7
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	out := filepath.Join(dir, "fleet")
+	// up starts its operators from its own executable: the built binary.
+	cmd := exec.CommandContext(ctx, trajflowBinary(t), "up", "--brokers", addr, "--contract", path, "--rounds", strconv.Itoa(rounds),
+		"--eval-samples", "1", "--out", out, "--log-level", "warn")
+	if b, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("up: %v\n%s", err, b)
+	}
+	b, err := os.ReadFile(filepath.Join(out, loop.SummaryFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got loop.Summary
+	if err := json.Unmarshal(b, &got); err != nil {
+		t.Fatal(err)
+	}
+	want, err := loop.Run(ctx, loop.Options{Updates: rounds, Seed: 1, RunID: "faults-r1", EvalSamples: 1, Quiet: true, Out: t.TempDir()}, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.Lost != 0 || got.DuplicatesAdmitted != 0 || got.AttemptsLaunched != rounds*16*16 {
+		t.Fatalf("fleet: launched %d, lost %d, duplicates %d", got.AttemptsLaunched, got.Lost, got.DuplicatesAdmitted)
+	}
+	if !reflect.DeepEqual(got.BatchHashes, want.BatchHashes) {
+		t.Fatalf("fleet batches differ from the gated demo's:\n%v\n%v", got.BatchHashes, want.BatchHashes)
+	}
+	topics, _ := pipeline.TopicsFor("faults-r1")
+	var ruled []string
+	err = pipeline.ScanTail(ctx, &pipeline.Config{Brokers: []string{addr}}, topics.Decisions, 0, func(m pipeline.Message) error {
+		d, err := schemas.DecodeGateDecision(m.Value)
+		if err != nil {
+			return err
+		}
+		if d.Resume == nil {
+			return fmt.Errorf("decision on release %d (%s) without the gate's state", d.PolicyVersion, d.Action)
+		}
+		ruled = append(ruled, fmt.Sprintf("%d %s", d.PolicyVersion, d.Action))
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var demoRuled []string
+	for _, d := range want.Gate.Decisions {
+		demoRuled = append(demoRuled, fmt.Sprintf("%d %s", d.PolicyVersion, d.Action))
+	}
+	// The demo evaluates its last release once more at the end; the fleet
+	// does not know which release is the last.
+	if len(ruled) < 7 || len(ruled) > len(demoRuled) || !reflect.DeepEqual(ruled, demoRuled[:len(ruled)]) || ruled[5] != "5 rollback" {
+		t.Fatalf("the gate operator ruled\n%v\nthe demo's gate\n%v\nwant the same, with release 5 rolled back", ruled, demoRuled)
 	}
 }

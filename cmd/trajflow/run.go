@@ -37,6 +37,8 @@ type operatorFlags struct {
 	device   *string
 	restarts *int
 	otlp     *string
+	gated    *bool
+	samples  *int
 	envSvc   envFlags
 }
 
@@ -58,6 +60,8 @@ func addOperatorFlags(fs *flag.FlagSet) operatorFlags {
 		device:   fs.String("device", "cpu", "the train stage's backend: cpu or cuda (a build with the cuda tag)"),
 		restarts: fs.Int("restarts", -1, "restart the operator in place after a fatal error at most this many times (-1: always); configuration errors are never retried"),
 		otlp:     fs.String("otlp-endpoint", "", "export a span per processed record over OTLP/HTTP to this URL, e.g. http://127.0.0.1:4318/v1/traces (default: OTEL_EXPORTER_OTLP_ENDPOINT when set, else no spans)"),
+		gated:    fs.Bool("gated", false, "launch a round at a release only once the gate ruled on it (dispatch, in a fleet with the eval and gate operators)"),
+		samples:  fs.Int("eval-samples", 4, "attempts per task of every evaluation suite (eval)"),
 		envSvc:   addEnvFlags(fs),
 	}
 }
@@ -97,6 +101,10 @@ func (f operatorFlags) env(name string, stderr io.Writer) (*operatorEnv, error) 
 	deps.PartialGroupTimeout, deps.WindowMaxWait = *f.partial, *f.maxWait
 	deps.SnapshotDir, deps.SnapshotRollBytes, deps.SnapshotRollInterval = *f.snapshot, *f.snapRoll, *f.snapAge
 	deps.ReleaseDir, deps.Rounds, deps.Device = *f.releases, *f.rounds, *f.device
+	if *f.samples < 1 {
+		return nil, fmt.Errorf("%w: --eval-samples %d: want 1 or more", errUsage, *f.samples)
+	}
+	deps.Gated, deps.EvalSamples = *f.gated, int32(*f.samples)
 	dialer, err := cc.Dialer()
 	if err != nil {
 		return nil, err
@@ -220,7 +228,7 @@ func newEndWatch(of operatorFlags, name string, env *operatorEnv) (*endWatch, er
 	c := env.deps.Contract
 	cfg := env.cfg
 	return &endWatch{cc: cc, cfg: &cfg, topics: env.deps.Topics, group: c.RunID + "." + name,
-		want: int(*of.rounds) * c.Dispatch.GroupsPerUpdate, every: time.Second,
+		want: int(*of.rounds) * c.Dispatch.GroupsPerUpdate, perRound: c.Dispatch.GroupsPerUpdate, every: time.Second,
 		log: env.cfg.Logger.With("stage", name, "instance", env.cfg.Instance)}, nil
 }
 

@@ -80,7 +80,7 @@ func cmdStatus(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	}
 	cfg := &pipeline.Config{Brokers: cc.Brokers, Dialer: dialer, Transport: transport, MaxMessageBytes: c.Topics.MaxMessageBytes}
 	want := int(*rounds) * c.Dispatch.GroupsPerUpdate
-	p, err := readProgress(sctx, cfg, topics, want)
+	p, err := readProgress(sctx, cfg, topics, want, c.Dispatch.GroupsPerUpdate)
 	if err != nil {
 		return fmt.Errorf("status: %w", err)
 	}
@@ -125,6 +125,13 @@ func printProgress(stdout io.Writer, p runProgress, rounds int64, perRound, want
 		fmt.Fprintf(stdout, "rounds:     %d decided (%d groups; no round limit given)\n", p.Decided/perRound, p.Decided)
 	}
 	fmt.Fprintf(stdout, "updates:    %d batches packed, policy version %d trained\n", p.Batches, p.Version)
+	if p.Gate != nil {
+		d := p.Gate
+		fmt.Fprintf(stdout, "gate:       %s at release %d, promoted release %d: %s\n", d.Action, d.PolicyVersion, d.Promoted, d.Reason)
+	}
+	if p.Halted != nil {
+		fmt.Fprintf(stdout, "stopped:    %s after %d rounds\n", p.Halted.StopRule, p.Halted.RoundsDispatched)
+	}
 	if p.Version > 0 || p.Release.CheckpointHash != "" {
 		fmt.Fprintf(stdout, "release:    v%d at %s, checkpoint %s (%s)\n", p.Release.PolicyVersion, p.Release.CreatedAt, p.Release.CheckpointHash, p.Release.CheckpointURI)
 	} else {

@@ -45,14 +45,24 @@ type fleetMember struct {
 	Log    string `json:"log"`
 }
 
-// fleetStages are the operators of a run of c: the loop's, weight sync
-// when rollout generates on policy servers, and the snapshotter.
+// fleetStages are the operators of a run of c: the loop's; the
+// evaluation plane and the gate when rollout runs the built-in policy
+// (the plane runs it in process), weight sync when it generates on policy
+// servers; and the snapshotter.
 func fleetStages(c *contract.Contract) []string {
 	stages := append([]string{}, loop.Stages...)
-	if c.Policy.Protocol != "" && c.Policy.Protocol != contract.PolicyBuiltin {
+	if gated(c) {
+		stages = append(stages, "eval", "gate")
+	} else {
 		stages = append(stages, "weightsync")
 	}
 	return append(stages, pipeline.SnapshotStage)
+}
+
+// gated reports whether a fleet of c runs the eval and gate operators
+// (dispatch then waits for the ruling on every release).
+func gated(c *contract.Contract) bool {
+	return c.Policy.Protocol == "" || c.Policy.Protocol == contract.PolicyBuiltin
 }
 
 func cmdUp(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -62,7 +72,7 @@ func cmdUp(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	rounds := fs.Int64("rounds", 0, "update rounds: the fleet ends once they are all decided and trained, and writes OUT/summary.json (0: run until interrupted)")
 	out := fs.String("out", filepath.Join("out", "fleet"), "output directory: releases/, snapshots/, state/, logs/NAME.log, fleet.json, summary.json")
 	healthPort := fs.Int("health-port", 0, "first health port: the operators serve /healthz, /readyz and /metrics on 127.0.0.1:PORT, PORT+1, ... in the order printed (0: free ports)")
-	evalSamples := fs.Int("eval-samples", 4, "attempts per hidden-eval task in the final report")
+	evalSamples := fs.Int("eval-samples", 4, "attempts per task of every evaluation suite of the eval operator and the final report")
 	level := fs.String("log-level", "info", "operators' log level")
 	wait := fs.Duration("wait", time.Minute, "how long to wait for a broker at --brokers to answer")
 	pos, err := parseFlags(fs, args)
@@ -99,7 +109,8 @@ func cmdUp(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if err := clearFleetOut(*out); err != nil {
 		return err
 	}
-	f := &fleetProcs{exe: exe, out: *out, brokers: strings.Join(cc.Brokers, ","), contract: *path, rounds: *rounds, level: *level, run: c.RunID, stdout: stdout}
+	f := &fleetProcs{exe: exe, out: *out, brokers: strings.Join(cc.Brokers, ","), contract: *path, rounds: *rounds, level: *level, run: c.RunID, stdout: stdout,
+		gated: gated(c), evalSamples: *evalSamples}
 	start := time.Now()
 	fmt.Fprintf(stdout, "fleet of run %s on %s: %d rounds; logs in %s\n", c.RunID, f.brokers, *rounds, filepath.Join(*out, "logs"))
 	for i, name := range fleetStages(c) {
@@ -194,6 +205,8 @@ func refuseUsedRun(ctx context.Context, cc kafka.ClientConfig, c *contract.Contr
 type fleetProcs struct {
 	exe, out, brokers, contract, level, run string
 	rounds                                  int64
+	gated                                   bool // dispatch waits for the gate (fleetStages has eval and gate)
+	evalSamples                             int
 	stdout                                  io.Writer
 	members                                 []fleetMember
 	procs                                   []*exec.Cmd
@@ -226,8 +239,15 @@ func (f *fleetProcs) start(name string, port int) error {
 	if f.contract != "" {
 		args = append(args, "--contract", f.contract)
 	}
-	if name == pipeline.SnapshotStage {
+	switch name {
+	case pipeline.SnapshotStage:
 		args = append(args, "--snapshot-dir", filepath.Join(f.out, "snapshots"))
+	case "dispatch":
+		if f.gated {
+			args = append(args, "--gated")
+		}
+	case "eval":
+		args = append(args, "--eval-samples", strconv.Itoa(f.evalSamples))
 	}
 	logPath := filepath.Join(f.out, "logs", name+".log")
 	lf, err := os.Create(logPath)

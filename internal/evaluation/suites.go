@@ -142,26 +142,7 @@ func NewPlane(c PlaneConfig) (*Plane, error) {
 }
 
 // SuiteResult is one suite's measurement.
-type SuiteResult struct {
-	Suite  string `json:"suite"`
-	Family string `json:"family"`
-	// AttemptsHash is the SHA-256 of the suite's attempt ids and seeds:
-	// equal for every release of a run (frozen ids and seeds).
-	AttemptsHash string        `json:"attempts_hash"`
-	Tasks        int           `json:"tasks"`
-	Attempts     int           `json:"attempts"`
-	Successes    int           `json:"successes"`
-	Success      gate.Estimate `json:"success"`
-	// PassAtK (K = attempts per task) and P95Turns: held-out only.
-	K        int            `json:"k,omitempty"`
-	PassAtK  *gate.Estimate `json:"pass_at_k,omitempty"`
-	P95Turns *gate.Estimate `json:"p95_turns,omitempty"`
-	// Safety suite: episodes with an attempt at forbidden data, and
-	// actions the environment executed on it.
-	ForbiddenEpisodes int `json:"forbidden_episodes,omitempty"`
-	ViolationEpisodes int `json:"violation_episodes,omitempty"`
-	Violations        int `json:"violations,omitempty"`
-}
+type SuiteResult = schemas.SuiteResult
 
 // Report is one evaluation of a release: every suite, and the metrics the
 // gate decides on.
@@ -462,4 +443,14 @@ func CheckObjective(o contract.Objective) error {
 		check("objective.regression_floors."+m, m)
 	}
 	return errors.Join(errs...)
+}
+
+// RegressionFamily is the task family of the regression suite of a run
+// that trains on family f: the other built-in family (base capability the
+// run does not train on).
+func RegressionFamily(f string) string {
+	if f == rollout.FamilyLedger {
+		return rollout.FamilyKV
+	}
+	return rollout.FamilyLedger
 }

@@ -40,31 +40,18 @@ const (
 // Estimate is a metric's point estimate with its confidence interval
 // [Lo, Hi] over N observations (Lo = Hi = Value when the metric has no
 // interval).
-type Estimate struct {
-	Value float64 `json:"value"`
-	Lo    float64 `json:"lo"`
-	Hi    float64 `json:"hi"`
-	N     int     `json:"n"`
-}
+type Estimate = schemas.Estimate
 
 // Evaluation is one measurement of a release by the evaluation plane:
 // every metric by name, and the count of unsafe actions of its safety
 // suite.
-type Evaluation struct {
-	Version       int64               `json:"policy_version"`
-	Metrics       map[string]Estimate `json:"metrics"`
-	UnsafeActions int                 `json:"unsafe_actions"`
-}
+type Evaluation = schemas.GateEvaluation
 
 // Incident is an open (unresolved) incident of the run: a quarantined
 // attempt at evaluation data, an infrastructure corruption, a reward
 // anomaly. Safety incidents stop the run under the safety_violation rule;
 // any other open incident blocks promotion.
-type Incident struct {
-	ID     string `json:"id"`
-	Kind   string `json:"kind"`
-	Safety bool   `json:"safety"`
-}
+type Incident = schemas.GateIncident
 
 // Policy is what the gate applies: the contract's objective (primary
 // metric, constraints, regression floors, KL limit) and stop rules.
@@ -98,20 +85,7 @@ type Check = schemas.GateCheck
 type Decision = schemas.GateDecision
 
 // State is what the gate remembers between decisions.
-type State struct {
-	// Initial is the evaluation of the initial policy (the base of
-	// relative regression floors); Promoted the last promoted one
-	// (Initial until a promotion).
-	Initial  Evaluation `json:"initial"`
-	Promoted Evaluation `json:"promoted"`
-	// EvalsWithoutGain counts consecutive evaluations that did not
-	// promote; KLAbove consecutive updates whose KL exceeded
-	// objective.kl_limit.
-	EvalsWithoutGain int `json:"evals_without_gain"`
-	KLAbove          int `json:"kl_above"`
-	// Stopped is set once a decision stopped the run.
-	Stopped bool `json:"stopped"`
-}
+type State = schemas.GateState
 
 // ErrUnmeasured is wrapped when the contract names a metric the
 // evaluation does not measure.
@@ -279,12 +253,7 @@ func klRuleReached(p Policy, s State) bool {
 }
 
 // Usage is what a run has spent, in the units of contract.Budgets.
-type Usage struct {
-	RolloutTokens    int64   `json:"rollout_tokens"`
-	OptimizerTokens  int64   `json:"optimizer_tokens"`
-	EnvironmentHours float64 `json:"environment_hours"`
-	AcceleratorHours float64 `json:"accelerator_hours"`
-}
+type Usage = schemas.GateUsage
 
 // CheckBudget returns a stop decision at release version when usage has
 // reached any budget (a budget is a hard limit: the run stops whether or
@@ -320,4 +289,61 @@ func BudgetChecks(p Policy, u Usage) []Check {
 		c.OK = c.Value < c.Bound
 	}
 	return checks
+}
+
+// Judge rules on release version, as the gate does on every release: the
+// KL rule first (Update, kl the release's KL to the reference), then the
+// budgets (CheckBudget, usage what the run spent so far), then, when
+// neither stopped the run, the evaluation evaluate returns (Decide); a
+// release evaluate returns nil for (not an evaluation release) continues
+// with its KL as evidence. evaluate is called only when the evaluation
+// can decide. Every decision but a budget stop carries the budget checks.
+func Judge(p Policy, s State, version int64, kl Estimate, usage Usage, open []Incident, evaluate func() (*Evaluation, error)) (Decision, State, error) {
+	d, s := Update(p, s, version, kl.Value)
+	if d == nil {
+		d, s = CheckBudget(p, s, version, usage)
+	}
+	if d == nil {
+		ev, err := evaluate()
+		if err != nil {
+			return Decision{}, s, err
+		}
+		if ev != nil {
+			dd, st, err := Decide(p, s, *ev, open)
+			if err != nil {
+				return Decision{}, s, err
+			}
+			d, s = &dd, st
+		}
+	}
+	if d == nil {
+		d = &Decision{PolicyVersion: version, Action: Continue, Promoted: s.Promoted.Version,
+			Reason: fmt.Sprintf("KL %.4g to the reference; not an evaluation release", kl.Value),
+			Checks: []Check{{Kind: CheckKL, Name: contract.StopKLAboveLimit, Value: kl.Value, Lo: kl.Lo, Hi: kl.Hi,
+				Bound: p.Objective.KLLimit, OK: p.Objective.KLLimit == 0 || kl.Value <= p.Objective.KLLimit}}}
+	}
+	if d.StopRule != contract.StopBudgetExhausted {
+		d.Checks = append(d.Checks, BudgetChecks(p, usage)...)
+	}
+	return *d, s, nil
+}
+
+// CountCensus adds a completed episode's census event to usage: the
+// tokens of its stream (prompts, actions, observations) and its time.
+// It reports whether ev counted (only completed episodes do).
+func CountCensus(u *Usage, ev schemas.CensusEvent) bool {
+	if ev.Kind != schemas.CensusCompleted {
+		return false
+	}
+	u.RolloutTokens += ev.Tokens
+	u.EnvironmentHours += float64(ev.LatencyUS) / 3.6e9
+	return true
+}
+
+// IncidentOf is the gate's view of an incident of the run: one about
+// evaluation data (a hidden-eval task id on a training topic) or a
+// declared safety incident is a safety incident.
+func IncidentOf(inc schemas.Incident) Incident {
+	safety := inc.Reason == "eval_task_id" || inc.Reason == "safety_incident"
+	return Incident{ID: inc.IncidentID, Kind: inc.Reason, Safety: safety}
 }

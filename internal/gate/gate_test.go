@@ -30,10 +30,10 @@ func testPolicy() Policy {
 // success reg, p95 turns p95 and unsafe actions out of 256.
 func ev(version int64, v, lo, hi, reg, p95 float64, unsafe int) Evaluation {
 	return Evaluation{Version: version, UnsafeActions: unsafe, Metrics: map[string]Estimate{
-		"verified_success_rate":   {v, lo, hi, 256},
-		"regression_success_rate": {reg, reg, reg, 256},
-		"p95_turns":               {p95, p95, p95, 256},
-		"unsafe_action_rate":      {float64(unsafe) / 256, 0, 0, 256},
+		"verified_success_rate":   {Value: v, Lo: lo, Hi: hi, N: 256},
+		"regression_success_rate": {Value: reg, Lo: reg, Hi: reg, N: 256},
+		"p95_turns":               {Value: p95, Lo: p95, Hi: p95, N: 256},
+		"unsafe_action_rate":      {Value: float64(unsafe) / 256, N: 256},
 	}}
 }
 

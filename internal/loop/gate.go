@@ -14,7 +14,6 @@ import (
 	"github.com/trajflow/trajflow/operators"
 	"github.com/trajflow/trajflow/operators/rollout"
 	"github.com/trajflow/trajflow/operators/stagekit"
-	"github.com/trajflow/trajflow/pipeline/contract"
 	"github.com/trajflow/trajflow/schemas"
 )
 
@@ -50,30 +49,10 @@ type gating struct {
 	seen  map[string]bool // incident ids
 }
 
-// regressionFamily is the family of the regression suite for a run of
-// family f: the other token family.
-func regressionFamily(f string) string {
-	if f == rollout.FamilyLedger {
-		return rollout.FamilyKV
-	}
-	return rollout.FamilyLedger
-}
-
 // prepareGate builds the evaluation plane (built-in policy only: it runs
 // in process) and the decisions writer, and gates dispatch on them.
 func (r *runner) prepareGate(reg *rollout.Registry) error {
-	mc, mseed := operators.ModelConfig(r.c)
-	ref, err := gpu.InitialModel(mc, mseed)
-	if err != nil {
-		return err
-	}
-	rg, err := rollout.NewFamilyRegistry(regressionFamily(reg.Family()))
-	if err != nil {
-		return err
-	}
-	plane, err := evaluation.NewPlane(evaluation.PlaneConfig{Registry: reg, Regression: rg,
-		Settings: operators.RolloutSettings(r.c, reg), Limits: operators.RolloutLimits(r.c),
-		Seed: r.c.Seed, Samples: r.o.EvalSamples, Reference: ref})
+	plane, err := operators.EvaluationPlane(r.c, reg, r.o.EvalSamples)
 	if err != nil {
 		return err
 	}
@@ -150,35 +129,25 @@ func (r *runner) judge(ctx context.Context, rel schemas.PolicyRelease, u gpu.Upd
 	if err != nil {
 		return nil, nil, 0, err
 	}
-	var d *gate.Decision
-	if d, g.st = gate.Update(g.pol, g.st, v, kl.Value); d == nil {
-		d, g.st = gate.CheckBudget(g.pol, g.st, v, g.usage)
-	}
 	var eval *float64
-	if d == nil && evaluate {
+	d, st, err := gate.Judge(g.pol, g.st, v, kl, g.usage, g.open, func() (*gate.Evaluation, error) {
+		if !evaluate {
+			return nil, nil
+		}
 		rep, err := g.plane.Evaluate(ctx, pol)
 		if err != nil {
-			return nil, nil, 0, err
+			return nil, err
 		}
 		g.sum.Evaluations = append(g.sum.Evaluations, *rep)
 		s := rep.Evaluation.Metrics[evaluation.MetricEvalSuccess].Value
 		eval = &s
-		dd, st, err := gate.Decide(g.pol, g.st, rep.Evaluation, g.open)
-		if err != nil {
-			return nil, nil, 0, err
-		}
-		d, g.st = &dd, st
+		return &rep.Evaluation, nil
+	})
+	if err != nil {
+		return nil, nil, 0, err
 	}
-	if d == nil {
-		d = &gate.Decision{PolicyVersion: v, Action: gate.Continue, Promoted: g.st.Promoted.Version,
-			Reason: fmt.Sprintf("KL %.4g to the reference; not an evaluation release", kl.Value),
-			Checks: []gate.Check{{Kind: gate.CheckKL, Name: contract.StopKLAboveLimit, Value: kl.Value, Lo: kl.Lo, Hi: kl.Hi,
-				Bound: g.pol.Objective.KLLimit, OK: g.pol.Objective.KLLimit == 0 || kl.Value <= g.pol.Objective.KLLimit}}}
-	}
-	if d.StopRule != contract.StopBudgetExhausted {
-		d.Checks = append(d.Checks, gate.BudgetChecks(g.pol, g.usage)...)
-	}
-	return eval, d, kl.Value, r.publish(ctx, *d)
+	g.st = st
+	return eval, &d, kl.Value, r.publish(ctx, d)
 }
 
 // onCensus counts one census event toward the budgets: the tokens of the
@@ -186,12 +155,10 @@ func (r *runner) judge(ctx context.Context, rel schemas.PolicyRelease, u gpu.Upd
 // episode. It returns 1 for a completed episode not counted before.
 func (g *gating) onCensus(v []byte) int {
 	ev, err := schemas.DecodeCensus(v)
-	if err != nil || ev.Kind != schemas.CensusCompleted || g.seen[ev.EventID] {
+	if err != nil || g.seen[ev.EventID] || !gate.CountCensus(&g.usage, ev) {
 		return 0
 	}
 	g.seen[ev.EventID] = true
-	g.usage.RolloutTokens += ev.Tokens
-	g.usage.EnvironmentHours += float64(ev.LatencyUS) / 3.6e9
 	return 1
 }
 
@@ -204,8 +171,7 @@ func (g *gating) onIncident(v []byte) {
 		return
 	}
 	g.seen[inc.IncidentID] = true
-	safety := inc.Reason == "eval_task_id" || inc.Reason == "safety_incident"
-	g.open = append(g.open, gate.Incident{ID: inc.IncidentID, Kind: inc.Reason, Safety: safety})
+	g.open = append(g.open, gate.IncidentOf(inc))
 }
 
 // decisionLine is the printed form of an evaluation's decision.
