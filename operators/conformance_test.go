@@ -143,7 +143,8 @@ func (ch *chain) record(d *pipeline.Driven) {
 // buildChain runs the loop once, stage after stage in pipeline order, so
 // that every stage has real inputs: train first (it publishes version 0),
 // then dispatch, rollout, validate, reward, advantage, pack, and train on
-// the batch. With served, the contract's policy runs on a policy server
+// the batch (and, with the built-in policy, eval on release 0). With
+// served, the contract's policy runs on a policy server
 // (the built-in policy over SGLang's protocol, connectors/policy/serve,
 // reading the chain's releases): weight sync loads version 0 into it
 // before dispatch, and rollout generates there.
@@ -167,6 +168,8 @@ func buildChain(t *testing.T, served bool) *chain {
 		}
 		ch.deps.Contract = c
 		stages = append([]string{"weightsync"}, stages...)
+	} else {
+		stages = append(stages, "eval") // release 0 measured: the gate's input
 	}
 	ch.record(ch.drive(t, "train", ch.deps)) // version 0
 	for _, name := range stages {
@@ -212,6 +215,8 @@ func conformance(t *testing.T, ch *chain) {
 				if _, err := operators.New(spec.Name, deps); errors.Is(err, operators.ErrNoPolicyServer) {
 					return // the refusal the builtin policy gets: nothing to load releases into
 				}
+			} else if _, err := operators.New(spec.Name, deps); errors.Is(err, operators.ErrServedPolicy) {
+				return // the refusal a served policy gets: the evaluation plane runs the built-in one
 			}
 			deps.SnapshotDir = t.TempDir()
 			first := ch.drive(t, spec.Name, deps)
@@ -343,8 +348,12 @@ func badInputs(t *testing.T, ch *chain, short string) []badInput {
 		}
 		out = append(out, badInput{"an unknown version", msg(withVersion(t, good[0].Value, "99")), version})
 	case pipeline.PlaneJSON:
+		wrong := `{"kind":"census_event","version":1,"data":{"event_id":"e","run_id":"r","attempt_id":"a","kind":"started","stage":"s","at_us":1}}`
+		if info.Kind == schemas.KindCensusEvent {
+			wrong = `{"kind":"incident","version":1,"data":{"incident_id":"i","run_id":"r","reason":"eval_task_id","at_us":1}}`
+		}
 		out = append(out,
-			badInput{"a record of another kind", msg([]byte(`{"kind":"census_event","version":1,"data":{"event_id":"e","run_id":"r","attempt_id":"a","kind":"started","stage":"s","at_us":1}}`)), other},
+			badInput{"a record of another kind", msg([]byte(wrong)), other},
 			badInput{"an unknown version", msg([]byte(`{"kind":"` + string(info.Kind) + `","version":99,"data":{}}`)), version})
 	}
 	return out

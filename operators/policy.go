@@ -169,6 +169,11 @@ func (s syncReplica) Load(ctx context.Context, rel schemas.PolicyRelease) (schem
 // (weight sync) is built for a contract whose policy is builtin.
 var ErrNoPolicyServer = errors.New("no policy server")
 
+// ErrServedPolicy is wrapped when a stage that runs the built-in policy in
+// process (eval, gate) is built for a contract whose policy runs on
+// servers.
+var ErrServedPolicy = errors.New("the evaluation plane runs the built-in policy in process; this contract's policy runs on servers")
+
 // SyncReplicas are the weight sync replicas of the contract's policy
 // section.
 func SyncReplicas(c *contract.Contract) ([]weightsync.Replica, error) {
@@ -220,3 +225,8 @@ func rolloutServer(d Deps, reg *rollout.Registry, cfg *rollout.StageConfig) erro
 func onPolicyServers(c *contract.Contract) bool {
 	return c.Policy.Protocol != "" && c.Policy.Protocol != contract.PolicyBuiltin
 }
+
+// onBuiltinPolicy reports whether c's policy is the built-in one: the
+// evaluation plane runs it in process, so the eval and gate operators
+// serve such runs only.
+func onBuiltinPolicy(c *contract.Contract) bool { return !onPolicyServers(c) }

@@ -108,8 +108,8 @@ var specs = []Spec{
 	{Name: "pack", Doc: "the lag-aware admission window: reconstruction and packing into batches", New: newPack},
 	{Name: "train", Doc: "trains on every batch and publishes a policy release (--releases)", New: newTrain},
 	{Name: "weightsync", Doc: "loads every release into every policy server replica and acknowledges the version each serves", New: newWeightsync, Needed: onPolicyServers},
-	{Name: "eval", Doc: "measures every release on frozen evaluation suites (validation, held-out, regression, safety) with confidence intervals", New: newEval},
-	{Name: "gate", Doc: "applies the contract's objective, stop rules and budgets to every evaluation: promote, continue, rollback or stop", New: newGate},
+	{Name: "eval", Doc: "measures every release on frozen evaluation suites (validation, held-out, regression, safety) with confidence intervals", New: newEval, Needed: onBuiltinPolicy},
+	{Name: "gate", Doc: "applies the contract's objective, stop rules and budgets to every evaluation: promote, continue, rollback or stop", New: newGate, Needed: onBuiltinPolicy},
 	{Name: "snapshot", Doc: "writes every topic of the run to Parquet snapshots (--snapshot-dir)", New: newSnapshot},
 }
 
@@ -255,6 +255,9 @@ func newTrain(d Deps) (pipeline.Stage, error) {
 }
 
 func newEval(d Deps) (pipeline.Stage, error) {
+	if onPolicyServers(d.Contract) {
+		return nil, fmt.Errorf("operators: eval: %w (policy.protocol %s)", ErrServedPolicy, d.Contract.Policy.Protocol)
+	}
 	if d.ReleaseDir == "" {
 		return nil, errors.New("operators: eval reads the releases' checkpoints and update records: give it the release directory (--releases)")
 	}
@@ -276,6 +279,9 @@ func newEval(d Deps) (pipeline.Stage, error) {
 }
 
 func newGate(d Deps) (pipeline.Stage, error) {
+	if onPolicyServers(d.Contract) {
+		return nil, fmt.Errorf("operators: gate: %w (policy.protocol %s)", ErrServedPolicy, d.Contract.Policy.Protocol)
+	}
 	return gateop.NewStage(gateop.StageConfig{Policy: gate.PolicyOf(d.Contract), Topics: d.Topics, RunID: d.Contract.RunID})
 }
 

@@ -105,7 +105,8 @@ func TestWeightSyncRetriesAFailedReplica(t *testing.T) {
 }
 
 // TestWeightsyncNeededOnPolicyServers: a run needs weight sync only when
-// its policy runs on servers; every other stage is needed by every run.
+// its policy runs on servers, eval and gate only when it does not; every
+// other stage is needed by every run.
 func TestWeightsyncNeededOnPolicyServers(t *testing.T) {
 	c, err := contract.Load("../testdata/contracts/demo.yaml")
 	if err != nil {
@@ -119,6 +120,11 @@ func TestWeightsyncNeededOnPolicyServers(t *testing.T) {
 	c.Policy.Protocol, c.Policy.Endpoints = contract.PolicyVLLM, []string{"http://127.0.0.1:8000"}
 	if !operators.Needed("weightsync", c) {
 		t.Error("vLLM replicas: weightsync not needed")
+	}
+	for _, st := range []string{"eval", "gate"} { // the evaluation plane runs the built-in policy
+		if operators.Needed(st, c) {
+			t.Errorf("vLLM replicas: %s needed", st)
+		}
 	}
 	if operators.Needed("bogus", c) {
 		t.Error("an unregistered stage is needed")

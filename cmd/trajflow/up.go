@@ -16,6 +16,7 @@ import (
 
 	"github.com/trajflow/trajflow/connectors/kafka"
 	"github.com/trajflow/trajflow/internal/loop"
+	"github.com/trajflow/trajflow/operators"
 	"github.com/trajflow/trajflow/pipeline"
 	"github.com/trajflow/trajflow/pipeline/contract"
 )
@@ -51,19 +52,17 @@ type fleetMember struct {
 // servers; and the snapshotter.
 func fleetStages(c *contract.Contract) []string {
 	stages := append([]string{}, loop.Stages...)
-	if gated(c) {
-		stages = append(stages, "eval", "gate")
-	} else {
-		stages = append(stages, "weightsync")
+	for _, st := range []string{"eval", "gate", "weightsync"} {
+		if operators.Needed(st, c) {
+			stages = append(stages, st)
+		}
 	}
 	return append(stages, pipeline.SnapshotStage)
 }
 
 // gated reports whether a fleet of c runs the eval and gate operators
 // (dispatch then waits for the ruling on every release).
-func gated(c *contract.Contract) bool {
-	return c.Policy.Protocol == "" || c.Policy.Protocol == contract.PolicyBuiltin
-}
+func gated(c *contract.Contract) bool { return operators.Needed("gate", c) }
 
 func cmdUp(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := newFlags("up", stderr)

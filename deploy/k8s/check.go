@@ -49,7 +49,7 @@ func DefaultRules() Rules {
 	return Rules{
 		Stages:       operators.Names(),
 		Stateful:     map[string]bool{"advantage": true, "pack": true, "train": true, "snapshot": true},
-		OneActive:    map[string]bool{"dispatch": true, "pack": true, "train": true, "snapshot": true},
+		OneActive:    map[string]bool{"dispatch": true, "pack": true, "train": true, "snapshot": true, "eval": true, "gate": true},
 		DrainTimeout: DefaultDrainTimeout,
 	}
 }

@@ -201,6 +201,9 @@ func (s *Stage) census(m pipeline.Message) (pipeline.Result, error) {
 	if err != nil {
 		return pipeline.Result{}, stagekit.DecodeRefusal(err)
 	}
+	if err := stagekit.CheckKindHeaders(&m, schemas.KindCensusEvent); err != nil {
+		return pipeline.Result{}, err
+	}
 	if ev.RunID != s.cfg.RunID || s.counted[ev.EventID] || !gate.CountCensus(&s.usage, ev) {
 		return pipeline.Result{}, nil
 	}
