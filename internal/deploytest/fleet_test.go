@@ -547,10 +547,11 @@ func rollingScenario(t *testing.T, f *fleet, runID string, topicsCreate func()) 
 	if err != nil {
 		t.Fatal(err)
 	}
-	// Two instances of validate and reward, one of each other stage.
+	// Two instances of validate and reward, one of each other stage (the
+	// manifests' dispatch waits for the gate: eval and gate run too).
 	names := map[string][]string{}
 	var order []*instance
-	for _, st := range []string{"dispatch", "rollout", "validate", "validate", "reward", "reward", "advantage", "pack", "train", "snapshot"} {
+	for _, st := range []string{"dispatch", "rollout", "validate", "validate", "reward", "reward", "advantage", "pack", "train", "eval", "gate", "snapshot"} {
 		name := fmt.Sprintf("%s-%d", st, len(names[st]))
 		names[st] = append(names[st], name)
 		order = append(order, f.start(st, name))
@@ -654,7 +655,8 @@ func demo(t *testing.T, runID string, rounds int) *loop.Summary {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	s, err := loop.Run(ctx, loop.Options{Updates: rounds, Seed: 1, RunID: runID, Out: t.TempDir(), EvalSamples: 1, Quiet: true}, io.Discard)
+	// EvalSamples 4: the manifests' eval runs with the default --eval-samples.
+	s, err := loop.Run(ctx, loop.Options{Updates: rounds, Seed: 1, RunID: runID, Out: t.TempDir(), EvalSamples: 4, Quiet: true}, io.Discard)
 	if err != nil {
 		t.Fatalf("demo: %v", err)
 	}
