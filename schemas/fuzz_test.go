@@ -248,3 +248,50 @@ func FuzzDecodeStream(f *testing.F) {
 		}
 	})
 }
+
+// fuzzDoc fuzzes a JSON document decoder: a refusal wraps ErrDecode, and
+// what it accepts re-encodes to a document that decodes and re-encodes to
+// the same bytes.
+func fuzzDoc[T any](f *testing.F, enc func(T) ([]byte, error), dec func([]byte) (T, error), seeds ...T) {
+	for _, s := range seeds {
+		b, err := enc(s)
+		if err != nil {
+			f.Fatal(err)
+		}
+		addSeeds(f, b)
+	}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		v, err := dec(data)
+		if err != nil {
+			checkDecodeError(t, err)
+			return
+		}
+		once, err := enc(v)
+		if err != nil {
+			t.Fatal(err)
+		}
+		v2, err := dec(once)
+		if err != nil {
+			t.Fatalf("a re-encoded document does not decode: %v", err)
+		}
+		twice, err := enc(v2)
+		if err != nil || !bytes.Equal(once, twice) {
+			t.Fatalf("re-encoding is not stable:\n%s\n%s (%v)", once, twice, err)
+		}
+	})
+}
+
+func FuzzDecodeEvaluation(f *testing.F) {
+	to := int64(3)
+	fuzzDoc(f, EncodeEvaluation, DecodeEvaluation,
+		EvaluationRecord{RunID: "r", PolicyVersion: 4, RolledBackTo: &to, KL: Estimate{Value: 0.1, Lo: 0.05, Hi: 0.2, N: 64}},
+		EvaluationRecord{RunID: "r", PolicyVersion: 5, Evaluation: &GateEvaluation{Version: 5, Metrics: map[string]Estimate{"m": {Value: 1, N: 2}}},
+			Suites: []SuiteResult{{Suite: "heldout", Tasks: 2, PassAtK: &Estimate{Value: 0.5}}}, OptimizerTokens: 10, StepSeconds: 0.5})
+}
+
+func FuzzDecodeGateDecision(f *testing.F) {
+	fuzzDoc(f, EncodeGateDecision, DecodeGateDecision,
+		GateDecision{RunID: "r", PolicyVersion: 5, Action: GateRollback, RollbackTo: 0, Checks: []GateCheck{{Kind: "kl", Value: 1}},
+			Resume: &GateResume{State: GateState{EvalsWithoutGain: 2}, Usage: GateUsage{RolloutTokens: 7}}},
+		GateDecision{RunID: "r", Action: GateHalted, RoundsDispatched: 9})
+}
