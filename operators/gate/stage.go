@@ -204,7 +204,8 @@ func (s *Stage) census(m pipeline.Message) (pipeline.Result, error) {
 	if err := stagekit.CheckKindHeaders(&m, schemas.KindCensusEvent); err != nil {
 		return pipeline.Result{}, err
 	}
-	if ev.RunID != s.cfg.RunID || s.counted[ev.EventID] || !gate.CountCensus(&s.usage, ev) {
+	// After a stop no decision follows: nothing is held for one.
+	if s.st.Stopped || ev.RunID != s.cfg.RunID || s.counted[ev.EventID] || !gate.CountCensus(&s.usage, ev) {
 		return pipeline.Result{}, nil
 	}
 	s.counted[ev.EventID] = true

@@ -89,6 +89,7 @@ func TestGateStage(t *testing.T) {
 		evaluation(t, topics, 3, 3, true, 0.50, 0.45, 0.6, 0.05),
 		evaluation(t, topics, 4, 4, true, 0.41, 0.35, 0.5, 0.25),
 		evaluation(t, topics, 5, 5, false, 0, 0, 0, 0),
+		census(t, topics, 0, 1, "a3", 5), // after the stop: not held for a decision that never comes
 	}
 	d, err := pipeline.Drive(context.Background(), st, msgs, pipeline.DriveConfig{Env: pipeline.EnvConfig{Scanner: pipeline.MemScanner{}}})
 	if err != nil {
@@ -123,7 +124,7 @@ func TestGateStage(t *testing.T) {
 	// topic: release 4's stop. Nothing more is decided.
 	scan := pipeline.MemScanner{topics.Decisions: d.Messages(topics.Decisions)}
 	st2, _ := NewStage(StageConfig{Policy: policy(), Topics: topics, RunID: "r"})
-	d2, err := pipeline.Drive(context.Background(), st2, msgs[5:], pipeline.DriveConfig{Env: pipeline.EnvConfig{Scanner: scan}})
+	d2, err := pipeline.Drive(context.Background(), st2, msgs[5:10], pipeline.DriveConfig{Env: pipeline.EnvConfig{Scanner: scan}})
 	if err != nil {
 		t.Fatal(err)
 	}
