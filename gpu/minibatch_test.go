@@ -57,18 +57,8 @@ func TestUpdateMinibatches(t *testing.T) {
 	if len(batch.Rows) < 2 {
 		t.Fatalf("%d rows", len(batch.Rows))
 	}
-	fresh := func() *Trainer {
-		tr, err := NewTrainer(h.tr.Model(), h.tr.Behavior(), 0)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return tr
-	}
-	rows := make([]int, len(batch.Rows))
-	for i := range rows {
-		rows[i] = i
-	}
-	a, b := fresh(), fresh()
+	a, b := freshTrainer(t, h), freshTrainer(t, h)
+	rows := allRows(len(batch.Rows))
 	if _, _, err := a.Update(batch, h.cfg.Objective, h.cfg.Adam, 2); err != nil {
 		t.Fatal(err)
 	}
@@ -82,7 +72,7 @@ func TestUpdateMinibatches(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c := fresh()
+	c := freshTrainer(t, h)
 	met, _, err := c.UpdateMinibatches(batch, h.cfg.Objective, h.cfg.Adam, order)
 	if err != nil {
 		t.Fatal(err)
@@ -90,7 +80,7 @@ func TestUpdateMinibatches(t *testing.T) {
 	if c.Version() != 1 || met.Version != 1 || c.Steps() != 4 || slices.Equal(c.Model().Params, a.Model().Params) {
 		t.Fatalf("2 minibatches x 2 epochs: version %d, steps %d", c.Version(), c.Steps())
 	}
-	d := fresh()
+	d := freshTrainer(t, h)
 	before := d.Model().Params
 	if _, _, err := d.UpdateMinibatches(batch, h.cfg.Objective, h.cfg.Adam, [][][]int{{rows}, {{len(rows)}}}); err == nil {
 		t.Fatal("an order naming a missing row: no error")
@@ -110,18 +100,8 @@ func TestUpdateMinibatchesDecoupled(t *testing.T) {
 	batch := batchFor(t, h, 0)
 	opts := h.cfg.Objective
 	opts.OffPolicy = objective.OffPolicyDecoupled
-	fresh := func() *Trainer {
-		tr, err := NewTrainer(h.tr.Model(), h.tr.Behavior(), 0)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return tr
-	}
-	rows := make([]int, len(batch.Rows))
-	for i := range rows {
-		rows[i] = i
-	}
-	a, b := fresh(), fresh()
+	a, b := freshTrainer(t, h), freshTrainer(t, h)
+	rows := allRows(len(batch.Rows))
 	if _, _, err := a.Update(batch, opts, h.cfg.Adam, 2); err != nil {
 		t.Fatal(err)
 	}
@@ -135,7 +115,7 @@ func TestUpdateMinibatchesDecoupled(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c := fresh()
+	c := freshTrainer(t, h)
 	met, _, err := c.UpdateMinibatches(batch, opts, h.cfg.Adam, order)
 	if err != nil {
 		t.Fatalf("decoupled, 2 minibatches x 2 epochs: %v", err)
@@ -143,4 +123,23 @@ func TestUpdateMinibatchesDecoupled(t *testing.T) {
 	if c.Version() != 1 || c.Steps() != 4 || met.RatioMin != 1 || met.RatioMax != 1 {
 		t.Fatalf("version %d, steps %d, first step ratio [%v, %v]", c.Version(), c.Steps(), met.RatioMin, met.RatioMax)
 	}
+}
+
+// freshTrainer is a trainer from h's initial model and behavior, version 0.
+func freshTrainer(t *testing.T, h *harness) *Trainer {
+	t.Helper()
+	tr, err := NewTrainer(h.tr.Model(), h.tr.Behavior(), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tr
+}
+
+// allRows is the row indexes 0..n-1.
+func allRows(n int) []int {
+	rows := make([]int, n)
+	for i := range rows {
+		rows[i] = i
+	}
+	return rows
 }

@@ -80,17 +80,11 @@ func (s *Stage) Start(_ context.Context, env *pipeline.Env) error {
 // one measured gives its evaluation record; older releases (the compacted
 // topic replayed) and releases not ready give nothing.
 func (s *Stage) Process(ctx context.Context, m pipeline.Message) (pipeline.Result, error) {
-	rel, err := schemas.DecodeRelease(m.Value)
-	if err != nil {
-		return pipeline.Result{}, stagekit.DecodeRefusal(err)
-	}
-	if err := stagekit.CheckKindHeaders(&m, schemas.KindPolicyRelease); err != nil {
+	rel, newer, err := stagekit.NewerRelease(&m, s.last)
+	if err != nil || !newer {
 		return pipeline.Result{}, err
 	}
 	v := rel.PolicyVersion
-	if !rel.Ready || v <= s.last {
-		return pipeline.Result{}, nil
-	}
 	rec, err := s.measure(ctx, rel, m)
 	if err != nil {
 		return pipeline.Result{}, err // infrastructure (a release file): redelivered after a restart

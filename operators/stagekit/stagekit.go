@@ -233,3 +233,19 @@ func RefuseRow[T any](c *schemas.Codec[T], topics pipeline.Topics, stage string,
 	}
 	return outs, nil
 }
+
+// NewerRelease reads a record of the policy topic for a stage that acts
+// once per release (weight sync, evaluation): it returns the release and
+// whether it is ready and newer than version last (-1: none yet). Older
+// releases come back when the compacted topic is replayed; a record that
+// is not a release, or whose headers say otherwise, is a refusal.
+func NewerRelease(m *pipeline.Message, last int64) (schemas.PolicyRelease, bool, error) {
+	rel, err := schemas.DecodeRelease(m.Value)
+	if err != nil {
+		return rel, false, DecodeRefusal(err)
+	}
+	if err := CheckKindHeaders(m, schemas.KindPolicyRelease); err != nil {
+		return rel, false, err
+	}
+	return rel, rel.Ready && rel.PolicyVersion > last, nil
+}

@@ -119,15 +119,13 @@ func (s *Stage) Start(_ context.Context, env *pipeline.Env) error {
 // topic. Older releases (the compacted topic replayed) and releases not
 // ready produce nothing.
 func (s *Stage) Process(ctx context.Context, m pipeline.Message) (pipeline.Result, error) {
-	rel, err := schemas.DecodeRelease(m.Value)
-	if err != nil {
-		return pipeline.Result{}, stagekit.DecodeRefusal(err)
+	last := int64(-1)
+	if s.latest != nil {
+		last = s.latest.PolicyVersion
 	}
-	if err := stagekit.CheckKindHeaders(&m, schemas.KindPolicyRelease); err != nil {
+	rel, newer, err := stagekit.NewerRelease(&m, last)
+	if err != nil || !newer {
 		return pipeline.Result{}, err
-	}
-	if !rel.Ready || (s.latest != nil && rel.PolicyVersion <= s.latest.PolicyVersion) {
-		return pipeline.Result{}, nil
 	}
 	s.latest = &rel
 	clear(s.failed)
