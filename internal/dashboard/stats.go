@@ -9,7 +9,8 @@ import (
 const z95 = 1.959963984540054
 
 // Wilson returns the Wilson score interval of c successes in n trials at
-// 95% confidence. With no trials nothing is known: [0, 1].
+// 95% confidence; it always holds c/n, exactly (at c = n the upper end is
+// 1 whatever the rounding). With no trials nothing is known: [0, 1].
 func Wilson(c, n int) (lo, hi float64) {
 	if n <= 0 {
 		return 0, 1
@@ -20,7 +21,7 @@ func Wilson(c, n int) (lo, hi float64) {
 	den := 1 + z2/nn
 	center := (p + z2/(2*nn)) / den
 	half := z95 / den * math.Sqrt(p*(1-p)/nn+z2/(4*nn*nn))
-	return math.Max(0, center-half), math.Min(1, center+half)
+	return math.Min(p, math.Max(0, center-half)), math.Max(p, math.Min(1, center+half))
 }
 
 // PassAtK is the unbiased estimator of pass@k from n samples of which c

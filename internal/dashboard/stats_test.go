@@ -29,6 +29,14 @@ func TestWilson(t *testing.T) {
 	if lo, hi := Wilson(0, 0); lo != 0 || hi != 1 {
 		t.Errorf("Wilson(0, 0) = [%v, %v], want [0, 1]", lo, hi)
 	}
+	for n := 1; n <= 1024; n++ { // all or nothing: the interval holds the rate exactly
+		if _, hi := Wilson(n, n); hi != 1 {
+			t.Fatalf("Wilson(%d, %d) ends at %v, want 1", n, n, hi)
+		}
+		if lo, _ := Wilson(0, n); lo != 0 {
+			t.Fatalf("Wilson(0, %d) starts at %v, want 0", n, lo)
+		}
+	}
 }
 
 // binom is C(n, k) exactly.

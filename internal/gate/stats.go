@@ -21,8 +21,10 @@ import (
 const Z95 = 1.959963984540054
 
 // Wilson is the Wilson score interval of a rate with k successes in n
-// trials at normal quantile z: [lo, hi], clamped to [0, 1]. n must be
-// >= 1 and 0 <= k <= n.
+// trials at normal quantile z: [lo, hi], clamped to [0, 1]. The interval
+// always holds the observed rate k/n, exactly: at k = n its upper end is 1
+// and at k = 0 its lower end 0, whatever the rounding of the closed form.
+// n must be >= 1 and 0 <= k <= n.
 func Wilson(k, n int, z float64) (lo, hi float64, err error) {
 	if n < 1 || k < 0 || k > n {
 		return 0, 0, fmt.Errorf("gate: wilson interval of %d successes in %d trials: want 0 <= k <= n, n >= 1", k, n)
@@ -35,7 +37,7 @@ func Wilson(k, n int, z float64) (lo, hi float64, err error) {
 	denom := 1 + z2/nf
 	center := (p + z2/(2*nf)) / denom
 	half := z * math.Sqrt(p*(1-p)/nf+z2/(4*nf*nf)) / denom
-	return math.Max(0, center-half), math.Min(1, center+half), nil
+	return math.Min(p, math.Max(0, center-half)), math.Max(p, math.Min(1, center+half)), nil
 }
 
 // PassAtK is the unbiased estimator of pass@k for one task with c correct

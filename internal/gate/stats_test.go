@@ -41,6 +41,18 @@ func TestWilsonHandComputed(t *testing.T) {
 	if _, _, err := Wilson(1, 2, 0); err == nil {
 		t.Error("Wilson with z 0: no error")
 	}
+	// All or nothing: the closed form rounds (center+half at 256/256 is
+	// 0.9999999999999999 in float64), the interval must still hold the
+	// observed rate exactly.
+	for n := 1; n <= 1024; n++ {
+		for _, k := range []int{0, n} {
+			lo, hi, err := Wilson(k, n, Z95)
+			p := float64(k) / float64(n)
+			if err != nil || lo > p || hi < p {
+				t.Fatalf("Wilson(%d, %d) = [%v, %v] %v: does not hold %v", k, n, lo, hi, err, p)
+			}
+		}
+	}
 }
 
 // pass@k = 1 - C(n-c, k)/C(n, k), by hand.
