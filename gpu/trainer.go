@@ -279,10 +279,11 @@ func (t *Trainer) Step(batch schemas.PackedBatch, opts objective.Options, adam A
 	return met, nil
 }
 
-// DefaultObjective is the demo's loss: token-mean clipped surrogate with
-// asymmetric clip [0.8, 1.28], no KL term, entropy bonus 0.05 (it keeps the
-// tiny policy from collapsing before it finds the tool-using behavior),
-// log ratios clamped to ±objective.DefaultMaxLogRatio.
+// DefaultObjective is the trainer tests' loss: token-mean clipped
+// surrogate with asymmetric clip [0.8, 1.28], no KL term, entropy bonus
+// 0.05, log ratios clamped to ±objective.DefaultMaxLogRatio. The demo's
+// loss is the contract's (contract.Default: the same with entropy bonus
+// 0.1 and the decoupled objective).
 func DefaultObjective() objective.Options {
 	return objective.Options{
 		ClipLow: 0.2, ClipHigh: 0.28, Normalization: objective.TokenMean,

@@ -245,17 +245,30 @@ func TestEnvFaultRun(t *testing.T) {
 	start := time.Now()
 	svc := newEnvProc(t, t.TempDir())
 	faults := append(append([]envfault.Fault(nil), envfault.ClientVisible...), envfault.Side...)
+	var pending []envfault.Fault // side deliveries waiting for a step; Plan runs under the proxy's lock
 	key, err := envsvc.ReadKeyFile(svc.keyFile())
 	if err != nil {
 		t.Fatal(err)
 	}
 	px := envfault.New(envfault.Config{Target: svc.url(), Delay: 2300 * time.Millisecond, Key: key, Run: "demo", StepAction: envsvc.StepAction,
 		Plan: func(n int, kind string) envfault.Fault {
+			// A side delivery planned for another call than a step waits
+			// for the next step, so that every one is injected whatever
+			// order the concurrent episodes' calls arrive in.
+			if kind == "step" && len(pending) > 0 {
+				f := pending[0]
+				pending = pending[1:]
+				return f
+			}
 			if n%29 != 11 {
 				return envfault.Pass
 			}
 			f := faults[(n/29)%len(faults)]
-			if f == envfault.Duplicate && kind != "step" {
+			switch {
+			case f.IsSide() && kind != "step":
+				pending = append(pending, f)
+				return envfault.Pass
+			case f == envfault.Duplicate && kind != "step":
 				return envfault.DropReply
 			}
 			return f

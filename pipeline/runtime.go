@@ -144,7 +144,8 @@ type ackGroup struct {
 	remaining int
 	refs      []Ref
 	bytes     int64
-	release   []func() // the outputs' Release, called when all are acknowledged
+	release   []func()      // the outputs' Release, called when all are acknowledged
+	done      chan struct{} // when not nil, closed once all are acknowledged
 }
 
 // Operator runs one stage. Run may be called once.
@@ -555,7 +556,7 @@ func (o *Operator) tickLoop(ctx context.Context, tk Ticker) {
 		case now := <-t.C:
 			o.stageMu.Lock()
 			t0 := time.Now()
-			res, err := tk.Tick(ctx, now)
+			res, err := tk.Tick(o.withProvider(ctx), now)
 			if len(o.process) > 0 {
 				o.observe(nil, &res, err, time.Since(t0))
 			}
@@ -610,7 +611,27 @@ func (o *Operator) submitFor(ctx context.Context, res Result, self []Ref, src *M
 		}
 		return nil
 	}
+	// Outputs marked After wait for every output before them.
+	for {
+		cut := slices.IndexFunc(outs[1:], func(out Output) bool { return out.After }) + 1
+		if cut == 0 {
+			break
+		}
+		if err := o.write(ctx, outs[:cut], nil, true); err != nil {
+			return err
+		}
+		outs = outs[cut:]
+	}
+	return o.write(ctx, outs, refs, false)
+}
+
+// write produces outs; refs complete when all are acknowledged. With wait,
+// write returns only once they are (or the operator failed).
+func (o *Operator) write(ctx context.Context, outs []Output, refs []Ref, wait bool) error {
 	g := &ackGroup{remaining: len(outs), refs: refs}
+	if wait {
+		g.done = make(chan struct{})
+	}
 	msgs := make([]kafka.Message, len(outs))
 	for i, out := range outs {
 		if out.Topic == o.cfg.QuarantineTopic {
@@ -640,7 +661,17 @@ func (o *Operator) submitFor(ctx context.Context, res Result, self []Ref, src *M
 		o.m.inFlight.Sub(float64(len(outs)))
 		return fmt.Errorf("pipeline: produce: %w", err)
 	}
-	return nil
+	if !wait {
+		return nil
+	}
+	select {
+	case <-g.done:
+		return nil
+	case <-o.failed:
+		return fmt.Errorf("pipeline: %s: produce of %d records before a barrier failed", o.stage.Name(), len(outs))
+	case <-ctx.Done():
+		return ctx.Err()
+	}
 }
 
 // completion is the async writer's callback.
@@ -673,6 +704,9 @@ func (o *Operator) completion(msgs []kafka.Message, err error) {
 			// The writer is done with every value of the group.
 			for _, f := range g.release {
 				f()
+			}
+			if g.done != nil {
+				close(g.done)
 			}
 		}
 	}

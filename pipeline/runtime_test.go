@@ -15,7 +15,9 @@ import (
 	"time"
 
 	"github.com/segmentio/kafka-go"
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/trajflow/trajflow/schemas"
 )
@@ -394,5 +396,61 @@ func TestOperatorReleasesOutputsAfterTheirWrite(t *testing.T) {
 		if n != 1 {
 			t.Fatalf("output %s released %d times", k, n)
 		}
+	}
+}
+
+// lineageFirst writes, for each input, a record to "first" and then one to
+// "second" marked After (the shape of pack's window record and batch).
+type lineageFirst struct{}
+
+func (lineageFirst) Name() string     { return "lineage" }
+func (lineageFirst) Topics() []string { return []string{"in"} }
+func (lineageFirst) Process(_ context.Context, m Message) (Result, error) {
+	return Result{Outputs: []Output{
+		{Topic: "first", Key: m.Key, Value: m.Value},
+		{Topic: "second", Key: m.Key, Value: m.Value, After: true},
+	}}, nil
+}
+
+// TestOutputAfterWaitsForTheEarlierOutputs: an output marked After is
+// written only once the outputs before it are acknowledged. With every
+// write to "first" refused by the broker, the operator fails and "second"
+// holds nothing (an async writer would have written it beside the failed
+// one); without the fault both topics get every record.
+func TestOutputAfterWaitsForTheEarlierOutputs(t *testing.T) {
+	for _, refuse := range []bool{false, true} {
+		t.Run(fmt.Sprintf("first refused %v", refuse), func(t *testing.T) {
+			c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(2, "in", "first", "second", "quarantine"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(c.Close)
+			addr := c.ListenAddrs()[0]
+			produce(t, addr, "in", []byte("a"), []byte("b"), []byte("c"))
+			if refuse {
+				c.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.Produce}, Topic: "first", Err: kerr.TopicAuthorizationFailed, Count: -1})
+			}
+			cfg := testConfig(addr)
+			cfg.ProduceRetryWindow = time.Second
+			op, err := NewOperator(cfg, lineageFirst{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !refuse {
+				runUntil(t, op, func() bool { return lastOffsets(t, addr, "second") >= 3 })
+				drain(t, addr, "first", 3)
+				return
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			err = op.Run(ctx)
+			if err == nil || errors.Is(err, ErrStopped) || ctx.Err() != nil {
+				t.Fatalf("Run = %v, want the produce failure", err)
+			}
+			if n := lastOffsets(t, addr, "second"); n != 0 {
+				t.Fatalf("second holds %d records written before the outputs they come after were acknowledged (Run: %v)", n, err)
+			}
+			t.Logf("Run: %v", err)
+		})
 	}
 }

@@ -79,6 +79,13 @@ type Output struct {
 	// the buffer, e.g. schemas.Codec.EncodePooled). It is not called for
 	// a record whose write failed or that was never written.
 	Release func()
+	// After makes the runtime write this output only once every output
+	// before it in the Result is acknowledged: a crash can leave the
+	// earlier outputs without this one, never this one without them (pack
+	// writes a window's lineage record before its batch, so a restarted
+	// pack never finds a batch whose window it cannot account for). Each
+	// such barrier costs the stage one produce round trip.
+	After bool
 }
 
 // Result is what a stage returns for one input (or one tick).

@@ -50,12 +50,32 @@ func (o *Operator) tracer() trace.Tracer {
 	return tp.Tracer(TracerName)
 }
 
+type providerKey struct{}
+
+// TracerProvider is the tracer provider of the operator that runs a
+// stage's Process or Tick under ctx (Config.TracerProvider), nil when the
+// operator was given none: the spans a stage starts itself
+// (stagekit.StartAttempt) come from it.
+func TracerProvider(ctx context.Context) trace.TracerProvider {
+	tp, _ := ctx.Value(providerKey{}).(trace.TracerProvider)
+	return tp
+}
+
+// withProvider is ctx carrying the operator's configured tracer
+// provider, for TracerProvider.
+func (o *Operator) withProvider(ctx context.Context) context.Context {
+	if o.cfg.TracerProvider == nil {
+		return ctx
+	}
+	return context.WithValue(ctx, providerKey{}, o.cfg.TracerProvider)
+}
+
 // startSpan starts the span of the stage's processing of m, a child of
 // the span m's traceparent names (the trace id is that of the record:
 // its attempt's for the records of one attempt), so that the spans of
 // every stage that handled it join one trace across processes.
 func (o *Operator) startSpan(ctx context.Context, tr trace.Tracer, m *Message) (context.Context, trace.Span) {
-	ctx = propagation.TraceContext{}.Extract(ctx, headerCarrier(m.Headers))
+	ctx = propagation.TraceContext{}.Extract(o.withProvider(ctx), headerCarrier(m.Headers))
 	return tr.Start(ctx, o.stage.Name()+" process", trace.WithSpanKind(trace.SpanKindConsumer),
 		trace.WithAttributes(
 			attribute.String("trajflow.stage", o.stage.Name()),

@@ -3,71 +3,23 @@ package pipeline
 import (
 	"context"
 	"encoding/hex"
-	"io"
-	"net/http"
-	"net/http/httptest"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/segmentio/kafka-go"
 	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracehttp"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
-	collectortrace "go.opentelemetry.io/proto/otlp/collector/trace/v1"
 	tracepb "go.opentelemetry.io/proto/otlp/trace/v1"
-	"google.golang.org/protobuf/proto"
+
+	"github.com/trajflow/trajflow/internal/otlptest"
 )
-
-// otlpReceiver is an in-process OTLP/HTTP trace receiver on 127.0.0.1.
-type otlpReceiver struct {
-	srv   *httptest.Server
-	mu    sync.Mutex
-	spans []*tracepb.Span
-}
-
-func newOTLPReceiver(t *testing.T) *otlpReceiver {
-	r := &otlpReceiver{}
-	r.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
-		if req.URL.Path != "/v1/traces" {
-			http.NotFound(w, req)
-			return
-		}
-		b, err := io.ReadAll(req.Body)
-		var msg collectortrace.ExportTraceServiceRequest
-		if err == nil {
-			err = proto.Unmarshal(b, &msg)
-		}
-		if err != nil {
-			http.Error(w, err.Error(), http.StatusBadRequest)
-			return
-		}
-		r.mu.Lock()
-		for _, rs := range msg.GetResourceSpans() {
-			for _, ss := range rs.GetScopeSpans() {
-				r.spans = append(r.spans, ss.GetSpans()...)
-			}
-		}
-		r.mu.Unlock()
-		out, _ := proto.Marshal(&collectortrace.ExportTraceServiceResponse{})
-		w.Header().Set("Content-Type", "application/x-protobuf")
-		_, _ = w.Write(out)
-	}))
-	t.Cleanup(r.srv.Close)
-	return r
-}
-
-func (r *otlpReceiver) received() []*tracepb.Span {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return append([]*tracepb.Span(nil), r.spans...)
-}
 
 // Every record an operator processes is a span exported over OTLP, in
 // the trace and under the span its traceparent names; a record without
 // one starts a trace of its own.
 func TestOperatorSpansJoinTheRecordsTrace(t *testing.T) {
-	recv := newOTLPReceiver(t)
-	exp, err := otlptracehttp.New(context.Background(), otlptracehttp.WithEndpointURL(recv.srv.URL+"/v1/traces"))
+	recv := otlptest.NewOTLPReceiver(t)
+	exp, err := otlptracehttp.New(context.Background(), otlptracehttp.WithEndpointURL(recv.URL()+"/v1/traces"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -90,12 +42,12 @@ func TestOperatorSpansJoinTheRecordsTrace(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	runUntil(t, op, func() bool { return len(recv.received()) >= 2 })
+	runUntil(t, op, func() bool { return len(recv.Spans()) >= 2 })
 	if err := tp.Shutdown(context.Background()); err != nil {
 		t.Fatal(err)
 	}
 	var joined, own int
-	for _, s := range recv.received() {
+	for _, s := range recv.Spans() {
 		if s.GetName() != "upper process" || s.GetKind() != tracepb.Span_SPAN_KIND_CONSUMER {
 			t.Errorf("span %q kind %v", s.GetName(), s.GetKind())
 		}

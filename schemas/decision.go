@@ -45,8 +45,11 @@ type GateDecision struct {
 	// Evaluated is set when the decision rests on an evaluation of the
 	// release (every eval_every releases); the others rule on the
 	// update's KL and the budgets only.
-	Evaluated bool        `json:"evaluated"`
-	Checks    []GateCheck `json:"checks"`
+	Evaluated bool `json:"evaluated"`
+	// Final marks the ruling on a final evaluation
+	// (EvaluationRecord.Final): the run's last ruling.
+	Final  bool        `json:"final,omitempty"`
+	Checks []GateCheck `json:"checks"`
 	// RoundsDispatched (action halted) is how many rounds dispatch
 	// launched before it stopped.
 	RoundsDispatched int64 `json:"rounds_dispatched,omitempty"`

@@ -61,7 +61,13 @@ type EvaluationRecord struct {
 	// from its update record (0 for release 0 and a rollback's release).
 	OptimizerTokens int64   `json:"optimizer_tokens"`
 	StepSeconds     float64 `json:"step_seconds"`
-	At              int64   `json:"at_us"`
+	// Final marks the final evaluation of a run with a round limit: every
+	// suite on its last release, written once every round is trained when
+	// that release was not an evaluation release (the demo evaluates its
+	// last release the same way). Its update was counted by the release's
+	// first record.
+	Final bool  `json:"final,omitempty"`
+	At    int64 `json:"at_us"`
 }
 
 // EncodeEvaluation returns the JSON document of an evaluation record.

@@ -55,6 +55,10 @@ type Options struct {
 	Compare int
 }
 
+// BenchEnvironmentHours is the environment-hours budget of a bench run:
+// far more than any bench spends, so no mode is stopped by it.
+const BenchEnvironmentHours = 1e4
+
 // Drain is the default number of final updates left out of the
 // comparison (Options.Compare).
 const Drain = 4
@@ -131,6 +135,14 @@ func Run(ctx context.Context, o Options, progress io.Writer) (*Report, error) {
 			Updates: o.Updates, Out: filepath.Join(o.Out, mode), Seed: o.Seed, Async: mode == ModeAsync,
 			MaxLag: o.MaxLag, EvalSamples: o.EvalSamples, EvalEvery: o.Updates + 1, Quiet: true,
 			Latency: &lat, RolloutWorkers: o.Workers, RunID: "bench-loop-" + mode,
+			// The simulated latency is charged to the environment-hours
+			// budget (about 0.05 h a round at the default latency): the
+			// demo's hour would stop both modes by budget_exhausted after
+			// about 20 rounds. The bench times a fixed number of updates,
+			// so it lifts that budget; every other rule stays.
+			Edit: func(c *contract.Contract) {
+				c.Budgets.EnvironmentHours = max(c.Budgets.EnvironmentHours, BenchEnvironmentHours)
+			},
 		}
 		if mode == ModeAsync {
 			lo.OffPolicy, lo.ISCap = o.OffPolicy, o.ISCap
@@ -139,6 +151,9 @@ func Run(ctx context.Context, o Options, progress io.Writer) (*Report, error) {
 		s, err := loop.Run(ctx, lo, io.Discard)
 		if err != nil {
 			return nil, fmt.Errorf("bench loop: %s: %w", mode, err)
+		}
+		if g := s.Gate; g != nil && g.Stop != nil {
+			return nil, fmt.Errorf("bench loop: %s: the gate stopped the run at release %d (%s): the modes would not compare the same updates", mode, g.Stop.PolicyVersion, g.Stop.Reason)
 		}
 		sums[mode] = s
 		if progress != nil {

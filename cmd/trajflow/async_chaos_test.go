@@ -84,7 +84,7 @@ func (c chaosSetup) contract(run string) string {
 		{"  max_lag: 0 ", fmt.Sprintf("  max_lag: %d ", c.maxLag)},
 		{"  stale_policy: drop ", "  stale_policy: " + c.stale + " "},
 		{"  partial_rollouts: finish ", "  partial_rollouts: " + c.partial + " "},
-		{"  epochs: 2 ", "  epochs: 20 "},
+		{"  epochs: 4 ", "  epochs: 20 "},
 		{"  group_size: 16 ", "  group_size: 8 "},
 		{"  tasks_per_update: 16 ", "  tasks_per_update: 4 "},
 		{"  groups_per_update: 16 ", "  groups_per_update: 4 "},
@@ -196,6 +196,7 @@ func chaosRun(t *testing.T, bin string, seed uint64) {
 			nextKill = time.Now().Add(time.Duration(2000+rng.IntN(4000)) * time.Millisecond)
 		}
 		if ctx.Err() != nil {
+			chaosStuck(t, cfg, topics)
 			t.Fatalf("the loop did not finish")
 		}
 		if kills == c.kills && chaosDone(t, ctx, cfg, topics, c.rounds*4) {
@@ -213,6 +214,52 @@ func chaosRun(t *testing.T, bin string, seed uint64) {
 		}
 	}
 	checkChaos(t, ctx, cfg, topics, releases, c)
+}
+
+// chaosStuck logs where the groups of a run that did not finish are: for
+// every group not decided by pack, the messages it has on each topic of
+// the chain, and the trainer's progress.
+func chaosStuck(t *testing.T, cfg *pipeline.Config, topics pipeline.Topics) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	chain := []string{topics.Tasks, topics.Trajectories, topics.Valid, topics.Rewarded, topics.Scored}
+	on := map[string]map[string]int{} // group -> topic -> messages
+	for _, topic := range chain {
+		for _, m := range readAllPartitions(t, ctx, cfg, topic) {
+			g := string(m.Key)
+			if on[g] == nil {
+				on[g] = map[string]int{}
+			}
+			on[g][topic]++
+		}
+	}
+	decided := map[string]bool{}
+	for _, m := range readAllPartitions(t, ctx, cfg, topics.Windows) {
+		w, err := schemas.DecodeWindow(m.Value)
+		if err != nil {
+			t.Logf("window record at %s: %v", m.Ref, err)
+			continue
+		}
+		t.Logf("window %s: batch %q (index %d) trainer v%d closed by %s, groups %v", m.Ref, w.BatchID, w.BatchIndex, w.TrainerVersion, w.ClosedBy, w.Groups)
+		for _, g := range w.Groups {
+			decided[g] = true
+		}
+	}
+	for _, m := range readAllPartitions(t, ctx, cfg, topics.Policy) {
+		if rel, err := schemas.DecodeRelease(m.Value); err == nil {
+			t.Logf("release v%d ready=%v next_batch %d", rel.PolicyVersion, rel.Ready, rel.NextBatch)
+		}
+	}
+	for g, per := range on {
+		if decided[g] {
+			continue
+		}
+		var where []string
+		for _, topic := range chain {
+			where = append(where, fmt.Sprintf("%s=%d", topic, per[topic]))
+		}
+		t.Logf("group %s undecided: %s", g, strings.Join(where, " "))
+	}
 }
 
 // logName is the log file of a process started with args.

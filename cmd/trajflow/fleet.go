@@ -21,16 +21,39 @@ type runProgress struct {
 	Batches       int // distinct batches
 	Version       int64
 	Release       schemas.PolicyRelease // the last ready release
-	// Gate is the gate's last decision on a release, Halted dispatch's
-	// acknowledgement of a stop (nil: none): a halted run is done once
-	// the rounds it launched are decided and trained.
+	// Gate is the gate's last decision on a release (the final one of
+	// its version first), Halted dispatch's acknowledgement of a stop
+	// (nil: none): a halted run is done once the rounds it launched are
+	// decided and trained.
 	Gate, Halted *schemas.GateDecision
+	// Final is set once the gate ruled on the run's final evaluation.
+	Final bool
 }
 
-// done reports whether a run with a round limit has decided every group
-// and trained every batch.
-func (p runProgress) done() bool {
+// trained reports whether a run with a round limit has decided every
+// group and trained every batch.
+func (p runProgress) trained() bool {
 	return p.Want > 0 && p.Decided >= p.Want && p.Version >= int64(p.Batches)
+}
+
+// done reports whether a run with a round limit is over: trained and,
+// with a gate (a decision on the decisions topic) and no stop, ruled on
+// its last release with every suite — the release's own evaluation, or
+// the final one the eval operator writes once the run is trained.
+func (p runProgress) done() bool {
+	if !p.trained() {
+		return false
+	}
+	if p.Gate == nil || p.Halted != nil || p.Final {
+		return true
+	}
+	return p.Gate.PolicyVersion >= p.Version && p.Gate.Evaluated
+}
+
+// runTrainer is a stage told when the run is trained, before it is over
+// (the eval operator: it then writes the final evaluation).
+type runTrainer interface {
+	RunTrained()
 }
 
 // readProgress scans the windows, policy and decisions topics of topics.
@@ -72,8 +95,11 @@ func readProgress(ctx context.Context, cfg *pipeline.Config, topics pipeline.Top
 		case err != nil:
 		case d.Action == schemas.GateHalted:
 			p.Halted = &d
-		case p.Gate == nil || d.PolicyVersion >= p.Gate.PolicyVersion:
+		case p.Gate == nil || d.PolicyVersion > p.Gate.PolicyVersion || (d.PolicyVersion == p.Gate.PolicyVersion && !p.Gate.Final):
 			p.Gate = &d
+		}
+		if err == nil && d.Final {
+			p.Final = true
 		}
 		return nil
 	})
@@ -95,10 +121,14 @@ type caughtStage interface {
 }
 
 // endWatch stops an operator of a run with a round limit once the run is
-// done (every group decided, every batch trained) and the operator has
-// drained its inputs: its group committed every record of them, or, for
-// the snapshot stage, it holds every record. Both must hold on two polls
-// in a row, so that a record produced in between is not left behind.
+// done (every group decided, every batch trained and, with a gate, the
+// final ruling made: runProgress.done) and the operator has drained its
+// inputs: its group committed every record of them, or, for the snapshot
+// stage, it holds every record. Both must hold on two polls in a row, so
+// that a record produced in between is not left behind. A stage that
+// waits to be told the run is trained (runTrainer: the eval operator,
+// which then writes the final evaluation) is told once the run is trained
+// and its inputs drained.
 type endWatch struct {
 	cc     kafka.ClientConfig
 	cfg    *pipeline.Config
@@ -149,7 +179,7 @@ func (w *endWatch) check(ctx context.Context) (bool, runProgress, error) {
 	cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	p, err := readProgress(cctx, w.cfg, w.topics, w.want, w.perRound)
-	if err != nil || !p.done() {
+	if err != nil || !p.trained() {
 		return false, p, err
 	}
 	op := w.op.Load()
@@ -174,7 +204,7 @@ func (w *endWatch) check(ctx context.Context) (bool, runProgress, error) {
 			}
 			ends[l.Topic][l.Partition] = l.End
 		}
-		return cs.Caught(ends), p, nil
+		return cs.Caught(ends) && p.done(), p, nil
 	}
 	lags, err := kafka.GroupLag(cctx, w.cc, w.cc.Brokers, w.group, inputs)
 	if err != nil {
@@ -185,5 +215,8 @@ func (w *endWatch) check(ctx context.Context) (bool, runProgress, error) {
 			return false, p, nil
 		}
 	}
-	return true, p, nil
+	if rt, ok := op.Stage().(runTrainer); ok {
+		rt.RunTrained() // every release measured: the final evaluation is due
+	}
+	return p.done(), p, nil
 }

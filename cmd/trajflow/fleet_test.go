@@ -4,13 +4,11 @@ import (
 	"bufio"
 	"bytes"
 	"context"
-	"encoding/json"
 	"fmt"
 	"io"
 	"log/slog"
 	"net"
 	"net/http"
-	"os"
 	"os/exec"
 	"path/filepath"
 	"reflect"
@@ -22,6 +20,7 @@ import (
 
 	"github.com/trajflow/trajflow/connectors/kafka"
 	"github.com/trajflow/trajflow/internal/loop"
+	"github.com/trajflow/trajflow/internal/testkit"
 	"github.com/trajflow/trajflow/pipeline"
 	"github.com/trajflow/trajflow/schemas"
 )
@@ -227,23 +226,15 @@ func TestTopicsCreateWaitsForTheBroker(t *testing.T) {
 }
 
 // TestFleetGate: a fleet with the eval and gate operators (trajflow up)
-// rules as the demo's gate does. Run faults-r1 rolls back at its first
+// rules as the demo's gate does. Run regress-1 rolls back at its first
 // evaluation (release 5): the gate operator's decision makes the trainer
 // republish release 0's parameters as release 6, and the rounds after it
 // train on them; the fleet's batches and the gate's decisions on every
 // release equal the in-process demo's, every attempt accounted.
 func TestFleetGate(t *testing.T) {
 	addr := startBroker(t)
-	src, err := os.ReadFile("../../testdata/contracts/demo.yaml")
-	if err != nil {
-		t.Fatal(err)
-	}
+	path := testkit.ContractWithRunID(t, "../../testdata/contracts/demo.yaml", "regress-1")
 	dir := t.TempDir()
-	path := filepath.Join(dir, "contract.yaml")
-	text := strings.Replace(string(src), "\nrun_id: demo\n", "\nrun_id: faults-r1\n", 1)
-	if err := os.WriteFile(path, []byte(text), 0o644); err != nil {
-		t.Fatal(err)
-	}
 	const rounds = 7
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
@@ -254,15 +245,9 @@ func TestFleetGate(t *testing.T) {
 	if b, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("up: %v\n%s", err, b)
 	}
-	b, err := os.ReadFile(filepath.Join(out, loop.SummaryFile))
-	if err != nil {
-		t.Fatal(err)
-	}
 	var got loop.Summary
-	if err := json.Unmarshal(b, &got); err != nil {
-		t.Fatal(err)
-	}
-	want, err := loop.Run(ctx, loop.Options{Updates: rounds, Seed: 1, RunID: "faults-r1", EvalSamples: 1, Quiet: true, Out: t.TempDir()}, io.Discard)
+	testkit.ReadJSON(t, filepath.Join(out, loop.SummaryFile), &got)
+	want, err := loop.Run(ctx, loop.Options{Updates: rounds, Seed: 1, RunID: "regress-1", EvalSamples: 1, Quiet: true, Out: t.TempDir()}, io.Discard)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -272,7 +257,7 @@ func TestFleetGate(t *testing.T) {
 	if !reflect.DeepEqual(got.BatchHashes, want.BatchHashes) {
 		t.Fatalf("fleet batches differ from the gated demo's:\n%v\n%v", got.BatchHashes, want.BatchHashes)
 	}
-	topics, _ := pipeline.TopicsFor("faults-r1")
+	topics, _ := pipeline.TopicsFor("regress-1")
 	var ruled []string
 	err = pipeline.ScanTail(ctx, &pipeline.Config{Brokers: []string{addr}}, topics.Decisions, 0, func(m pipeline.Message) error {
 		d, err := schemas.DecodeGateDecision(m.Value)
@@ -282,7 +267,7 @@ func TestFleetGate(t *testing.T) {
 		if d.Resume == nil {
 			return fmt.Errorf("decision on release %d (%s) without the gate's state", d.PolicyVersion, d.Action)
 		}
-		ruled = append(ruled, fmt.Sprintf("%d %s", d.PolicyVersion, d.Action))
+		ruled = append(ruled, fmt.Sprintf("%d %s final=%v", d.PolicyVersion, d.Action, d.Final))
 		return nil
 	})
 	if err != nil {
@@ -290,11 +275,11 @@ func TestFleetGate(t *testing.T) {
 	}
 	var demoRuled []string
 	for _, d := range want.Gate.Decisions {
-		demoRuled = append(demoRuled, fmt.Sprintf("%d %s", d.PolicyVersion, d.Action))
+		demoRuled = append(demoRuled, fmt.Sprintf("%d %s final=%v", d.PolicyVersion, d.Action, d.Final))
 	}
-	// The demo evaluates its last release once more at the end; the fleet
-	// does not know which release is the last.
-	if len(ruled) < 7 || len(ruled) > len(demoRuled) || !reflect.DeepEqual(ruled, demoRuled[:len(ruled)]) || ruled[5] != "5 rollback" {
-		t.Fatalf("the gate operator ruled\n%v\nthe demo's gate\n%v\nwant the same, with release 5 rolled back", ruled, demoRuled)
+	// Both end with the final evaluation of the last release (not an
+	// evaluation release: eval_every is 5), ruled on after its KL.
+	if !reflect.DeepEqual(ruled, demoRuled) || len(ruled) < 9 || ruled[5] != "5 rollback final=false" || !strings.HasSuffix(ruled[len(ruled)-1], "final=true") {
+		t.Fatalf("the gate operator ruled\n%v\nthe demo's gate\n%v\nwant the same, with release 5 rolled back and a final ruling", ruled, demoRuled)
 	}
 }

@@ -48,6 +48,9 @@ func cmdStatus(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		if !set["contract"] {
 			*path = doc.Contract
 		}
+		if !set["client-config"] {
+			*cf.config = doc.ClientConfig
+		}
 		if !set["rounds"] {
 			*rounds = doc.Rounds
 		}

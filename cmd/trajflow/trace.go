@@ -11,6 +11,7 @@ import (
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 
 	"github.com/trajflow/trajflow/internal/buildinfo"
+	"github.com/trajflow/trajflow/operators/stagekit"
 )
 
 // tracing returns the tracer provider of an operator process: spans are
@@ -33,5 +34,8 @@ func tracing(ctx context.Context, endpoint, service string) (*sdktrace.TracerPro
 	}
 	bi := buildinfo.Read()
 	res := resource.NewSchemaless(attribute.String("service.name", service), attribute.String("service.version", bi.Version))
-	return sdktrace.NewTracerProvider(sdktrace.WithBatcher(exp), sdktrace.WithResource(res)), nil
+	// The attempt spans get ids derived from the attempt (one connected
+	// trace per attempt across processes: stagekit.StartAttempt).
+	return sdktrace.NewTracerProvider(sdktrace.WithBatcher(exp), sdktrace.WithResource(res),
+		sdktrace.WithIDGenerator(stagekit.IDGenerator())), nil
 }

@@ -31,11 +31,14 @@ const FleetFile = "fleet.json"
 
 // fleetDoc is OUT/fleet.json.
 type fleetDoc struct {
-	Run       string        `json:"run"`
-	Brokers   string        `json:"brokers"`
-	Contract  string        `json:"contract,omitempty"` // the --contract file ("": the built-in demo contract)
-	Rounds    int64         `json:"rounds"`
-	Operators []fleetMember `json:"operators"`
+	Run      string `json:"run"`
+	Brokers  string `json:"brokers"`
+	Contract string `json:"contract,omitempty"` // the --contract file ("": the built-in demo contract)
+	// ClientConfig is the absolute path of the --client-config file (TLS,
+	// SASL) every operator was started with; "" on a plaintext cluster.
+	ClientConfig string        `json:"client_config,omitempty"`
+	Rounds       int64         `json:"rounds"`
+	Operators    []fleetMember `json:"operators"`
 }
 
 // fleetMember is one operator of fleet.json.
@@ -73,6 +76,7 @@ func cmdUp(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	healthPort := fs.Int("health-port", 0, "first health port: the operators serve /healthz, /readyz and /metrics on 127.0.0.1:PORT, PORT+1, ... in the order printed (0: free ports)")
 	evalSamples := fs.Int("eval-samples", 4, "attempts per task of every evaluation suite of the eval operator and the final report")
 	level := fs.String("log-level", "info", "operators' log level")
+	otlp := fs.String("otlp-endpoint", "", "every operator exports its spans over OTLP/HTTP to this URL, e.g. http://127.0.0.1:4318/v1/traces: one trace per attempt from dispatch to the update that trained it (default: OTEL_EXPORTER_OTLP_ENDPOINT, which the operators inherit, else no spans)")
 	wait := fs.Duration("wait", time.Minute, "how long to wait for a broker at --brokers to answer")
 	pos, err := parseFlags(fs, args)
 	if err != nil {
@@ -84,12 +88,17 @@ func cmdUp(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if *rounds < 0 || *evalSamples < 1 || *healthPort < 0 || *healthPort > 65535 {
 		return fmt.Errorf("%w: --rounds must be >= 0, --eval-samples >= 1, --health-port a port", errUsage)
 	}
-	if *cf.config != "" {
-		return fmt.Errorf("%w: --client-config: trajflow up runs on a plaintext cluster; start each operator with trajflow run --client-config FILE instead", errUsage)
-	}
 	cc, err := cf.load()
 	if err != nil {
 		return err
+	}
+	clientConfig := ""
+	if *cf.config != "" {
+		// Every operator reads the same file (TLS and SASL settings; the
+		// secrets stay in it, never on a command line or in fleet.json).
+		if clientConfig, err = filepath.Abs(*cf.config); err != nil {
+			return fmt.Errorf("up: --client-config: %w", err)
+		}
 	}
 	c, err := contractFlag(*path, stderr)
 	if err != nil {
@@ -108,7 +117,7 @@ func cmdUp(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if err := clearFleetOut(*out); err != nil {
 		return err
 	}
-	f := &fleetProcs{exe: exe, out: *out, brokers: strings.Join(cc.Brokers, ","), contract: *path, rounds: *rounds, level: *level, run: c.RunID, stdout: stdout,
+	f := &fleetProcs{exe: exe, out: *out, brokers: strings.Join(cc.Brokers, ","), contract: *path, clientConfig: clientConfig, otlp: *otlp, rounds: *rounds, level: *level, run: c.RunID, stdout: stdout,
 		gated: gated(c), evalSamples: *evalSamples}
 	start := time.Now()
 	fmt.Fprintf(stdout, "fleet of run %s on %s: %d rounds; logs in %s\n", c.RunID, f.brokers, *rounds, filepath.Join(*out, "logs"))
@@ -133,7 +142,7 @@ func cmdUp(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		fmt.Fprintln(stdout, "fleet stopped")
 		return nil
 	}
-	return writeFleetReport(ctx, loop.ReportConfig{Contract: c, Brokers: cc.Brokers, Rounds: int(*rounds), EvalSamples: int32(*evalSamples)},
+	return writeFleetReport(ctx, loop.ReportConfig{Contract: c, Client: cc, Rounds: int(*rounds), EvalSamples: int32(*evalSamples)},
 		start, *out, stdout)
 }
 
@@ -203,6 +212,8 @@ func refuseUsedRun(ctx context.Context, cc kafka.ClientConfig, c *contract.Contr
 // fleetProcs is the operator processes of `trajflow up`.
 type fleetProcs struct {
 	exe, out, brokers, contract, level, run string
+	clientConfig                            string // absolute path, or ""
+	otlp                                    string // --otlp-endpoint, or ""
 	rounds                                  int64
 	gated                                   bool // dispatch waits for the gate (fleetStages has eval and gate)
 	evalSamples                             int
@@ -238,6 +249,12 @@ func (f *fleetProcs) start(name string, port int) error {
 	if f.contract != "" {
 		args = append(args, "--contract", f.contract)
 	}
+	if f.clientConfig != "" {
+		args = append(args, "--client-config", f.clientConfig)
+	}
+	if f.otlp != "" {
+		args = append(args, "--otlp-endpoint", f.otlp)
+	}
 	switch name {
 	case pipeline.SnapshotStage:
 		args = append(args, "--snapshot-dir", filepath.Join(f.out, "snapshots"))
@@ -267,7 +284,7 @@ func (f *fleetProcs) start(name string, port int) error {
 }
 
 func (f *fleetProcs) writeMembers() error {
-	doc := fleetDoc{Run: f.run, Brokers: f.brokers, Contract: f.contract, Rounds: f.rounds, Operators: f.members}
+	doc := fleetDoc{Run: f.run, Brokers: f.brokers, Contract: f.contract, ClientConfig: f.clientConfig, Rounds: f.rounds, Operators: f.members}
 	b, err := json.MarshalIndent(doc, "", "  ")
 	if err != nil {
 		return err

@@ -149,7 +149,10 @@ type BrokerConfig struct {
 
 // Broker is an in-process single-node Kafka-protocol broker
 // (github.com/twmb/franz-go/pkg/kfake) that kafka-go, franz-go and
-// librdkafka clients talk to over TCP. Topics are not auto-created.
+// librdkafka clients talk to over TCP. Topics are not auto-created. A
+// consumer-group member that sends nothing for its session timeout is
+// removed from its group, as Kafka does, also when it died in the middle
+// of a rebalance (see groupliveness.go).
 type Broker struct {
 	cluster   *kfake.Cluster
 	addr      string
@@ -275,8 +278,13 @@ func StartBroker(ctx context.Context, cfg BrokerConfig) (*Broker, error) {
 		unlock:    unlock,
 		stop:      make(chan struct{}),
 	}
-	b.wg.Add(1)
+	b.wg.Add(2)
 	go b.retentionLoop()
+	watch := newGroupWatch(c, b.addr, cfg, log)
+	go func() { // owned by the broker: Close stops it and waits
+		defer b.wg.Done()
+		watch.run(b.stop)
+	}()
 	log.Info("embedded kafka broker started", "addr", b.addr, "data_dir", cfg.DataDir,
 		"max_message_bytes", maxMsg, "retention_bytes", ret.retentionBytes(),
 		"retention_ms", ret.retentionMs(), "segment_bytes", ret.segmentBytes())

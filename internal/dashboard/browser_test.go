@@ -2,6 +2,7 @@ package dashboard
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net"
@@ -104,12 +105,16 @@ func TestBrowserLive(t *testing.T) {
 	if sum == nil {
 		t.FailNow()
 	}
-	// The page reloads its panels every 5 s; wait for one showing the end.
-	b.waitFor(ctx, "the final counts", fmt.Sprintf(`(document.querySelector('[data-field="attempts_launched"] .v') || {}).textContent === "%d" && `+
-		`document.querySelector('[data-field="updates"] .v').textContent === "%d" && `+
-		`document.querySelector('[data-field="trajectories_admitted"] .v').textContent === "%d" && `+
-		`document.querySelector('[data-field="eval_success_final"] .v').textContent === "%.3f"`,
-		sum.AttemptsLaunched, sum.Updates, sum.TrajectoriesAdmitted, sum.EvalSuccessFinal), 90*time.Second)
+	// The page reloads its panels every 5 s; wait for one showing the end:
+	// every overview field the check compares, since the census's last
+	// events (the filtered and undecided counts) may land after the
+	// trainer's last update.
+	want, err := json.Marshal(overviewWant(sum))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b.waitFor(ctx, "the final counts", fmt.Sprintf(`Object.entries(%s).every(([k, v]) => `+
+		`(document.querySelector('#overview [data-field="' + k + '"] .v') || {}).textContent === v)`, want), 90*time.Second)
 	shots := artifactsDir(t)
 	checkPanels(t, ctx, b, sum, true)
 	groups := b.texts(ctx, `table.consumer-lag tbody tr td:first-child`)
@@ -146,13 +151,7 @@ func checkPanels(t *testing.T, ctx context.Context, b *browser, sum *loop.Summar
 	t.Helper()
 	fields := map[string]string{}
 	b.eval(ctx, `Object.fromEntries([...document.querySelectorAll('#overview [data-field]')].map(e => [e.dataset.field, e.querySelector('.v').textContent]))`, &fields)
-	want := map[string]string{
-		"updates": strconv.Itoa(sum.Updates), "attempts_launched": strconv.Itoa(sum.AttemptsLaunched),
-		"trajectories_admitted": strconv.Itoa(sum.TrajectoriesAdmitted), "trajectories_filtered": strconv.Itoa(sum.TrajectoriesFiltered),
-		"duplicates_admitted": strconv.Itoa(sum.DuplicatesAdmitted), "undecided": strconv.Itoa(sum.Lost),
-		"eval_success_initial": fmt.Sprintf("%.3f", sum.EvalSuccessInitial), "eval_success_final": fmt.Sprintf("%.3f", sum.EvalSuccessFinal),
-		"batches": strconv.Itoa(len(sum.BatchHashes)), "rounds": strconv.Itoa(sum.Rounds),
-	}
+	want := overviewWant(sum)
 	for k, v := range want {
 		if fields[k] != v {
 			t.Errorf("overview %s shows %q, summary.json says %s", k, fields[k], v)
@@ -180,6 +179,18 @@ func checkPanels(t *testing.T, ctx context.Context, b *browser, sum *loop.Summar
 	}
 }
 
+// overviewWant is what the overview's fields must show for the run
+// summarized by sum.
+func overviewWant(sum *loop.Summary) map[string]string {
+	return map[string]string{
+		"updates": strconv.Itoa(sum.Updates), "attempts_launched": strconv.Itoa(sum.AttemptsLaunched),
+		"trajectories_admitted": strconv.Itoa(sum.TrajectoriesAdmitted), "trajectories_filtered": strconv.Itoa(sum.TrajectoriesFiltered),
+		"duplicates_admitted": strconv.Itoa(sum.DuplicatesAdmitted), "undecided": strconv.Itoa(sum.Lost),
+		"eval_success_initial": fmt.Sprintf("%.3f", sum.EvalSuccessInitial), "eval_success_final": fmt.Sprintf("%.3f", sum.EvalSuccessFinal),
+		"batches": strconv.Itoa(len(sum.BatchHashes)), "rounds": strconv.Itoa(sum.Rounds),
+	}
+}
+
 // checkViewer finds an admitted multi-turn trajectory through the
 // viewer's form and checks its tokens, colours and census history.
 func checkViewer(t *testing.T, ctx context.Context, b *browser, d *Dashboard, shot string) {
@@ -196,6 +207,23 @@ func checkViewer(t *testing.T, ctx context.Context, b *browser, d *Dashboard, sh
 	if det == nil || det.Batch == nil {
 		t.Fatal("no admitted trajectory of two turns or more in the run")
 	}
+	// The run has ended, but the dashboard may still be reading the
+	// census events of the last update: wait until the one of this
+	// trajectory's training is in the view (the page shows the view).
+	waited := time.Now()
+	for deadline := time.Now().Add(30 * time.Second); !hasKind(det.Census, schemas.CensusTrained); {
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			t.Fatalf("trajectory %s (batch %s): no trained event in its census %v after 30 s", det.ID, det.Batch.BatchID, det.Census)
+		}
+		time.Sleep(200 * time.Millisecond)
+		d.mu.RLock()
+		again, err := d.view.Detail(det.ID)
+		d.mu.RUnlock()
+		if err == nil && again != nil && again.Batch != nil {
+			det = again
+		}
+	}
+	t.Logf("trajectory %s: its trained event was in the view after %v", det.ID, time.Since(waited).Round(time.Millisecond))
 	actions := 0
 	for _, tok := range det.Tokens {
 		if tok.Role == "action" {
@@ -265,4 +293,9 @@ func (b *browser) texts(ctx context.Context, selector string, prop ...string) []
 	var out []string
 	b.eval(ctx, fmt.Sprintf(`[...document.querySelectorAll(%q)].map(e => String(e.%s))`, selector, p), &out)
 	return out
+}
+
+// hasKind reports whether a census history holds an event of kind.
+func hasKind(history []schemas.CensusEvent, kind string) bool {
+	return slices.ContainsFunc(history, func(ev schemas.CensusEvent) bool { return ev.Kind == kind })
 }

@@ -420,17 +420,25 @@ type runProgress struct {
 
 func progress(ctx context.Context, cfg *pipeline.Config, topics pipeline.Topics) (runProgress, error) {
 	p := runProgress{version: -1}
+	// Counted as sets: a window record can reach the topic twice (a
+	// producer's retry after a lost acknowledgement; a restarted pack
+	// deciding again a window whose batch it had not written), and the
+	// stages downstream take the second copy as the duplicate it is.
+	decided, batches := map[string]bool{}, map[string]bool{}
 	err := pipeline.ScanTail(ctx, cfg, topics.Windows, 0, func(m pipeline.Message) error {
 		w, err := schemas.DecodeWindow(m.Value)
 		if err != nil {
 			return err
 		}
-		p.decided += len(w.Groups)
+		for _, g := range w.Groups {
+			decided[g] = true
+		}
 		if w.BatchID != "" {
-			p.batches++
+			batches[w.BatchID] = true
 		}
 		return nil
 	})
+	p.decided, p.batches = len(decided), len(batches)
 	if err != nil {
 		return p, err
 	}

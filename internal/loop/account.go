@@ -12,11 +12,17 @@ import (
 	"github.com/trajflow/trajflow/schemas"
 )
 
+// readConfig is the client configuration the runner reads the run's
+// topics back with.
+func (r *runner) readConfig() *pipeline.Config {
+	return &pipeline.Config{Brokers: r.brokers, Dialer: r.dialer, Transport: r.transport, MaxMessageBytes: r.c.Topics.MaxMessageBytes}
+}
+
 // account reads the run's topics back once every operator has stopped:
 // the launched attempts (tasks topic), their fate (batches and census,
 // internal/audit) and the hash of every batch.
 func (r *runner) account(ctx context.Context) error {
-	cfg := &pipeline.Config{Brokers: r.brokers, MaxMessageBytes: r.c.Topics.MaxMessageBytes}
+	cfg := r.readConfig()
 	actx, cancel := context.WithTimeout(ctx, 60*time.Second)
 	defer cancel()
 	launched, err := LaunchedAttempts(actx, cfg, r.topics)

@@ -72,7 +72,11 @@ func (r *runner) publish(ctx context.Context, d gate.Decision) error {
 	if err != nil {
 		return err
 	}
-	id := schemas.DerivedID("decision", fmt.Sprintf("%s/%d", r.c.RunID, d.PolicyVersion))
+	key := fmt.Sprintf("%s/%d", r.c.RunID, d.PolicyVersion)
+	if d.Final {
+		key += "/final"
+	}
+	id := schemas.DerivedID("decision", key)
 	msg := kafkago.Message{Key: []byte(r.c.RunID), Value: b}
 	for _, h := range stagekit.Headers(schemas.KindGateDecision, id) {
 		msg.Headers = append(msg.Headers, kafkago.Header{Key: h.Key, Value: h.Value})
@@ -218,6 +222,7 @@ func (r *runner) evalFinal(ctx context.Context, rel schemas.PolicyRelease) error
 		return err
 	}
 	g.st = st
+	d.Final = true
 	if !r.o.Quiet {
 		fmt.Fprintln(r.stdout, "final evaluation: "+decisionLine(&d))
 	}

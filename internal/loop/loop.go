@@ -17,6 +17,8 @@ import (
 	"path/filepath"
 	"time"
 
+	kafkago "github.com/segmentio/kafka-go"
+
 	"github.com/trajflow/trajflow/connectors/kafka"
 	"github.com/trajflow/trajflow/gpu"
 	"github.com/trajflow/trajflow/internal/evaluation"
@@ -248,14 +250,18 @@ func Contract(o Options) (*contract.Contract, error) {
 
 // runner is one run of the loop.
 type runner struct {
-	o         Options
-	stdout    io.Writer
-	start     time.Time
-	c         *contract.Contract
-	topics    pipeline.Topics
-	deps      operators.Deps
-	files     *pipeline.DirReleases
-	brokers   []string
+	o       Options
+	stdout  io.Writer
+	start   time.Time
+	c       *contract.Contract
+	topics  pipeline.Topics
+	deps    operators.Deps
+	files   *pipeline.DirReleases
+	brokers []string
+	// dialer and transport carry the TLS/SASL settings of a report's
+	// cluster (FleetReport); nil on the demo's plaintext brokers.
+	dialer    *kafkago.Dialer
+	transport *kafkago.Transport
 	log       *slog.Logger
 	g         *gating
 	evalEvery int

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/trajflow/trajflow/connectors/kafka"
 	"github.com/trajflow/trajflow/gpu"
 	"github.com/trajflow/trajflow/gpu/model"
 	"github.com/trajflow/trajflow/internal/evaluation"
@@ -17,7 +18,7 @@ import (
 // ReportConfig says which finished run FleetReport accounts.
 type ReportConfig struct {
 	Contract    *contract.Contract // resolved
-	Brokers     []string
+	Client      kafka.ClientConfig // the cluster: brokers, TLS and SASL
 	Rounds      int
 	EvalSamples int32 // attempts per hidden-eval task (>= 1)
 }
@@ -42,9 +43,18 @@ func FleetReport(ctx context.Context, rc ReportConfig) (*Summary, error) {
 	if err != nil {
 		return nil, err
 	}
+	dialer, err := rc.Client.Dialer()
+	if err != nil {
+		return nil, err
+	}
+	transport, err := rc.Client.Transport()
+	if err != nil {
+		return nil, err
+	}
+	defer transport.CloseIdleConnections()
 	start := time.Now()
-	r := &runner{o: Options{Updates: rc.Rounds, EvalSamples: rc.EvalSamples, Quiet: true}, c: c, topics: topics,
-		deps: deps, brokers: rc.Brokers, start: start,
+	r := &runner{dialer: dialer, transport: transport, o: Options{Updates: rc.Rounds, EvalSamples: rc.EvalSamples, Quiet: true}, c: c, topics: topics,
+		deps: deps, brokers: rc.Client.Brokers, start: start,
 		sum: &Summary{RunID: c.RunID, ContractHash: c.Hash(), Seed: c.Seed, Mode: c.Dispatch.Mode, Rounds: rc.Rounds}}
 	ev, err := evaluation.New(evaluation.Config{Registry: deps.Tasks, Settings: operators.RolloutSettings(c, deps.Tasks),
 		Limits: operators.RolloutLimits(c), Seed: c.Seed, Samples: rc.EvalSamples})
@@ -62,7 +72,7 @@ func FleetReport(ctx context.Context, rc ReportConfig) (*Summary, error) {
 	}
 	r.sum.EvalSuccessInitial, r.sum.EvalSuccessFinal = s0, s0
 	r.sum.Evals = []Eval{{0, s0}}
-	cfg := &pipeline.Config{Brokers: rc.Brokers, MaxMessageBytes: c.Topics.MaxMessageBytes}
+	cfg := r.readConfig()
 	var last schemas.PolicyRelease
 	err = pipeline.ScanTail(ctx, cfg, topics.Policy, 0, func(m pipeline.Message) error {
 		if rel, err := schemas.DecodeRelease(m.Value); err == nil && rel.Ready && rel.PolicyVersion > last.PolicyVersion {

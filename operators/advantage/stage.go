@@ -8,6 +8,8 @@ import (
 	"slices"
 	"time"
 
+	"go.opentelemetry.io/otel/attribute"
+
 	"github.com/trajflow/trajflow/connectors/state"
 	"github.com/trajflow/trajflow/operators/stagekit"
 	"github.com/trajflow/trajflow/pipeline"
@@ -186,7 +188,7 @@ func (s *Stage) Process(ctx context.Context, m pipeline.Message) (pipeline.Resul
 			}
 		}
 		if done {
-			if err := s.emit(&res, r.GroupID, group); err != nil {
+			if err := s.emit(ctx, &res, r.GroupID, group); err != nil {
 				return pipeline.Result{}, err
 			}
 		}
@@ -196,7 +198,7 @@ func (s *Stage) Process(ctx context.Context, m pipeline.Message) (pipeline.Resul
 	for _, g := range slices.Sorted(maps.Keys(absent)) {
 		for _, member := range absent[g] {
 			if group, done := s.asm.Absent(g, member); done {
-				if err := s.emit(&res, g, group); err != nil {
+				if err := s.emit(ctx, &res, g, group); err != nil {
 					return pipeline.Result{}, err
 				}
 			}
@@ -224,8 +226,11 @@ func recordIDs(rows []schemas.Rewarded) []string {
 	return ids
 }
 
-// emit scores a finished group and appends its output and releases to res.
-func (s *Stage) emit(res *pipeline.Result, groupID string, group []schemas.Rewarded) error {
+// emit scores a finished group and appends its output and releases to res;
+// each member's attempt trace gets advantage's span.
+func (s *Stage) emit(ctx context.Context, res *pipeline.Result, groupID string, group []schemas.Rewarded) error {
+	defer stagekit.TraceAttempts(ctx, s.Name(), "reward", time.Now(), len(group), func(i int) string { return group[i].RecordID },
+		attribute.String("trajflow.group_id", groupID))
 	scored, err := ScoreGroup(s.cfg.Options, group)
 	switch {
 	case errors.Is(err, ErrOptions):
@@ -269,7 +274,7 @@ func (s *Stage) emit(res *pipeline.Result, groupID string, group []schemas.Rewar
 }
 
 // Tick closes groups older than the partial-group timeout.
-func (s *Stage) Tick(_ context.Context, now time.Time) (pipeline.Result, error) {
+func (s *Stage) Tick(ctx context.Context, now time.Time) (pipeline.Result, error) {
 	var res pipeline.Result
 	if s.cfg.PartialTimeout <= 0 {
 		return res, nil
@@ -282,7 +287,7 @@ func (s *Stage) Tick(_ context.Context, now time.Time) (pipeline.Result, error) 
 		if !ok {
 			continue
 		}
-		if err := s.emit(&res, g.GroupID, members); err != nil {
+		if err := s.emit(ctx, &res, g.GroupID, members); err != nil {
 			return pipeline.Result{}, err
 		}
 	}

@@ -6,6 +6,9 @@ import (
 	"strconv"
 	"time"
 
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/trajflow/trajflow/operators/stagekit"
 	"github.com/trajflow/trajflow/pipeline"
 	"github.com/trajflow/trajflow/schemas"
@@ -414,7 +417,7 @@ func (s *Stage) InFlight() int {
 }
 
 // Process implements pipeline.Stage.
-func (s *Stage) Process(_ context.Context, m pipeline.Message) (pipeline.Result, error) {
+func (s *Stage) Process(ctx context.Context, m pipeline.Message) (pipeline.Result, error) {
 	switch m.Topic {
 	case s.cfg.Topics.Policy:
 		rel, err := schemas.DecodeRelease(m.Value)
@@ -454,23 +457,23 @@ func (s *Stage) Process(_ context.Context, m pipeline.Message) (pipeline.Result,
 		}
 		s.decision(d)
 	}
-	return s.dispatch(m.Time)
+	return s.dispatch(ctx, m.Time)
 }
 
 // Tick emits groups left to emit again after a rebuild and any round that
 // became ready.
-func (s *Stage) Tick(_ context.Context, now time.Time) (pipeline.Result, error) {
-	return s.dispatch(now)
+func (s *Stage) Tick(ctx context.Context, now time.Time) (pipeline.Result, error) {
+	return s.dispatch(ctx, now)
 }
 
 // dispatch emits every round that is ready. at stamps DispatchedAt (the
 // time of the record that triggered the round, so a redelivered trigger
 // reproduces the attempts exactly).
-func (s *Stage) dispatch(at time.Time) (pipeline.Result, error) {
+func (s *Stage) dispatch(ctx context.Context, at time.Time) (pipeline.Result, error) {
 	var res pipeline.Result
 	if s.policy >= 0 && len(s.redo) > 0 {
 		for _, g := range s.redo {
-			if err := s.emit(&res, g, at); err != nil {
+			if err := s.emit(ctx, &res, g, at); err != nil {
 				return pipeline.Result{}, err
 			}
 		}
@@ -481,7 +484,7 @@ func (s *Stage) dispatch(at time.Time) (pipeline.Result, error) {
 		r := s.next
 		s.open(r)
 		for _, g := range s.cfg.Planner.Plan(r) {
-			if err := s.emit(&res, g, at); err != nil {
+			if err := s.emit(ctx, &res, g, at); err != nil {
 				return pipeline.Result{}, err
 			}
 		}
@@ -515,7 +518,9 @@ func (s *Stage) ackHalt(res *pipeline.Result, at time.Time) error {
 	return nil
 }
 
-func (s *Stage) emit(res *pipeline.Result, g Group, at time.Time) error {
+// emit appends group g's attempts record and their census events to res,
+// and starts each attempt's trace (stagekit.StartAttempt).
+func (s *Stage) emit(ctx context.Context, res *pipeline.Result, g Group, at time.Time) error {
 	atts := s.cfg.Planner.Attempts(g, s.policy, at.UnixMicro())
 	out, err := stagekit.Encode(schemas.TaskAttempts, s.cfg.Topics.Tasks, g.GroupID, g.GroupID, atts)
 	if err != nil {
@@ -533,6 +538,10 @@ func (s *Stage) emit(res *pipeline.Result, g Group, at time.Time) error {
 			return err
 		}
 		res.Outputs = append(res.Outputs, ev)
+		_, span := stagekit.StartAttempt(ctx, "dispatch", "", a.AttemptID, trace.WithAttributes(
+			attribute.String("trajflow.group_id", a.GroupID), attribute.String("trajflow.task_id", a.TaskID),
+			attribute.Int64("trajflow.round", g.Round), attribute.Int64("trajflow.policy_version", a.PolicyVersion)))
+		span.End()
 	}
 	return nil
 }

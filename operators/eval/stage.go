@@ -10,12 +10,20 @@
 //
 // The stage is deterministic in its input: a redelivered release gives
 // the same record (the gate skips versions it already decided).
+//
+// A run with a round limit ends with a final evaluation: once the
+// operator is told every round is trained (RunTrained, from `trajflow run
+// --rounds`), its next Tick evaluates the last release with every suite
+// unless that release had them already, in a record marked Final, as the
+// demo evaluates its last release at the end.
 package eval
 
 import (
 	"context"
 	"errors"
 	"fmt"
+	"sync/atomic"
+	"time"
 
 	"github.com/trajflow/trajflow/gpu"
 	"github.com/trajflow/trajflow/gpu/model"
@@ -44,6 +52,14 @@ type Stage struct {
 	cfg   StageConfig
 	files pipeline.ReleaseStore
 	last  int64 // newest version measured (-1: none)
+	// lastRel is the newest release measured, lastKL its KL and lastFull
+	// whether its record had every suite; finalFor is the version the
+	// final record was written for (-1: none).
+	lastRel  schemas.PolicyRelease
+	lastKL   schemas.Estimate
+	lastFull bool
+	finalFor int64
+	trained  atomic.Bool // RunTrained was called
 }
 
 // NewStage validates cfg and returns the stage.
@@ -56,7 +72,7 @@ func NewStage(cfg StageConfig) (*Stage, error) {
 	case cfg.Epochs < 1:
 		return nil, fmt.Errorf("eval: epochs %d: want 1 or more (loss.optimizer.epochs)", cfg.Epochs)
 	}
-	return &Stage{cfg: cfg, last: -1}, nil
+	return &Stage{cfg: cfg, last: -1, finalFor: -1}, nil
 }
 
 // Name implements pipeline.Stage.
@@ -65,14 +81,55 @@ func (*Stage) Name() string { return "eval" }
 // Topics implements pipeline.Stage: the policy topic.
 func (s *Stage) Topics() []string { return s.cfg.Topics.Names(pipeline.InputsOf(s.Name())) }
 
+// rebuildScan is how many records of the evaluations and policy topics a
+// restarted stage reads back (the newest of each partition).
+const rebuildScan = 1000
+
 // Start takes the release store the checkpoints and update records are
-// read from.
-func (s *Stage) Start(_ context.Context, env *pipeline.Env) error {
+// read from, and reads back the newest release this run measured (the
+// evaluations topic) with its manifest (the policy topic), so that a
+// restarted stage neither measures it again nor misses the final
+// evaluation.
+func (s *Stage) Start(ctx context.Context, env *pipeline.Env) error {
 	files, err := env.Releases()
 	if err != nil {
 		return fmt.Errorf("eval: %w", err)
 	}
 	s.files = files
+	err = env.Scan(ctx, s.cfg.Topics.Evaluations, rebuildScan, func(m pipeline.Message) error {
+		rec, err := schemas.DecodeEvaluation(m.Value)
+		if err != nil || rec.RunID != s.cfg.RunID || rec.PolicyVersion < s.last {
+			return nil // not a record of this run's newest release
+		}
+		if rec.PolicyVersion > s.last {
+			s.last, s.lastFull = rec.PolicyVersion, false
+		}
+		s.lastFull = s.lastFull || (rec.Evaluation != nil && !rec.Final)
+		if rec.Final {
+			s.finalFor = rec.PolicyVersion
+		} else {
+			s.lastKL = rec.KL
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("eval: read back %s: %w", s.cfg.Topics.Evaluations, err)
+	}
+	if s.last < 0 {
+		return nil
+	}
+	// The compacted topic keeps the newest release; when that is newer
+	// than the last measured, it is measured next (its offset was not
+	// committed) and becomes the last.
+	err = env.Scan(ctx, s.cfg.Topics.Policy, rebuildScan, func(m pipeline.Message) error {
+		if rel, err := schemas.DecodeRelease(m.Value); err == nil && rel.Ready && rel.PolicyVersion == s.last {
+			s.lastRel = rel
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("eval: read back %s: %w", s.cfg.Topics.Policy, err)
+	}
 	return nil
 }
 
@@ -89,25 +146,75 @@ func (s *Stage) Process(ctx context.Context, m pipeline.Message) (pipeline.Resul
 	if err != nil {
 		return pipeline.Result{}, err // infrastructure (a release file): redelivered after a restart
 	}
-	b, err := schemas.EncodeEvaluation(rec)
+	out, err := s.output(rec)
 	if err != nil {
 		return pipeline.Result{}, err
 	}
-	s.last = v
-	id := fmt.Sprintf("%s/eval/%d", s.cfg.RunID, v)
-	return pipeline.Result{Outputs: []pipeline.Output{{Topic: s.cfg.Topics.Evaluations, Key: []byte(s.cfg.RunID), Value: b,
-		Headers: stagekit.Headers(schemas.KindEvaluation, id)}}}, nil
+	s.last, s.lastRel, s.lastKL, s.lastFull = v, rel, rec.KL, rec.Evaluation != nil
+	return pipeline.Result{Outputs: []pipeline.Output{out}}, nil
+}
+
+// output is the evaluations-topic record of rec.
+func (s *Stage) output(rec schemas.EvaluationRecord) (pipeline.Output, error) {
+	b, err := schemas.EncodeEvaluation(rec)
+	if err != nil {
+		return pipeline.Output{}, err
+	}
+	id := fmt.Sprintf("%s/eval/%d", s.cfg.RunID, rec.PolicyVersion)
+	if rec.Final {
+		id += "/final"
+	}
+	return pipeline.Output{Topic: s.cfg.Topics.Evaluations, Key: []byte(s.cfg.RunID), Value: b,
+		Headers: stagekit.Headers(schemas.KindEvaluation, id)}, nil
+}
+
+// RunTrained tells the stage that every round of the run is trained and
+// every release measured: its next Tick writes the final evaluation. Safe
+// to call from any goroutine.
+func (s *Stage) RunTrained() { s.trained.Store(true) }
+
+// Tick implements pipeline.Ticker: after RunTrained, the final evaluation
+// of the last release measured, once per release, unless its record had
+// every suite (its ruling is then the final one).
+func (s *Stage) Tick(ctx context.Context, now time.Time) (pipeline.Result, error) {
+	v := s.last
+	if !s.trained.Load() || v <= 0 || s.finalFor >= v || s.lastRel.PolicyVersion != v {
+		return pipeline.Result{}, nil
+	}
+	s.finalFor = v
+	if s.lastFull {
+		return pipeline.Result{}, nil
+	}
+	pol, err := s.policy(s.lastRel)
+	if err != nil {
+		return pipeline.Result{}, err
+	}
+	// The KL was measured with the release's first record.
+	rec := schemas.EvaluationRecord{RunID: s.cfg.RunID, PolicyVersion: v, KL: s.lastKL, Final: true, At: now.UnixMicro()}
+	if err := s.suites(ctx, pol, &rec); err != nil {
+		return pipeline.Result{}, err
+	}
+	out, err := s.output(rec)
+	if err != nil {
+		return pipeline.Result{}, err
+	}
+	return pipeline.Result{Outputs: []pipeline.Output{out}}, nil
+}
+
+// policy loads the policy of release rel.
+func (s *Stage) policy(rel schemas.PolicyRelease) (*model.Policy, error) {
+	ckpt, err := s.files.Read(rel.CheckpointURI)
+	if err != nil {
+		return nil, fmt.Errorf("eval: release %d: %w: %w", rel.PolicyVersion, gpu.ErrRelease, err)
+	}
+	return gpu.PolicyFromRelease(rel, ckpt)
 }
 
 // measure evaluates release rel.
 func (s *Stage) measure(ctx context.Context, rel schemas.PolicyRelease, m pipeline.Message) (schemas.EvaluationRecord, error) {
 	v := rel.PolicyVersion
 	rec := schemas.EvaluationRecord{RunID: s.cfg.RunID, PolicyVersion: v, At: m.Time.UnixMicro()}
-	ckpt, err := s.files.Read(rel.CheckpointURI)
-	if err != nil {
-		return rec, fmt.Errorf("eval: release %d: %w: %w", v, gpu.ErrRelease, err)
-	}
-	pol, err := gpu.PolicyFromRelease(rel, ckpt)
+	pol, err := s.policy(rel)
 	if err != nil {
 		return rec, err
 	}

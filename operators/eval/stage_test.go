@@ -3,8 +3,11 @@ package eval_test
 import (
 	"context"
 	"testing"
+	"time"
 
 	"github.com/trajflow/trajflow/gpu"
+	"github.com/trajflow/trajflow/gpu/model"
+	"github.com/trajflow/trajflow/internal/evaluation"
 	"github.com/trajflow/trajflow/operators"
 	"github.com/trajflow/trajflow/operators/eval"
 	"github.com/trajflow/trajflow/operators/rollout"
@@ -13,15 +16,10 @@ import (
 	"github.com/trajflow/trajflow/schemas"
 )
 
-// TestEvalStage (every suite on every 2nd release, 3 epochs): release 0
-// runs every suite; release 1 only the KL, with its update's cost (100
-// tokens x 3 epochs); release 2 every suite; release 3 the KL; release 4,
-// a rollback's (its update names release 0), only the KL although 4 is a
-// multiple of 2. A release replayed from the compacted topic, and one not
-// ready, give nothing; a release whose checkpoint does not hash to its
-// manifest stops the operator (an infrastructure error: redelivered, never
-// skipped).
-func TestEvalStage(t *testing.T) {
+// fixture is the evaluation plane of run "r" (the default contract, one
+// attempt per task), its topics, a release store and the initial model.
+func fixture(t *testing.T) (*evaluation.Plane, pipeline.Topics, *pipeline.DirReleases, *model.Model) {
+	t.Helper()
 	c := contract.Default()
 	c.RunID = "r"
 	reg, err := rollout.NewRegistry(rollout.DefaultRegistryConfig())
@@ -42,6 +40,19 @@ func TestEvalStage(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return plane, topics, files, m
+}
+
+// TestEvalStage (every suite on every 2nd release, 3 epochs): release 0
+// runs every suite; release 1 only the KL, with its update's cost (100
+// tokens x 3 epochs); release 2 every suite; release 3 the KL; release 4,
+// a rollback's (its update names release 0), only the KL although 4 is a
+// multiple of 2. A release replayed from the compacted topic, and one not
+// ready, give nothing; a release whose checkpoint does not hash to its
+// manifest stops the operator (an infrastructure error: redelivered, never
+// skipped).
+func TestEvalStage(t *testing.T) {
+	plane, topics, files, m := fixture(t)
 	var msgs []pipeline.Message
 	publish := func(v int64, rolledBackTo *int64) schemas.PolicyRelease {
 		rel, err := gpu.ReleaseModel(files, m, v, v, gpu.ReleaseMeta{})
@@ -116,5 +127,95 @@ func TestEvalStage(t *testing.T) {
 		pipeline.DriveConfig{Env: pipeline.EnvConfig{Releases: files}})
 	if err == nil {
 		t.Fatal("a release whose checkpoint does not match its hash was measured")
+	}
+}
+
+// TestEvalFinal: once told the run is trained (RunTrained), the stage's
+// next Tick evaluates its last release with every suite in a record
+// marked Final, after that release's KL record; never before RunTrained,
+// never twice, and not at all when the last release had every suite (its
+// ruling is the final one). A restarted stage reads back what it measured
+// and writes the final record once.
+func TestEvalFinal(t *testing.T) {
+	plane, topics, files, m := fixture(t)
+	var msgs []pipeline.Message
+	for v := int64(0); v <= 3; v++ {
+		rel, err := gpu.ReleaseModel(files, m, v, v, gpu.ReleaseMeta{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if v > 0 {
+			u, _ := schemas.EncodeUpdate(schemas.UpdateRecord{Version: v})
+			if _, err := files.Write(gpu.UpdateName(v), u); err != nil {
+				t.Fatal(err)
+			}
+		}
+		b, _ := schemas.EncodeRelease(rel)
+		msgs = append(msgs, pipeline.Message{Ref: pipeline.Ref{Topic: topics.Policy, Offset: v}, Key: []byte("r"), Value: b})
+	}
+	decode := func(outs []pipeline.Output) []schemas.EvaluationRecord {
+		var recs []schemas.EvaluationRecord
+		for _, o := range outs {
+			rec, err := schemas.DecodeEvaluation(o.Value)
+			if err != nil {
+				t.Fatal(err)
+			}
+			recs = append(recs, rec)
+		}
+		return recs
+	}
+	tick := time.Unix(1700000000, 0)
+	for _, tc := range []struct {
+		name      string
+		every     int64
+		trained   bool
+		wantFinal bool
+	}{
+		{"last release not an evaluation release", 2, true, true},
+		{"not told the run is trained", 2, false, false},
+		{"last release evaluated anyway", 3, true, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			st, err := eval.NewStage(eval.StageConfig{Plane: plane, Topics: topics, RunID: "r", Every: tc.every, Epochs: 1})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if tc.trained {
+				st.RunTrained()
+			}
+			d, err := pipeline.Drive(context.Background(), st, msgs, pipeline.DriveConfig{Env: pipeline.EnvConfig{Releases: files}, TickAt: tick})
+			if err != nil {
+				t.Fatal(err)
+			}
+			recs := decode(d.On(topics.Evaluations))
+			if got, want := len(recs), 4+map[bool]int{true: 1}[tc.wantFinal]; got != want {
+				t.Fatalf("%d records, want %d", got, want)
+			}
+			last := recs[len(recs)-1]
+			if tc.wantFinal != last.Final {
+				t.Fatalf("last record: release %d final %v, want final %v", last.PolicyVersion, last.Final, tc.wantFinal)
+			}
+			if tc.wantFinal && (last.PolicyVersion != 3 || last.Evaluation == nil || len(last.Suites) != 4 || last.KL.N == 0 || recs[3].Evaluation != nil) {
+				t.Fatalf("final record of release %d: evaluation %v, %d suites, KL %+v; the KL record before it evaluated %v",
+					last.PolicyVersion, last.Evaluation != nil, len(last.Suites), last.KL, recs[3].Evaluation != nil)
+			}
+			if r, err := st.Tick(context.Background(), tick); err != nil || len(r.Outputs) != 0 {
+				t.Fatalf("a second tick: %d outputs, %v", len(r.Outputs), err)
+			}
+			// Restarted after its records were written: the stage reads
+			// them back, measures nothing again, and writes the final
+			// record only if none was written.
+			again, _ := eval.NewStage(eval.StageConfig{Plane: plane, Topics: topics, RunID: "r", Every: tc.every, Epochs: 1})
+			again.RunTrained()
+			env := pipeline.EnvConfig{Releases: files, Scanner: pipeline.MemScanner{
+				topics.Evaluations: d.Messages(topics.Evaluations), topics.Policy: msgs}}
+			d2, err := pipeline.Drive(context.Background(), again, msgs, pipeline.DriveConfig{Env: env, TickAt: tick})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := decode(d2.On(topics.Evaluations)); tc.trained && len(got) != 0 || !tc.trained && (len(got) != 1 || !got[0].Final) {
+				t.Fatalf("restarted: %d records (%+v)", len(got), got)
+			}
+		})
 	}
 }

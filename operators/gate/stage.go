@@ -50,6 +50,7 @@ type Stage struct {
 	usage   gate.Usage
 	started bool  // release 0 ruled on
 	last    int64 // newest version ruled on (-1: none)
+	final   bool  // the ruling on last was a final evaluation's
 	counted map[string]bool
 	held    []pipeline.Ref // census events counted since the last decision
 
@@ -90,7 +91,7 @@ func (s *Stage) Start(ctx context.Context, env *pipeline.Env) error {
 		if err != nil || d.Resume == nil || d.RunID != s.cfg.RunID {
 			return nil // not a decision of this gate: nothing to resume from
 		}
-		if last == nil || d.PolicyVersion >= last.PolicyVersion {
+		if last == nil || d.PolicyVersion > last.PolicyVersion || (d.PolicyVersion == last.PolicyVersion && d.Final) {
 			last = &d
 		}
 		return nil
@@ -99,7 +100,7 @@ func (s *Stage) Start(ctx context.Context, env *pipeline.Env) error {
 		return fmt.Errorf("gate: read back %s: %w", s.cfg.Topics.Decisions, err)
 	}
 	if last != nil {
-		s.st, s.usage, s.started, s.last = last.Resume.State, last.Resume.Usage, true, last.PolicyVersion
+		s.st, s.usage, s.started, s.last, s.final = last.Resume.State, last.Resume.Usage, true, last.PolicyVersion, last.Final
 		env.Logger.Info("gate resumed from its last decision", "version", last.PolicyVersion, "action", last.Action,
 			"promoted", last.Promoted, "stopped", s.st.Stopped)
 	}
@@ -138,14 +139,21 @@ func (s *Stage) Process(_ context.Context, m pipeline.Message) (pipeline.Result,
 		return pipeline.Result{}, pipeline.Refuse("run_mismatch", "evaluation of run %q on run %q's topic", rec.RunID, s.cfg.RunID)
 	}
 	v := rec.PolicyVersion
-	if v <= s.last || s.st.Stopped {
+	final := rec.Final && v == s.last && !s.final // the final evaluation of the release last ruled on
+	if (v <= s.last && !final) || s.st.Stopped {
 		return pipeline.Result{}, nil // ruled on already, or the run stopped
 	}
-	d, err := s.rule(rec)
+	var d gate.Decision
+	if final {
+		d, err = s.ruleFinal(rec)
+	} else {
+		d, err = s.rule(rec)
+	}
 	if err != nil {
 		return pipeline.Result{}, err
 	}
-	s.last = v
+	s.last, s.final = v, final
+	d.Final = final
 	d.RunID, d.At = s.cfg.RunID, rec.At
 	d.Resume = &schemas.GateResume{State: s.st, Usage: s.usage}
 	b, err := schemas.EncodeGateDecision(d)
@@ -153,6 +161,9 @@ func (s *Stage) Process(_ context.Context, m pipeline.Message) (pipeline.Result,
 		return pipeline.Result{}, err
 	}
 	id := fmt.Sprintf("%s/gate/%d", s.cfg.RunID, v)
+	if final {
+		id += "/final"
+	}
 	res := pipeline.Result{Outputs: []pipeline.Output{{Topic: s.cfg.Topics.Decisions, Key: []byte(s.cfg.RunID), Value: b,
 		Headers: stagekit.Headers(schemas.KindGateDecision, id)}}, Release: s.held}
 	s.held = nil
@@ -187,6 +198,24 @@ func (s *Stage) rule(rec schemas.EvaluationRecord) (gate.Decision, error) {
 		}
 		return rec.Evaluation, nil
 	})
+	if err != nil {
+		return gate.Decision{}, err
+	}
+	s.st = st
+	return d, nil
+}
+
+// ruleFinal is the ruling on the final evaluation of the release last
+// ruled on (by its KL and budgets): the evaluation alone, as the demo
+// rules on its final evaluation (gate.Decide).
+func (s *Stage) ruleFinal(rec schemas.EvaluationRecord) (gate.Decision, error) {
+	if rec.Evaluation == nil {
+		return gate.Decision{}, pipeline.Refuse("final_without_suites", "the final evaluation of release %d has no suites", rec.PolicyVersion)
+	}
+	s.mu.Lock()
+	open := append([]gate.Incident(nil), s.open...)
+	s.mu.Unlock()
+	d, st, err := gate.Decide(s.cfg.Policy, s.st, *rec.Evaluation, open)
 	if err != nil {
 		return gate.Decision{}, err
 	}

@@ -166,3 +166,60 @@ func TestGateStageRefuses(t *testing.T) {
 		t.Fatalf("quarantined %d (%v), want both records", d.Quarantined, err)
 	}
 }
+
+// TestGateStageFinal: the final evaluation of the release last ruled on
+// by its KL (release 2) is ruled on once more, on the evaluation alone
+// (its KL and update counted by the first ruling): a promotion, marked
+// Final, under an id of its own. A redelivered final record, and a final
+// record of an older release, are ignored; a restarted gate resumes after
+// the final ruling and decides nothing more.
+func TestGateStageFinal(t *testing.T) {
+	topics, _ := pipeline.TopicsFor("r")
+	st, err := NewStage(StageConfig{Policy: policy(), Topics: topics, RunID: "r"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	final := func(off, v int64) pipeline.Message {
+		m := evaluation(t, topics, off, v, true, 0.40, 0.30, 0.5, 0.25)
+		rec, _ := schemas.DecodeEvaluation(m.Value)
+		rec.Final = true
+		m.Value, _ = schemas.EncodeEvaluation(rec)
+		return m
+	}
+	msgs := []pipeline.Message{
+		evaluation(t, topics, 0, 0, true, 0.10, 0.05, 0.2, 0.20),
+		evaluation(t, topics, 1, 1, false, 0, 0, 0, 0),
+		evaluation(t, topics, 2, 2, false, 0, 0, 0, 0),
+		final(3, 1), // older than the last ruling
+		final(4, 2),
+		final(5, 2), // redelivered
+	}
+	d, err := pipeline.Drive(context.Background(), st, msgs, pipeline.DriveConfig{Env: pipeline.EnvConfig{Scanner: pipeline.MemScanner{}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := decisions(t, d, topics)
+	if len(got) != 4 {
+		t.Fatalf("%d decisions %+v, want 4", len(got), got)
+	}
+	f := got[3]
+	if f.PolicyVersion != 2 || !f.Final || f.Action != gate.Promote || f.Promoted != 2 || !f.Evaluated || got[2].Final {
+		t.Fatalf("final ruling %+v (the ruling before it final %v): want release 2 promoted, final", f, got[2].Final)
+	}
+	if u := f.Resume.Usage; u.OptimizerTokens != 2000 {
+		t.Fatalf("usage after the final ruling %+v: want the two updates' 2000 optimizer tokens, counted once", u)
+	}
+	outs := d.On(topics.Decisions)
+	if string(outs[3].Headers[2].Value) == string(outs[2].Headers[2].Value) {
+		t.Fatalf("the final ruling has the id of the ruling before it")
+	}
+	scan := pipeline.MemScanner{topics.Decisions: d.Messages(topics.Decisions)}
+	st2, _ := NewStage(StageConfig{Policy: policy(), Topics: topics, RunID: "r"})
+	d2, err := pipeline.Drive(context.Background(), st2, msgs[4:], pipeline.DriveConfig{Env: pipeline.EnvConfig{Scanner: scan}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := len(d2.On(topics.Decisions)); n != 0 || !st2.final {
+		t.Fatalf("restarted gate: %d decisions, final %v; want none, resumed after the final ruling", n, st2.final)
+	}
+}

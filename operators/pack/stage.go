@@ -7,6 +7,8 @@ import (
 	"strings"
 	"time"
 
+	"go.opentelemetry.io/otel/attribute"
+
 	"github.com/trajflow/trajflow/connectors/state"
 	"github.com/trajflow/trajflow/internal/idset"
 	"github.com/trajflow/trajflow/operators/stagekit"
@@ -233,7 +235,7 @@ func (s *Stage) Process(ctx context.Context, m pipeline.Message) (pipeline.Resul
 	for i := range rows {
 		r := &rows[i]
 		if !s.win.Accepts(r.GroupID) {
-			if err := s.close(&res, "full"); err != nil {
+			if err := s.close(ctx, &res, "full"); err != nil {
 				return pipeline.Result{}, err
 			}
 		}
@@ -271,6 +273,8 @@ func (s *Stage) Process(ctx context.Context, m pipeline.Message) (pipeline.Resul
 				return pipeline.Result{}, rerr
 			}
 			res.Outputs = append(res.Outputs, outs...)
+			stagekit.TraceAttempt(ctx, s.Name(), "advantage", now, r.RecordID,
+				attribute.String("trajflow.decision", schemas.CensusQuarantined), attribute.String("trajflow.reason", reason))
 			s.remember(r.RecordID)
 			continue
 		}
@@ -293,6 +297,8 @@ func (s *Stage) Process(ctx context.Context, m pipeline.Message) (pipeline.Resul
 			s.env.DuplicateDropped(r.RecordID)
 		case Filtered:
 			s.env.Metrics().Filtered(string(out.Filter))
+			stagekit.TraceAttempt(ctx, s.Name(), "advantage", now, r.RecordID,
+				attribute.String("trajflow.decision", schemas.CensusFiltered), attribute.String("trajflow.filter", string(out.Filter)))
 			stale := int64(0)
 			if out.Filter == FilterStale {
 				stale = actionTokens(r)
@@ -305,7 +311,7 @@ func (s *Stage) Process(ctx context.Context, m pipeline.Message) (pipeline.Resul
 		}
 	}
 	if s.win.Ready() {
-		if err := s.close(&res, "full"); err != nil {
+		if err := s.close(ctx, &res, "full"); err != nil {
 			return pipeline.Result{}, err
 		}
 	}
@@ -326,17 +332,18 @@ func (s *Stage) Process(ctx context.Context, m pipeline.Message) (pipeline.Resul
 
 // Tick closes a window whose oldest decision (admitted or filtered) is
 // older than MaxWait.
-func (s *Stage) Tick(_ context.Context, now time.Time) (pipeline.Result, error) {
+func (s *Stage) Tick(ctx context.Context, now time.Time) (pipeline.Result, error) {
 	var res pipeline.Result
 	if s.cfg.MaxWait > 0 && len(s.held) > 0 && now.Sub(s.opened) >= s.cfg.MaxWait {
-		err := s.close(&res, "timeout")
+		err := s.close(ctx, &res, "timeout")
 		return res, err
 	}
 	return res, nil
 }
 
-// close packs the open window into res.
-func (s *Stage) close(res *pipeline.Result, by string) error {
+// close packs the open window into res; each decided attempt's trace gets
+// pack's span, with its decision.
+func (s *Stage) close(ctx context.Context, res *pipeline.Result, by string) error {
 	groups := s.win.DecidedGroups()
 	if len(s.win.Pending()) == 0 && len(groups) == 0 {
 		return nil
@@ -364,18 +371,7 @@ func (s *Stage) close(res *pipeline.Result, by string) error {
 		}
 		s.env.Metrics().Admitted(lag)
 	}
-	if len(batch.Rows) > 0 {
-		s.env.Metrics().Batch(closed.Stats.Efficiency, closed.Stats.Tokens)
-		b, release, err := schemas.PackedBatches.EncodePooled(batch)
-		if err != nil {
-			return fmt.Errorf("pack: encode batch %d: %w", index, err)
-		}
-		res.Outputs = append(res.Outputs, pipeline.Output{
-			Topic: s.cfg.Topics.Batches, Key: []byte(batch.BatchID), Value: b,
-			Headers: stagekit.Headers(schemas.KindPackedBatch, batch.BatchID), Release: release,
-		})
-		s.nextIndex++
-	} else {
+	if len(batch.Rows) == 0 {
 		rec.BatchID = ""
 	}
 	lin, err := schemas.EncodeWindow(rec)
@@ -385,6 +381,24 @@ func (s *Stage) close(res *pipeline.Result, by string) error {
 	wid := schemas.DerivedID("window", s.cfg.RunID+"/"+strings.Join(groups, ",")+"/"+strings.Join(rec.Admitted, ","))
 	res.Outputs = append(res.Outputs, pipeline.Output{Topic: s.cfg.Topics.Windows, Key: []byte(s.cfg.RunID), Value: lin,
 		Headers: stagekit.Headers(schemas.KindWindowRecord, wid)})
+	if len(batch.Rows) > 0 {
+		s.env.Metrics().Batch(closed.Stats.Efficiency, closed.Stats.Tokens)
+		b, release, err := schemas.PackedBatches.EncodePooled(batch)
+		if err != nil {
+			return fmt.Errorf("pack: encode batch %d: %w", index, err)
+		}
+		res.Outputs = append(res.Outputs, pipeline.Output{
+			Topic: s.cfg.Topics.Batches, Key: []byte(batch.BatchID), Value: b,
+			Headers: stagekit.Headers(schemas.KindPackedBatch, batch.BatchID), Release: release,
+			// Written once the window record is acknowledged: a pack that
+			// dies in between leaves a window whose batch is missing,
+			// which a restart decides again (Start), never a batch whose
+			// window record is missing, whose groups no record would
+			// ever name as decided.
+			After: true,
+		})
+		s.nextIndex++
+	}
 	for _, a := range closed.Admitted {
 		ev, err := s.census(a.RecordID, "", a.GroupID, schemas.CensusAdmitted, "", batch.BatchID, int64(a.Tokens), int64(a.Stale), now)
 		if err != nil {
@@ -392,7 +406,11 @@ func (s *Stage) close(res *pipeline.Result, by string) error {
 		}
 		res.Outputs = append(res.Outputs, ev)
 	}
+	stagekit.TraceAttempts(ctx, s.Name(), "advantage", now, len(closed.Admitted), func(i int) string { return closed.Admitted[i].RecordID },
+		attribute.String("trajflow.decision", schemas.CensusAdmitted), attribute.String("trajflow.batch_id", batch.BatchID))
 	for _, d := range closed.Filtered {
+		stagekit.TraceAttempt(ctx, s.Name(), "advantage", now, d.RecordID,
+			attribute.String("trajflow.decision", schemas.CensusFiltered), attribute.String("trajflow.filter", string(d.Filter)))
 		stale := int64(0)
 		if d.Filter == FilterStale {
 			stale = int64(d.Tokens)

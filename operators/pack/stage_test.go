@@ -262,7 +262,8 @@ func TestStageMaxWaitClosesAFilteredWindow(t *testing.T) {
 // close it with part of the next round, whose other groups could then
 // never fill a window. A window whose batch never reached the batches
 // topic did not close: its records are decided again, into the same
-// window.
+// window. The opposite, a batch without its window record, cannot
+// happen: the batch is written only once the record is acknowledged.
 func TestStageRestartAfterCloseKeepsTheClosedWindow(t *testing.T) {
 	topics, _ := pipeline.TopicsFor("r")
 	o := testOptions()
@@ -319,6 +320,13 @@ func TestStageRestartAfterCloseKeepsTheClosedWindow(t *testing.T) {
 	first := drive(in[:2], nil)
 	if got := groupsOf(first); len(got) != 1 || len(first.On(topics.Batches)) != 1 {
 		t.Fatalf("first life: windows %v, %d batches", got, len(first.On(topics.Batches)))
+	}
+	// The window record is written first, the batch only once it is
+	// acknowledged: a batch whose window record was lost cannot happen.
+	win := slices.IndexFunc(first.Outputs, func(o pipeline.Output) bool { return o.Topic == topics.Windows })
+	bat := slices.IndexFunc(first.Outputs, func(o pipeline.Output) bool { return o.Topic == topics.Batches })
+	if win < 0 || bat < win || !first.Outputs[bat].After || first.Outputs[win].After {
+		t.Fatalf("outputs: window record at %d, batch at %d (After %v); want the record first and the batch after it", win, bat, bat >= 0 && first.Outputs[bat].After)
 	}
 	// Batch and window record were written; nothing was committed.
 	second := drive(in, pipeline.MemScanner{

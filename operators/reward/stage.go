@@ -79,6 +79,7 @@ func (s *Stage) Process(ctx context.Context, m pipeline.Message) (pipeline.Resul
 	if err != nil {
 		return pipeline.Result{}, err
 	}
+	defer stagekit.TraceAttempts(ctx, s.Name(), "validate", time.Now(), len(rows), func(i int) string { return rows[i].RecordID })
 	ids := make([]string, len(rows))
 	for i := range rows {
 		ids[i] = rows[i].RecordID

@@ -172,6 +172,27 @@ func (ag Agent) Run(ctx context.Context, atts []schemas.TaskAttempt) ([]schemas.
 			return nil
 		})
 	}()
+	// Each attempt's span of rollout, in the attempt's trace (child of
+	// dispatch's): its environment steps are its children.
+	actx := make([]context.Context, n)
+	for i := range atts {
+		c, span := stagekit.StartAttempt(ctx, "rollout", "dispatch", atts[i].AttemptID)
+		if !span.IsRecording() {
+			c = attemptTrace(ctx, atts[i].AttemptID)
+		}
+		actx[i] = c
+	}
+	defer func() {
+		for i := range actx {
+			span := trace.SpanFromContext(actx[i])
+			if failed {
+				span.SetStatus(codes.Error, "episode aborted")
+			} else if len(trajs[i].Turns) > 0 {
+				span.SetAttributes(attribute.Int("trajflow.turns", len(trajs[i].Turns)), attribute.String("trajflow.end_reason", trajs[i].EndReason))
+			}
+			span.End()
+		}
+	}()
 	err := each(ctx, n, par, func(i int) error {
 		a := atts[i]
 		ep, obs, err := ag.Env.Reset(ctx, a)
@@ -316,7 +337,7 @@ func (ag Agent) Run(ctx context.Context, atts []schemas.TaskAttempt) ([]schemas.
 				act.Text = txt
 			}
 			t1 := now()
-			sctx, sspan := tracerOf(ctx).Start(attemptTrace(ctx, atts[i].AttemptID), "rollout env step", trace.WithAttributes(
+			sctx, sspan := tracerOf(ctx).Start(actx[i], "rollout env step", trace.WithAttributes(
 				attribute.String("trajflow.attempt_id", atts[i].AttemptID), attribute.Int("trajflow.turn", int(turn)),
 				attribute.Int("trajflow.action_tokens", len(sm.Tokens))))
 			tr, err := e.ep.Step(sctx, turn, act)

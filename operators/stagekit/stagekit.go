@@ -122,7 +122,9 @@ func Encode[T any](c *schemas.Codec[T], topic, key, id string, rows []T) (pipeli
 // Census builds a census output keyed by attempt id. The event id is
 // derived from the attempt, the kind and the stage, so a redelivered event
 // has the same id and the census can count distinct events. Its
-// traceparent joins the attempt's trace, with a span of its own.
+// traceparent names the emitting stage's span of the attempt
+// (AttemptParent), so the processing of the event joins the attempt's
+// trace under it.
 func Census(topic string, ev schemas.CensusEvent) (pipeline.Output, error) {
 	if ev.EventID == "" {
 		ev.EventID = schemas.DerivedID("census/"+ev.Kind+"/"+ev.Stage+"/"+ev.Reason, ev.AttemptID)
@@ -133,7 +135,7 @@ func Census(topic string, ev schemas.CensusEvent) (pipeline.Output, error) {
 	}
 	trace := TraceParent(ev.EventID)
 	if ev.AttemptID != "" {
-		trace = traceParent(ev.AttemptID, ev.EventID)
+		trace = AttemptParent(ev.Stage, ev.AttemptID)
 	}
 	return pipeline.Output{Topic: topic, Key: []byte(ev.AttemptID), Value: b, Headers: headers(schemas.KindCensusEvent, ev.EventID, trace)}, nil
 }
@@ -159,7 +161,7 @@ type Incident = schemas.Incident
 
 // IncidentOutput builds the incidents-topic record of inc; its id is
 // derived from the stage, the reason and the attempt, so a redelivered
-// incident has the same id.
+// incident has the same id, and its traceparent is AttemptParent.
 func IncidentOutput(topic string, inc Incident) (pipeline.Output, error) {
 	if inc.IncidentID == "" {
 		inc.IncidentID = schemas.DerivedID("incident/"+inc.Stage+"/"+inc.Reason, inc.AttemptID)
@@ -169,7 +171,7 @@ func IncidentOutput(topic string, inc Incident) (pipeline.Output, error) {
 		return pipeline.Output{}, fmt.Errorf("encode incident: %w", err)
 	}
 	return pipeline.Output{Topic: topic, Key: []byte(inc.AttemptID), Value: b,
-		Headers: headers(schemas.KindIncident, inc.IncidentID, TraceParent(inc.AttemptID))}, nil
+		Headers: headers(schemas.KindIncident, inc.IncidentID, AttemptParent(inc.Stage, inc.AttemptID))}, nil
 }
 
 // RowRefusal quarantines one row of a multi-row message: the quarantine
@@ -182,7 +184,7 @@ func RowRefusal[T any](c *schemas.Codec[T], quarantineTopic, stage string, m pip
 	}
 	single := m
 	single.Value = b
-	single.Headers = append(Headers(c.Kind(), id), pipeline.Header{Key: schemas.HeaderSourceRow, Value: []byte(strconv.Itoa(row))})
+	single.Headers = append(headers(c.Kind(), id, AttemptParent(stage, id)), pipeline.Header{Key: schemas.HeaderSourceRow, Value: []byte(strconv.Itoa(row))})
 	return pipeline.QuarantineRecord(quarantineTopic, stage, single, reason, detail), nil
 }
 

@@ -18,8 +18,9 @@ func header(hs []pipeline.Header, key string) string {
 }
 
 // TestTraceParents: every record of an attempt, its census events
-// included, is in the attempt's trace (docs/SYSTEMS.md §15), each with a span of
-// its own; ids that are not 32 digits get a derived trace.
+// included, is in the attempt's trace (docs/SYSTEMS.md §15); a census
+// event names the emitting stage's span of the attempt as its parent; ids
+// that are not 32 digits get a derived trace.
 func TestTraceParents(t *testing.T) {
 	attempt := schemas.DerivedID("attempt", "a")
 	parse := func(tp string) (trace, span string) {
@@ -43,13 +44,16 @@ func TestTraceParents(t *testing.T) {
 		if trace != attempt {
 			t.Errorf("%s event: trace %s, want the attempt id %s", kind, trace, attempt)
 		}
-		if want := schemas.DerivedID("trace", header(out.Headers, schemas.HeaderID))[:16]; span != want {
-			t.Errorf("%s event: span %s, want %s (derived from the event id)", kind, span, want)
+		if want := AttemptSpanID("pack", attempt).String(); span != want {
+			t.Errorf("%s event: parent span %s, want pack's span of the attempt %s", kind, span, want)
 		}
 		spans = append(spans, span)
 	}
-	if spans[0] == spans[1] || spans[0] == recSpan {
-		t.Errorf("spans %v and the record's %s are not distinct", spans, recSpan)
+	if other, _ := Census("census", schemas.CensusEvent{RunID: "r", AttemptID: attempt, Kind: schemas.CensusTrained, Stage: "train"}); header(other.Headers, schemas.HeaderTrace) == AttemptParent("pack", attempt) {
+		t.Errorf("train's event names pack's span")
+	}
+	if spans[0] == recSpan {
+		t.Errorf("the census events' span is the record's %s", recSpan)
 	}
 	trace, _ := parse(TraceParent("task-7"))
 	if trace != schemas.DerivedID("trace", "task-7") {

@@ -11,6 +11,8 @@ import (
 	"strconv"
 	"time"
 
+	"go.opentelemetry.io/otel/attribute"
+
 	"github.com/trajflow/trajflow/gpu"
 	"github.com/trajflow/trajflow/gpu/model"
 	"github.com/trajflow/trajflow/gpu/objective"
@@ -291,7 +293,7 @@ func (s *Stage) release(next int64) (pipeline.Output, error) {
 }
 
 // Process implements pipeline.Stage.
-func (s *Stage) Process(_ context.Context, m pipeline.Message) (pipeline.Result, error) {
+func (s *Stage) Process(ctx context.Context, m pipeline.Message) (pipeline.Result, error) {
 	var res pipeline.Result
 	if m.Topic == s.cfg.Topics.Decisions {
 		return s.decision(m)
@@ -353,6 +355,9 @@ func (s *Stage) Process(_ context.Context, m pipeline.Message) (pipeline.Result,
 	from := s.tr.Version()
 	lag := s.cfg.Lag.Apply(&batch, from)
 	at := s.now().UnixMicro()
+	stagekit.TraceAttempts(ctx, s.Name(), "pack", time.Now(), len(lag.Dropped), func(i int) string { return lag.Dropped[i] },
+		attribute.String("trajflow.decision", schemas.ReasonStaleAtUpdate), attribute.String("trajflow.batch_id", batch.BatchID),
+		attribute.Int64("trajflow.policy_version", from))
 	for _, id := range lag.Dropped {
 		ev, err := stagekit.Census(s.cfg.Topics.Census, schemas.CensusEvent{
 			RunID: s.cfg.RunID, AttemptID: id, Kind: schemas.CensusFiltered, Stage: s.Name(),
@@ -419,6 +424,9 @@ func (s *Stage) Process(_ context.Context, m pipeline.Message) (pipeline.Result,
 	}
 	res.Outputs = append(res.Outputs, out)
 	s.lastIndex = batch.BatchIndex
+	stagekit.TraceAttempts(ctx, s.Name(), "pack", start, len(ids), func(i int) string { return ids[i] },
+		attribute.String("trajflow.decision", schemas.CensusTrained), attribute.String("trajflow.batch_id", batch.BatchID),
+		attribute.Int64("trajflow.update", batch.BatchIndex), attribute.Int64("trajflow.policy_version", u.Version))
 	for _, id := range ids {
 		s.remember(id)
 		ev, err := stagekit.Census(s.cfg.Topics.Census, schemas.CensusEvent{
@@ -465,7 +473,8 @@ func (s *Stage) checkMinibatches() error {
 // optimizer state and publishes them as version v+1, with an update record
 // naming N (RolledBackTo); releases N+1..v stay in the store. A decision
 // on another version (replayed, or of a release already superseded) is
-// ignored.
+// ignored, and so is a rollback that is the final ruling (Final: the run
+// is over; the decision names the release to keep).
 func (s *Stage) decision(m pipeline.Message) (pipeline.Result, error) {
 	var res pipeline.Result
 	d, err := schemas.DecodeGateDecision(m.Value)
@@ -474,6 +483,13 @@ func (s *Stage) decision(m pipeline.Message) (pipeline.Result, error) {
 	}
 	v := s.tr.Version()
 	if d.Action != schemas.GateRollback || d.PolicyVersion != v || d.RollbackTo >= v || d.RollbackTo < 0 {
+		return res, nil
+	}
+	if d.Final {
+		// The ruling on the run's final evaluation: no round is left to
+		// train on restored parameters, so nothing is republished; the
+		// decision names the release to keep (its Promoted).
+		s.env.Logger.Info("final ruling is a rollback; the run is over, no release published", "version", v, "rollback_to", d.RollbackTo, "promoted", d.Promoted)
 		return res, nil
 	}
 	raw, err := s.files.Read(gpu.ManifestName(d.RollbackTo))

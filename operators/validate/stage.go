@@ -42,11 +42,12 @@ func (s *Stage) Start(_ context.Context, env *pipeline.Env) error {
 }
 
 // Process implements pipeline.Stage.
-func (s *Stage) Process(_ context.Context, m pipeline.Message) (pipeline.Result, error) {
+func (s *Stage) Process(ctx context.Context, m pipeline.Message) (pipeline.Result, error) {
 	rows, err := stagekit.Decode(schemas.Trajectories, m)
 	if err != nil {
 		return pipeline.Result{}, err
 	}
+	defer stagekit.TraceAttempts(ctx, s.Name(), "rollout", time.Now(), len(rows), func(i int) string { return rows[i].RecordID })
 	if err := stagekit.CheckID(&m, stagekit.MessageID("rollout", rows[0].GroupID)); err != nil {
 		return pipeline.Result{}, err
 	}

@@ -424,7 +424,7 @@ func Default() *Contract {
 // the END token 9, 4 turns, 64 tokens per episode), groups of 16 attempts
 // of 16 tasks per update, GRPO with population std dropping zero-variance
 // groups, a token-mean clipped surrogate with asymmetric clip [0.8, 1.28]
-// and entropy bonus 0.05, Adam lr 0.01 with 2 optimizer passes per batch,
+// and entropy bonus 0.1, Adam lr 0.01 with 4 optimizer passes per batch,
 // 256-token rows, and strictly on-policy admission (max_lag 0) in
 // stop-and-synchronize mode (docs/PIPELINE.md §15). The objective is the decoupled
 // one (clipped against the trainer's policy at the start of the update):
@@ -440,10 +440,10 @@ func demoKnobs(c *Contract) {
 	c.Estimator.ZeroVariance = advantage.ZeroVarDrop
 	c.Estimator.MinGroupSize = 1
 	c.Loss.ClipHigh = 0.28
-	c.Loss.EntropyCoef = 0.05
+	c.Loss.EntropyCoef = 0.1
 	c.Loss.OffPolicy = objective.OffPolicyDecoupled
 	c.Loss.Optimizer.LR = 0.01
-	c.Loss.Optimizer.Epochs = 2
+	c.Loss.Optimizer.Epochs = 4
 	c.Packing.TokenBudget = 256
 	c.Packing.BatchTokens = 1 << 30
 	c.Packing.MaxLag = 0

@@ -40,8 +40,8 @@ def test_edits_and_unresolved_refused(tf_bin):
 def test_trainer_config_from_contract(tf_bin):
     c = C.parse(resolved(tf_bin, "demo"))
     cfg = config_from_contract(c, "127.0.0.1:1", "/tmp/x", None)
-    assert cfg.contract_hash == c.hash and cfg.epochs == 2 and cfg.max_lag == 0 and cfg.stale_policy == "drop"
-    assert cfg.objective.clip_high == 0.28 and cfg.objective.entropy_coef == 0.05
+    assert cfg.contract_hash == c.hash and cfg.epochs == 4 and cfg.max_lag == 0 and cfg.stale_policy == "drop"
+    assert cfg.objective.clip_high == 0.28 and cfg.objective.entropy_coef == 0.1
     # The sampler contract of a release is gpu/model Settings.ID of the
     # rollout's settings (temperature 1, the kv grammar, 3 tokens, stop END).
     assert cfg.meta.sampler_contract == settings_id(Behavior(1.0, 0, 1.0, KVGrammar(4, 8)), 3, [9])

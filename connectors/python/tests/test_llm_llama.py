@@ -174,8 +174,8 @@ def test_trainer_process_real_model(tf_bin, broker, tmp_path):
     binary, q41 = server_path(), smollm2_path()
     run = "llmproc"
     src = (ROOT / "testdata" / "contracts" / "demo.yaml").read_text()
-    for a, b in [("run_id: demo", f"run_id: {run}"), ("lr: 0.01 ", "lr: 1.0e-5 "), ("entropy_coef: 0.05 ", "entropy_coef: 0 "),
-                 ("epochs: 2 ", "epochs: 1 ")]:
+    for a, b in [("run_id: demo", f"run_id: {run}"), ("lr: 0.01 ", "lr: 1.0e-5 "), ("entropy_coef: 0.1 ", "entropy_coef: 0 "),
+                 ("epochs: 4 ", "epochs: 1 ")]:
         assert a in src, a
         src = src.replace(a, b)
     cp = tmp_path / "c.yaml"

@@ -1,0 +1,48 @@
+package testkit
+
+import (
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// ContractWithRunID copies the contract at src (a file whose run_id line
+// is "run_id: <id>") into a temporary directory with run_id runID and
+// returns the copy's path: a fleet test's run under an id of its own.
+func ContractWithRunID(t testing.TB, src, runID string) string {
+	t.Helper()
+	b, err := os.ReadFile(src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	found := false
+	for _, line := range strings.Split(string(b), "\n") {
+		if !found && strings.HasPrefix(line, "run_id: ") {
+			line, found = "run_id: "+runID, true
+		}
+		out = append(out, line)
+	}
+	if !found {
+		t.Fatalf("%s has no run_id line", src)
+	}
+	path := filepath.Join(t.TempDir(), "contract.yaml")
+	if err := os.WriteFile(path, []byte(strings.Join(out, "\n")), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+// ReadJSON decodes the JSON file at path into v (a run's summary.json).
+func ReadJSON(t testing.TB, path string, v any) {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal(b, v); err != nil {
+		t.Fatalf("%s: %v", path, err)
+	}
+}
