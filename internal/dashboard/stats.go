@@ -3,44 +3,30 @@ package dashboard
 import (
 	"math"
 	"slices"
+
+	"github.com/trajflow/trajflow/internal/gate"
 )
 
-// z95 is the standard normal quantile of a two-sided 95% interval.
-const z95 = 1.959963984540054
-
 // Wilson returns the Wilson score interval of c successes in n trials at
-// 95% confidence; it always holds c/n, exactly (at c = n the upper end is
-// 1 whatever the rounding). With no trials nothing is known: [0, 1].
+// 95% confidence (gate.Wilson, which always holds c/n exactly). With no
+// trials, or counts that are not a rate, nothing is known: [0, 1].
 func Wilson(c, n int) (lo, hi float64) {
-	if n <= 0 {
+	lo, hi, err := gate.Wilson(c, n, gate.Z95)
+	if err != nil {
 		return 0, 1
 	}
-	p := float64(c) / float64(n)
-	nn := float64(n)
-	z2 := z95 * z95
-	den := 1 + z2/nn
-	center := (p + z2/(2*nn)) / den
-	half := z95 / den * math.Sqrt(p*(1-p)/nn+z2/(4*nn*nn))
-	return math.Min(p, math.Max(0, center-half)), math.Max(p, math.Min(1, center+half))
+	return lo, hi
 }
 
 // PassAtK is the unbiased estimator of pass@k from n samples of which c
-// passed: 1 - C(n-c, k) / C(n, k), the probability that at least one of k
-// samples drawn without replacement passes. It is computed as the product
-// 1 - Π_{i=n-c+1..n} (1 - k/i), which equals the ratio of binomial
-// coefficients and never overflows. k > n is undefined: NaN.
+// passed (gate.PassAtK); where it is undefined (k > n, k < 1, c outside
+// [0, n]) it is NaN, which the view renders as missing.
 func PassAtK(n, c, k int) float64 {
-	switch {
-	case k < 1 || n < 1 || k > n || c < 0 || c > n:
+	v, err := gate.PassAtK(n, c, k)
+	if err != nil {
 		return math.NaN()
-	case n-c < k:
-		return 1
 	}
-	prod := 1.0
-	for i := n - c + 1; i <= n; i++ {
-		prod *= 1 - float64(k)/float64(i)
-	}
-	return 1 - prod
+	return v
 }
 
 // Dist summarizes a sample: n, mean and quantiles.
