@@ -300,12 +300,45 @@ func (l *loopRun) liveness() {
 			d, what := l.w.stall(now, l.rounds)
 			l.liveMu.Lock()
 			l.maxLive = max(l.maxLive, d)
-			if d > liveDeadline && l.liveErr == "" {
-				l.liveErr = fmt.Sprintf("liveness: %s (deadline %s, at %s)", what, liveDeadline, now.Format("15:04:05"))
-			}
+			first := d > liveDeadline && l.liveErr == ""
 			l.liveMu.Unlock()
+			if first {
+				// What the cluster said at that moment (one line: the
+				// failure message is what a CI log keeps) tells a stall
+				// of Kafka's (no live leader) from one of the loop's.
+				msg := fmt.Sprintf("liveness: %s (deadline %s, at %s); cluster then: %s", what, liveDeadline,
+					now.Format("15:04:05"), l.clusterState())
+				l.liveMu.Lock()
+				l.liveErr = msg
+				l.liveMu.Unlock()
+			}
 		}
 	}
+}
+
+// clusterState is cluster.sh's status of every node and its leaders and
+// ISRs of the scored and batches topics, on one line, each question
+// bounded to 10 s (a paused node must not hang the liveness check).
+func (l *loopRun) clusterState() string {
+	var parts []string
+	for _, args := range [][]string{{"status"}, {"describe", l.topics.Scored}, {"describe", l.topics.Batches}} {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		cmd := exec.CommandContext(ctx, "../deploy/local/cluster.sh", args...)
+		cmd.Env = os.Environ()
+		if h := os.Getenv("TRAJFLOW_KAFKA_CLUSTER_HOME"); h != "" {
+			cmd.Env = append(cmd.Env, "KAFKA_CLUSTER_HOME="+h)
+		}
+		out, err := cmd.CombinedOutput() // status exits 1 while a node is down
+		cancel()
+		text := strings.Join(strings.Fields(strings.ReplaceAll(string(out), "\n", " | ")), " ")
+		if err != nil && args[0] != "status" {
+			text += " (" + err.Error() + ")"
+		}
+		parts = append(parts, strings.Join(args, " ")+": "+text)
+	}
+	coord := l.coordinators()
+	parts = append(parts, fmt.Sprintf("group coordinators: %v", coord))
+	return strings.Join(parts, "; ")
 }
 
 func (l *loopRun) stopLiveness() {
