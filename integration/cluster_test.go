@@ -41,11 +41,7 @@ func realCluster(t *testing.T) []string {
 // returns its standard output.
 func clusterScript(t *testing.T, args ...string) string {
 	t.Helper()
-	cmd := exec.Command("../deploy/local/cluster.sh", args...)
-	cmd.Env = os.Environ()
-	if h := os.Getenv("TRAJFLOW_KAFKA_CLUSTER_HOME"); h != "" {
-		cmd.Env = append(cmd.Env, "KAFKA_CLUSTER_HOME="+h)
-	}
+	cmd := clusterCommand(context.Background(), args...)
 	var stderr strings.Builder
 	cmd.Stderr = &stderr
 	out, err := cmd.Output()
@@ -55,13 +51,22 @@ func clusterScript(t *testing.T, args ...string) string {
 	return string(out)
 }
 
+// clusterCommand is deploy/local/cluster.sh with args, on the cluster home
+// of TRAJFLOW_KAFKA_CLUSTER_HOME when set, killed when ctx ends.
+func clusterCommand(ctx context.Context, args ...string) *exec.Cmd {
+	cmd := exec.CommandContext(ctx, "../deploy/local/cluster.sh", args...)
+	cmd.Env = os.Environ()
+	if h := os.Getenv("TRAJFLOW_KAFKA_CLUSTER_HOME"); h != "" {
+		cmd.Env = append(cmd.Env, "KAFKA_CLUSTER_HOME="+h)
+	}
+	return cmd
+}
+
 // healCluster brings every node back and waits until all three serve.
 func healCluster(t *testing.T) {
 	t.Helper()
 	for _, n := range []string{"1", "2", "3"} {
-		cmd := exec.Command("../deploy/local/cluster.sh", "resume", n)
-		cmd.Env = os.Environ()
-		_ = cmd.Run() // not paused (or not running): nothing to resume
+		_ = clusterCommand(context.Background(), "resume", n).Run() // not paused (or not running): nothing to resume
 	}
 	clusterScript(t, "up")
 }

@@ -323,12 +323,7 @@ func (l *loopRun) clusterState() string {
 	var parts []string
 	for _, args := range [][]string{{"status"}, {"describe", l.topics.Scored}, {"describe", l.topics.Batches}} {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		cmd := exec.CommandContext(ctx, "../deploy/local/cluster.sh", args...)
-		cmd.Env = os.Environ()
-		if h := os.Getenv("TRAJFLOW_KAFKA_CLUSTER_HOME"); h != "" {
-			cmd.Env = append(cmd.Env, "KAFKA_CLUSTER_HOME="+h)
-		}
-		out, err := cmd.CombinedOutput() // status exits 1 while a node is down
+		out, err := clusterCommand(ctx, args...).CombinedOutput() // status exits 1 while a node is down
 		cancel()
 		text := strings.Join(strings.Fields(strings.ReplaceAll(string(out), "\n", " | ")), " ")
 		if err != nil && args[0] != "status" {
@@ -336,8 +331,7 @@ func (l *loopRun) clusterState() string {
 		}
 		parts = append(parts, strings.Join(args, " ")+": "+text)
 	}
-	coord := l.coordinators()
-	parts = append(parts, fmt.Sprintf("group coordinators: %v", coord))
+	parts = append(parts, fmt.Sprintf("group coordinators: %v", l.coordinators()))
 	return strings.Join(parts, "; ")
 }
 
