@@ -1,7 +1,10 @@
 package schemas
 
 import (
+	"bytes"
 	"encoding/json"
+	"fmt"
+	"io"
 	"math"
 )
 
@@ -47,6 +50,160 @@ type WindowRecord struct {
 	// MaxLag is the largest policy lag (TrainerVersion minus the oldest
 	// behavior version of a segment) among the admitted segments.
 	MaxLag int64 `json:"max_lag"`
+	// Cost is what the window's decided episodes cost to generate:
+	// those admitted and those filtered (docs/SYSTEMS.md §17).
+	Cost *WindowCost `json:"cost,omitempty"`
+}
+
+// EpisodeCost is what a set of episodes cost to generate, in the units of
+// the contract's budgets (docs/SYSTEMS.md §17): RolloutTokens counts every
+// token of their streams (prompts, actions, observations), as
+// budgets.rollout_tokens does; GenerationHours and EnvironmentHours add up
+// their turns' generation and environment latencies (rollout inference
+// and environment time, kept apart).
+type EpisodeCost struct {
+	Episodes         int     `json:"episodes"`
+	RolloutTokens    int64   `json:"rollout_tokens"`
+	GenerationHours  float64 `json:"generation_hours"`
+	EnvironmentHours float64 `json:"environment_hours"`
+}
+
+// microsPerHour converts latencies in microseconds to hours.
+const microsPerHour = 3.6e9
+
+// EpisodeCostOf is the cost of one episode from its turns.
+func EpisodeCostOf(turns []Turn) EpisodeCost {
+	c := EpisodeCost{Episodes: 1}
+	var gen, env int64
+	for i := range turns {
+		t := &turns[i]
+		c.RolloutTokens += int64(len(t.PromptIDs) + len(t.ActionIDs) + len(t.ObservationIDs))
+		gen += t.GenLatencyUS
+		env += t.EnvLatencyUS
+	}
+	c.GenerationHours = float64(gen) / microsPerHour
+	c.EnvironmentHours = float64(env) / microsPerHour
+	return c
+}
+
+// Add adds o to c.
+func (c *EpisodeCost) Add(o EpisodeCost) {
+	c.Episodes += o.Episodes
+	c.RolloutTokens += o.RolloutTokens
+	c.GenerationHours += o.GenerationHours
+	c.EnvironmentHours += o.EnvironmentHours
+}
+
+// WindowCost is the cost of the episodes decided in pack windows: those
+// admitted to the batch and those filtered (rejected generation). On a
+// packed batch's HeaderWindowCost it covers every window of the batch's
+// index: the window that closed the batch and the windows before it that
+// filtered every record and so packed no batch; Windows counts them.
+type WindowCost struct {
+	Windows  int         `json:"windows,omitempty"`
+	Admitted EpisodeCost `json:"admitted"`
+	Filtered EpisodeCost `json:"filtered"`
+}
+
+// Add adds o to c.
+func (c *WindowCost) Add(o WindowCost) {
+	c.Windows += o.Windows
+	c.Admitted.Add(o.Admitted)
+	c.Filtered.Add(o.Filtered)
+}
+
+// EncodeWindowCost is the value of HeaderWindowCost.
+func EncodeWindowCost(c WindowCost) ([]byte, error) {
+	b, err := json.Marshal(c)
+	if err != nil {
+		return nil, fmt.Errorf("schemas: window cost: %w", err)
+	}
+	return b, nil
+}
+
+// DecodeWindowCost reads a HeaderWindowCost value: one JSON object with
+// no unknown field, non-negative counts and finite, non-negative hours.
+// Errors wrap ErrDecode and name the header and the field.
+func DecodeWindowCost(b []byte) (WindowCost, error) {
+	fail := func(format string, a ...any) (WindowCost, error) {
+		return WindowCost{}, fmt.Errorf("%w: header %s: %s", ErrDecode, HeaderWindowCost, fmt.Sprintf(format, a...))
+	}
+	var c WindowCost
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&c); err != nil {
+		return fail("%v", err)
+	}
+	if _, err := dec.Token(); err != io.EOF {
+		return fail("data after the object")
+	}
+	if c.Windows < 0 {
+		return fail("windows %d < 0", c.Windows)
+	}
+	if err := c.Admitted.check(); err != nil {
+		return fail("admitted.%v", err)
+	}
+	if err := c.Filtered.check(); err != nil {
+		return fail("filtered.%v", err)
+	}
+	return c, nil
+}
+
+func (c EpisodeCost) check() error {
+	switch {
+	case c.Episodes < 0:
+		return fmt.Errorf("episodes %d < 0", c.Episodes)
+	case c.RolloutTokens < 0:
+		return fmt.Errorf("rollout_tokens %d < 0", c.RolloutTokens)
+	case !(c.GenerationHours >= 0) || math.IsInf(c.GenerationHours, 0):
+		return fmt.Errorf("generation_hours %v not a finite non-negative number", c.GenerationHours)
+	case !(c.EnvironmentHours >= 0) || math.IsInf(c.EnvironmentHours, 0):
+		return fmt.Errorf("environment_hours %v not a finite non-negative number", c.EnvironmentHours)
+	}
+	return nil
+}
+
+// UpdateCost is the cost ledger of one update (docs/SYSTEMS.md §17), in
+// the units of the contract's budgets: Rollout is the generation of the
+// episodes admitted to the batch (those the lag rule then excluded at the
+// update included: StaleTokens says how many of their tokens), Rejected
+// the generation pack filtered in the batch's windows (zero variance,
+// stale, over length, ...), Training the optimizer's work. Windows is
+// the number of pack windows the batch's cost header covered; a batch
+// without that header (written by an older pack, or by hand) has Windows
+// 0 and no rollout or rejected cost.
+type UpdateCost struct {
+	Windows  int          `json:"windows"`
+	Rollout  EpisodeCost  `json:"rollout"`
+	Rejected EpisodeCost  `json:"rejected"`
+	Training TrainingCost `json:"training"`
+}
+
+// Add adds o to c (a run's ledger is the sum of its updates').
+func (c *UpdateCost) Add(o UpdateCost) {
+	c.Windows += o.Windows
+	c.Rollout.Add(o.Rollout)
+	c.Rejected.Add(o.Rejected)
+	c.Training.OptimizerTokens += o.Training.OptimizerTokens
+	c.Training.AcceleratorHours += o.Training.AcceleratorHours
+}
+
+// TrainingCost is an update's optimizer work: OptimizerTokens the trained
+// tokens times the optimizer passes over them (budgets.optimizer_tokens),
+// AcceleratorHours the update's step time (budgets.accelerator_hours).
+type TrainingCost struct {
+	OptimizerTokens  int64   `json:"optimizer_tokens"`
+	AcceleratorHours float64 `json:"accelerator_hours"`
+}
+
+// UpdateCostOf is the ledger of an update from its batch's cost header
+// (nil when the batch had none) and its training work.
+func UpdateCostOf(w *WindowCost, t TrainingCost) UpdateCost {
+	u := UpdateCost{Training: t}
+	if w != nil {
+		u.Windows, u.Rollout, u.Rejected = w.Windows, w.Admitted, w.Filtered
+	}
+	return u
 }
 
 // EncodeWindow returns the JSON document of a window record.
@@ -253,6 +410,9 @@ type UpdateRecord struct {
 	// parameters and optimizer state (BatchID is empty). The releases in
 	// between stay in the store: the failed branch is kept.
 	RolledBackTo *int64 `json:"rolled_back_to,omitempty"`
+	// Cost is the update's cost ledger; absent from a trainer that does
+	// not write it.
+	Cost *UpdateCost `json:"cost,omitempty"`
 	// Trainer holds what a trainer records beyond these fields (an
 	// external trainer's own details, e.g. the Python trainer's); absent for
 	// the built-in one.

@@ -74,6 +74,7 @@ func TestCatalogCoversEveryKind(t *testing.T) {
 	u.StalePolicy, u.NotTrained = "drop", []string{"x"}
 	u.StaleLag, u.Lag = []LagCount{{}}, []LagCount{{}}
 	u.Selection = &UpdateSelection{}
+	u.Cost = &UpdateCost{}
 	for _, s := range []*ObjectiveStats{&u.Last, &u.Metrics.ObjectiveStats} {
 		s.ISWeightMean, s.ISWeightMax, s.ISTruncated = 1, 1, 1
 	}

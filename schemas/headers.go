@@ -25,6 +25,11 @@ const (
 	// HeaderSourceRow is the row index a quarantined single row had in its
 	// original multi-row message.
 	HeaderSourceRow = "trajflow-source-row"
+	// HeaderWindowCost is, on a packed batch, the cost of the episodes
+	// decided in the pack windows of its batch index (WindowCost as JSON):
+	// metadata outside the batch's bytes, which stay a pure function of
+	// the admitted records while latencies are measured.
+	HeaderWindowCost = "trajflow-window-cost"
 )
 
 // Quarantine headers: a quarantine record holds the refused record's key,
@@ -48,6 +53,7 @@ var HeaderDoc = []struct{ Name, Doc string }{
 	{HeaderRound, "update round of a tasks message"},
 	{HeaderAbsent, `group members refused upstream, JSON {"group id":[member,...]}`},
 	{HeaderSourceRow, "row index of a quarantined row in its original message"},
+	{HeaderWindowCost, `packed batch: cost of its windows' episodes, JSON {"windows","admitted","filtered"}`},
 	{HeaderReason, "quarantine: refusal reason code"},
 	{HeaderDetail, "quarantine: what is wrong, naming the field"},
 	{HeaderStage, "quarantine: the refusing stage"},

@@ -11,6 +11,7 @@ import (
 	"github.com/trajflow/trajflow/internal/loop"
 	"github.com/trajflow/trajflow/pipeline"
 	"github.com/trajflow/trajflow/pipeline/contract"
+	"github.com/trajflow/trajflow/schemas"
 )
 
 func init() {
@@ -81,6 +82,7 @@ func cmdDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		return err
 	}
 	fmt.Fprintln(stdout, loop.SummaryLine(s, filepath.Join(o.Out, loop.SummaryFile)))
+	fmt.Fprintln(stdout, costLine(s.Cost))
 	if g := s.Gate; g != nil {
 		stop := "ran every round"
 		if g.Stop != nil {
@@ -90,6 +92,15 @@ func cmdDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error
 			g.Promoted, g.Promotions, g.Rollbacks, stop, g.Usage.RolloutTokens, g.Usage.OptimizerTokens)
 	}
 	return nil
+}
+
+// costLine is the printed form of a run's cost ledger.
+func costLine(c schemas.UpdateCost) string {
+	r, x, t := c.Rollout, c.Rejected, c.Training
+	return fmt.Sprintf("cost: rollout %d episodes, %d tokens, %.3g h generation, %.3g h environment; "+
+		"rejected %d episodes, %d tokens, %.3g h generation, %.3g h environment; training %d optimizer tokens, %.3g accelerator h",
+		r.Episodes, r.RolloutTokens, r.GenerationHours, r.EnvironmentHours,
+		x.Episodes, x.RolloutTokens, x.GenerationHours, x.EnvironmentHours, t.OptimizerTokens, t.AcceleratorHours)
 }
 
 // demoBase makes the contract at path the base of the demo run: its seed

@@ -205,6 +205,9 @@ func (r *runner) onRelease(p *progress, v []byte) error {
 	r.sum.TrainedTokens += u.Metrics.Tokens
 	r.sum.ReleaseTokens = append(r.sum.ReleaseTokens, r.sum.TrainedTokens)
 	r.sum.LagTokens = addLag(r.sum.LagTokens, u.Lag)
+	if u.Cost != nil {
+		r.sum.Cost.Add(*u.Cost)
+	}
 	p.queued = append(p.queued, queuedUpdate{rel, u})
 	return nil
 }

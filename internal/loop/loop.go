@@ -192,6 +192,9 @@ type Summary struct {
 	// or answering garbage) and were run again, by census reason; never
 	// task failures.
 	InfraRetries map[string]int `json:"infra_retries,omitempty"`
+	// Cost is the run's cost ledger: the sum of its update records' (the
+	// rollout, rejected and training accounts, docs/SYSTEMS.md §17).
+	Cost schemas.UpdateCost `json:"cost"`
 	// Env is the accounting of the environment services (with Options.Env).
 	Env *EnvSummary `json:"env,omitempty"`
 	// Gate holds the gate's decisions, the promoted release, the

@@ -69,6 +69,52 @@ func TestDemoDeterministic(t *testing.T) {
 	}
 }
 
+// TestCostLedger: every update record carries its cost ledger, and the
+// run's ledger (their sum) agrees with the census the gate counts toward
+// the budgets: every episode the rollout completed was decided by pack,
+// admitted (the rollout account) or filtered (the rejected one), so the
+// two accounts together hold every rollout token, and the training
+// account every optimizer token.
+func TestCostLedger(t *testing.T) {
+	out := t.TempDir()
+	o := loop.Options{Updates: 3, Seed: 4, Out: out}
+	s := demo(t, o)
+	files, err := pipeline.NewDirReleases(filepath.Join(out, "releases"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ct, err := loop.Contract(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	epochs := int64(ct.Loss.Optimizer.Epochs)
+	var sum schemas.UpdateCost
+	for v := int64(1); v <= int64(s.Updates); v++ {
+		u, err := gpu.ReadUpdate(files, v)
+		if err != nil || u.Cost == nil || u.Cost.Windows < 1 || u.Cost.Rollout.Episodes == 0 ||
+			u.Cost.Training.OptimizerTokens != u.Metrics.Tokens*epochs || u.Cost.Training.AcceleratorHours <= 0 {
+			t.Fatalf("update %d: cost %+v (metrics tokens %d) %v", v, u.Cost, u.Metrics.Tokens, err)
+		}
+		sum.Add(*u.Cost)
+	}
+	if sum != s.Cost {
+		t.Fatalf("summary cost %+v, the update records sum to %+v", s.Cost, sum)
+	}
+	c, g := s.Cost, s.Gate
+	if g == nil || s.Quarantined != 0 {
+		t.Fatalf("gate %v, quarantined %d", g, s.Quarantined)
+	}
+	if c.Rollout.Episodes != s.TrajectoriesAdmitted || c.Rejected.Episodes != s.TrajectoriesFiltered ||
+		c.Rollout.Episodes+c.Rejected.Episodes != s.AttemptsLaunched {
+		t.Fatalf("ledger episodes %d + %d, summary admitted %d filtered %d of %d launched",
+			c.Rollout.Episodes, c.Rejected.Episodes, s.TrajectoriesAdmitted, s.TrajectoriesFiltered, s.AttemptsLaunched)
+	}
+	if c.Rollout.RolloutTokens+c.Rejected.RolloutTokens != g.Usage.RolloutTokens || c.Training.OptimizerTokens != g.Usage.OptimizerTokens {
+		t.Fatalf("ledger rollout %d + rejected %d tokens, training %d; the gate counted %d rollout and %d optimizer tokens",
+			c.Rollout.RolloutTokens, c.Rejected.RolloutTokens, c.Training.OptimizerTokens, g.Usage.RolloutTokens, g.Usage.OptimizerTokens)
+	}
+}
+
 // TestRatioOneThroughKafka: the first update's batch went dispatch ->
 // rollout -> validate -> reward -> advantage -> pack -> train over Kafka;
 // the trainer's recomputed log-probs on its tokens equal the behavior

@@ -81,6 +81,12 @@ type Stage struct {
 	records   int
 	rewardSum float64
 	successes int
+	// cost of every record decided in the open window, by id; carry is
+	// the cost of the closed windows of batch index nextIndex that packed
+	// no batch (every record filtered): the next batch's cost header
+	// includes it (docs/SYSTEMS.md §17).
+	cost  map[string]schemas.EpisodeCost
+	carry schemas.WindowCost
 }
 
 // NewStage validates cfg and returns the stage.
@@ -100,7 +106,7 @@ func NewStage(cfg StageConfig) (*Stage, error) {
 	if cfg.DedupHorizon <= 0 {
 		cfg.DedupHorizon = 7 * 24 * time.Hour
 	}
-	return &Stage{cfg: cfg, win: w, held: map[pipeline.Ref]struct{}{}, recent: idset.NewRing(cfg.DedupMemory)}, nil
+	return &Stage{cfg: cfg, win: w, held: map[pipeline.Ref]struct{}{}, cost: map[string]schemas.EpisodeCost{}, recent: idset.NewRing(cfg.DedupMemory)}, nil
 }
 
 // Name implements pipeline.Stage.
@@ -170,6 +176,9 @@ func (s *Stage) Start(ctx context.Context, env *pipeline.Env) error {
 		}
 		if w.BatchID != "" && !onTopic[w.BatchID] {
 			return nil
+		}
+		if w.BatchID == "" && w.BatchIndex == s.nextIndex && w.Cost != nil {
+			s.carry.Add(*w.Cost)
 		}
 		windows++
 		for _, g := range w.Groups {
@@ -281,6 +290,7 @@ func (s *Stage) Process(ctx context.Context, m pipeline.Message) (pipeline.Resul
 		if out.Outcome == Admitted || out.Outcome == Filtered {
 			s.remember(r.RecordID)
 			s.records++
+			s.cost[r.RecordID] = schemas.EpisodeCostOf(r.Turns)
 			s.rewardSum += r.RewardTotal
 			if r.RewardTotal > 0 {
 				s.successes++
@@ -363,6 +373,16 @@ func (s *Stage) close(ctx context.Context, res *pipeline.Result, by string) erro
 		rec.SuccessRate = float64(s.successes) / float64(s.records)
 	}
 	s.records, s.rewardSum, s.successes = 0, 0, 0
+	cost := schemas.WindowCost{Windows: 1}
+	for _, a := range closed.Admitted {
+		cost.Admitted.Add(s.cost[a.RecordID])
+		delete(s.cost, a.RecordID)
+	}
+	for _, c := range s.cost { // decided, not admitted: filtered
+		cost.Filtered.Add(c)
+	}
+	clear(s.cost)
+	rec.Cost = &cost
 	for _, a := range closed.Admitted {
 		rec.Admitted = append(rec.Admitted, a.RecordID)
 		lag := batch.TrainerVersion - a.PolicyVersion
@@ -381,15 +401,26 @@ func (s *Stage) close(ctx context.Context, res *pipeline.Result, by string) erro
 	wid := schemas.DerivedID("window", s.cfg.RunID+"/"+strings.Join(groups, ",")+"/"+strings.Join(rec.Admitted, ","))
 	res.Outputs = append(res.Outputs, pipeline.Output{Topic: s.cfg.Topics.Windows, Key: []byte(s.cfg.RunID), Value: lin,
 		Headers: stagekit.Headers(schemas.KindWindowRecord, wid)})
-	if len(batch.Rows) > 0 {
+	if len(batch.Rows) == 0 {
+		s.carry.Add(cost)
+	} else {
 		s.env.Metrics().Batch(closed.Stats.Efficiency, closed.Stats.Tokens)
+		total := s.carry
+		total.Add(cost)
+		hc, err := schemas.EncodeWindowCost(total)
+		if err != nil {
+			return fmt.Errorf("pack: batch %d: %w", index, err)
+		}
 		b, release, err := schemas.PackedBatches.EncodePooled(batch)
 		if err != nil {
 			return fmt.Errorf("pack: encode batch %d: %w", index, err)
 		}
+		s.carry = schemas.WindowCost{}
 		res.Outputs = append(res.Outputs, pipeline.Output{
 			Topic: s.cfg.Topics.Batches, Key: []byte(batch.BatchID), Value: b,
-			Headers: stagekit.Headers(schemas.KindPackedBatch, batch.BatchID), Release: release,
+			Headers: append(stagekit.Headers(schemas.KindPackedBatch, batch.BatchID),
+				pipeline.Header{Key: schemas.HeaderWindowCost, Value: hc}),
+			Release: release,
 			// Written once the window record is acknowledged: a pack that
 			// dies in between leaves a window whose batch is missing,
 			// which a restart decides again (Start), never a batch whose

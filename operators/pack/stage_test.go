@@ -2,6 +2,7 @@ package pack
 
 import (
 	"context"
+	"math"
 	"slices"
 	"testing"
 	"time"
@@ -340,4 +341,113 @@ func TestStageRestartAfterCloseKeepsTheClosedWindow(t *testing.T) {
 	if got := groupsOf(third); len(got) != 2 || !slices.Equal(got[0], []string{"g1", "g2"}) || !slices.Equal(got[1], []string{"g3", "g4"}) {
 		t.Fatalf("batch lost: windows %v, want [g1 g2] then [g3 g4]", got)
 	}
+}
+
+// TestStageCostLedger: every window record carries the cost of its
+// decided episodes, admitted and filtered, and a batch's
+// trajflow-window-cost header the cost of every window of its index — a
+// window that filtered everything packs no batch, and its cost rides on
+// the next batch, also across a restart between the two (rebuilt from
+// the windows topic). Expected values are hand-summed from the records.
+func TestStageCostLedger(t *testing.T) {
+	topics, _ := pipeline.TopicsFor("r")
+	o := testOptions()
+	o.BatchTokens, o.BatchGroups = 1<<20, 2
+	cfg := StageConfig{Options: o, Topics: topics, RunID: "r", ContractHash: "h", CountDecidedGroups: true}
+	// rec is a one-turn record of n action tokens (n+3 stream tokens)
+	// whose turn took gen and env microseconds.
+	rec := func(id, group string, v int64, n int, filtered bool, gen, env int64) schemas.Scored {
+		s := small(id, group, v, n)
+		s.Turns[0].GenLatencyUS, s.Turns[0].EnvLatencyUS = gen, env
+		if filtered {
+			s.Group.Filtered = "zero_variance"
+		}
+		return s
+	}
+	msg := func(off int64, rows ...schemas.Scored) pipeline.Message {
+		b, err := schemas.ScoredTrajectories.Encode(nil, rows)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return pipeline.Message{Ref: pipeline.Ref{Topic: topics.Scored, Offset: off}, Key: []byte(rows[0].GroupID), Value: b}
+	}
+	round0 := []pipeline.Message{ // every record filtered: a window without a batch
+		msg(0, rec("a1", "g1", 0, 3, true, 1_000, 2_000), rec("a2", "g1", 0, 3, true, 3_000, 4_000)),
+		msg(1, rec("b1", "g2", 0, 4, true, 5_000, 0), rec("b2", "g2", 0, 4, true, 0, 6_000)),
+	}
+	round1 := []pipeline.Message{
+		msg(2, rec("c1", "g3", 1, 3, false, 10_000, 20_000), rec("c2", "g3", 1, 3, false, 30_000, 40_000)),
+		msg(3, rec("d1", "g4", 1, 5, false, 50_000, 60_000), rec("d2", "g4", 1, 3, true, 70_000, 80_000)),
+	}
+	const h = 3.6e9 // microseconds per hour
+	wantWindow0 := schemas.WindowCost{Windows: 1,
+		Filtered: schemas.EpisodeCost{Episodes: 4, RolloutTokens: 6 + 6 + 7 + 7, GenerationHours: 9_000 / h, EnvironmentHours: 12_000 / h}}
+	wantWindow1 := schemas.WindowCost{Windows: 1,
+		Admitted: schemas.EpisodeCost{Episodes: 3, RolloutTokens: 6 + 6 + 8, GenerationHours: 90_000 / h, EnvironmentHours: 120_000 / h},
+		Filtered: schemas.EpisodeCost{Episodes: 1, RolloutTokens: 6, GenerationHours: 70_000 / h, EnvironmentHours: 80_000 / h}}
+	wantHeader := schemas.WindowCost{Windows: 2, Admitted: wantWindow1.Admitted,
+		Filtered: schemas.EpisodeCost{Episodes: 5, RolloutTokens: 32, GenerationHours: 79_000 / h, EnvironmentHours: 92_000 / h}}
+	drive := func(in []pipeline.Message, scan pipeline.MemScanner) *pipeline.Driven {
+		st, err := NewStage(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		d, err := pipeline.Drive(context.Background(), st, in, pipeline.DriveConfig{QuarantineTopic: topics.Quarantine,
+			Env: pipeline.EnvConfig{Scanner: scan}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return d
+	}
+	windowCosts := func(d *pipeline.Driven) []schemas.WindowCost {
+		var out []schemas.WindowCost
+		for _, m := range d.On(topics.Windows) {
+			w, err := schemas.DecodeWindow(m.Value)
+			if err != nil || w.Cost == nil {
+				t.Fatalf("window record %s: cost %v, %v", m.Value, w.Cost, err)
+			}
+			out = append(out, *w.Cost)
+		}
+		return out
+	}
+	header := func(d *pipeline.Driven) schemas.WindowCost {
+		bs := d.On(topics.Batches)
+		if len(bs) != 1 {
+			t.Fatalf("%d batches, want 1", len(bs))
+		}
+		m := pipeline.Message{Headers: bs[0].Headers}
+		c, err := schemas.DecodeWindowCost(m.Header(schemas.HeaderWindowCost))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return c
+	}
+	one := drive(append(slices.Clone(round0), round1...), nil)
+	if got := windowCosts(one); len(got) != 2 || !costNear(got[0], wantWindow0) || !costNear(got[1], wantWindow1) {
+		t.Fatalf("window costs %+v\nwant %+v and %+v", got, wantWindow0, wantWindow1)
+	}
+	if got := header(one); !costNear(got, wantHeader) {
+		t.Fatalf("batch cost header %+v\nwant %+v", got, wantHeader)
+	}
+	// A restart after the batch-less window: the cost it carries is read
+	// back from the windows topic.
+	first := drive(round0, nil)
+	if len(first.On(topics.Windows)) != 1 || len(first.On(topics.Batches)) != 0 || len(first.Held) != 0 {
+		t.Fatalf("round 0: %d windows, %d batches, held %v", len(first.On(topics.Windows)), len(first.On(topics.Batches)), first.Held)
+	}
+	second := drive(round1, pipeline.MemScanner{topics.Windows: first.Messages(topics.Windows)})
+	if got := header(second); !costNear(got, wantHeader) {
+		t.Fatalf("after a restart the batch cost header is %+v\nwant %+v", got, wantHeader)
+	}
+}
+
+// costNear compares window costs: counts exactly, hours to 1e-12
+// relative (they are sums of per-episode quotients).
+func costNear(a, b schemas.WindowCost) bool {
+	near := func(x, y float64) bool { return math.Abs(x-y) <= 1e-12*math.Max(math.Abs(x), math.Abs(y)) }
+	ep := func(x, y schemas.EpisodeCost) bool {
+		return x.Episodes == y.Episodes && x.RolloutTokens == y.RolloutTokens &&
+			near(x.GenerationHours, y.GenerationHours) && near(x.EnvironmentHours, y.EnvironmentHours)
+	}
+	return a.Windows == b.Windows && ep(a.Admitted, b.Admitted) && ep(a.Filtered, b.Filtered)
 }

@@ -325,6 +325,14 @@ func (s *Stage) Process(ctx context.Context, m pipeline.Message) (pipeline.Resul
 	if err := stagekit.CheckID(&m, batch.BatchID); err != nil {
 		return res, refuse(err)
 	}
+	var wcost *schemas.WindowCost
+	if h := m.Header(schemas.HeaderWindowCost); h != nil {
+		c, err := schemas.DecodeWindowCost(h)
+		if err != nil {
+			return res, refuse(pipeline.Refuse(stagekit.ReasonHeaderMismatch, "batch %s: %v", batch.BatchID, err))
+		}
+		wcost = &c
+	}
 	if batch.BatchIndex <= s.lastIndex {
 		s.env.DuplicateDropped(batch.BatchID)
 		return res, nil // redelivered: trained already
@@ -399,8 +407,11 @@ func (s *Stage) Process(ctx context.Context, m pipeline.Message) (pipeline.Resul
 		}
 		return res, fmt.Errorf("train batch %s: %w", batch.BatchID, err)
 	}
+	secs := time.Since(start).Seconds()
+	cost := schemas.UpdateCostOf(wcost, schemas.TrainingCost{
+		OptimizerTokens: met.Tokens * int64(s.cfg.Epochs), AcceleratorHours: secs / 3600})
 	u := schemas.UpdateRecord{Version: s.tr.Version(), BatchID: batch.BatchID, BatchIndex: batch.BatchIndex,
-		Metrics: met, Last: last, Duplicates: dups, StepSeconds: time.Since(start).Seconds(), MinibatchOrder: order,
+		Metrics: met, Last: last, Duplicates: dups, StepSeconds: secs, MinibatchOrder: order, Cost: &cost,
 		MaxLag: s.cfg.Lag.MaxLag, StalePolicy: s.cfg.Lag.Policy, StaleTokens: lag.StaleTokens,
 		StaleSegments: len(lag.Dropped), NotTrained: lag.Dropped, StaleLag: lag.StaleLag, Lag: lag.Lag,
 		Selection: &lag.Selection}

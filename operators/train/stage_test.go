@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/trajflow/trajflow/gpu"
@@ -215,5 +216,52 @@ func TestStageNeedsReleaseStore(t *testing.T) {
 	_, err = pipeline.Drive(context.Background(), st, nil, pipeline.DriveConfig{Env: pipeline.EnvConfig{Scanner: pipeline.MemScanner{}}})
 	if !errors.Is(err, pipeline.ErrNoReleases) {
 		t.Fatalf("started without a release store: %v", err)
+	}
+}
+
+// TestStageUpdateCost: the update record's cost ledger takes the rollout
+// and rejected generation from the batch's trajflow-window-cost header
+// and adds the update's own optimizer work; a batch without the header
+// records no window, and a malformed header is refused, naming it.
+func TestStageUpdateCost(t *testing.T) {
+	f := newFixture(t)
+	files, err := pipeline.NewDirReleases(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	wc := schemas.WindowCost{Windows: 2,
+		Admitted: schemas.EpisodeCost{Episodes: 8, RolloutTokens: 900, GenerationHours: 0.25, EnvironmentHours: 0.5},
+		Filtered: schemas.EpisodeCost{Episodes: 3, RolloutTokens: 120, GenerationHours: 0.125, EnvironmentHours: 0.0625}}
+	hc, err := schemas.EncodeWindowCost(wc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	withCost := func(m pipeline.Message, v []byte) pipeline.Message {
+		m.Headers = append(m.Headers, pipeline.Header{Key: schemas.HeaderWindowCost, Value: v})
+		return m
+	}
+	b0, b1, b2 := f.batch(0, 0), f.batch(1, 0), f.batch(2, 0)
+	d := f.drive(files, pipeline.MemScanner{},
+		withCost(f.msg(b0, 0), hc), f.msg(b1, 1), withCost(f.msg(b2, 2), []byte(`{"windows":1,"admitted":{"rollout_tokens":-4}}`)))
+	u, err := gpu.ReadUpdate(files, 1)
+	if err != nil || u.Cost == nil {
+		t.Fatalf("update 1: %+v %v", u.Cost, err)
+	}
+	want := schemas.UpdateCost{Windows: 2, Rollout: wc.Admitted, Rejected: wc.Filtered,
+		Training: schemas.TrainingCost{OptimizerTokens: u.Metrics.Tokens * 2, AcceleratorHours: u.StepSeconds / 3600}}
+	if *u.Cost != want || u.Metrics.Tokens == 0 {
+		t.Fatalf("update 1 cost %+v\nwant %+v", *u.Cost, want)
+	}
+	u, err = gpu.ReadUpdate(files, 2)
+	if err != nil || u.Cost == nil || u.Cost.Windows != 0 || u.Cost.Rollout != (schemas.EpisodeCost{}) || u.Cost.Training.OptimizerTokens != u.Metrics.Tokens*2 {
+		t.Fatalf("update 2 (no header): cost %+v %v", u.Cost, err)
+	}
+	q := d.On(f.topics.Quarantine)
+	if r := reasons(q); !slices.Equal(r, []string{"header_mismatch"}) {
+		t.Fatalf("quarantine reasons %v, want [header_mismatch]", r)
+	}
+	qm := pipeline.Message{Headers: q[0].Headers}
+	if detail := string(qm.Header(schemas.HeaderDetail)); !strings.Contains(detail, "trajflow-window-cost") || !strings.Contains(detail, "rollout_tokens") {
+		t.Fatalf("quarantine detail %q does not name the header and field", detail)
 	}
 }

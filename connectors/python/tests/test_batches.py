@@ -2,6 +2,7 @@
 zero-copy views; every malformed message is refused with the reason code
 of the Go runtime."""
 
+import json
 import numpy as np
 import pyarrow as pa
 import pytest
@@ -138,3 +139,25 @@ def test_batch_columns_constant():
     idx = t.column("batch_index").to_pylist()
     idx[2] = 7
     assert refused(stream(replace(t, "batch_index", idx))) == B.REASON_UNDECODABLE
+
+
+def test_window_cost_header():
+    good = {"windows": 2, "admitted": {"episodes": 3, "rollout_tokens": 40, "generation_hours": 0.5, "environment_hours": 0.25},
+            "filtered": {"episodes": 1, "rollout_tokens": 7, "generation_hours": 0, "environment_hours": 0.125}}
+    hdrs = [(B.HEADER_WINDOW_COST, json.dumps(good).encode())]
+    assert B.window_cost(hdrs) == {"windows": 2, "admitted": good["admitted"],
+                                   "filtered": {**good["filtered"], "generation_hours": 0.0}}
+    assert B.window_cost([]) is None
+    u = B.update_cost(B.window_cost(hdrs), 300, 7.2)
+    assert u == {"windows": 2, "rollout": good["admitted"], "rejected": {**good["filtered"], "generation_hours": 0.0},
+                 "training": {"optimizer_tokens": 300, "accelerator_hours": 0.002}}
+    assert B.update_cost(None, 10, 0)["rollout"] == {"episodes": 0, "rollout_tokens": 0, "generation_hours": 0.0,
+                                                     "environment_hours": 0.0}
+    for raw, want in [(b"{", "Expecting"), (b"[1]", "not a JSON object"), (b'{"bogus":1}', "unknown field 'bogus'"),
+                      (b'{"windows":-1}', "windows -1"), (b'{"admitted":{"rollout_tokens":-4}}', "admitted.rollout_tokens -4"),
+                      (b'{"filtered":{"episodes":1.5}}', "filtered.episodes 1.5"),
+                      (b'{"admitted":{"environment_hours":"x"}}', "admitted.environment_hours 'x'")]:
+        with pytest.raises(B.Refusal) as e:
+            B.window_cost([(B.HEADER_WINDOW_COST, raw)])
+        assert e.value.reason == B.REASON_HEADER_MISMATCH
+        assert B.HEADER_WINDOW_COST in e.value.detail and want in e.value.detail, e.value.detail

@@ -110,6 +110,12 @@ def test_protocol(run):
     u1 = json.load(open(os.path.join(rd, update_name(1))))["data"]
     assert u1["batch_index"] == 0 and u1["metrics"]["ratio_min"] == 1.0 and u1["metrics"]["ratio_max"] == 1.0
     assert u1["duplicates"] == 0 and u1["metrics"]["from_version"] == 0 and u1["version"] == 1
+    # No trajflow-window-cost header on these batches: the ledger holds the
+    # optimizer work only.
+    cost = u1["cost"]
+    assert cost["windows"] == 0 and cost["rollout"]["rollout_tokens"] == 0 and cost["rejected"]["episodes"] == 0
+    assert cost["training"]["optimizer_tokens"] == u1["metrics"]["tokens"] * s.cfg.epochs > 0
+    assert cost["training"]["accelerator_hours"] == u1["step_seconds"] / 3600
     u2 = json.load(open(os.path.join(rd, update_name(2))))["data"]
     assert u2["duplicates"] == segs0[0]
     u3 = json.load(open(os.path.join(rd, update_name(3))))["data"]

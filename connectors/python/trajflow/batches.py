@@ -36,6 +36,8 @@ row is ``None``.
 
 from __future__ import annotations
 
+import json
+import math
 import warnings
 from dataclasses import dataclass, field
 from typing import Iterable, Optional
@@ -50,6 +52,7 @@ META_VERSION = b"trajflow.version"
 HEADER_KIND = "trajflow-kind"
 HEADER_VERSION = "trajflow-version"
 HEADER_ID = "trajflow-id"
+HEADER_WINDOW_COST = "trajflow-window-cost"
 
 REASON_UNDECODABLE = "undecodable"
 REASON_WRONG_KIND = "wrong_kind"
@@ -58,6 +61,7 @@ REASON_EMPTY = "empty_message"
 REASON_UNTRAINABLE = "untrainable_batch"
 REASON_CONTRACT_MISMATCH = "contract_mismatch"
 REASON_DUPLICATE_BATCH = "duplicate_batch"
+REASON_HEADER_MISMATCH = "header_mismatch"
 REASON_STALE_BATCH = "stale_batch"
 
 
@@ -153,6 +157,63 @@ def _header(headers: Optional[Iterable], key: str) -> Optional[bytes]:
         if k == key:
             return v if isinstance(v, bytes) else (v.encode() if v is not None else b"")
     return None
+
+
+_EPISODE_COST = (("episodes", int), ("rollout_tokens", int), ("generation_hours", float), ("environment_hours", float))
+
+
+def window_cost(headers) -> Optional[dict]:
+    """The batch's ``trajflow-window-cost`` header (schemas.WindowCost: the
+    cost of the episodes decided in the pack windows of its index,
+    admitted and filtered), or None without one. A malformed value raises
+    Refusal(header_mismatch) naming the header and the field, as the Go
+    trainer refuses it (schemas.DecodeWindowCost)."""
+    raw = _header(headers, HEADER_WINDOW_COST)
+    if raw is None:
+        return None
+
+    def bad(what: str):
+        return Refusal(REASON_HEADER_MISMATCH, f"header {HEADER_WINDOW_COST}: {what}")
+
+    try:
+        doc = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise bad(str(e)) from None
+    if not isinstance(doc, dict):
+        raise bad("not a JSON object")
+    unknown = set(doc) - {"windows", "admitted", "filtered"}
+    if unknown:
+        raise bad(f"unknown field {sorted(unknown)[0]!r}")
+    windows = doc.get("windows", 0)
+    if not isinstance(windows, int) or isinstance(windows, bool) or windows < 0:
+        raise bad(f"windows {windows!r} not a non-negative integer")
+    out = {"windows": windows}
+    for part in ("admitted", "filtered"):
+        src = doc.get(part, {})
+        if not isinstance(src, dict):
+            raise bad(f"{part} not a JSON object")
+        unknown = set(src) - {k for k, _ in _EPISODE_COST}
+        if unknown:
+            raise bad(f"{part}: unknown field {sorted(unknown)[0]!r}")
+        cost = {}
+        for key, typ in _EPISODE_COST:
+            v = src.get(key, 0)
+            ok = isinstance(v, (int, float)) and not isinstance(v, bool) and (typ is float or isinstance(v, int))
+            if not ok or v < 0 or not math.isfinite(v):
+                raise bad(f"{part}.{key} {v!r} not a finite non-negative {'integer' if typ is int else 'number'}")
+            cost[key] = typ(v)
+        out[part] = cost
+    return out
+
+
+def update_cost(wcost: Optional[dict], optimizer_tokens: int, step_seconds: float) -> dict:
+    """An update record's cost ledger (schemas.UpdateCost): the rollout
+    and rejected generation of the batch's windows, and the update's
+    optimizer work in the contract's units."""
+    zero = {k: typ(0) for k, typ in _EPISODE_COST}
+    w = wcost or {"windows": 0, "admitted": zero, "filtered": zero}
+    return {"windows": w["windows"], "rollout": dict(w["admitted"]), "rejected": dict(w["filtered"]),
+            "training": {"optimizer_tokens": int(optimizer_tokens), "accelerator_hours": step_seconds / 3600}}
 
 
 def check_headers(headers) -> None:

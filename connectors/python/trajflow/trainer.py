@@ -302,6 +302,7 @@ class TrainStage:
         c = self.cfg
         try:
             batch = B.decode_packed_batch(m.value, m.headers)
+            wcost = B.window_cost(m.headers)
         except B.Refusal as r:
             return self.refuse(m, r.reason, r.detail)
         if batch.batch_id in self.batches or batch.batch_index <= self.last_index:
@@ -373,6 +374,7 @@ class TrainStage:
         if lag["lag_tokens"]:
             rec["lag_tokens"] = lag["lag_tokens"]
         rec["selection"] = lag["selection"]
+        rec["cost"] = B.update_cost(wcost, rec["metrics"]["tokens"] * c.epochs, secs)
         rec.update({"step_seconds": secs,
                     "trainer": {"trainer": self.backend.name, "torch": torch.__version__,
                                 "source": m.ref, **first.extra, "outputs": [json_records(r) for r in out]}})

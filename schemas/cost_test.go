@@ -1,0 +1,79 @@
+package schemas
+
+import (
+	"errors"
+	"strings"
+	"testing"
+)
+
+// TestEpisodeCostOf: tokens of every turn's prompt, action and
+// observation; latencies summed, then converted to hours.
+func TestEpisodeCostOf(t *testing.T) {
+	turns := []Turn{
+		{PromptIDs: []int32{1, 2, 3}, ActionIDs: []int32{4, 5}, ObservationIDs: []int32{6}, GenLatencyUS: 1_800_000, EnvLatencyUS: 3_600_000},
+		{PromptIDs: []int32{7}, ActionIDs: []int32{8, 9, 10}, GenLatencyUS: 1_800_000, EnvLatencyUS: 7_200_000},
+	}
+	got := EpisodeCostOf(turns)
+	// 3+2+1 + 1+3 tokens; 3.6 s of generation = 0.001 h; 10.8 s of environment = 0.003 h.
+	want := EpisodeCost{Episodes: 1, RolloutTokens: 10, GenerationHours: 0.001, EnvironmentHours: 0.003}
+	if got != want {
+		t.Fatalf("EpisodeCostOf = %+v, want %+v", got, want)
+	}
+	var sum WindowCost
+	sum.Add(WindowCost{Windows: 1, Admitted: want})
+	sum.Add(WindowCost{Windows: 1, Admitted: want, Filtered: want})
+	if sum.Windows != 2 || sum.Admitted.Episodes != 2 || sum.Admitted.RolloutTokens != 20 || sum.Filtered.RolloutTokens != 10 {
+		t.Fatalf("sum %+v", sum)
+	}
+}
+
+// TestDecodeWindowCost: a header that round-trips, and the refusals, each
+// naming the header and what is wrong.
+func TestDecodeWindowCost(t *testing.T) {
+	c := WindowCost{Windows: 2, Admitted: EpisodeCost{Episodes: 3, RolloutTokens: 40, GenerationHours: 0.5, EnvironmentHours: 0.25}}
+	b, err := EncodeWindowCost(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, err := DecodeWindowCost(b); err != nil || got != c {
+		t.Fatalf("round trip: %+v %v", got, err)
+	}
+	for _, tc := range []struct{ name, in, want string }{
+		{"empty", ``, "EOF"},
+		{"not an object", `[1]`, "cannot unmarshal"},
+		{"unknown field", `{"windows":1,"bogus":2}`, `unknown field "bogus"`},
+		{"trailing data", `{"windows":1} {}`, "data after the object"},
+		{"negative windows", `{"windows":-1}`, "windows -1 < 0"},
+		{"negative episodes", `{"filtered":{"episodes":-2}}`, "filtered.episodes -2 < 0"},
+		{"negative tokens", `{"admitted":{"rollout_tokens":-4}}`, "admitted.rollout_tokens -4 < 0"},
+		{"negative hours", `{"admitted":{"environment_hours":-0.5}}`, "admitted.environment_hours -0.5"},
+		{"huge number", `{"admitted":{"generation_hours":1e999}}`, "generation_hours"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := DecodeWindowCost([]byte(tc.in))
+			if err == nil || !errors.Is(err, ErrDecode) || !strings.Contains(err.Error(), HeaderWindowCost) || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("DecodeWindowCost(%q) = %v, want an ErrDecode naming %s and %q", tc.in, err, HeaderWindowCost, tc.want)
+			}
+		})
+	}
+}
+
+func FuzzDecodeWindowCost(f *testing.F) {
+	for _, s := range []string{`{"windows":1,"admitted":{"episodes":2,"rollout_tokens":9,"generation_hours":0.1,"environment_hours":0.2},"filtered":{}}`, `{}`, `{"windows":-1}`} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		c, err := DecodeWindowCost(data)
+		if err != nil {
+			checkDecodeError(t, err)
+			return
+		}
+		b, err := EncodeWindowCost(c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if c2, err := DecodeWindowCost(b); err != nil || c2 != c {
+			t.Fatalf("re-encoded %s decodes to %+v, %v; want %+v", b, c2, err, c)
+		}
+	})
+}
