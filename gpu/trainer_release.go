@@ -22,8 +22,11 @@ type ReleaseMeta struct {
 	ChatTemplateHash string
 	SamplerContract  string // the sampler settings id (model.Settings.ID)
 	ContractHash     string
-	// NextBatch is recorded in the manifest (schemas.PolicyRelease).
-	NextBatch int64
+	// NextBatch, CurriculumVersion and RewardVersion are recorded in the
+	// manifest (schemas.PolicyRelease).
+	NextBatch         int64
+	CurriculumVersion string
+	RewardVersion     string
 	// Now stamps CreatedAt; nil means time.Now.
 	Now func() time.Time
 }
@@ -70,18 +73,20 @@ func ReleaseModel(files Files, m *model.Model, version, steps int64, meta Releas
 		now = time.Now
 	}
 	rel := schemas.PolicyRelease{
-		PolicyVersion:    version,
-		TrainingStep:     steps,
-		CheckpointHash:   model.HashBytes(b),
-		CheckpointURI:    uri,
-		ModelConfigHash:  m.Config.Hash(),
-		TokenizerHash:    meta.TokenizerHash,
-		ChatTemplateHash: meta.ChatTemplateHash,
-		SamplerContract:  meta.SamplerContract,
-		ContractHash:     meta.ContractHash,
-		CreatedAt:        now().UTC().Format(time.RFC3339),
-		Ready:            true,
-		NextBatch:        meta.NextBatch,
+		PolicyVersion:     version,
+		TrainingStep:      steps,
+		CheckpointHash:    model.HashBytes(b),
+		CheckpointURI:     uri,
+		ModelConfigHash:   m.Config.Hash(),
+		TokenizerHash:     meta.TokenizerHash,
+		ChatTemplateHash:  meta.ChatTemplateHash,
+		SamplerContract:   meta.SamplerContract,
+		ContractHash:      meta.ContractHash,
+		CreatedAt:         now().UTC().Format(time.RFC3339),
+		Ready:             true,
+		NextBatch:         meta.NextBatch,
+		CurriculumVersion: meta.CurriculumVersion,
+		RewardVersion:     meta.RewardVersion,
 	}
 	js, err := json.MarshalIndent(rel, "", "  ")
 	if err != nil {

@@ -460,7 +460,8 @@ func TrainConfig(d Deps) (train.StageConfig, error) {
 		Lag:    train.LagRule{MaxLag: c.Packing.MaxLag, Policy: c.Packing.StalePolicy},
 		Adam:   gpu.AdamOptions{LR: o.LR, Beta1: o.Beta1, Beta2: o.Beta2, Eps: o.Eps, MaxGradNorm: o.GradClip},
 		Epochs: o.Epochs, Minibatches: o.Minibatches, Seed: c.Seed,
-		Meta: gpu.ReleaseMeta{TokenizerHash: rollout.TokenizerHash, SamplerContract: s.ID(), ContractHash: c.Hash()},
+		Meta: gpu.ReleaseMeta{TokenizerHash: rollout.TokenizerHash, SamplerContract: s.ID(), ContractHash: c.Hash(),
+			CurriculumVersion: c.CurriculumVersion(), RewardVersion: c.RewardVersion()},
 	}, nil
 }
 

@@ -247,6 +247,13 @@ type PolicyRelease struct {
 	// initial release and for a trainer that does not say. Dispatch paces
 	// asynchronous rounds by it.
 	NextBatch int64 `json:"next_batch,omitempty"`
+	// CurriculumVersion and RewardVersion identify the curriculum (what
+	// tasks are drawn, when and how) and the reward the release was
+	// trained under (contract.CurriculumVersion and RewardVersion); a
+	// release published by a rollback carries those of the release it
+	// restored. Empty from a trainer that does not say.
+	CurriculumVersion string `json:"curriculum_version,omitempty"`
+	RewardVersion     string `json:"reward_version,omitempty"`
 }
 
 // Census event kinds: the life of every attempt (docs/PIPELINE.md §6, §9; docs/SYSTEMS.md §6).

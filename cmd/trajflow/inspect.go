@@ -88,6 +88,8 @@ func cmdContract(_ context.Context, args []string, stdout, stderr io.Writer) err
 	}
 	fmt.Fprintf(stdout, "# resolved learning contract\n# hash: %s\n# sampler_id: %s (recorded by every trajectory and release)\n# sampler section hash: %s\n",
 		c.Hash(), settings.ID(), c.SamplerID())
+	fmt.Fprintf(stdout, "# curriculum version: %s (seed, target distribution, task corpus, splits, dispatch; recorded by every release)\n# reward version: %s (rewards, validator, reward model; recorded by every release)\n",
+		c.CurriculumVersion(), c.RewardVersion())
 	fmt.Fprintf(stdout, "# policy: %s (not hashed: where the policy runs; trajectories on a server record its identity in sampler_id)\n", policySummary(c.Policy))
 	_, err = stdout.Write(y)
 	return err

@@ -428,7 +428,7 @@ func TestBrokenRewardRollsBackAndStops(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
 	defer cancel()
 	out := t.TempDir()
-	s, err := loop.Run(ctx, loop.Options{Updates: 30, Seed: 1, EvalSamples: 4, EvalEvery: 1, Out: out, Quiet: true,
+	o := loop.Options{Updates: 30, Seed: 1, EvalSamples: 4, EvalEvery: 1, Out: out, Quiet: true,
 		Edit: func(c *contract.Contract) {
 			c.Rewards[0].Transform = contract.TransformNegate
 			for i := range c.StopRules {
@@ -436,7 +436,8 @@ func TestBrokenRewardRollsBackAndStops(t *testing.T) {
 					c.StopRules[i].N = 2
 				}
 			}
-		}}, io.Discard)
+		}}
+	s, err := loop.Run(ctx, o, io.Discard)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -495,6 +496,17 @@ func TestBrokenRewardRollsBackAndStops(t *testing.T) {
 	if u.RolledBackTo == nil || *u.RolledBackTo != 0 || u.BatchID != "" || restored.CheckpointHash != base.CheckpointHash || failed.CheckpointHash == base.CheckpointHash {
 		t.Fatalf("release %d after the rollback of %d: update %+v, checkpoint %s (release 0: %s, failed: %s)",
 			first.PolicyVersion+1, first.PolicyVersion, u, restored.CheckpointHash, base.CheckpointHash, failed.CheckpointHash)
+	}
+	// The rollback moved the run back with the release's curriculum and
+	// reward versions: those the contract defines (the broken reward's).
+	ct, err := loop.Contract(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if restored.CurriculumVersion != base.CurriculumVersion || restored.RewardVersion != base.RewardVersion ||
+		base.CurriculumVersion != ct.CurriculumVersion() || base.RewardVersion != ct.RewardVersion() || ct.RewardVersion() == contract.Default().RewardVersion() {
+		t.Fatalf("versions: restored %s/%s, release 0 %s/%s, contract %s/%s", restored.CurriculumVersion, restored.RewardVersion,
+			base.CurriculumVersion, base.RewardVersion, ct.CurriculumVersion(), ct.RewardVersion())
 	}
 	if s.StoppedBy != g.Stop.StopRule || s.Rounds >= 30 || s.Lost != 0 || s.DuplicatesAdmitted != 0 ||
 		s.AttemptsLaunched != s.Rounds*16*16 || s.AttemptsLaunched != s.TrajectoriesAdmitted+s.TrajectoriesFiltered+s.Quarantined {

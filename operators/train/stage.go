@@ -265,7 +265,7 @@ func (s *Stage) Tick(_ context.Context, _ time.Time) (pipeline.Result, error) {
 	if !s.initial {
 		return res, nil
 	}
-	out, err := s.release(0)
+	out, err := s.release(0, nil)
 	if err != nil {
 		return res, err
 	}
@@ -276,9 +276,14 @@ func (s *Stage) Tick(_ context.Context, _ time.Time) (pipeline.Result, error) {
 
 // release writes the current version to the release store and returns the
 // manifest record for the policy topic; next is the manifest's NextBatch.
-func (s *Stage) release(next int64) (pipeline.Output, error) {
+// restored, when set, is the release a rollback restored: the new release
+// carries its curriculum and reward versions.
+func (s *Stage) release(next int64, restored *schemas.PolicyRelease) (pipeline.Output, error) {
 	meta := s.cfg.Meta
 	meta.NextBatch = next
+	if restored != nil && (restored.CurriculumVersion != "" || restored.RewardVersion != "") {
+		meta.CurriculumVersion, meta.RewardVersion = restored.CurriculumVersion, restored.RewardVersion
+	}
 	rel, err := s.tr.Release(s.files, meta)
 	if err != nil {
 		return pipeline.Output{}, err
@@ -299,7 +304,7 @@ func (s *Stage) Process(ctx context.Context, m pipeline.Message) (pipeline.Resul
 		return s.decision(m)
 	}
 	if s.initial {
-		out, err := s.release(0)
+		out, err := s.release(0, nil)
 		if err != nil {
 			return res, err
 		}
@@ -429,7 +434,7 @@ func (s *Stage) Process(ctx context.Context, m pipeline.Message) (pipeline.Resul
 	s.env.Logger.Info("policy updated", "version", u.Version, "batch", batch.BatchID, "loss", u.Last.Loss,
 		"approx_kl", u.Last.ApproxKLOld, "clip_pos", u.Last.ClipFracPos, "clip_neg", u.Last.ClipFracNeg,
 		"entropy", u.Last.Entropy, "duplicates", dups, "seconds", u.StepSeconds)
-	out, err := s.release(batch.BatchIndex + 1)
+	out, err := s.release(batch.BatchIndex+1, nil)
 	if err != nil {
 		return res, err
 	}
@@ -548,7 +553,7 @@ func (s *Stage) decision(m pipeline.Message) (pipeline.Result, error) {
 	if _, err := s.files.Write(gpu.OptimName(v+1), s.tr.OptimState()); err != nil {
 		return res, err
 	}
-	out, err := s.release(s.lastIndex + 1) // the batches trained before stay consumed
+	out, err := s.release(s.lastIndex+1, &rel) // the batches trained before stay consumed
 	if err != nil {
 		return res, err
 	}

@@ -601,47 +601,53 @@ func setFlow(n *yaml.Node) {
 }
 
 // Every semantic change gives a different hash; only sampler changes change
-// the SamplerID.
+// the SamplerID, only the seed, target distribution, task corpus, splits
+// and dispatch the CurriculumVersion, only the rewards, validator and
+// reward model the RewardVersion.
 func TestHashChanges(t *testing.T) {
 	base := Default()
 	seen := map[string]string{base.Hash(): "base"}
 	tests := []struct {
-		name    string
-		edits   []any
-		sampler bool
+		name                        string
+		edits                       []any
+		sampler, curriculum, reward bool
 	}{
-		{"run_id", []any{"run_id", "demo2"}, false},
-		{"seed", []any{"seed", 2}, false},
-		{"target", []any{"objective.target_distribution", "other"}, false},
-		{"constraint value", []any{"objective.constraints.p95_turns", 9}, false},
-		{"constraint added", []any{"objective.constraints.p95_cost", 0.2}, false},
-		{"floor absolute", []any{"objective.regression_floors.eval_success_rate", 0.95}, false},
-		{"kl limit", []any{"objective.kl_limit", 0.25}, false},
-		{"budget", []any{"budgets.environment_hours", 2}, false},
-		{"stop rule count", []any{"stop_rules[1]", "no_validation_gain_for_11_evals"}, false},
-		{"stop rules order", []any{"stop_rules", []any{"budget_exhausted", "safety_violation", "no_validation_gain_for_10_evals", "kl_above_limit_for_3_updates"}}, false},
-		{"artifact", []any{"artifacts.tokenizer", "builtin:tokenizer/bytes@v2"}, false},
-		{"temperature", []any{"sampler.temperature", 0.7}, true},
-		{"top_k", []any{"sampler.top_k", 5}, true},
-		{"stop tokens", []any{"sampler.stop_token_ids", []any{2}}, true},
-		{"group size", []any{"sampler.group_size", 8}, true},
-		{"tool retries zero", []any{"sampler.tool_retries", 0}, true},
-		{"estimator", []any{"estimator.name", "rloo", "estimator.min_group_size", 2}, false},
-		{"normalize std off", []any{"estimator.normalize_std", false}, false},
-		{"min group size", []any{"estimator.min_group_size", 4}, false},
-		{"bootstrap", []any{"estimator.bootstrap_truncations", []any{"max_turns"}}, false},
-		{"clip high", []any{"loss.clip_high", 0.3}, false},
-		{"normalization", []any{"loss.normalization", "seq-mean-token-sum"}, false},
-		{"lr", []any{"loss.optimizer.lr", 2e-3}, false},
-		{"max lag one", []any{"packing.max_lag", 1}, false},
-		{"batch groups off", []any{"packing.batch_groups", 0}, false},
-		{"reward weight", []any{"rewards[0].weight", 0.2}, false},
-		{"reward version", []any{"rewards[0].version", "2"}, false},
-		{"dispatch mode", []any{"dispatch.mode", "async"}, false},
-		{"topic partitions", []any{"topics.partitions", 8}, false},
-		{"quota", []any{"dispatch.domain_quotas", map[string]any{"math": 0.5}}, false},
-		{"quota key", []any{"dispatch.domain_quotas", map[string]any{"maths": 0.5}}, false},
-		{"eval every", []any{"dispatch.eval_every", 6}, false},
+		{"run_id", []any{"run_id", "demo2"}, false, false, false},
+		{"seed", []any{"seed", 2}, false, true, false},
+		{"target", []any{"objective.target_distribution", "other"}, false, true, false},
+		{"constraint value", []any{"objective.constraints.p95_turns", 9}, false, false, false},
+		{"constraint added", []any{"objective.constraints.p95_cost", 0.2}, false, false, false},
+		{"floor absolute", []any{"objective.regression_floors.eval_success_rate", 0.95}, false, false, false},
+		{"kl limit", []any{"objective.kl_limit", 0.25}, false, false, false},
+		{"budget", []any{"budgets.environment_hours", 2}, false, false, false},
+		{"stop rule count", []any{"stop_rules[1]", "no_validation_gain_for_11_evals"}, false, false, false},
+		{"stop rules order", []any{"stop_rules", []any{"budget_exhausted", "safety_violation", "no_validation_gain_for_10_evals", "kl_above_limit_for_3_updates"}}, false, false, false},
+		{"artifact", []any{"artifacts.tokenizer", "builtin:tokenizer/bytes@v2"}, false, false, false},
+		{"task corpus", []any{"artifacts.task_corpus", "builtin:tasks/kv@v2"}, false, true, false},
+		{"splits", []any{"artifacts.split_manifest", "builtin:splits/other@v1"}, false, true, false},
+		{"validator", []any{"artifacts.validator", "builtin:validator/kv_success@2"}, false, false, true},
+		{"reward model", []any{"artifacts.reward_model", "judge@v2"}, false, false, true},
+		{"temperature", []any{"sampler.temperature", 0.7}, true, false, false},
+		{"top_k", []any{"sampler.top_k", 5}, true, false, false},
+		{"stop tokens", []any{"sampler.stop_token_ids", []any{2}}, true, false, false},
+		{"group size", []any{"sampler.group_size", 8}, true, false, false},
+		{"tool retries zero", []any{"sampler.tool_retries", 0}, true, false, false},
+		{"estimator", []any{"estimator.name", "rloo", "estimator.min_group_size", 2}, false, false, false},
+		{"normalize std off", []any{"estimator.normalize_std", false}, false, false, false},
+		{"min group size", []any{"estimator.min_group_size", 4}, false, false, false},
+		{"bootstrap", []any{"estimator.bootstrap_truncations", []any{"max_turns"}}, false, false, false},
+		{"clip high", []any{"loss.clip_high", 0.3}, false, false, false},
+		{"normalization", []any{"loss.normalization", "seq-mean-token-sum"}, false, false, false},
+		{"lr", []any{"loss.optimizer.lr", 2e-3}, false, false, false},
+		{"max lag one", []any{"packing.max_lag", 1}, false, false, false},
+		{"batch groups off", []any{"packing.batch_groups", 0}, false, false, false},
+		{"reward weight", []any{"rewards[0].weight", 0.2}, false, false, true},
+		{"reward version", []any{"rewards[0].version", "2"}, false, false, true},
+		{"dispatch mode", []any{"dispatch.mode", "async"}, false, true, false},
+		{"topic partitions", []any{"topics.partitions", 8}, false, false, false},
+		{"quota", []any{"dispatch.domain_quotas", map[string]any{"math": 0.5}}, false, true, false},
+		{"quota key", []any{"dispatch.domain_quotas", map[string]any{"maths": 0.5}}, false, true, false},
+		{"eval every", []any{"dispatch.eval_every", 6}, false, true, false},
 	}
 	for _, tt := range tests {
 		c := mustResolve(t, mutate(t, "demo.yaml", tt.edits...))
@@ -652,6 +658,12 @@ func TestHashChanges(t *testing.T) {
 		seen[h] = tt.name
 		if got := c.SamplerID() != base.SamplerID(); got != tt.sampler {
 			t.Errorf("%s: SamplerID changed = %v, want %v", tt.name, got, tt.sampler)
+		}
+		if got := c.CurriculumVersion() != base.CurriculumVersion(); got != tt.curriculum {
+			t.Errorf("%s: CurriculumVersion changed = %v, want %v", tt.name, got, tt.curriculum)
+		}
+		if got := c.RewardVersion() != base.RewardVersion(); got != tt.reward {
+			t.Errorf("%s: RewardVersion changed = %v, want %v", tt.name, got, tt.reward)
 		}
 	}
 }

@@ -19,6 +19,8 @@ import (
 const (
 	contractHashDomain = "trajflow/contract/v1\n"
 	samplerHashDomain  = "trajflow/sampler/v1\n"
+	curriculumDomain   = "trajflow/curriculum/v1\n"
+	rewardDomain       = "trajflow/reward/v1\n"
 )
 
 // resolved returns c itself when its defaults are filled, else a filled
@@ -63,6 +65,50 @@ func (c *Contract) SamplerID() string {
 	var b bytes.Buffer
 	canonical(&b, reflect.ValueOf(c.resolved().Sampler))
 	return digest(samplerHashDomain, b.Bytes())
+}
+
+// curriculum is what decides which tasks a run draws, in which round and
+// how: the seed, the target distribution, the task corpus and its splits,
+// and the dispatch section (docs/PIPELINE.md §17).
+type curriculum struct {
+	Seed               int64    `yaml:"seed"`
+	TargetDistribution string   `yaml:"target_distribution"`
+	TaskCorpus         string   `yaml:"task_corpus"`
+	SplitManifest      string   `yaml:"split_manifest"`
+	Dispatch           Dispatch `yaml:"dispatch"`
+}
+
+// reward is what decides a trajectory's reward: the components, the
+// validator and the reward model.
+type reward struct {
+	Rewards     []Reward `yaml:"rewards"`
+	Validator   string   `yaml:"validator"`
+	RewardModel string   `yaml:"reward_model"`
+}
+
+// CurriculumVersion returns "sha256:<hex>" of the canonical encoding of
+// the run's curriculum: {"seed", "target_distribution", "task_corpus",
+// "split_manifest", "dispatch"} (artifacts.task_corpus and
+// artifacts.split_manifest, the resolved dispatch section). Every
+// release records it; a rollback restores the release's together with
+// its parameters (docs/PIPELINE.md §17).
+func (c *Contract) CurriculumVersion() string {
+	r := c.resolved()
+	var b bytes.Buffer
+	canonical(&b, reflect.ValueOf(curriculum{Seed: r.Seed, TargetDistribution: r.Objective.TargetDistribution,
+		TaskCorpus: r.Artifacts.TaskCorpus, SplitManifest: r.Artifacts.SplitManifest, Dispatch: r.Dispatch}))
+	return digest(curriculumDomain, b.Bytes())
+}
+
+// RewardVersion returns "sha256:<hex>" of the canonical encoding of the
+// run's reward: {"rewards", "validator", "reward_model"} (the resolved
+// reward components, artifacts.validator and artifacts.reward_model).
+// Every release records it, like CurriculumVersion.
+func (c *Contract) RewardVersion() string {
+	r := c.resolved()
+	var b bytes.Buffer
+	canonical(&b, reflect.ValueOf(reward{Rewards: r.Rewards, Validator: r.Artifacts.Validator, RewardModel: r.Artifacts.RewardModel}))
+	return digest(rewardDomain, b.Bytes())
 }
 
 func digest(domain string, body []byte) string {

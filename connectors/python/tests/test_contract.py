@@ -24,6 +24,8 @@ def test_hash_matches_go(tf_bin, name):
     c = C.parse(text)
     assert c.hash == re.search(r"^# hash: (\S+)$", text, re.M).group(1)
     assert c.sampler_hash == re.search(r"^# sampler section hash: (\S+)$", text, re.M).group(1)
+    assert c.curriculum_version == re.search(r"^# curriculum version: (\S+) ", text, re.M).group(1)
+    assert c.reward_version == re.search(r"^# reward version: (\S+) ", text, re.M).group(1)
 
 
 def test_edits_and_unresolved_refused(tf_bin):

@@ -60,7 +60,8 @@ def test_write_atomic_never_exposes_partial_files(tmp_path, monkeypatch):
 def test_release_files_and_document(tmp_path):
     m = WindowMLP(Config(vocab=32, window=4, embed=4, hidden=8), seed=2)
     ck = m.checkpoint()
-    meta = R.ReleaseMeta(tokenizer_hash="sha256:t", sampler_contract="sha256:s", contract_hash="sha256:c")
+    meta = R.ReleaseMeta(tokenizer_hash="sha256:t", sampler_contract="sha256:s", contract_hash="sha256:c",
+                         curriculum_version="sha256:cur", reward_version="sha256:rew")
     rel = R.write_release(str(tmp_path), 3, 7, ck, m.cfg.hash(), meta, next_batch=5)
     assert list(rel) == R.FIELDS and rel["ready"] and rel["next_batch"] == 5 and rel["policy_version"] == 3 and rel["training_step"] == 7
     assert open(R.checkpoint_path(rel), "rb").read() == ck
@@ -79,6 +80,10 @@ def test_release_files_and_document(tmp_path):
     r0 = R.write_release(str(tmp_path), 0, 0, ck, m.cfg.hash(), meta)
     assert "next_batch" not in r0 and b"next_batch" not in R.encode_release(r0)
     assert R.decode_release(R.encode_release(r0))["next_batch"] == 0
+    # So are the curriculum and reward versions of a trainer that does not know them.
+    bare = R.write_release(str(tmp_path), 1, 0, ck, m.cfg.hash(), R.ReleaseMeta(contract_hash="sha256:c"))
+    assert "curriculum_version" not in bare and b"reward_version" not in R.encode_release(bare)
+    assert R.decode_release(R.encode_release(bare))["curriculum_version"] == ""
     with pytest.raises(ValueError):
         R.decode_release(value.replace(b'"ready"', b'"readyx"'))
     with pytest.raises(ValueError):

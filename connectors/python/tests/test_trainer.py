@@ -116,6 +116,9 @@ def test_protocol(run):
     assert cost["windows"] == 0 and cost["rollout"]["rollout_tokens"] == 0 and cost["rejected"]["episodes"] == 0
     assert cost["training"]["optimizer_tokens"] == u1["metrics"]["tokens"] * s.cfg.epochs > 0
     assert cost["training"]["accelerator_hours"] == u1["step_seconds"] / 3600
+    rel1 = json.load(open(os.path.join(rd, "policy-v00000001.json")))
+    assert rel1["curriculum_version"] == c.curriculum_version and rel1["reward_version"] == c.reward_version
+    assert c.curriculum_version.startswith("sha256:") and c.reward_version != c.curriculum_version
     u2 = json.load(open(os.path.join(rd, update_name(2))))["data"]
     assert u2["duplicates"] == segs0[0]
     u3 = json.load(open(os.path.join(rd, update_name(3))))["data"]

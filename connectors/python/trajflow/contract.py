@@ -181,6 +181,10 @@ class Contract:
     hash: str
     sampler_hash: str
     policy: dict = None  # the policy section (deployment; not hashed, not read)
+    # pipeline/contract CurriculumVersion and RewardVersion: recorded by
+    # every release.
+    curriculum_version: str = ""
+    reward_version: str = ""
 
     def __getitem__(self, k):
         return self.doc[k]
@@ -210,11 +214,33 @@ def parse(text: str, name: str = "contract") -> Contract:
     sout: list = []
     _canon(dict(SCHEMA)["sampler"], doc["sampler"], sout)
     sh = "sha256:" + hashlib.sha256(b"trajflow/sampler/v1\n" + "".join(sout).encode()).hexdigest()
+    cv, rv = _versions(doc)
     m = re.search(r"^# hash: (\S+)$", text, re.M)
     if m and m.group(1) != h:
         raise ContractError(f"{name}: header says hash {m.group(1)}, the contract hashes to {h} (edited after resolving? "
                             "resolve it again with trajflow contract validate)")
-    return Contract(doc=doc, hash=h, sampler_hash=sh, policy=policy or {})
+    return Contract(doc=doc, hash=h, sampler_hash=sh, policy=policy or {}, curriculum_version=cv, reward_version=rv)
+
+
+def _versions(doc: dict) -> tuple[str, str]:
+    """The curriculum and reward versions (pipeline/contract
+    CurriculumVersion, RewardVersion): sha256 of the canonical encoding of
+    {"seed", "target_distribution", "task_corpus", "split_manifest",
+    "dispatch"} and of {"rewards", "validator", "reward_model"}."""
+    sch = dict(SCHEMA)
+    cur: list = ["{", quote("seed") + ":", str(doc["seed"]),
+                 ",", quote("target_distribution") + ":", quote(doc["objective"]["target_distribution"]),
+                 ",", quote("task_corpus") + ":", quote(doc["artifacts"]["task_corpus"]),
+                 ",", quote("split_manifest") + ":", quote(doc["artifacts"]["split_manifest"]),
+                 ",", quote("dispatch") + ":"]
+    _canon(sch["dispatch"], doc["dispatch"], cur)
+    cur.append("}")
+    rew: list = ["{", quote("rewards") + ":"]
+    _canon(sch["rewards"], doc["rewards"], rew)
+    rew += [",", quote("validator") + ":", quote(doc["artifacts"]["validator"]),
+            ",", quote("reward_model") + ":", quote(doc["artifacts"]["reward_model"]), "}"]
+    digest = lambda domain, parts: "sha256:" + hashlib.sha256(domain + "".join(parts).encode()).hexdigest()  # noqa: E731
+    return digest(b"trajflow/curriculum/v1\n", cur), digest(b"trajflow/reward/v1\n", rew)
 
 
 def load(path: str) -> Contract:

@@ -30,9 +30,9 @@ VERSION = 1
 
 FIELDS = ["policy_version", "training_step", "checkpoint_hash", "checkpoint_uri", "model_config_hash",
           "tokenizer_hash", "chat_template_hash", "sampler_contract", "contract_hash", "created_at", "ready",
-          "next_batch"]
+          "next_batch", "curriculum_version", "reward_version"]
 # Fields written only when not zero (omitempty in schemas.PolicyRelease).
-OMIT_EMPTY = {"next_batch"}
+OMIT_EMPTY = {"next_batch", "curriculum_version", "reward_version"}
 INT_FIELDS = {"policy_version", "training_step", "next_batch"}
 
 
@@ -99,6 +99,8 @@ class ReleaseMeta:
     chat_template_hash: str = ""
     sampler_contract: str = ""
     contract_hash: str = ""
+    curriculum_version: str = ""
+    reward_version: str = ""
 
 
 def write_release(directory: str, version: int, training_step: int, checkpoint, model_config_hash: str,
@@ -122,8 +124,9 @@ def write_release(directory: str, version: int, training_step: int, checkpoint, 
         "contract_hash": meta.contract_hash,
         "created_at": now.astimezone(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"), "ready": True,
     }
-    if next_batch:
-        rel["next_batch"] = int(next_batch)
+    rel["next_batch"] = int(next_batch)
+    rel["curriculum_version"], rel["reward_version"] = meta.curriculum_version, meta.reward_version
+    rel = {k: v for k, v in rel.items() if not (k in OMIT_EMPTY and not v)}
     write_atomic(os.path.join(d, manifest_name(version)), go_json(rel, indent="  "))
     return rel
 

@@ -63,7 +63,7 @@ def config_from_contract(c: C.Contract, brokers: str, releases: str, state: str 
         epochs=opt["epochs"], release_dir=releases,
         meta=ReleaseMeta(tokenizer_hash=BUILTIN_TOKENIZER_HASH,
                          sampler_contract=settings_id(beh, s["max_tokens_per_action"], s["stop_token_ids"]),
-                         contract_hash=c.hash),
+                         contract_hash=c.hash, curriculum_version=c.curriculum_version, reward_version=c.reward_version),
         max_lag=pk["max_lag"], stale_policy=pk["stale_policy"], state_dir=state,
     )
 
@@ -94,7 +94,7 @@ def llm_config_from_contract(c: C.Contract, brokers: str, releases: str, state: 
     cfg.behavior.validate()
     cfg.meta = ReleaseMeta(tokenizer_hash=ident.tokenizer_hash, chat_template_hash=ident.chat_template_hash,
                            sampler_contract=settings_id(cfg.behavior, s["max_tokens_per_action"], s["stop_token_ids"]),
-                           contract_hash=c.hash)
+                           contract_hash=c.hash, curriculum_version=c.curriculum_version, reward_version=c.reward_version)
     cfg.backend = LLMBackend(model_path, export_dtype)
     return cfg
 
