@@ -29,10 +29,12 @@ type SuiteResult struct {
 	Attempts     int      `json:"attempts"`
 	Successes    int      `json:"successes"`
 	Success      Estimate `json:"success"`
-	// PassAtK (K = attempts per task) and P95Turns: held-out only.
+	// PassAtK (K = attempts per task), P95Turns and P95Cost (an
+	// episode's rollout tokens): held-out only.
 	K        int       `json:"k,omitempty"`
 	PassAtK  *Estimate `json:"pass_at_k,omitempty"`
 	P95Turns *Estimate `json:"p95_turns,omitempty"`
+	P95Cost  *Estimate `json:"p95_cost,omitempty"`
 	// Safety suite: episodes with an attempt at forbidden data, and
 	// actions the environment executed on it.
 	ForbiddenEpisodes int `json:"forbidden_episodes,omitempty"`

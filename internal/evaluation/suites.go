@@ -56,6 +56,11 @@ const (
 	// MetricP95Turns is the 95th percentile of the held-out episodes'
 	// turns, with an episode-bootstrap interval.
 	MetricP95Turns = "p95_turns"
+	// MetricP95Cost is the 95th percentile of the held-out episodes'
+	// rollout cost in the unit of budgets.rollout_tokens (every token of
+	// the episode's stream: prompts, actions, observations), with an
+	// episode-bootstrap interval.
+	MetricP95Cost = "p95_cost"
 	// MetricRegressionSuccess is the success of the regression suite.
 	MetricRegressionSuccess = "regression_success_rate"
 	// MetricUnsafeActionRate is the share of safety-suite episodes in
@@ -72,7 +77,7 @@ const (
 
 // Metrics lists every metric the plane can measure.
 func Metrics() []string {
-	return []string{MetricVerifiedSuccess, MetricEvalSuccess, MetricEvalPassAtK, MetricP95Turns,
+	return []string{MetricVerifiedSuccess, MetricEvalSuccess, MetricEvalPassAtK, MetricP95Turns, MetricP95Cost,
 		MetricRegressionSuccess, MetricUnsafeActionRate, MetricForbiddenAttemptRate, MetricKLToReference}
 }
 
@@ -206,7 +211,7 @@ func (p *Plane) Evaluate(ctx context.Context, pol *model.Policy) (*Report, error
 	if err := add(held, err); err != nil {
 		return nil, err
 	}
-	m[MetricEvalSuccess], m[MetricEvalPassAtK], m[MetricP95Turns] = held.Success, *held.PassAtK, *held.P95Turns
+	m[MetricEvalSuccess], m[MetricEvalPassAtK], m[MetricP95Turns], m[MetricP95Cost] = held.Success, *held.PassAtK, *held.P95Turns, *held.P95Cost
 	if rg := p.cfg.Regression; rg != nil {
 		s := p.cfg.Settings
 		s.Behavior.Grammar = rg.Grammar()
@@ -258,7 +263,7 @@ func (p *Plane) run(ctx context.Context, suite string, reg *rollout.Registry, po
 	}
 	val := rollout.NewValidator(reg)
 	correct := map[string]int{}
-	turns := make([]float64, len(trajs))
+	turns, cost := make([]float64, len(trajs)), make([]float64, len(trajs))
 	for i := range trajs {
 		task, _ := reg.Lookup(trajs[i].TaskID)
 		ok, _, err := val.Validate(task, &trajs[i])
@@ -270,6 +275,7 @@ func (p *Plane) run(ctx context.Context, suite string, reg *rollout.Registry, po
 			correct[trajs[i].TaskID]++
 		}
 		turns[i] = float64(len(trajs[i].Turns))
+		cost[i] = float64(schemas.EpisodeCostOf(trajs[i].Turns).RolloutTokens)
 	}
 	if res.Success, err = rate(res.Successes, len(trajs)); err != nil {
 		return res, nil, err
@@ -303,6 +309,10 @@ func (p *Plane) run(ctx context.Context, suite string, reg *rollout.Registry, po
 		return res, nil, err
 	}
 	res.P95Turns = &gate.Estimate{Value: p95(turns), Lo: lo, Hi: hi, N: len(turns)}
+	if lo, hi, err = gate.Bootstrap(cost, p95, p.cfg.Resamples, 0.95, schemas.SeedFor(p.cfg.Seed, suite+"/p95_cost", "bootstrap")); err != nil {
+		return res, nil, err
+	}
+	res.P95Cost = &gate.Estimate{Value: p95(cost), Lo: lo, Hi: hi, N: len(cost)}
 	return res, trajs, nil
 }
 

@@ -102,6 +102,13 @@ func TestPlaneSuites(t *testing.T) {
 	if held.K != 2 || held.PassAtK.Value < held.Success.Value || held.P95Turns.Value < 1 || held.P95Turns.Value > 4 {
 		t.Errorf("held-out pass@%d %+v, success %+v, p95 turns %+v", held.K, held.PassAtK, held.Success, held.P95Turns)
 	}
+	// An episode's stream has a prompt, an action and an observation of
+	// at least one token each per turn: every episode costs at least three
+	// tokens a turn, so the 95th percentiles do too.
+	if c := held.P95Cost; c == nil || c.Value < 3*held.P95Turns.Value || c.Lo > c.Value || c.Hi < c.Value || c.N != held.Attempts ||
+		a.Evaluation.Metrics[evaluation.MetricP95Cost] != *c {
+		t.Errorf("held-out p95 cost %+v (p95 turns %+v, %d attempts)", held.P95Cost, held.P95Turns, held.Attempts)
+	}
 	safe, _ := a.Suite(evaluation.SuiteSafety)
 	// The initial policy names forbidden keys (measured: 40 of 256
 	// episodes at 4 attempts per task), and the authorizer denies every

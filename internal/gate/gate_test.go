@@ -33,8 +33,15 @@ func ev(version int64, v, lo, hi, reg, p95 float64, unsafe int) Evaluation {
 		"verified_success_rate":   {Value: v, Lo: lo, Hi: hi, N: 256},
 		"regression_success_rate": {Value: reg, Lo: reg, Hi: reg, N: 256},
 		"p95_turns":               {Value: p95, Lo: p95, Hi: p95, N: 256},
+		"p95_cost":                {Value: 120, Lo: 110, Hi: 130, N: 256},
 		"unsafe_action_rate":      {Value: float64(unsafe) / 256, N: 256},
 	}}
+}
+
+// withMetric is e with metric name set to v (a point estimate).
+func withMetric(e Evaluation, name string, v float64) Evaluation {
+	e.Metrics[name] = Estimate{Value: v, Lo: v, Hi: v, N: 256}
+	return e
 }
 
 func TestDecideTable(t *testing.T) {
@@ -42,6 +49,8 @@ func TestDecideTable(t *testing.T) {
 	promoted5 := ev(5, 0.50, 0.44, 0.56, 0.50, 3, 0)
 	noSafetyRule := testPolicy()
 	noSafetyRule.StopRules = noSafetyRule.StopRules[1:]
+	costCapped := testPolicy() // p95 of an episode's rollout tokens at most 200
+	costCapped.Objective.Constraints = map[string]float64{"unsafe_action_rate": 0, "p95_turns": 4, "p95_cost": 200}
 	for _, c := range []struct {
 		name     string
 		p        Policy
@@ -69,6 +78,12 @@ func TestDecideTable(t *testing.T) {
 		{name: "hard constraint broken (p95 turns 5 > 4): rollback",
 			state: func(s *State) { s.Promoted = promoted5 },
 			eval:  ev(10, 0.70, 0.64, 0.76, 0.50, 5, 0), action: Rollback, back: 5, promoted: 5, noGain: 1},
+		{name: "hard constraint broken (p95 cost 250 > 200 tokens): rollback",
+			p: costCapped, state: func(s *State) { s.Promoted = promoted5 },
+			eval: withMetric(ev(10, 0.70, 0.64, 0.76, 0.50, 3, 0), "p95_cost", 250), action: Rollback, back: 5, promoted: 5, noGain: 1},
+		{name: "p95 cost within its bound: promote",
+			p: costCapped, state: func(s *State) { s.Promoted = promoted5 },
+			eval: withMetric(ev(10, 0.70, 0.64, 0.76, 0.50, 3, 0), "p95_cost", 200), action: Promote, promoted: 10},
 		{name: "unsafe action: stop by safety_violation",
 			eval: ev(5, 0.50, 0.44, 0.56, 0.50, 3, 1), action: Stop, rule: "safety_violation"},
 		{name: "unsafe action without the safety rule: rollback",
