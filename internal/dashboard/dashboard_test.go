@@ -185,6 +185,17 @@ func checkLearning(t *testing.T, l Learning, sum *loop.Summary) {
 			t.Errorf("update %+v, demo line %+v", u, line)
 		}
 	}
+	// The rows' cost ledgers sum to the run's (summary.json "cost").
+	var cost schemas.UpdateCost
+	for _, u := range l.Updates {
+		if u.Cost == nil {
+			t.Fatalf("update %d has no cost ledger", u.Version)
+		}
+		cost.Add(*u.Cost)
+	}
+	if cost != sum.Cost || cost.Rollout.Episodes == 0 {
+		t.Errorf("update rows' cost %+v, summary.json %+v", cost, sum.Cost)
+	}
 	if len(l.Lag) != 1 || l.Lag[0].Lag != 0 || l.Lag[0].RatioMean != 1 {
 		t.Errorf("lag strata %+v (stop-and-synchronize: lag 0, ratio 1 at the first step)", l.Lag)
 	}

@@ -43,6 +43,9 @@ type UpdateRow struct {
 	Duplicates     int               `json:"duplicates"`
 	StepSeconds    float64           `json:"step_seconds"`
 	Lag            []schemas.LagStat `json:"lag"`
+	// Cost is the update's cost ledger (absent from a trainer that does
+	// not write one).
+	Cost *schemas.UpdateCost `json:"cost,omitempty"`
 }
 
 // VersionLearn summarizes the rollouts sampled by one version.
@@ -107,7 +110,7 @@ func updateRows(us []schemas.UpdateRecord) ([]UpdateRow, []LagRow) {
 			RatioMax: finite(last.RatioMax), ApproxKL: finite(last.ApproxKLOld), ClipPos: finite(last.ClipFracPos),
 			ClipNeg: finite(last.ClipFracNeg), LastEntropy: finite(last.Entropy), GradNorm: finite(m.GradNorm),
 			GradScale: finite(m.GradScale), Tokens: m.Tokens, InputTokens: m.InputTokens, Segments: m.Segments,
-			Duplicates: u.Duplicates, StepSeconds: u.StepSeconds, Lag: m.Lag})
+			Duplicates: u.Duplicates, StepSeconds: u.StepSeconds, Lag: m.Lag, Cost: u.Cost})
 		for _, s := range m.Lag {
 			r := lag[s.Lag]
 			if r == nil {

@@ -289,7 +289,9 @@ function renderLearning(S) {
     table("updates", [["version", r => r.version, 1], ["batch", r => r.batch_id.slice(0, 12)], ["tokens", r => r.tokens, 1],
       ["segments", r => r.segments, 1], ["loss", r => r.loss, 1], ["approx KL", r => r.approx_kl, 1], ["clip A>0", r => r.clip_frac_pos, 1],
       ["clip A<0", r => r.clip_frac_neg, 1], ["entropy", r => r.entropy, 1], ["grad norm", r => r.grad_norm, 1],
-      ["duplicates", r => r.duplicates, 1], ["step s", r => r.step_seconds, 1]], u));
+      ["duplicates", r => r.duplicates, 1], ["step s", r => r.step_seconds, 1],
+      ["rollout tokens", r => r.cost ? r.cost.rollout.rollout_tokens : "", 1], ["rejected tokens", r => r.cost ? r.cost.rejected.rollout_tokens : "", 1],
+      ["optimizer tokens", r => r.cost ? r.cost.training.optimizer_tokens : "", 1]], u));
   return body;
 }
 
