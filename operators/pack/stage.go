@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
 	"strings"
 	"time"
 
@@ -378,8 +380,8 @@ func (s *Stage) close(ctx context.Context, res *pipeline.Result, by string) erro
 		cost.Admitted.Add(s.cost[a.RecordID])
 		delete(s.cost, a.RecordID)
 	}
-	for _, c := range s.cost { // decided, not admitted: filtered
-		cost.Filtered.Add(c)
+	for _, id := range slices.Sorted(maps.Keys(s.cost)) { // decided, not admitted: filtered
+		cost.Filtered.Add(s.cost[id])
 	}
 	clear(s.cost)
 	rec.Cost = &cost
