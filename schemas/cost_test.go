@@ -59,21 +59,7 @@ func TestDecodeWindowCost(t *testing.T) {
 }
 
 func FuzzDecodeWindowCost(f *testing.F) {
-	for _, s := range []string{`{"windows":1,"admitted":{"episodes":2,"rollout_tokens":9,"generation_hours":0.1,"environment_hours":0.2},"filtered":{}}`, `{}`, `{"windows":-1}`} {
-		f.Add([]byte(s))
-	}
-	f.Fuzz(func(t *testing.T, data []byte) {
-		c, err := DecodeWindowCost(data)
-		if err != nil {
-			checkDecodeError(t, err)
-			return
-		}
-		b, err := EncodeWindowCost(c)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if c2, err := DecodeWindowCost(b); err != nil || c2 != c {
-			t.Fatalf("re-encoded %s decodes to %+v, %v; want %+v", b, c2, err, c)
-		}
-	})
+	fuzzDoc(f, EncodeWindowCost, DecodeWindowCost,
+		WindowCost{Windows: 1, Admitted: EpisodeCost{Episodes: 2, RolloutTokens: 9, GenerationHours: 0.1, EnvironmentHours: 0.2}},
+		WindowCost{})
 }

@@ -79,16 +79,15 @@ type Stage struct {
 	// bounded deduplication memory (see remember)
 	recent *idset.Ring
 	env    *pipeline.Env // counts the duplicates dropped
-	// statistics of the records decided in the open window
-	records   int
+	// statistics of the records decided in the open window: cost holds
+	// each one's cost by id (len(cost) is their number); carry is the
+	// cost of the closed windows of batch index nextIndex that packed no
+	// batch (every record filtered): the next batch's cost header
+	// includes it (docs/SYSTEMS.md §17).
 	rewardSum float64
 	successes int
-	// cost of every record decided in the open window, by id; carry is
-	// the cost of the closed windows of batch index nextIndex that packed
-	// no batch (every record filtered): the next batch's cost header
-	// includes it (docs/SYSTEMS.md §17).
-	cost  map[string]schemas.EpisodeCost
-	carry schemas.WindowCost
+	cost      map[string]schemas.EpisodeCost
+	carry     schemas.WindowCost
 }
 
 // NewStage validates cfg and returns the stage.
@@ -291,7 +290,6 @@ func (s *Stage) Process(ctx context.Context, m pipeline.Message) (pipeline.Resul
 		}
 		if out.Outcome == Admitted || out.Outcome == Filtered {
 			s.remember(r.RecordID)
-			s.records++
 			s.cost[r.RecordID] = schemas.EpisodeCostOf(r.Turns)
 			s.rewardSum += r.RewardTotal
 			if r.RewardTotal > 0 {
@@ -368,13 +366,13 @@ func (s *Stage) close(ctx context.Context, res *pipeline.Result, by string) erro
 		ContractHash: s.cfg.ContractHash, TrainerVersion: batch.TrainerVersion, ClosedBy: by,
 		Filtered: decisions(closed.Filtered), Tokens: closed.Stats.Tokens, TrainedTokens: closed.Stats.TrainedTokens,
 		Rows: closed.Stats.Rows, Efficiency: closed.Stats.Efficiency,
-		Groups: groups, Records: s.records,
+		Groups: groups, Records: len(s.cost),
 	}
-	if s.records > 0 {
-		rec.RewardMean = s.rewardSum / float64(s.records)
-		rec.SuccessRate = float64(s.successes) / float64(s.records)
+	if n := len(s.cost); n > 0 {
+		rec.RewardMean = s.rewardSum / float64(n)
+		rec.SuccessRate = float64(s.successes) / float64(n)
 	}
-	s.records, s.rewardSum, s.successes = 0, 0, 0
+	s.rewardSum, s.successes = 0, 0
 	cost := schemas.WindowCost{Windows: 1}
 	for _, a := range closed.Admitted {
 		cost.Admitted.Add(s.cost[a.RecordID])

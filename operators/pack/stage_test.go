@@ -11,6 +11,33 @@ import (
 	"github.com/trajflow/trajflow/schemas"
 )
 
+// scoredMsg is a scored-topic message at offset off holding rows (one
+// group's records).
+func scoredMsg(t *testing.T, topic string, off int64, rows ...schemas.Scored) pipeline.Message {
+	t.Helper()
+	b, err := schemas.ScoredTrajectories.Encode(nil, rows)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return pipeline.Message{Ref: pipeline.Ref{Topic: topic, Offset: off}, Key: []byte(rows[0].GroupID), Value: b}
+}
+
+// driveStage runs a new pack stage of cfg over in, with the topics of
+// scan as what it reads back at start (nil: nothing).
+func driveStage(t *testing.T, cfg StageConfig, in []pipeline.Message, scan pipeline.MemScanner) *pipeline.Driven {
+	t.Helper()
+	st, err := NewStage(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d, err := pipeline.Drive(context.Background(), st, in, pipeline.DriveConfig{QuarantineTopic: cfg.Topics.Quarantine,
+		Env: pipeline.EnvConfig{Scanner: scan}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return d
+}
+
 // TestStageSyncWindows: in stop-and-synchronize mode a round whose groups
 // are all filtered closes a window with a WindowRecord and no batch; a
 // round with admitted members closes with a batch judged against the
@@ -24,11 +51,7 @@ func TestStageSyncWindows(t *testing.T) {
 		t.Fatal(err)
 	}
 	msg := func(off int64, rows ...schemas.Scored) pipeline.Message {
-		b, err := schemas.ScoredTrajectories.Encode(nil, rows)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return pipeline.Message{Ref: pipeline.Ref{Topic: topics.Scored, Offset: off}, Key: []byte(rows[0].GroupID), Value: b}
+		return scoredMsg(t, topics.Scored, off, rows...)
 	}
 	zeroVar := func(id, group string, v int64) schemas.Scored {
 		s := small(id, group, v, 3)
@@ -165,11 +188,7 @@ func TestStageRestartMidWindowDecidesTheRound(t *testing.T) {
 	o.BatchTokens, o.BatchGroups = 1<<20, 3
 	cfg := StageConfig{Options: o, Topics: topics, RunID: "r", ContractHash: "h", CountDecidedGroups: true}
 	msg := func(off int64, rows ...schemas.Scored) pipeline.Message {
-		b, err := schemas.ScoredTrajectories.Encode(nil, rows)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return pipeline.Message{Ref: pipeline.Ref{Topic: topics.Scored, Offset: off}, Key: []byte(rows[0].GroupID), Value: b}
+		return scoredMsg(t, topics.Scored, off, rows...)
 	}
 	zeroVar := func(id, group string) schemas.Scored {
 		s := small(id, group, 0, 3)
@@ -181,17 +200,7 @@ func TestStageRestartMidWindowDecidesTheRound(t *testing.T) {
 		msg(1, small("b1", "g2", 0, 3), small("b2", "g2", 0, 3)), // admitted group
 		msg(2, small("c1", "g3", 0, 3), small("c2", "g3", 0, 3)), // arrives after the restart
 	}
-	drive := func(in []pipeline.Message) *pipeline.Driven {
-		st, err := NewStage(cfg)
-		if err != nil {
-			t.Fatal(err)
-		}
-		d, err := pipeline.Drive(context.Background(), st, in, pipeline.DriveConfig{QuarantineTopic: topics.Quarantine})
-		if err != nil {
-			t.Fatal(err)
-		}
-		return d
-	}
+	drive := func(in []pipeline.Message) *pipeline.Driven { return driveStage(t, cfg, in, nil) }
 	// The first life sees two groups of three and dies with the window open:
 	// what it holds is what a restart gets redelivered.
 	first := drive(round[:2])
@@ -271,11 +280,7 @@ func TestStageRestartAfterCloseKeepsTheClosedWindow(t *testing.T) {
 	o.BatchTokens, o.BatchGroups = 1<<20, 2
 	cfg := StageConfig{Options: o, Topics: topics, RunID: "r", ContractHash: "h", CountDecidedGroups: true}
 	msg := func(off int64, rows ...schemas.Scored) pipeline.Message {
-		b, err := schemas.ScoredTrajectories.Encode(nil, rows)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return pipeline.Message{Ref: pipeline.Ref{Topic: topics.Scored, Offset: off}, Key: []byte(rows[0].GroupID), Value: b}
+		return scoredMsg(t, topics.Scored, off, rows...)
 	}
 	zeroVar := func(id, group string, v int64) schemas.Scored {
 		s := small(id, group, v, 3)
@@ -289,16 +294,7 @@ func TestStageRestartAfterCloseKeepsTheClosedWindow(t *testing.T) {
 		msg(3, zeroVar("d1", "g4", 1), zeroVar("d2", "g4", 1)),   // round 1, filtered
 	}
 	drive := func(in []pipeline.Message, scan pipeline.MemScanner) *pipeline.Driven {
-		st, err := NewStage(cfg)
-		if err != nil {
-			t.Fatal(err)
-		}
-		d, err := pipeline.Drive(context.Background(), st, in, pipeline.DriveConfig{QuarantineTopic: topics.Quarantine,
-			Env: pipeline.EnvConfig{Scanner: scan}})
-		if err != nil {
-			t.Fatal(err)
-		}
-		return d
+		return driveStage(t, cfg, in, scan)
 	}
 	asMessages := func(outs []pipeline.Output) []pipeline.Message {
 		var ms []pipeline.Message
@@ -365,11 +361,7 @@ func TestStageCostLedger(t *testing.T) {
 		return s
 	}
 	msg := func(off int64, rows ...schemas.Scored) pipeline.Message {
-		b, err := schemas.ScoredTrajectories.Encode(nil, rows)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return pipeline.Message{Ref: pipeline.Ref{Topic: topics.Scored, Offset: off}, Key: []byte(rows[0].GroupID), Value: b}
+		return scoredMsg(t, topics.Scored, off, rows...)
 	}
 	round0 := []pipeline.Message{ // every record filtered: a window without a batch
 		msg(0, rec("a1", "g1", 0, 3, true, 1_000, 2_000), rec("a2", "g1", 0, 3, true, 3_000, 4_000)),
@@ -388,16 +380,7 @@ func TestStageCostLedger(t *testing.T) {
 	wantHeader := schemas.WindowCost{Windows: 2, Admitted: wantWindow1.Admitted,
 		Filtered: schemas.EpisodeCost{Episodes: 5, RolloutTokens: 32, GenerationHours: 79_000 / h, EnvironmentHours: 92_000 / h}}
 	drive := func(in []pipeline.Message, scan pipeline.MemScanner) *pipeline.Driven {
-		st, err := NewStage(cfg)
-		if err != nil {
-			t.Fatal(err)
-		}
-		d, err := pipeline.Drive(context.Background(), st, in, pipeline.DriveConfig{QuarantineTopic: topics.Quarantine,
-			Env: pipeline.EnvConfig{Scanner: scan}})
-		if err != nil {
-			t.Fatal(err)
-		}
-		return d
+		return driveStage(t, cfg, in, scan)
 	}
 	windowCosts := func(d *pipeline.Driven) []schemas.WindowCost {
 		var out []schemas.WindowCost
