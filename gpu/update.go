@@ -34,6 +34,11 @@ func ReadUpdate(files Files, v int64) (UpdateRecord, error) {
 	return u, nil
 }
 
+// RefusedName is the file name of the cost of the batches a trainer
+// refused whole after version v (docs/SYSTEMS.md §17): the next update
+// record's ledger carries it, and a restarted trainer reads it back.
+func RefusedName(v int64) string { return fmt.Sprintf("policy-v%08d.refused.json", v) }
+
 // OptimName is the file name of the optimizer state after version v.
 func OptimName(v int64) string { return fmt.Sprintf("policy-v%08d.optim", v) }
 

@@ -72,7 +72,7 @@ var topology = []TopicInfo{
 		Producers: append(slices.Clone(stagesThatRefuse), "weightsync"),
 		Doc:       "every refused record as it was, with trajflow-reason, -detail, -stage and its source coordinates"},
 	{Short: "census", Kind: schemas.KindCensusEvent, Plane: PlaneJSON, Key: "attempt id",
-		Producers: stagesThatRefuse, Consumers: []string{"gate"},
+		Producers: stagesThatRefuse, Consumers: []string{"gate", "pack"},
 		Doc: "the life of every attempt: dispatched, started, completed, failed, quarantined, filtered, admitted, trained"},
 	{Short: "incidents", Kind: schemas.KindIncident, Plane: PlaneJSON, Partitions: 1, Key: "attempt id",
 		Producers: []string{"dispatch", "rollout", "validate", "pack", "train"}, Side: []string{"gate"},

@@ -53,6 +53,10 @@ type WindowRecord struct {
 	// Cost is what the window's decided episodes cost to generate:
 	// those admitted and those filtered (docs/SYSTEMS.md §17).
 	Cost *WindowCost `json:"cost,omitempty"`
+	// FailedEvents are the census events whose failed generation Cost
+	// counts (Cost.Failed), by event id: a restarted pack counts none of
+	// them again.
+	FailedEvents []string `json:"failed_events,omitempty"`
 }
 
 // EpisodeCost is what a set of episodes cost to generate, in the units of
@@ -94,15 +98,18 @@ func (c *EpisodeCost) Add(o EpisodeCost) {
 	c.EnvironmentHours += o.EnvironmentHours
 }
 
-// WindowCost is the cost of the episodes decided in pack windows: those
-// admitted to the batch and those filtered (rejected generation). On a
-// packed batch's HeaderWindowCost it covers every window of the batch's
-// index: the window that closed the batch and the windows before it that
+// WindowCost is the cost of the generation pack accounted in its windows:
+// the episodes decided in the window, admitted to the batch or filtered
+// (rejected generation), and the failed generation the census reported
+// while the window was open (Failed, see FailureCost). On a packed
+// batch's HeaderWindowCost it covers every window of the batch's index:
+// the window that closed the batch and the windows before it that
 // filtered every record and so packed no batch; Windows counts them.
 type WindowCost struct {
 	Windows  int         `json:"windows,omitempty"`
 	Admitted EpisodeCost `json:"admitted"`
 	Filtered EpisodeCost `json:"filtered"`
+	Failed   EpisodeCost `json:"failed"`
 }
 
 // Add adds o to c.
@@ -110,6 +117,41 @@ func (c *WindowCost) Add(o WindowCost) {
 	c.Windows += o.Windows
 	c.Admitted.Add(o.Admitted)
 	c.Filtered.Add(o.Filtered)
+	c.Failed.Add(o.Failed)
+}
+
+// Refused is the cost of a batch the trainer refused whole (no token
+// within the lag bound, or the optimizer could not take it): what it
+// admitted joins its failed generation, what it filtered stays rejected.
+func (c WindowCost) Refused() WindowCost {
+	r := WindowCost{Windows: c.Windows, Filtered: c.Filtered, Failed: c.Failed}
+	r.Failed.Add(c.Admitted)
+	return r
+}
+
+// FailureCost is the cost a census event reports as failed generation
+// (docs/SYSTEMS.md §17), and false for any other event: an attempt
+// refused for good after it ran (quarantined by rollout, validate,
+// reward, advantage or pack) is one episode with the rollout tokens and
+// time its event carries; a try that failed for a reason of the
+// infrastructure and was run again (failed or timed_out, infra) costs its
+// time. Times go to EnvironmentHours: the census measures an attempt's
+// time as a whole, the unit of budgets.environment_hours.
+func FailureCost(ev CensusEvent) (EpisodeCost, bool) {
+	c := EpisodeCost{RolloutTokens: max(ev.Tokens, 0), EnvironmentHours: float64(max(ev.LatencyUS, 0)) / microsPerHour}
+	switch ev.Kind {
+	case CensusQuarantined:
+		switch ev.Stage {
+		case "rollout", "validate", "reward", "advantage", "pack":
+			c.Episodes = 1
+			return c, true
+		}
+	case CensusFailed, CensusTimedOut:
+		if ev.Infra {
+			return c, true
+		}
+	}
+	return EpisodeCost{}, false
 }
 
 // EncodeWindowCost is the value of HeaderWindowCost.
@@ -146,6 +188,9 @@ func DecodeWindowCost(b []byte) (WindowCost, error) {
 	if err := c.Filtered.check(); err != nil {
 		return fail("filtered.%v", err)
 	}
+	if err := c.Failed.check(); err != nil {
+		return fail("failed.%v", err)
+	}
 	return c, nil
 }
 
@@ -168,7 +213,11 @@ func (c EpisodeCost) check() error {
 // episodes admitted to the batch (those the lag rule then excluded at the
 // update included: StaleTokens says how many of their tokens), Rejected
 // the generation pack filtered in the batch's windows (zero variance,
-// stale, over length, ...), Training the optimizer's work. Windows is
+// stale, over length, ...), Failed the generation that failed before it
+// could be decided (refused by a stage or lost to the infrastructure, as
+// the census reports it: WindowCost.Failed) and the batches the trainer
+// refused whole since its previous update (WindowCost.Refused), Training
+// the optimizer's work. Windows is
 // the number of pack windows the batch's cost header covered; a batch
 // without that header (written by an older pack, or by hand) has Windows
 // 0 and no rollout or rejected cost.
@@ -176,6 +225,7 @@ type UpdateCost struct {
 	Windows  int          `json:"windows"`
 	Rollout  EpisodeCost  `json:"rollout"`
 	Rejected EpisodeCost  `json:"rejected"`
+	Failed   EpisodeCost  `json:"failed"`
 	Training TrainingCost `json:"training"`
 }
 
@@ -184,6 +234,7 @@ func (c *UpdateCost) Add(o UpdateCost) {
 	c.Windows += o.Windows
 	c.Rollout.Add(o.Rollout)
 	c.Rejected.Add(o.Rejected)
+	c.Failed.Add(o.Failed)
 	c.Training.OptimizerTokens += o.Training.OptimizerTokens
 	c.Training.AcceleratorHours += o.Training.AcceleratorHours
 }
@@ -201,7 +252,7 @@ type TrainingCost struct {
 func UpdateCostOf(w *WindowCost, t TrainingCost) UpdateCost {
 	u := UpdateCost{Training: t}
 	if w != nil {
-		u.Windows, u.Rollout, u.Rejected = w.Windows, w.Admitted, w.Filtered
+		u.Windows, u.Rollout, u.Rejected, u.Failed = w.Windows, w.Admitted, w.Filtered, w.Failed
 	}
 	return u
 }

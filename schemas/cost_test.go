@@ -30,7 +30,8 @@ func TestEpisodeCostOf(t *testing.T) {
 // TestDecodeWindowCost: a header that round-trips, and the refusals, each
 // naming the header and what is wrong.
 func TestDecodeWindowCost(t *testing.T) {
-	c := WindowCost{Windows: 2, Admitted: EpisodeCost{Episodes: 3, RolloutTokens: 40, GenerationHours: 0.5, EnvironmentHours: 0.25}}
+	c := WindowCost{Windows: 2, Admitted: EpisodeCost{Episodes: 3, RolloutTokens: 40, GenerationHours: 0.5, EnvironmentHours: 0.25},
+		Failed: EpisodeCost{Episodes: 1, RolloutTokens: 7, EnvironmentHours: 0.125}}
 	b, err := EncodeWindowCost(c)
 	if err != nil {
 		t.Fatal(err)
@@ -48,6 +49,7 @@ func TestDecodeWindowCost(t *testing.T) {
 		{"negative tokens", `{"admitted":{"rollout_tokens":-4}}`, "admitted.rollout_tokens -4 < 0"},
 		{"negative hours", `{"admitted":{"environment_hours":-0.5}}`, "admitted.environment_hours -0.5"},
 		{"huge number", `{"admitted":{"generation_hours":1e999}}`, "generation_hours"},
+		{"negative failed", `{"failed":{"episodes":-1}}`, "failed.episodes -1 < 0"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := DecodeWindowCost([]byte(tc.in))
@@ -60,6 +62,60 @@ func TestDecodeWindowCost(t *testing.T) {
 
 func FuzzDecodeWindowCost(f *testing.F) {
 	fuzzDoc(f, EncodeWindowCost, DecodeWindowCost,
-		WindowCost{Windows: 1, Admitted: EpisodeCost{Episodes: 2, RolloutTokens: 9, GenerationHours: 0.1, EnvironmentHours: 0.2}},
+		WindowCost{Windows: 1, Admitted: EpisodeCost{Episodes: 2, RolloutTokens: 9, GenerationHours: 0.1, EnvironmentHours: 0.2},
+			Failed: EpisodeCost{Episodes: 1, RolloutTokens: 3, EnvironmentHours: 0.01}},
 		WindowCost{})
+}
+
+// TestFailureCost: which census events are failed generation, and what
+// each costs (times in hours: 3.6e9 µs = 1 h).
+func TestFailureCost(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		ev   CensusEvent
+		want EpisodeCost
+		ok   bool
+	}{
+		{"refused by validate", CensusEvent{Kind: CensusQuarantined, Stage: "validate", Tokens: 12, LatencyUS: 36_000_000},
+			EpisodeCost{Episodes: 1, RolloutTokens: 12, EnvironmentHours: 0.01}, true},
+		{"refused by reward", CensusEvent{Kind: CensusQuarantined, Stage: "reward", Tokens: 5}, EpisodeCost{Episodes: 1, RolloutTokens: 5}, true},
+		{"refused by advantage", CensusEvent{Kind: CensusQuarantined, Stage: "advantage"}, EpisodeCost{Episodes: 1}, true},
+		{"refused by pack", CensusEvent{Kind: CensusQuarantined, Stage: "pack", Tokens: 1}, EpisodeCost{Episodes: 1, RolloutTokens: 1}, true},
+		{"tries exhausted", CensusEvent{Kind: CensusQuarantined, Stage: "rollout", Infra: true}, EpisodeCost{Episodes: 1}, true},
+		{"infrastructure try", CensusEvent{Kind: CensusFailed, Stage: "rollout", Infra: true, LatencyUS: 1_800_000},
+			EpisodeCost{EnvironmentHours: 0.0005}, true},
+		{"timed out", CensusEvent{Kind: CensusTimedOut, Stage: "rollout", Infra: true, LatencyUS: 3_600_000},
+			EpisodeCost{EnvironmentHours: 0.001}, true},
+		{"negative values", CensusEvent{Kind: CensusQuarantined, Stage: "validate", Tokens: -3, LatencyUS: -9}, EpisodeCost{Episodes: 1}, true},
+		{"refused before it ran", CensusEvent{Kind: CensusQuarantined, Stage: "dispatch"}, EpisodeCost{}, false},
+		{"refused batch member", CensusEvent{Kind: CensusQuarantined, Stage: "train"}, EpisodeCost{}, false},
+		{"agent failure", CensusEvent{Kind: CensusFailed, Stage: "rollout", LatencyUS: 5}, EpisodeCost{}, false},
+		{"completed", CensusEvent{Kind: CensusCompleted, Stage: "rollout", Tokens: 9, LatencyUS: 5}, EpisodeCost{}, false},
+		{"filtered", CensusEvent{Kind: CensusFiltered, Stage: "pack", Tokens: 9}, EpisodeCost{}, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got, ok := FailureCost(tc.ev)
+			if ok != tc.ok || got != tc.want {
+				t.Fatalf("FailureCost = %+v, %v; want %+v, %v", got, ok, tc.want, tc.ok)
+			}
+		})
+	}
+}
+
+// TestRefusedCost: a batch the trainer refused whole keeps its filtered
+// cost as rejected; what it admitted becomes failed, with its own failed.
+func TestRefusedCost(t *testing.T) {
+	c := WindowCost{Windows: 2,
+		Admitted: EpisodeCost{Episodes: 4, RolloutTokens: 100, GenerationHours: 0.5, EnvironmentHours: 0.25},
+		Filtered: EpisodeCost{Episodes: 2, RolloutTokens: 30},
+		Failed:   EpisodeCost{Episodes: 1, RolloutTokens: 10, EnvironmentHours: 0.125}}
+	want := WindowCost{Windows: 2, Filtered: c.Filtered,
+		Failed: EpisodeCost{Episodes: 5, RolloutTokens: 110, GenerationHours: 0.5, EnvironmentHours: 0.375}}
+	if got := c.Refused(); got != want {
+		t.Fatalf("Refused = %+v, want %+v", got, want)
+	}
+	u := UpdateCostOf(&c, TrainingCost{OptimizerTokens: 8})
+	if u.Rollout != c.Admitted || u.Rejected != c.Filtered || u.Failed != c.Failed || u.Windows != 2 {
+		t.Fatalf("UpdateCostOf = %+v", u)
+	}
 }

@@ -96,11 +96,13 @@ func cmdDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error
 
 // costLine is the printed form of a run's cost ledger.
 func costLine(c schemas.UpdateCost) string {
-	r, x, t := c.Rollout, c.Rejected, c.Training
-	return fmt.Sprintf("cost: rollout %d episodes, %d tokens, %.3g h generation, %.3g h environment; "+
-		"rejected %d episodes, %d tokens, %.3g h generation, %.3g h environment; training %d optimizer tokens, %.3g accelerator h",
-		r.Episodes, r.RolloutTokens, r.GenerationHours, r.EnvironmentHours,
-		x.Episodes, x.RolloutTokens, x.GenerationHours, x.EnvironmentHours, t.OptimizerTokens, t.AcceleratorHours)
+	account := func(name string, e schemas.EpisodeCost) string {
+		return fmt.Sprintf("%s %d episodes, %d tokens, %.3g h generation, %.3g h environment",
+			name, e.Episodes, e.RolloutTokens, e.GenerationHours, e.EnvironmentHours)
+	}
+	return fmt.Sprintf("cost: %s; %s; %s; training %d optimizer tokens, %.3g accelerator h",
+		account("rollout", c.Rollout), account("rejected", c.Rejected), account("failed", c.Failed),
+		c.Training.OptimizerTokens, c.Training.AcceleratorHours)
 }
 
 // demoBase makes the contract at path the base of the demo run: its seed

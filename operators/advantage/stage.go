@@ -247,7 +247,7 @@ func (s *Stage) emit(ctx context.Context, res *pipeline.Result, groupID string, 
 		for i, r := range group {
 			outs, rerr := stagekit.RefuseRow(schemas.RewardedTrajectories, s.cfg.Topics, s.Name(), src, i, r, stagekit.Refused{
 				RunID: r.RunID, AttemptID: r.RecordID, TaskID: r.TaskID, GroupID: groupID,
-				Reason: "unscorable_group", Detail: err.Error(), Infra: true, At: s.now().UnixMicro(),
+				Reason: "unscorable_group", Detail: err.Error(), Infra: true, At: s.now().UnixMicro(), Turns: r.Turns,
 			})
 			if rerr != nil {
 				return rerr

@@ -88,6 +88,16 @@ type Stage struct {
 	successes int
 	cost      map[string]schemas.EpisodeCost
 	carry     schemas.WindowCost
+	// failures: the failed generation the census reported while the
+	// window was open (schemas.FailureCost), the ids of those events (the
+	// window record lists them) and their held messages; failSeen (bounded
+	// by failRing) holds the events already counted, so that one
+	// redelivered after its window closed is not counted twice.
+	failed     schemas.EpisodeCost
+	failedIDs  []string
+	failedHeld []pipeline.Ref
+	failSeen   *idset.Set
+	failRing   *idset.Ring
 }
 
 // NewStage validates cfg and returns the stage.
@@ -107,7 +117,8 @@ func NewStage(cfg StageConfig) (*Stage, error) {
 	if cfg.DedupHorizon <= 0 {
 		cfg.DedupHorizon = 7 * 24 * time.Hour
 	}
-	return &Stage{cfg: cfg, win: w, held: map[pipeline.Ref]struct{}{}, cost: map[string]schemas.EpisodeCost{}, recent: idset.NewRing(cfg.DedupMemory)}, nil
+	return &Stage{cfg: cfg, win: w, held: map[pipeline.Ref]struct{}{}, cost: map[string]schemas.EpisodeCost{}, recent: idset.NewRing(cfg.DedupMemory),
+		failSeen: idset.New(), failRing: idset.NewRing(cfg.DedupMemory)}, nil
 }
 
 // Name implements pipeline.Stage.
@@ -182,6 +193,9 @@ func (s *Stage) Start(ctx context.Context, env *pipeline.Env) error {
 			s.carry.Add(*w.Cost)
 		}
 		windows++
+		for _, id := range w.FailedEvents {
+			s.sawFailure(id)
+		}
 		for _, g := range w.Groups {
 			s.closedGroups[g] = struct{}{}
 		}
@@ -225,6 +239,9 @@ func (s *Stage) Process(ctx context.Context, m pipeline.Message) (pipeline.Resul
 			s.win.SetTrainerVersion(rel.PolicyVersion)
 		}
 		return pipeline.Result{}, nil
+	}
+	if m.Topic == s.cfg.Topics.Census {
+		return s.failure(m)
 	}
 	rows, err := stagekit.Decode(schemas.ScoredTrajectories, m)
 	if err != nil {
@@ -277,7 +294,7 @@ func (s *Stage) Process(ctx context.Context, m pipeline.Message) (pipeline.Resul
 			outs, rerr := stagekit.RefuseRow(schemas.ScoredTrajectories, s.cfg.Topics, s.Name(), m, i, *r, stagekit.Refused{
 				RunID: r.RunID, AttemptID: r.RecordID, TaskID: r.TaskID, GroupID: r.GroupID,
 				Reason: reason, Detail: err.Error(), Infra: reason != "eval_task_id",
-				Incident: reason == "eval_task_id", At: now.UnixMicro(),
+				Incident: reason == "eval_task_id", At: now.UnixMicro(), Turns: r.Turns,
 			})
 			if rerr != nil {
 				return pipeline.Result{}, rerr
@@ -340,6 +357,40 @@ func (s *Stage) Process(ctx context.Context, m pipeline.Message) (pipeline.Resul
 	return res, nil
 }
 
+// failure counts a census event reporting failed generation of the run
+// (schemas.FailureCost) in the open window and holds it until the window
+// closes: its cost rides on the window record and the next batch's cost
+// header (docs/SYSTEMS.md §17). An event already counted in a closed
+// window, and any other event, is passed over; a record that is not a
+// census event is refused.
+func (s *Stage) failure(m pipeline.Message) (pipeline.Result, error) {
+	ev, err := schemas.DecodeCensus(m.Value)
+	if err != nil {
+		return pipeline.Result{}, stagekit.DecodeRefusal(err)
+	}
+	if err := stagekit.CheckKindHeaders(&m, schemas.KindCensusEvent); err != nil {
+		return pipeline.Result{}, err
+	}
+	c, ok := schemas.FailureCost(ev)
+	if !ok || ev.RunID != s.cfg.RunID || s.failSeen.Has(ev.EventID) {
+		return pipeline.Result{}, nil
+	}
+	s.sawFailure(ev.EventID)
+	s.failed.Add(c)
+	s.failedIDs = append(s.failedIDs, ev.EventID)
+	s.failedHeld = append(s.failedHeld, m.Ref)
+	return pipeline.Result{Hold: true}, nil
+}
+
+// sawFailure remembers a counted failure event, forgetting the oldest
+// beyond DedupMemory.
+func (s *Stage) sawFailure(id string) {
+	k := s.failSeen.Add(id)
+	if oldest, dropped := s.failRing.Push(k); dropped {
+		s.failSeen.Delete(oldest)
+	}
+}
+
 // Tick closes a window whose oldest decision (admitted or filtered) is
 // older than MaxWait.
 func (s *Stage) Tick(ctx context.Context, now time.Time) (pipeline.Result, error) {
@@ -382,6 +433,8 @@ func (s *Stage) close(ctx context.Context, res *pipeline.Result, by string) erro
 		cost.Filtered.Add(s.cost[id])
 	}
 	clear(s.cost)
+	cost.Failed, rec.FailedEvents = s.failed, s.failedIDs
+	s.failed, s.failedIDs = schemas.EpisodeCost{}, nil
 	rec.Cost = &cost
 	for _, a := range closed.Admitted {
 		rec.Admitted = append(rec.Admitted, a.RecordID)
@@ -456,6 +509,8 @@ func (s *Stage) close(ctx context.Context, res *pipeline.Result, by string) erro
 		res.Release = append(res.Release, ref)
 	}
 	clear(s.held)
+	res.Release = append(res.Release, s.failedHeld...)
+	s.failedHeld = nil
 	return nil
 }
 

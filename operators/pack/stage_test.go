@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/trajflow/trajflow/operators/stagekit"
 	"github.com/trajflow/trajflow/pipeline"
 	"github.com/trajflow/trajflow/schemas"
 )
@@ -432,5 +433,104 @@ func costNear(a, b schemas.WindowCost) bool {
 		return x.Episodes == y.Episodes && x.RolloutTokens == y.RolloutTokens &&
 			near(x.GenerationHours, y.GenerationHours) && near(x.EnvironmentHours, y.EnvironmentHours)
 	}
-	return a.Windows == b.Windows && ep(a.Admitted, b.Admitted) && ep(a.Filtered, b.Filtered)
+	return a.Windows == b.Windows && ep(a.Admitted, b.Admitted) && ep(a.Filtered, b.Filtered) && ep(a.Failed, b.Failed)
+}
+
+// TestStageFailedCost: the failed generation the census reports while a
+// window is open — attempts refused for good after they ran, tries that
+// failed for a reason of the infrastructure — is the window's Failed cost
+// and rides on the batch's cost header; the events are held until the
+// window closes, and a restarted pack redelivered them does not count
+// them again (the window record lists them). Other events, and other
+// runs', are passed over. Expected values are hand-summed.
+func TestStageFailedCost(t *testing.T) {
+	topics, _ := pipeline.TopicsFor("r")
+	o := testOptions()
+	o.BatchTokens, o.BatchGroups = 1<<20, 1
+	cfg := StageConfig{Options: o, Topics: topics, RunID: "r", ContractHash: "h", CountDecidedGroups: true}
+	census := func(off int64, ev schemas.CensusEvent) pipeline.Message {
+		if ev.RunID == "" {
+			ev.RunID = "r"
+		}
+		out, err := stagekit.Census(topics.Census, ev)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return pipeline.Message{Ref: pipeline.Ref{Topic: topics.Census, Partition: 1, Offset: off}, Key: out.Key, Value: out.Value, Headers: out.Headers}
+	}
+	events := []pipeline.Message{
+		// counted: 1 episode, 40 tokens, 0.001 h
+		census(0, schemas.CensusEvent{AttemptID: "a1", Kind: schemas.CensusQuarantined, Stage: "validate", Reason: "bad_tokens", Tokens: 40, LatencyUS: 3_600_000}),
+		// counted: a try run again, 0.002 h, no episode
+		census(1, schemas.CensusEvent{AttemptID: "a2", Kind: schemas.CensusFailed, Stage: "rollout", Reason: "policy_timeout", Infra: true, LatencyUS: 7_200_000}),
+		// counted: a try that timed out, 0.0005 h
+		census(2, schemas.CensusEvent{AttemptID: "a3", Kind: schemas.CensusTimedOut, Stage: "rollout", Reason: "timed_out", Infra: true, LatencyUS: 1_800_000}),
+		// counted: quarantined after its last try, 1 episode
+		census(3, schemas.CensusEvent{AttemptID: "a3", Kind: schemas.CensusQuarantined, Stage: "rollout", Reason: "infra_exhausted", Infra: true}),
+		// passed over: a completed episode, a task refused before it ran,
+		// another run's failure, the first event again
+		census(4, schemas.CensusEvent{AttemptID: "a4", Kind: schemas.CensusCompleted, Stage: "rollout", Tokens: 99, LatencyUS: 1}),
+		census(5, schemas.CensusEvent{AttemptID: "a5", Kind: schemas.CensusQuarantined, Stage: "dispatch", Reason: "eval_task_id"}),
+		census(6, schemas.CensusEvent{RunID: "other", AttemptID: "a6", Kind: schemas.CensusQuarantined, Stage: "validate", Tokens: 7}),
+		census(7, schemas.CensusEvent{AttemptID: "a1", Kind: schemas.CensusQuarantined, Stage: "validate", Reason: "bad_tokens", Tokens: 40, LatencyUS: 3_600_000}),
+	}
+	round := func(off int64, g string) pipeline.Message {
+		return scoredMsg(t, topics.Scored, off, small(g+"-1", g, 0, 3), small(g+"-2", g, 0, 4))
+	}
+	const h = 3.6e9
+	wantFailed := schemas.EpisodeCost{Episodes: 2, RolloutTokens: 40, EnvironmentHours: (3_600_000 + 7_200_000 + 1_800_000) / h}
+
+	in := append(slices.Clone(events), round(0, "g1"))
+	one := driveStage(t, cfg, in, nil)
+	ws := one.On(topics.Windows)
+	if len(ws) != 1 {
+		t.Fatalf("%d window records, want 1", len(ws))
+	}
+	w, err := schemas.DecodeWindow(ws[0].Value)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if w.Cost == nil || !costNear(schemas.WindowCost{Windows: 1, Admitted: w.Cost.Admitted, Failed: wantFailed}, *w.Cost) {
+		t.Fatalf("window cost %+v, want failed %+v", w.Cost, wantFailed)
+	}
+	if len(w.FailedEvents) != 4 {
+		t.Fatalf("window record lists failed events %v, want the 4 counted", w.FailedEvents)
+	}
+	bs := one.On(topics.Batches)
+	if len(bs) != 1 {
+		t.Fatalf("%d batches, want 1", len(bs))
+	}
+	bm := pipeline.Message{Headers: bs[0].Headers}
+	hc, err := schemas.DecodeWindowCost(bm.Header(schemas.HeaderWindowCost))
+	if err != nil || !costNear(hc, *w.Cost) {
+		t.Fatalf("batch cost header %+v (%v), want the window's %+v", hc, err, *w.Cost)
+	}
+	if len(one.Held) != 0 || one.Quarantined != 0 {
+		t.Fatalf("held %v, %d quarantined after the window closed", one.Held, one.Quarantined)
+	}
+	for i := range 4 {
+		if !slices.Contains(one.Released, events[i].Ref) {
+			t.Fatalf("counted census event at %v not released with its window: %v", events[i].Ref, one.Released)
+		}
+	}
+	// Held until the window closes: no window, the counted events stay held.
+	open := driveStage(t, cfg, events, nil)
+	if len(open.Held) != 4 || len(open.On(topics.Windows)) != 0 {
+		t.Fatalf("no window closed: held %v, want the 4 counted events", open.Held)
+	}
+	// A restart redelivered the events (the window closed, the commit was
+	// lost): the next window counts none of them again.
+	again := driveStage(t, cfg, append(slices.Clone(events), round(1, "g2")),
+		pipeline.MemScanner{topics.Windows: one.Messages(topics.Windows), topics.Batches: one.Messages(topics.Batches)})
+	ws = again.On(topics.Windows)
+	if len(ws) != 1 {
+		t.Fatalf("after the restart %d window records, want 1", len(ws))
+	}
+	w2, err := schemas.DecodeWindow(ws[0].Value)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if w2.Cost == nil || w2.Cost.Failed != (schemas.EpisodeCost{}) || len(w2.FailedEvents) != 0 {
+		t.Fatalf("after the restart the window counts failures again: %+v %v", w2.Cost, w2.FailedEvents)
+	}
 }

@@ -109,7 +109,7 @@ func (s *Stage) Process(ctx context.Context, m pipeline.Message) (pipeline.Resul
 		}
 		outs, err := stagekit.RefuseRow(schemas.Trajectories, s.cfg.Topics, s.Name(), m, i, *t, stagekit.Refused{
 			RunID: t.RunID, AttemptID: t.RecordID, TaskID: t.TaskID, GroupID: t.GroupID,
-			Reason: v.Reason, Detail: v.Detail, Infra: v.Infra(), At: s.now().UnixMicro(),
+			Reason: v.Reason, Detail: v.Detail, Infra: v.Infra(), At: s.now().UnixMicro(), Turns: t.Turns,
 		})
 		if err != nil {
 			return pipeline.Result{}, err

@@ -205,6 +205,10 @@ type Refused struct {
 	Infra                             bool // an infrastructure failure, never a task failure
 	Incident                          bool // also raise an incident (docs/PIPELINE.md §8, §9)
 	At                                int64
+	// Turns are the refused episode's turns: its census event carries
+	// their rollout tokens and time, the failed generation's cost
+	// (schemas.FailureCost).
+	Turns []schemas.Turn
 }
 
 // RefuseRow builds every output of one refused row: the quarantine record
@@ -215,9 +219,11 @@ func RefuseRow[T any](c *schemas.Codec[T], topics pipeline.Topics, stage string,
 	if err != nil {
 		return nil, err
 	}
+	tokens, latency := turnsCost(r.Turns)
 	ev, err := Census(topics.Census, schemas.CensusEvent{
 		RunID: r.RunID, AttemptID: r.AttemptID, TaskID: r.TaskID, GroupID: r.GroupID,
-		Kind: schemas.CensusQuarantined, Stage: stage, Reason: r.Reason, Infra: r.Infra, At: r.At,
+		Kind: schemas.CensusQuarantined, Stage: stage, Reason: r.Reason, Infra: r.Infra,
+		Tokens: tokens, LatencyUS: latency, At: r.At,
 	})
 	if err != nil {
 		return nil, err
@@ -234,6 +240,17 @@ func RefuseRow[T any](c *schemas.Codec[T], topics pipeline.Topics, stage string,
 		outs = append(outs, inc)
 	}
 	return outs, nil
+}
+
+// turnsCost is the rollout tokens (prompts, actions, observations) and
+// the generation and environment time of turns, in microseconds.
+func turnsCost(turns []schemas.Turn) (tokens, us int64) {
+	for i := range turns {
+		t := &turns[i]
+		tokens += int64(len(t.PromptIDs) + len(t.ActionIDs) + len(t.ObservationIDs))
+		us += max(t.GenLatencyUS, 0) + max(t.EnvLatencyUS, 0)
+	}
+	return tokens, us
 }
 
 // NewerRelease reads a record of the policy topic for a stage that acts

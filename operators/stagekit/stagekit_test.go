@@ -103,3 +103,43 @@ func TestHeadersMustAgreeWithBody(t *testing.T) {
 		}
 	}
 }
+
+// TestRefuseRowCost: the census event of a refused episode carries its
+// rollout tokens (prompts, actions, observations of every turn) and its
+// generation plus environment time, which pack counts as failed
+// generation (schemas.FailureCost); a refusal without turns carries none.
+func TestRefuseRowCost(t *testing.T) {
+	topics, _ := pipeline.TopicsFor("r")
+	tr := schemas.Trajectory{RecordID: "a1", RunID: "r", TaskID: "t", GroupID: "g", Turns: []schemas.Turn{
+		{PromptIDs: []int32{1, 2}, ActionIDs: []int32{3}, ObservationIDs: []int32{4, 5, 6}, GenLatencyUS: 100, EnvLatencyUS: 20},
+		{PromptIDs: []int32{7}, ActionIDs: []int32{8, 9}, GenLatencyUS: 3, EnvLatencyUS: -1},
+	}}
+	m := pipeline.Message{Ref: pipeline.Ref{Topic: topics.Trajectories}, Key: []byte("g")}
+	for _, tc := range []struct {
+		name            string
+		turns           []schemas.Turn
+		tokens, latency int64
+	}{
+		{"with turns", tr.Turns, 2 + 1 + 3 + 1 + 2, 100 + 20 + 3},
+		{"without", nil, 0, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			outs, err := RefuseRow(schemas.Trajectories, topics, "validate", m, 0, tr, Refused{
+				RunID: "r", AttemptID: "a1", Reason: "bad_tokens", Turns: tc.turns})
+			if err != nil {
+				t.Fatal(err)
+			}
+			var ev schemas.CensusEvent
+			for _, o := range outs {
+				if o.Topic == topics.Census {
+					if ev, err = schemas.DecodeCensus(o.Value); err != nil {
+						t.Fatal(err)
+					}
+				}
+			}
+			if ev.Kind != schemas.CensusQuarantined || ev.Tokens != tc.tokens || ev.LatencyUS != tc.latency {
+				t.Fatalf("census event %+v, want quarantined with %d tokens, %d µs", ev, tc.tokens, tc.latency)
+			}
+		})
+	}
+}

@@ -7,7 +7,10 @@ package train
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"io/fs"
+	"slices"
 	"strconv"
 	"time"
 
@@ -89,6 +92,66 @@ type Stage struct {
 	trained   *idset.Set  // trained trajectory ids (bounded by recent)
 	recent    *idset.Ring // FIFO of trained ids, to forget the oldest
 	initial   bool        // version 0 still to publish
+	// refused is the cost of the batches refused whole since the last
+	// update record, which the next one carries (RefusedName).
+	refused refusedCost
+}
+
+// refusedCost is the content of gpu.RefusedName(v): the batches refused
+// whole after version v and their cost (schemas.WindowCost.Refused).
+type refusedCost struct {
+	Batches []string           `json:"batches"`
+	Cost    schemas.WindowCost `json:"cost"`
+}
+
+// ledger is the cost header of an update: the batch's own (nil when it
+// had none) plus the refused batches' since the last update; nil when
+// there is neither.
+func (r *refusedCost) ledger(w *schemas.WindowCost) *schemas.WindowCost {
+	if len(r.Batches) == 0 {
+		return w
+	}
+	total := r.Cost
+	if w != nil {
+		total.Add(*w)
+	}
+	return &total
+}
+
+// refuseBatch adds a batch refused whole to the refused cost and stores
+// it beside the current release, before the refusal is committed: a
+// batch redelivered after a crash is not added twice.
+func (s *Stage) refuseBatch(id string, w *schemas.WindowCost) error {
+	if w == nil || slices.Contains(s.refused.Batches, id) {
+		return nil
+	}
+	s.refused.Batches = append(s.refused.Batches, id)
+	s.refused.Cost.Add(w.Refused())
+	b, err := json.Marshal(s.refused)
+	if err != nil {
+		return fmt.Errorf("train: refused cost: %w", err)
+	}
+	if _, err := s.files.Write(gpu.RefusedName(s.tr.Version()), b); err != nil {
+		return fmt.Errorf("train: refused cost: %w", err)
+	}
+	return nil
+}
+
+// readRefused reads back the refused cost stored after version v (none
+// when there is no file).
+func (s *Stage) readRefused(v int64) error {
+	s.refused = refusedCost{}
+	b, err := s.files.Read(gpu.RefusedName(v))
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("train: %w: %w", gpu.ErrRelease, err)
+	}
+	if err := json.Unmarshal(b, &s.refused); err != nil {
+		return fmt.Errorf("train: %w: %s: %w", gpu.ErrRelease, gpu.RefusedName(v), err)
+	}
+	return nil
 }
 
 // NewStage validates cfg.
@@ -226,6 +289,9 @@ func (s *Stage) start(ctx context.Context, env *pipeline.Env) error {
 			return err
 		}
 		s.lastIndex = u.BatchIndex
+	}
+	if err := s.readRefused(latest.PolicyVersion); err != nil {
+		return err
 	}
 	env.Metrics().PolicyVersion("trained", latest.PolicyVersion)
 	ids := 0
@@ -385,6 +451,9 @@ func (s *Stage) Process(ctx context.Context, m pipeline.Message) (pipeline.Resul
 	if len(lag.Trained) == 0 {
 		// Nothing left to train: the batch is refused, its trajectories
 		// counted (census above) as excluded at the update.
+		if err := s.refuseBatch(batch.BatchID, wcost); err != nil {
+			return res, err
+		}
 		return res, refuse(pipeline.Refuse("stale_batch", "batch %s: no trained token within max_lag %d of trainer version %d (%d tokens, %d segments excluded)",
 			batch.BatchID, s.cfg.Lag.MaxLag, from, lag.StaleTokens, len(lag.Dropped)))
 	}
@@ -408,12 +477,15 @@ func (s *Stage) Process(ctx context.Context, m pipeline.Message) (pipeline.Resul
 			// A batch the policy cannot train on (for example a token
 			// outside the behavior distribution) goes to quarantine; the
 			// trainer is unchanged and goes on with the next batch.
+			if err := s.refuseBatch(batch.BatchID, wcost); err != nil {
+				return res, err
+			}
 			return res, refuse(pipeline.Refuse("untrainable_batch", "batch %s: %v", batch.BatchID, err))
 		}
 		return res, fmt.Errorf("train batch %s: %w", batch.BatchID, err)
 	}
 	secs := time.Since(start).Seconds()
-	cost := schemas.UpdateCostOf(wcost, schemas.TrainingCost{
+	cost := schemas.UpdateCostOf(s.refused.ledger(wcost), schemas.TrainingCost{
 		OptimizerTokens: met.Tokens * int64(s.cfg.Epochs), AcceleratorHours: secs / 3600})
 	u := schemas.UpdateRecord{Version: s.tr.Version(), BatchID: batch.BatchID, BatchIndex: batch.BatchIndex,
 		Metrics: met, Last: last, Duplicates: dups, StepSeconds: secs, MinibatchOrder: order, Cost: &cost,
@@ -427,6 +499,7 @@ func (s *Stage) Process(ctx context.Context, m pipeline.Message) (pipeline.Resul
 	if _, err := s.files.Write(gpu.UpdateName(u.Version), ub); err != nil {
 		return res, err
 	}
+	s.refused = refusedCost{} // in the record now
 	if _, err := s.files.Write(gpu.OptimName(u.Version), s.tr.OptimState()); err != nil {
 		return res, err
 	}
@@ -543,13 +616,17 @@ func (s *Stage) decision(m pipeline.Message) (pipeline.Result, error) {
 	s.tr = tr
 	old.Close()
 	to := d.RollbackTo
-	ub, err := schemas.EncodeUpdate(schemas.UpdateRecord{Version: v + 1, BatchIndex: s.lastIndex, RolledBackTo: &to})
+	// The record of the rollback carries the batches refused since the
+	// last update: no update follows at version v.
+	cost := schemas.UpdateCostOf(s.refused.ledger(nil), schemas.TrainingCost{})
+	ub, err := schemas.EncodeUpdate(schemas.UpdateRecord{Version: v + 1, BatchIndex: s.lastIndex, RolledBackTo: &to, Cost: &cost})
 	if err != nil {
 		return res, err
 	}
 	if _, err := s.files.Write(gpu.UpdateName(v+1), ub); err != nil {
 		return res, err
 	}
+	s.refused = refusedCost{} // in the record now
 	if _, err := s.files.Write(gpu.OptimName(v+1), s.tr.OptimState()); err != nil {
 		return res, err
 	}

@@ -265,3 +265,69 @@ func TestStageUpdateCost(t *testing.T) {
 		t.Fatalf("quarantine detail %q does not name the header and field", detail)
 	}
 }
+
+// TestStageRefusedBatchCost: a batch the trainer refuses whole
+// (stale_batch) is in no update of its own; the next update record's
+// ledger carries its cost — what it admitted as failed, what it filtered
+// as rejected — beside the next batch's own, also across a restart in
+// between (the refused cost is stored beside the release), and a refused
+// batch redelivered is not carried twice.
+func TestStageRefusedBatchCost(t *testing.T) {
+	f := newFixture(t)
+	files, err := pipeline.NewDirReleases(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	withCost := func(m pipeline.Message, c schemas.WindowCost) pipeline.Message {
+		v, err := schemas.EncodeWindowCost(c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		m.Headers = append(m.Headers, pipeline.Header{Key: schemas.HeaderWindowCost, Value: v})
+		return m
+	}
+	staleCost := schemas.WindowCost{Windows: 1,
+		Admitted: schemas.EpisodeCost{Episodes: 6, RolloutTokens: 600, GenerationHours: 0.5, EnvironmentHours: 0.25},
+		Filtered: schemas.EpisodeCost{Episodes: 2, RolloutTokens: 50},
+		Failed:   schemas.EpisodeCost{Episodes: 1, RolloutTokens: 10, EnvironmentHours: 0.125}}
+	nextCost := schemas.WindowCost{Windows: 1,
+		Admitted: schemas.EpisodeCost{Episodes: 8, RolloutTokens: 800, GenerationHours: 1, EnvironmentHours: 0.5},
+		Failed:   schemas.EpisodeCost{RolloutTokens: 0, EnvironmentHours: 0.25}}
+	// Versions 0..3 from batches 0..2; batch 3, sampled at version 1, is
+	// lag 2 > max_lag 1 at trainer version 3: refused whole.
+	first := []pipeline.Message{f.msg(f.batch(0, 0), 0), f.msg(f.batch(1, 1), 1), f.msg(f.batch(2, 2), 2)}
+	stale := withCost(f.msg(f.batch(3, 1), 3), staleCost)
+	next := withCost(f.msg(f.batch(4, 3), 4), nextCost)
+	want := schemas.UpdateCost{Windows: 2,
+		Rollout:  nextCost.Admitted,
+		Rejected: staleCost.Filtered,
+		Failed:   schemas.EpisodeCost{Episodes: 7, RolloutTokens: 610, GenerationHours: 0.5, EnvironmentHours: 0.625}}
+	check := func(name string) {
+		t.Helper()
+		u, err := gpu.ReadUpdate(files, 4)
+		if err != nil || u.Cost == nil {
+			t.Fatalf("%s: update 4: %+v %v", name, u.Cost, err)
+		}
+		got := *u.Cost
+		got.Training = schemas.TrainingCost{}
+		if got != want || u.BatchIndex != 4 {
+			t.Fatalf("%s: update 4 (batch %d) cost %+v\nwant %+v", name, u.BatchIndex, got, want)
+		}
+	}
+	// One run, the refused batch delivered twice.
+	d := f.drive(files, pipeline.MemScanner{}, append(slices.Clone(first), stale, stale, next)...)
+	if r := reasons(d.On(f.topics.Quarantine)); !slices.Equal(r, []string{"stale_batch", "stale_batch"}) {
+		t.Fatalf("quarantine %v, want the stale batch twice", r)
+	}
+	check("one run")
+
+	// A restart between the refusal (committed) and the next update.
+	files, err = pipeline.NewDirReleases(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	d1 := f.drive(files, pipeline.MemScanner{}, append(slices.Clone(first), stale)...)
+	scan := pipeline.MemScanner{f.topics.Policy: d1.Messages(f.topics.Policy), f.topics.Batches: append(slices.Clone(first), stale)}
+	f.drive(files, scan, next)
+	check("after a restart")
+}

@@ -145,17 +145,28 @@ def test_window_cost_header():
     good = {"windows": 2, "admitted": {"episodes": 3, "rollout_tokens": 40, "generation_hours": 0.5, "environment_hours": 0.25},
             "filtered": {"episodes": 1, "rollout_tokens": 7, "generation_hours": 0, "environment_hours": 0.125}}
     hdrs = [(B.HEADER_WINDOW_COST, json.dumps(good).encode())]
+    zero = {"episodes": 0, "rollout_tokens": 0, "generation_hours": 0.0, "environment_hours": 0.0}
     assert B.window_cost(hdrs) == {"windows": 2, "admitted": good["admitted"],
-                                   "filtered": {**good["filtered"], "generation_hours": 0.0}}
+                                   "filtered": {**good["filtered"], "generation_hours": 0.0}, "failed": zero}
     assert B.window_cost([]) is None
     u = B.update_cost(B.window_cost(hdrs), 300, 7.2)
     assert u == {"windows": 2, "rollout": good["admitted"], "rejected": {**good["filtered"], "generation_hours": 0.0},
-                 "training": {"optimizer_tokens": 300, "accelerator_hours": 0.002}}
+                 "failed": zero, "training": {"optimizer_tokens": 300, "accelerator_hours": 0.002}}
+    # A batch refused whole: what it admitted becomes failed, beside its own failed.
+    failed = {"episodes": 1, "rollout_tokens": 5, "generation_hours": 0.0, "environment_hours": 0.5}
+    w = B.window_cost([(B.HEADER_WINDOW_COST, json.dumps({**good, "failed": failed}).encode())])
+    r = B.refused_cost(w)
+    assert r["admitted"] == zero and r["filtered"] == w["filtered"] and r["windows"] == 2
+    assert r["failed"] == {"episodes": 4, "rollout_tokens": 45, "generation_hours": 0.5, "environment_hours": 0.75}
+    both = B.add_window_cost(r, w)
+    assert both["windows"] == 4 and both["failed"]["episodes"] == 5 and both["admitted"] == good["admitted"]
+    assert B.add_window_cost(None, w) is w and B.add_window_cost(None, None) is None
     assert B.update_cost(None, 10, 0)["rollout"] == {"episodes": 0, "rollout_tokens": 0, "generation_hours": 0.0,
                                                      "environment_hours": 0.0}
     for raw, want in [(b"{", "Expecting"), (b"[1]", "not a JSON object"), (b'{"bogus":1}', "unknown field 'bogus'"),
                       (b'{"windows":-1}', "windows -1"), (b'{"admitted":{"rollout_tokens":-4}}', "admitted.rollout_tokens -4"),
                       (b'{"filtered":{"episodes":1.5}}', "filtered.episodes 1.5"),
+                      (b'{"failed":{"rollout_tokens":-1}}', "failed.rollout_tokens -1"),
                       (b'{"admitted":{"environment_hours":"x"}}', "admitted.environment_hours 'x'")]:
         with pytest.raises(B.Refusal) as e:
             B.window_cost([(B.HEADER_WINDOW_COST, raw)])

@@ -13,6 +13,7 @@ import pyarrow as pa
 import pytest
 
 from conftest import PARITY, ROOT
+from trajflow import batches as B
 from trajflow import contract as C
 from trajflow.ids import batch_id
 from trajflow.kafka import AckProducer, scan
@@ -181,6 +182,50 @@ def test_mask_stale_keeps_in_window_tokens(run):
     # With local state the restart reads it instead of the batches topic.
     s2 = stage_for(run, state=str(tmp / "state"))
     assert s2.trained == s.trained and s2.last_index == 1
+
+
+def test_refused_batch_cost(run):
+    """A batch refused whole (stale_batch) is in no update of its own: the
+    next update record's ledger carries its cost, what it admitted as
+    failed and what it filtered as rejected, beside the next batch's own;
+    a redelivered refused batch is carried once, and a restart between
+    the refusal and the next update reads it back (refused_name)."""
+    broker, c, tmp = run
+
+    def cost(windows, admitted, filtered, failed):
+        ep = lambda e, t, g, h: {"episodes": e, "rollout_tokens": t, "generation_hours": g, "environment_hours": h}
+        return json.dumps({"windows": windows, "admitted": ep(*admitted), "filtered": ep(*filtered),
+                           "failed": ep(*failed)}).encode()
+
+    stale_cost = cost(1, (6, 600, 0.5, 0.25), (2, 50, 0.0, 0.0), (1, 10, 0.0, 0.125))
+    next_cost = cost(1, (8, 800, 1.0, 0.5), (0, 0, 0.0, 0.0), (0, 0, 0.0, 0.25))
+    b0 = variant(c, 0)
+    stale = variant(c, 1, rename=[0, 1], versions=[0, 0])  # version 0 at trainer version 1, max_lag 0: all stale
+    nxt = variant(c, 2, rename=[0, 1], versions=[1, 1])
+    p = AckProducer(broker)
+    p.send([(f"{RUN}.batches", b"k", b0, HDRS), (f"{RUN}.batches", b"k", stale, HDRS + [(B.HEADER_WINDOW_COST, stale_cost)]),
+            (f"{RUN}.batches", b"k", nxt, HDRS + [(B.HEADER_WINDOW_COST, next_cost)])])
+    msgs = []
+    scan(broker, f"{RUN}.batches", msgs.append)
+    want = {"windows": 2,
+            "rollout": {"episodes": 8, "rollout_tokens": 800, "generation_hours": 1.0, "environment_hours": 0.5},
+            "rejected": {"episodes": 2, "rollout_tokens": 50, "generation_hours": 0.0, "environment_hours": 0.0},
+            "failed": {"episodes": 7, "rollout_tokens": 610, "generation_hours": 0.5, "environment_hours": 0.625}}
+    rd = str(tmp / "releases")
+
+    def ledger():
+        u = json.load(open(os.path.join(rd, update_name(2))))["data"]
+        assert u["batch_index"] == 2
+        return {k: v for k, v in u["cost"].items() if k != "training"}
+
+    s = stage_for(run)
+    assert [s.process(m) for m in (msgs[0], msgs[1])] == ["trained", "stale_batch"]
+    # A restart after the refusal was committed: the refused cost is read back.
+    s2 = stage_for(run)
+    assert s2.refused["batches"] == [batch_id(RUN, 1)]
+    assert [s2.process(m) for m in (msgs[1], msgs[2])] == ["stale_batch", "trained"]  # redelivered: carried once
+    assert ledger() == want
+    assert s2.refused == {"batches": [], "cost": None}
 
 
 def test_batch_reader_quarantines_and_commits(run):

@@ -160,12 +160,36 @@ def _header(headers: Optional[Iterable], key: str) -> Optional[bytes]:
 
 
 _EPISODE_COST = (("episodes", int), ("rollout_tokens", int), ("generation_hours", float), ("environment_hours", float))
+_COST_PARTS = ("admitted", "filtered", "failed")
+
+
+def _zero_cost() -> dict:
+    return {k: typ(0) for k, typ in _EPISODE_COST}
+
+
+def _add_episodes(a: dict, b: dict) -> dict:
+    return {k: a[k] + b[k] for k, _ in _EPISODE_COST}
+
+
+def add_window_cost(a: Optional[dict], b: Optional[dict]) -> Optional[dict]:
+    """The sum of two window costs (schemas.WindowCost.Add); None when both are."""
+    if a is None or b is None:
+        return a if b is None else b
+    return {"windows": a["windows"] + b["windows"], **{p: _add_episodes(a[p], b[p]) for p in _COST_PARTS}}
+
+
+def refused_cost(w: dict) -> dict:
+    """The cost of a batch the trainer refused whole
+    (schemas.WindowCost.Refused): what it admitted joins its failed
+    generation, what it filtered stays rejected."""
+    return {"windows": w["windows"], "admitted": _zero_cost(), "filtered": dict(w["filtered"]),
+            "failed": _add_episodes(w["failed"], w["admitted"])}
 
 
 def window_cost(headers) -> Optional[dict]:
     """The batch's ``trajflow-window-cost`` header (schemas.WindowCost: the
     cost of the episodes decided in the pack windows of its index,
-    admitted and filtered), or None without one. A malformed value raises
+    admitted, filtered and failed), or None without one. A malformed value raises
     Refusal(header_mismatch) naming the header and the field, as the Go
     trainer refuses it (schemas.DecodeWindowCost)."""
     raw = _header(headers, HEADER_WINDOW_COST)
@@ -181,14 +205,14 @@ def window_cost(headers) -> Optional[dict]:
         raise bad(str(e)) from None
     if not isinstance(doc, dict):
         raise bad("not a JSON object")
-    unknown = set(doc) - {"windows", "admitted", "filtered"}
+    unknown = set(doc) - {"windows", *_COST_PARTS}
     if unknown:
         raise bad(f"unknown field {sorted(unknown)[0]!r}")
     windows = doc.get("windows", 0)
     if not isinstance(windows, int) or isinstance(windows, bool) or windows < 0:
         raise bad(f"windows {windows!r} not a non-negative integer")
     out = {"windows": windows}
-    for part in ("admitted", "filtered"):
+    for part in _COST_PARTS:
         src = doc.get(part, {})
         if not isinstance(src, dict):
             raise bad(f"{part} not a JSON object")
@@ -207,13 +231,14 @@ def window_cost(headers) -> Optional[dict]:
 
 
 def update_cost(wcost: Optional[dict], optimizer_tokens: int, step_seconds: float) -> dict:
-    """An update record's cost ledger (schemas.UpdateCost): the rollout
-    and rejected generation of the batch's windows, and the update's
-    optimizer work in the contract's units."""
-    zero = {k: typ(0) for k, typ in _EPISODE_COST}
-    w = wcost or {"windows": 0, "admitted": zero, "filtered": zero}
+    """An update record's cost ledger (schemas.UpdateCost): the rollout,
+    rejected and failed generation of the batch's windows (with the
+    batches refused since the last update: add_window_cost, refused_cost),
+    and the update's optimizer work in the contract's units."""
+    zero = _zero_cost()
+    w = wcost or {"windows": 0, "admitted": zero, "filtered": zero, "failed": zero}
     return {"windows": w["windows"], "rollout": dict(w["admitted"]), "rejected": dict(w["filtered"]),
-            "training": {"optimizer_tokens": int(optimizer_tokens), "accelerator_hours": step_seconds / 3600}}
+            "failed": dict(w["failed"]), "training": {"optimizer_tokens": int(optimizer_tokens), "accelerator_hours": step_seconds / 3600}}
 
 
 def check_headers(headers) -> None:

@@ -51,6 +51,11 @@ def update_name(v: int) -> str:
     return f"policy-v{v:08d}.update.json"
 
 
+def refused_name(v: int) -> str:
+    """gpu.RefusedName: the cost of the batches refused whole after version v."""
+    return f"policy-v{v:08d}.refused.json"
+
+
 def optim_name(v: int) -> str:
     return f"policy-v{v:08d}.optim"
 

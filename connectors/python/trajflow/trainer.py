@@ -53,7 +53,7 @@ from .ids import census_record, incident_record, read_update_document, update_do
 from .kafka import AckProducer, Message, scan
 from .model import Behavior, Config, ShapeError, WindowMLP, init_params, load_checkpoint
 from .packed import ObjectiveInputError, Options
-from .release import (ReleaseMeta, checkpoint_path, decode_release, optim_name, release_record,
+from .release import (ReleaseMeta, checkpoint_path, decode_release, optim_name, refused_name, release_record,
                       update_name, write_atomic, write_release)
 from .update import Adam, Trainer
 
@@ -156,6 +156,10 @@ class TrainStage:
         self.trained: set[str] = set()
         self.initial = False
         self.counts = {"trained": 0, "skipped": 0, "refused": 0}
+        # The batches refused whole since the last update record and their
+        # cost (batches.refused_cost), which the next record carries;
+        # stored beside the release as refused_name(version).
+        self.refused: dict = {"batches": [], "cost": None}
         self.release_seconds = 0.0
         self.last_record: Optional[dict] = None
         # Census and incident records of the latest update, re-sent when its
@@ -185,6 +189,7 @@ class TrainStage:
             log.info("trainer starts from the initial policy, version 0")
             return
         v = latest["policy_version"]
+        self._read_refused(v)
         self.trainer = self.backend.restore(c, latest)
         self.trainer.steps = latest["training_step"]
         op = os.path.join(c.release_dir, optim_name(v))
@@ -272,6 +277,27 @@ class TrainStage:
               "batches": sorted(self.batches), "trained": sorted(self.trained)}
         write_atomic(p, json.dumps(st).encode())
 
+    def _read_refused(self, v: int) -> None:
+        p = os.path.join(self.cfg.release_dir, refused_name(v))
+        self.refused = {"batches": [], "cost": None}
+        if not os.path.exists(p):
+            return
+        with open(p, "rb") as f:
+            st = json.loads(f.read())
+        cost = B.window_cost([(B.HEADER_WINDOW_COST, json.dumps(st["cost"]).encode())])  # validated as a header is
+        self.refused = {"batches": list(st["batches"]), "cost": cost}
+
+    def _refuse_batch(self, batch_id: str, wcost: Optional[dict]) -> None:
+        """Adds a batch refused whole to the refused cost and stores it
+        beside the current release before the refusal is committed (a
+        redelivered batch is not added twice), as the Go train stage does."""
+        if wcost is None or batch_id in self.refused["batches"]:
+            return
+        self.refused["batches"].append(batch_id)
+        self.refused["cost"] = B.add_window_cost(self.refused["cost"], B.refused_cost(wcost))
+        write_atomic(os.path.join(self.cfg.release_dir, refused_name(self.trainer.version)),
+                     json.dumps(self.refused, separators=(",", ":")).encode())
+
     # ---------------------------------------------------------- publish
     def _release(self, next_batch: int = 0) -> dict:
         t = self.trainer
@@ -342,6 +368,7 @@ class TrainStage:
             "stale_tokens": lag["masked"].get(tid, 0), "at_us": at}) for tid in stale_ids]
         if not ids:
             self.producer.send(stale_events)
+            self._refuse_batch(batch.batch_id, wcost)
             return self.refuse(m, B.REASON_STALE_BATCH,
                                f"batch {batch.batch_id}: no trained token within max_lag {c.max_lag} of trainer version {frm} "
                                f"({lag['stale_tokens']} tokens, {len(stale_ids)} segments excluded)")
@@ -349,6 +376,7 @@ class TrainStage:
         try:
             first, last = self.trainer.update(batch, c.objective, c.adam, c.epochs)
         except (ObjectiveInputError, ShapeError, B.Refusal, ValueError) as e:
+            self._refuse_batch(batch.batch_id, wcost)
             return self.refuse(m, B.REASON_UNTRAINABLE, f"batch {batch.batch_id}: {e}")
         secs = time.monotonic() - t0
         v = self.trainer.version
@@ -374,12 +402,13 @@ class TrainStage:
         if lag["lag_tokens"]:
             rec["lag_tokens"] = lag["lag_tokens"]
         rec["selection"] = lag["selection"]
-        rec["cost"] = B.update_cost(wcost, rec["metrics"]["tokens"] * c.epochs, secs)
+        rec["cost"] = B.update_cost(B.add_window_cost(self.refused["cost"], wcost), rec["metrics"]["tokens"] * c.epochs, secs)
         rec.update({"step_seconds": secs,
                     "trainer": {"trainer": self.backend.name, "torch": torch.__version__,
                                 "source": m.ref, **first.extra, "outputs": [json_records(r) for r in out]}})
         t1 = time.monotonic()
         write_atomic(os.path.join(c.release_dir, update_name(v)), update_document(rec))
+        self.refused = {"batches": [], "cost": None}  # in the record now
         write_atomic(os.path.join(c.release_dir, optim_name(v)), self.trainer.optim_payload())
         rel = self._release(batch.batch_index + 1)
         self.producer.send([(c.topics.policy,) + release_record(c.run_id, rel)] + out)

@@ -291,6 +291,7 @@ function renderLearning(S) {
       ["clip A<0", r => r.clip_frac_neg, 1], ["entropy", r => r.entropy, 1], ["grad norm", r => r.grad_norm, 1],
       ["duplicates", r => r.duplicates, 1], ["step s", r => r.step_seconds, 1],
       ["rollout tokens", r => r.cost ? r.cost.rollout.rollout_tokens : "", 1], ["rejected tokens", r => r.cost ? r.cost.rejected.rollout_tokens : "", 1],
+      ["failed tokens", r => r.cost && r.cost.failed ? r.cost.failed.rollout_tokens : "", 1],
       ["optimizer tokens", r => r.cost ? r.cost.training.optimizer_tokens : "", 1]], u));
   return body;
 }
