@@ -328,14 +328,22 @@ func Judge(p Policy, s State, version int64, kl Estimate, usage Usage, open []In
 	return *d, s, nil
 }
 
-// CountCensus adds a completed episode's census event to usage: the
-// tokens of its stream (prompts, actions, observations) and its time.
-// It reports whether ev counted (only completed episodes do).
+// CountCensus adds an attempt's census event to usage: a completed
+// episode's stream tokens (prompts, actions, observations) and time, and
+// the time of a try that failed for a reason of the infrastructure and
+// was run again (it never completed: its time is in no completed event).
+// It reports whether ev counted.
 func CountCensus(u *Usage, ev schemas.CensusEvent) bool {
-	if ev.Kind != schemas.CensusCompleted {
+	switch {
+	case ev.Kind == schemas.CensusCompleted:
+		u.RolloutTokens += ev.Tokens
+	case (ev.Kind == schemas.CensusFailed || ev.Kind == schemas.CensusTimedOut) && ev.Infra:
+		if ev.LatencyUS <= 0 {
+			return false
+		}
+	default:
 		return false
 	}
-	u.RolloutTokens += ev.Tokens
 	u.EnvironmentHours += float64(ev.LatencyUS) / 3.6e9
 	return true
 }

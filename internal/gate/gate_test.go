@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/trajflow/trajflow/pipeline/contract"
+	"github.com/trajflow/trajflow/schemas"
 )
 
 func testPolicy() Policy {
@@ -200,5 +201,32 @@ func TestCheckBudget(t *testing.T) {
 	}
 	if d.Checks[0].OK || !d.Checks[1].OK {
 		t.Fatalf("checks %+v", d.Checks)
+	}
+}
+
+// TestCountCensus: the budgets count a completed episode's tokens and
+// time, and the time of an infrastructure try that was run again; nothing
+// else (hours: 3.6e9 µs = 1 h).
+func TestCountCensus(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		ev   schemas.CensusEvent
+		want Usage
+		ok   bool
+	}{
+		{"completed", schemas.CensusEvent{Kind: schemas.CensusCompleted, Tokens: 40, LatencyUS: 1_800_000}, Usage{RolloutTokens: 40, EnvironmentHours: 0.0005}, true},
+		{"infrastructure try", schemas.CensusEvent{Kind: schemas.CensusFailed, Infra: true, LatencyUS: 3_600_000}, Usage{EnvironmentHours: 0.001}, true},
+		{"timed out", schemas.CensusEvent{Kind: schemas.CensusTimedOut, Infra: true, LatencyUS: 360_000}, Usage{EnvironmentHours: 0.0001}, true},
+		{"failed try without time", schemas.CensusEvent{Kind: schemas.CensusFailed, Infra: true}, Usage{}, false},
+		{"agent failure", schemas.CensusEvent{Kind: schemas.CensusFailed, LatencyUS: 5}, Usage{}, false},
+		{"quarantined after completing", schemas.CensusEvent{Kind: schemas.CensusQuarantined, Stage: "validate", Tokens: 9, LatencyUS: 5}, Usage{}, false},
+		{"started", schemas.CensusEvent{Kind: schemas.CensusStarted}, Usage{}, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var u Usage
+			if ok := CountCensus(&u, tc.ev); ok != tc.ok || u != tc.want {
+				t.Fatalf("CountCensus = %v, usage %+v; want %v, %+v", ok, u, tc.ok, tc.want)
+			}
+		})
 	}
 }

@@ -8,7 +8,8 @@
 // internal/gate's, the same functions `trajflow demo` rules with.
 //
 // Budgets count the census (rollout tokens and environment time of every
-// completed episode) and the evaluation records (optimizer tokens and
+// completed episode, and the time of every try that failed for a reason of
+// the infrastructure: gate.CountCensus) and the evaluation records (optimizer tokens and
 // step time of every update). Open incidents are followed from the
 // incidents topic as a side input.
 //
@@ -223,7 +224,7 @@ func (s *Stage) ruleFinal(rec schemas.EvaluationRecord) (gate.Decision, error) {
 	return d, nil
 }
 
-// census counts a completed episode toward the budgets and holds it until
+// census counts a completed episode or a failed try toward the budgets and holds it until
 // the next decision carries the count.
 func (s *Stage) census(m pipeline.Message) (pipeline.Result, error) {
 	ev, err := schemas.DecodeCensus(m.Value)
