@@ -148,7 +148,55 @@ func evaluatorScenario(t *testing.T, addr, broker string) {
 	if always == 0 || transient == 0 {
 		t.Fatalf("the id buckets selected %d always-failing and %d transient attempts", always, transient)
 	}
+	checkFailedCost(t, run, msgs, census, always+len(timedOut))
 	t.Logf("always-failing %d, transient %d, environment timeouts %d", always, transient, len(timedOut))
+}
+
+// checkFailedCost: the refused episodes' cost reaches pack's window
+// records (docs/SYSTEMS.md §17): each counted census event is a
+// quarantine of this run, counted once, with the refused episode's stream
+// tokens; at most the refused episodes, and some (the failures are spread
+// over the run; only those pack reads after the last window stay held).
+func checkFailedCost(t *testing.T, run *testkit.Run, msgs [][]schemas.Trajectory, census map[string][]schemas.CensusEvent, refused int) {
+	t.Helper()
+	streams := map[string]int64{}
+	for _, rows := range msgs {
+		for _, r := range rows {
+			for _, tu := range r.Turns {
+				streams[r.RecordID] += int64(len(tu.PromptIDs) + len(tu.ActionIDs) + len(tu.ObservationIDs))
+			}
+		}
+	}
+	byEvent := map[string]schemas.CensusEvent{}
+	for _, evs := range census {
+		for _, ev := range evs {
+			byEvent[ev.EventID] = ev
+		}
+	}
+	counted := map[string]bool{}
+	var episodes int
+	var tokens, want int64
+	for _, m := range run.ReadAll(t, run.Topics.Windows) {
+		w, err := schemas.DecodeWindow(m.Value)
+		if err != nil || w.Cost == nil {
+			t.Fatalf("window record %s: cost %v, %v", m.Ref, w.Cost, err)
+		}
+		episodes += w.Cost.Failed.Episodes
+		tokens += w.Cost.Failed.RolloutTokens
+		for _, id := range w.FailedEvents {
+			ev, ok := byEvent[id]
+			if counted[id] || !ok || ev.Kind != schemas.CensusQuarantined {
+				t.Fatalf("window %d counts failure event %s (counted before %v): census %+v", w.BatchIndex, id, counted[id], ev)
+			}
+			counted[id] = true
+			want += streams[ev.AttemptID]
+		}
+	}
+	if episodes == 0 || episodes != len(counted) || episodes > refused || tokens != want {
+		t.Fatalf("windows count %d failed episodes, %d tokens (%d events, their episodes' tokens %d); %d episodes were refused",
+			episodes, tokens, len(counted), want, refused)
+	}
+	t.Logf("failed generation in the windows: %d of %d refused episodes, %d tokens", episodes, refused, tokens)
 }
 
 // infraQuarantine reports whether evs holds a quarantine event flagged
