@@ -224,14 +224,11 @@ func (s *Stage) ruleFinal(rec schemas.EvaluationRecord) (gate.Decision, error) {
 	return d, nil
 }
 
-// census counts a completed episode or a failed try toward the budgets and holds it until
-// the next decision carries the count.
+// census counts a completed episode or a failed try toward the budgets
+// and holds it until the next decision carries the count.
 func (s *Stage) census(m pipeline.Message) (pipeline.Result, error) {
-	ev, err := schemas.DecodeCensus(m.Value)
+	ev, err := stagekit.CensusOf(&m)
 	if err != nil {
-		return pipeline.Result{}, stagekit.DecodeRefusal(err)
-	}
-	if err := stagekit.CheckKindHeaders(&m, schemas.KindCensusEvent); err != nil {
 		return pipeline.Result{}, err
 	}
 	// After a stop no decision follows: nothing is held for one.

@@ -364,11 +364,8 @@ func (s *Stage) Process(ctx context.Context, m pipeline.Message) (pipeline.Resul
 // window, and any other event, is passed over; a record that is not a
 // census event is refused.
 func (s *Stage) failure(m pipeline.Message) (pipeline.Result, error) {
-	ev, err := schemas.DecodeCensus(m.Value)
+	ev, err := stagekit.CensusOf(&m)
 	if err != nil {
-		return pipeline.Result{}, stagekit.DecodeRefusal(err)
-	}
-	if err := stagekit.CheckKindHeaders(&m, schemas.KindCensusEvent); err != nil {
 		return pipeline.Result{}, err
 	}
 	c, ok := schemas.FailureCost(ev)

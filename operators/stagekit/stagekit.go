@@ -253,6 +253,17 @@ func turnsCost(turns []schemas.Turn) (tokens, us int64) {
 	return tokens, us
 }
 
+// CensusOf reads a record of the census topic for a stage that consumes
+// it: the event, or a refusal when the record does not decode or its
+// headers name another kind.
+func CensusOf(m *pipeline.Message) (schemas.CensusEvent, error) {
+	ev, err := schemas.DecodeCensus(m.Value)
+	if err != nil {
+		return ev, DecodeRefusal(err)
+	}
+	return ev, CheckKindHeaders(m, schemas.KindCensusEvent)
+}
+
 // NewerRelease reads a record of the policy topic for a stage that acts
 // once per release (weight sync, evaluation): it returns the release and
 // whether it is ready and newer than version last (-1: none yet). Older
