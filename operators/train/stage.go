@@ -125,15 +125,16 @@ func (s *Stage) refuseBatch(id string, w *schemas.WindowCost) error {
 	if w == nil || slices.Contains(s.refused.Batches, id) {
 		return nil
 	}
-	s.refused.Batches = append(s.refused.Batches, id)
-	s.refused.Cost.Add(w.Refused())
-	b, err := json.Marshal(s.refused)
+	next := refusedCost{Batches: append(slices.Clone(s.refused.Batches), id), Cost: s.refused.Cost}
+	next.Cost.Add(w.Refused())
+	b, err := json.Marshal(next)
 	if err != nil {
 		return fmt.Errorf("train: refused cost: %w", err)
 	}
 	if _, err := s.files.Write(gpu.RefusedName(s.tr.Version()), b); err != nil {
 		return fmt.Errorf("train: refused cost: %w", err)
 	}
+	s.refused = next
 	return nil
 }
 
