@@ -293,10 +293,11 @@ class TrainStage:
         redelivered batch is not added twice), as the Go train stage does."""
         if wcost is None or batch_id in self.refused["batches"]:
             return
-        self.refused["batches"].append(batch_id)
-        self.refused["cost"] = B.add_window_cost(self.refused["cost"], B.refused_cost(wcost))
+        nxt = {"batches": self.refused["batches"] + [batch_id],
+               "cost": B.add_window_cost(self.refused["cost"], B.refused_cost(wcost))}
         write_atomic(os.path.join(self.cfg.release_dir, refused_name(self.trainer.version)),
-                     json.dumps(self.refused, separators=(",", ":")).encode())
+                     json.dumps(nxt, separators=(",", ":")).encode())
+        self.refused = nxt
 
     # ---------------------------------------------------------- publish
     def _release(self, next_batch: int = 0) -> dict:
