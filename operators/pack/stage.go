@@ -51,8 +51,9 @@ type StageConfig struct {
 type WindowRecord = schemas.WindowRecord
 
 // Stage is the pack operator: the lag-aware admission window (docs/PIPELINE.md §15),
-// reconstruction and packing (docs/PIPELINE.md §11). It consumes the scored topic
-// and the policy topic (to know the trainer's version). Every record the
+// reconstruction and packing (docs/PIPELINE.md §11). It consumes the scored topic,
+// the policy topic (to know the trainer's version) and the census (the
+// failed generation its windows account for, docs/SYSTEMS.md §17). Every record the
 // open window decided — admitted or filtered — is held until the window
 // closes; the batch, its lineage record and the census events are then
 // produced, and the window's inputs are released together. Holding the
