@@ -75,19 +75,25 @@ type EpisodeCost struct {
 // microsPerHour converts latencies in microseconds to hours.
 const microsPerHour = 3.6e9
 
-// EpisodeCostOf is the cost of one episode from its turns.
-func EpisodeCostOf(turns []Turn) EpisodeCost {
-	c := EpisodeCost{Episodes: 1}
-	var gen, env int64
+// TurnsUsage is what an episode's turns used: the tokens of their
+// streams (prompts, actions, observations: the unit of
+// budgets.rollout_tokens) and their generation and environment time in
+// microseconds (a negative latency counts as none).
+func TurnsUsage(turns []Turn) (tokens, genUS, envUS int64) {
 	for i := range turns {
 		t := &turns[i]
-		c.RolloutTokens += int64(len(t.PromptIDs) + len(t.ActionIDs) + len(t.ObservationIDs))
-		gen += t.GenLatencyUS
-		env += t.EnvLatencyUS
+		tokens += int64(len(t.PromptIDs) + len(t.ActionIDs) + len(t.ObservationIDs))
+		genUS += max(t.GenLatencyUS, 0)
+		envUS += max(t.EnvLatencyUS, 0)
 	}
-	c.GenerationHours = float64(gen) / microsPerHour
-	c.EnvironmentHours = float64(env) / microsPerHour
-	return c
+	return tokens, genUS, envUS
+}
+
+// EpisodeCostOf is the cost of one episode from its turns.
+func EpisodeCostOf(turns []Turn) EpisodeCost {
+	tokens, gen, env := TurnsUsage(turns)
+	return EpisodeCost{Episodes: 1, RolloutTokens: tokens,
+		GenerationHours: float64(gen) / microsPerHour, EnvironmentHours: float64(env) / microsPerHour}
 }
 
 // Add adds o to c.
@@ -220,7 +226,7 @@ func (c EpisodeCost) check() error {
 // the optimizer's work. Windows is
 // the number of pack windows the batch's cost header covered; a batch
 // without that header (written by an older pack, or by hand) has Windows
-// 0 and no rollout or rejected cost.
+// 0 and no rollout, rejected or failed cost of its own.
 type UpdateCost struct {
 	Windows  int          `json:"windows"`
 	Rollout  EpisodeCost  `json:"rollout"`

@@ -339,10 +339,7 @@ func (s *Stage) Process(ctx context.Context, m pipeline.Message) (pipeline.Resul
 			}
 			res.Outputs = append(res.Outputs, out)
 			for i, a := range run {
-				n := int64(0)
-				for _, t := range trajs[i].Turns {
-					n += int64(len(t.PromptIDs) + len(t.ActionIDs) + len(t.ObservationIDs))
-				}
+				n, _, _ := schemas.TurnsUsage(trajs[i].Turns)
 				if err := census(a, schemas.CensusCompleted, trajs[i].EndReason, false, n, end.Sub(start).Microseconds(), end); err != nil {
 					return pipeline.Result{}, err
 				}

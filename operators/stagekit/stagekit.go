@@ -219,11 +219,11 @@ func RefuseRow[T any](c *schemas.Codec[T], topics pipeline.Topics, stage string,
 	if err != nil {
 		return nil, err
 	}
-	tokens, latency := turnsCost(r.Turns)
+	tokens, gen, env := schemas.TurnsUsage(r.Turns)
 	ev, err := Census(topics.Census, schemas.CensusEvent{
 		RunID: r.RunID, AttemptID: r.AttemptID, TaskID: r.TaskID, GroupID: r.GroupID,
 		Kind: schemas.CensusQuarantined, Stage: stage, Reason: r.Reason, Infra: r.Infra,
-		Tokens: tokens, LatencyUS: latency, At: r.At,
+		Tokens: tokens, LatencyUS: gen + env, At: r.At,
 	})
 	if err != nil {
 		return nil, err
@@ -240,17 +240,6 @@ func RefuseRow[T any](c *schemas.Codec[T], topics pipeline.Topics, stage string,
 		outs = append(outs, inc)
 	}
 	return outs, nil
-}
-
-// turnsCost is the rollout tokens (prompts, actions, observations) and
-// the generation and environment time of turns, in microseconds.
-func turnsCost(turns []schemas.Turn) (tokens, us int64) {
-	for i := range turns {
-		t := &turns[i]
-		tokens += int64(len(t.PromptIDs) + len(t.ActionIDs) + len(t.ObservationIDs))
-		us += max(t.GenLatencyUS, 0) + max(t.EnvLatencyUS, 0)
-	}
-	return tokens, us
 }
 
 // CensusOf reads a record of the census topic for a stage that consumes
