@@ -223,7 +223,12 @@ func conformance(t *testing.T, ch *chain) {
 			if spec.Name != pipeline.SnapshotStage && len(first.Outputs) == 0 {
 				t.Fatalf("no output from %d inputs", len(ch.inputs(spec.Name)))
 			}
+			// Each subtest works on its own copy of deps with its own
+			// snapshot directory, set before any stage is made: a stage made
+			// with a directory an earlier subtest owned would write into it
+			// after that subtest removed it.
 			t.Run("deterministic under redelivery", func(t *testing.T) {
+				deps := deps
 				deps.SnapshotDir = t.TempDir()
 				second := ch.drive(t, spec.Name, deps)
 				if err := sameOutputs(first.Outputs, second.Outputs); err != nil {
@@ -254,11 +259,12 @@ func conformance(t *testing.T, ch *chain) {
 				}
 			})
 			t.Run("release callbacks and close twice", func(t *testing.T) {
+				deps := deps
+				deps.SnapshotDir = t.TempDir()
 				st, err := operators.New(spec.Name, deps)
 				if err != nil {
 					t.Fatal(err)
 				}
-				deps.SnapshotDir = t.TempDir()
 				d, err := driveStage(st, ch.inputs(spec.Name), ch.side(spec.Name), deps)
 				if err != nil {
 					t.Fatal(err)
@@ -284,11 +290,12 @@ func conformance(t *testing.T, ch *chain) {
 			for _, short := range pipeline.InputsOf(spec.Name) {
 				for _, bad := range badInputs(t, ch, short) {
 					t.Run(bad.name+" on "+short, func(t *testing.T) {
+						deps := deps
+						deps.SnapshotDir = t.TempDir()
 						st, err := operators.New(spec.Name, deps)
 						if err != nil {
 							t.Fatal(err)
 						}
-						deps.SnapshotDir = t.TempDir()
 						d, err := driveStage(st, []pipeline.Message{bad.m}, ch.side(spec.Name), deps)
 						if err != nil {
 							t.Fatal(err)
