@@ -202,6 +202,24 @@ func TestFaultsKillController(t *testing.T) {
 	l.check(ref.wait(t))
 }
 
+// TestFaultsKillCoordinator SIGKILLs the node coordinating the pack
+// consumer group (every group of a run hashes to one __consumer_offsets
+// partition or another; pack's is the one whose commits gate the round):
+// the groups it coordinated find the new coordinator and commit again.
+func TestFaultsKillCoordinator(t *testing.T) {
+	ref := cleanReference()
+	ref.wait(t)
+	l := startLoop(t, "SIGKILL the groups' coordinator")
+	from := l.warm()
+	node := l.coordinators()["pack"]
+	if node == "" {
+		t.Fatal("no coordinator found for the pack group")
+	}
+	l.brokerFault(fmt.Sprintf("SIGKILL node %s (coordinates pack%s)", node, l.leads(node)), node, "kill", downFor(brokerDown), from, nil)
+	l.finish(finishAfter, runTimeout)
+	l.check(ref.wait(t))
+}
+
 // TestFaultsKillFirstBroker SIGKILLs the first broker of --brokers: every
 // client path bootstraps from any of the three.
 func TestFaultsKillFirstBroker(t *testing.T) {

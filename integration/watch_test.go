@@ -38,6 +38,7 @@ type loopWatch struct {
 	pollEvery time.Duration
 
 	cons, adm *kgo.Client
+	brokers   []string
 	cancel    context.CancelFunc
 	wg        sync.WaitGroup
 
@@ -92,6 +93,7 @@ func watchLoop(brokers []string, topics pipeline.Topics, runID string, stages []
 	if err != nil {
 		return nil, err
 	}
+	w.brokers = brokers
 	if w.adm, err = adminClient(brokers); err != nil {
 		w.cons.Close()
 		return nil, err
@@ -212,6 +214,17 @@ func (w *loopWatch) poll(ctx context.Context) {
 		}
 		now := time.Now()
 		got, err := fetchCommitted(ctx, w.adm, w.groups)
+		if err != nil && ctx.Err() == nil {
+			// franz-go forgets a group's coordinator only when a broker
+			// answers that it is not (or not yet) the coordinator, never
+			// when the coordinator cannot be dialed: with its node down,
+			// every later poll would dial it again until it is back. A
+			// fresh client looks the coordinators up again.
+			if fresh, ferr := adminClient(w.brokers); ferr == nil {
+				w.adm.Close()
+				w.adm = fresh
+			}
+		}
 		w.mu.Lock()
 		if err != nil && ctx.Err() == nil {
 			w.pollErrors++
