@@ -4,6 +4,7 @@ package integration
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"os"
 	"os/exec"
@@ -45,7 +46,9 @@ func TestKafkaFleetUpSASL(t *testing.T) {
 	var got loop.Summary
 	testkit.ReadJSON(t, filepath.Join(out, loop.SummaryFile), &got)
 	if got.Lost != 0 || got.DuplicatesAdmitted != 0 || got.AttemptsLaunched != rounds*16*16 || got.Updates != rounds {
-		t.Fatalf("fleet: %d updates, launched %d, lost %d, duplicates %d", got.Updates, got.AttemptsLaunched, got.Lost, got.DuplicatesAdmitted)
+		sum, _ := os.ReadFile(filepath.Join(out, loop.SummaryFile))
+		t.Fatalf("fleet: %d updates, launched %d, lost %d, duplicates %d (want %d updates, %d launched)\n%s\nsummary:\n%s\noperator logs (ends):\n%s",
+			got.Updates, got.AttemptsLaunched, got.Lost, got.DuplicatesAdmitted, rounds, rounds*16*16, b, sum, logEnds(out, 12))
 	}
 	want, err := loop.Run(ctx, loop.Options{Updates: rounds, Seed: 1, RunID: run, EvalSamples: 1, Quiet: true, Out: t.TempDir()}, io.Discard)
 	if err != nil {
@@ -78,4 +81,14 @@ func TestKafkaFleetUpSASL(t *testing.T) {
 	if strings.Contains(everything, password) {
 		t.Errorf("the SASL password appears in the output of up, status, fleet.json or an operator log")
 	}
+}
+
+// logEnds is the last n lines of every operator log of the fleet in out.
+func logEnds(out string, n int) string {
+	logs, _ := filepath.Glob(filepath.Join(out, "logs", "*.log"))
+	var sb strings.Builder
+	for _, l := range logs {
+		fmt.Fprintf(&sb, "== %s\n%s\n", filepath.Base(l), tail(l, n))
+	}
+	return sb.String()
 }
