@@ -288,17 +288,21 @@ func (o *Operator) Run(ctx context.Context) (err error) {
 	// A member that died (an operator killed, the group's coordinator
 	// lost with its connections) is dropped after the session timeout,
 	// and a join waits at most the rebalance timeout for the members
-	// the coordinator still knows: kafka-go forgets its member id after
-	// a coordinator failure and joins as a new member, so each
-	// coordinator loss costs the new coordinator's wait for the old
-	// id. 6 s is the brokers' smallest session timeout by default
-	// (group.min.session.timeout.ms); 4 s to rejoin leaves kafka-go's
-	// members (heartbeat every second) time to leave a generation.
+	// the coordinator still knows (kafka-go forgets its member id after
+	// a coordinator failure and joins as a new member: the member keeper
+	// removes the old id so that the new coordinator does not wait for
+	// it; memberkeeper.go). 6 s is the brokers' smallest session timeout
+	// by default (group.min.session.timeout.ms); 4 s to rejoin leaves
+	// kafka-go's members (heartbeat every second) time to leave a
+	// generation. The reader's own client id is how the keeper finds its
+	// membership.
+	readerDialer := *cfg.dialer()
+	readerDialer.ClientID = memberClientID(readerDialer.ClientID, cfg.GroupID)
 	o.reader = o.newReader(kafka.ReaderConfig{
 		Brokers:           cfg.Brokers,
 		GroupID:           cfg.GroupID,
 		GroupTopics:       o.stage.Topics(),
-		Dialer:            cfg.dialer(),
+		Dialer:            &readerDialer,
 		MinBytes:          1,
 		MaxBytes:          cfg.MaxMessageBytes + (1 << 20),
 		MaxWait:           tfkafka.FetchMaxWait,
@@ -343,6 +347,10 @@ func (o *Operator) Run(ctx context.Context) (err error) {
 	commitDone := make(chan struct{})
 	wg.Add(1)
 	go func() { defer wg.Done(); o.commitLoop(commitDone, log) }()
+	keeper := &memberKeeper{client: &kafka.Client{Addr: kafka.TCP(cfg.Brokers...), Transport: base}, group: cfg.GroupID,
+		clientID: readerDialer.ClientID, log: log, every: keeperEvery}
+	wg.Add(1)
+	go func() { defer wg.Done(); keeper.run(fetchCtx) }()
 	if tk, ok := o.stage.(Ticker); ok {
 		wg.Add(1)
 		go func() { defer wg.Done(); o.tickLoop(fetchCtx, tk) }()
@@ -469,7 +477,12 @@ func (o *Operator) fetchLoop(fetchCtx context.Context, log *slog.Logger) error {
 			if fetchCtx.Err() != nil {
 				return stopped()
 			}
-			if !transient(err) {
+			// A cancellation that is not fetchCtx's is kafka-go's own: a
+			// partition reader of a generation that just ended can hand
+			// its cancelled dial to the next fetch (reader.go sends the
+			// error and sees its context done in one select). The group
+			// reader has already moved on; nothing is wrong.
+			if !transient(err) && !errors.Is(err, context.Canceled) {
 				return fmt.Errorf("pipeline: fetch: %w", err)
 			}
 			// kafka-go's group reader heals by itself: it rejoins the group

@@ -140,8 +140,12 @@ type SASLConfig struct {
 // Printing a ClientConfig (fmt, %v, %+v, %#v, slog) never shows the SASL
 // password.
 type ClientConfig struct {
-	Brokers  []string `yaml:"brokers" json:"brokers"`
-	ClientID string   `yaml:"client_id" json:"client_id"`
+	Brokers []string `yaml:"brokers" json:"brokers"`
+	// ClientID is sent with every request; an operator's consumer-group
+	// reader sends it with "/<group>/<random>" appended (its own, which
+	// the runtime uses to find its group membership: pipeline's member
+	// keeper).
+	ClientID string `yaml:"client_id" json:"client_id"`
 	// DialTimeout bounds TCP connect + TLS handshake + SASL exchange;
 	// zero means DefaultDialTimeout.
 	DialTimeout time.Duration `yaml:"dial_timeout" json:"dial_timeout"`
