@@ -39,6 +39,10 @@ func dialAny(ctx context.Context, d *kafka.Dialer, brokers []string) (*kafka.Con
 // by itself (a leader or coordinator moving, a broker restarting, a
 // connection reset): the runtime retries it in place, keeping the stage's
 // state and its group membership, instead of stopping the operator.
+// Every caller checks its own context first, so a context error here is
+// kafka-go's own: a deadline, or the cancelled dial that a partition
+// reader of an ended generation hands to the next fetch (its send races
+// its context's end in one select).
 func transient(err error) bool {
 	if err == nil {
 		return false
@@ -61,7 +65,7 @@ func transient(err error) bool {
 	}
 	for _, e := range []error{io.EOF, io.ErrUnexpectedEOF, io.ErrClosedPipe, syscall.ECONNREFUSED,
 		syscall.ECONNRESET, syscall.EPIPE, syscall.ECONNABORTED, syscall.EHOSTUNREACH, syscall.ENETUNREACH,
-		context.DeadlineExceeded} {
+		context.DeadlineExceeded, context.Canceled} {
 		if errors.Is(err, e) {
 			return true
 		}

@@ -74,13 +74,12 @@ type memberKeeper struct {
 	group    string
 	clientID string
 	log      *slog.Logger
-	every    time.Duration
 	mine     string
 }
 
-// run checks the group every k.every until ctx ends.
+// run checks the group every keeperEvery until ctx ends.
 func (k *memberKeeper) run(ctx context.Context) {
-	t := time.NewTicker(k.every)
+	t := time.NewTicker(keeperEvery)
 	defer t.Stop()
 	for {
 		select {
@@ -96,7 +95,7 @@ func (k *memberKeeper) run(ctx context.Context) {
 // Errors (the coordinator moving, a broker down) are left to the next
 // check.
 func (k *memberKeeper) check(ctx context.Context) {
-	cctx, cancel := context.WithTimeout(ctx, 4*k.every)
+	cctx, cancel := context.WithTimeout(ctx, 4*keeperEvery)
 	defer cancel()
 	resp, err := k.client.DescribeGroups(cctx, &kafka.DescribeGroupsRequest{GroupIDs: []string{k.group}})
 	if err != nil || len(resp.Groups) != 1 || resp.Groups[0].Error != nil {

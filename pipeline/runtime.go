@@ -348,7 +348,7 @@ func (o *Operator) Run(ctx context.Context) (err error) {
 	wg.Add(1)
 	go func() { defer wg.Done(); o.commitLoop(commitDone, log) }()
 	keeper := &memberKeeper{client: &kafka.Client{Addr: kafka.TCP(cfg.Brokers...), Transport: base}, group: cfg.GroupID,
-		clientID: readerDialer.ClientID, log: log, every: keeperEvery}
+		clientID: readerDialer.ClientID, log: log}
 	wg.Add(1)
 	go func() { defer wg.Done(); keeper.run(fetchCtx) }()
 	if tk, ok := o.stage.(Ticker); ok {
@@ -477,12 +477,7 @@ func (o *Operator) fetchLoop(fetchCtx context.Context, log *slog.Logger) error {
 			if fetchCtx.Err() != nil {
 				return stopped()
 			}
-			// A cancellation that is not fetchCtx's is kafka-go's own: a
-			// partition reader of a generation that just ended can hand
-			// its cancelled dial to the next fetch (reader.go sends the
-			// error and sees its context done in one select). The group
-			// reader has already moved on; nothing is wrong.
-			if !transient(err) && !errors.Is(err, context.Canceled) {
+			if !transient(err) {
 				return fmt.Errorf("pipeline: fetch: %w", err)
 			}
 			// kafka-go's group reader heals by itself: it rejoins the group
