@@ -38,6 +38,10 @@ fail=0
 for b in "$TEST_BIN" "$BENCH_BIN"; do
   [ -x "$b" ] || { say "missing binary $b (run make cuda-build)"; exit 2; }
 done
+# The tests run from gpu/cuda (their testdata), so the binaries' paths must
+# not depend on the caller's directory.
+abspath() { echo "$(cd "$(dirname "$1")" && pwd)/$(basename "$1")"; }
+TEST_BIN="$(abspath "$TEST_BIN")"; BENCH_BIN="$(abspath "$BENCH_BIN")"
 
 # 1. Facts.
 say "== device"
