@@ -187,6 +187,39 @@ func (st *lse32) add(x float32) {
 	}
 }
 
+// add4 is lse_take4's fold of one float4 group: the group's maximum
+// (NaN if any is NaN), at most one rescale, then the four terms.
+func (st *lse32) add4(x [4]float32) {
+	mx := x[0]
+	for _, v := range x[1:] {
+		if v != v || mx != mx {
+			mx = float32(math.NaN())
+		} else {
+			mx = max(mx, v)
+		}
+	}
+	if math.IsInf(float64(mx), -1) {
+		return
+	}
+	if mx > st.m {
+		if st.s > 0 {
+			d := st.m - mx
+			ex := exp32(d)
+			st.a = ex * (st.a + st.s*d)
+			st.s = st.s * ex
+		}
+		st.m = mx
+	}
+	for _, v := range x {
+		d := v - st.m
+		ex := exp32(d)
+		st.s += ex
+		if ex > 0 {
+			st.a += ex * d
+		}
+	}
+}
+
 func merge32(x, y lse32) lse32 {
 	if x.s == 0 {
 		return y
@@ -257,21 +290,30 @@ func (e *emu) Launch(name string, grid, block int, args ...any) error {
 			if y < 0 {
 				continue
 			}
+			logit := func(c int) float32 {
+				x := Z[i*ldz+c]
+				if b2 != nil {
+					x += b2[v0+c]
+				}
+				if temp != 1 {
+					x = x / temp
+				}
+				if v0+c == y {
+					zy[i] = x
+				}
+				return x
+			}
 			parts := make([]lse32, block)
 			for t := range parts {
 				parts[t] = lse32{m: float32(math.Inf(-1))}
+				if ldz%4 == 0 && C%4 == 0 { // the float4 path: thread t folds groups t, t+block, ...
+					for g := t; g < C/4; g += block {
+						parts[t].add4([4]float32{logit(4 * g), logit(4*g + 1), logit(4*g + 2), logit(4*g + 3)})
+					}
+					continue
+				}
 				for c := t; c < C; c += block {
-					x := Z[i*ldz+c]
-					if b2 != nil {
-						x += b2[v0+c]
-					}
-					if temp != 1 {
-						x = x / temp
-					}
-					parts[t].add(x)
-					if v0+c == y {
-						zy[i] = x
-					}
+					parts[t].add(logit(c))
 				}
 			}
 			st := parts[0]
@@ -448,7 +490,7 @@ func cuSignatures(t *testing.T) map[string][]string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	re := regexp.MustCompile(`extern "C" __global__ void (\w+)\(([^)]*)\)`)
+	re := regexp.MustCompile(`extern "C" __global__ void\s+(?:__launch_bounds__\([^)]*\)\s+)?(\w+)\(([^)]*)\)`)
 	out := map[string][]string{}
 	for _, m := range re.FindAllStringSubmatch(string(src), -1) {
 		var kinds []string
