@@ -74,6 +74,15 @@ func loopMaxRounds() int {
 	return 320
 }
 
+// loopLogLevel is the fleet's --log-level: info, or TRAJFLOW_FAULTS_LOG_LEVEL
+// (debug, to read a failed scenario's logs kept under TRAJFLOW_KEEP_LOGS).
+func loopLogLevel() string {
+	if v := os.Getenv("TRAJFLOW_FAULTS_LOG_LEVEL"); v != "" {
+		return v
+	}
+	return "info"
+}
+
 var (
 	loopRunOnce sync.Once
 	loopRunName string
@@ -255,7 +264,7 @@ func startLoop(t *testing.T, name string, data ...string) *loopRun {
 	l.releases = filepath.Join(dir, "releases")
 	t.Cleanup(l.keepLogs) // after the fleet's own cleanup has stopped it
 	l.f = newFleet(t, list, path)
-	l.f.stageArgs = []string{"--releases", l.releases, "--rounds", strconv.Itoa(l.rounds), "--log-level", "info"}
+	l.f.stageArgs = []string{"--releases", l.releases, "--rounds", strconv.Itoa(l.rounds), "--log-level", loopLogLevel()}
 	for _, si := range loopFleetInstances {
 		l.f.start(si[0], si[1])
 	}
@@ -332,7 +341,50 @@ func (l *loopRun) clusterState() string {
 		parts = append(parts, strings.Join(args, " ")+": "+text)
 	}
 	parts = append(parts, fmt.Sprintf("group coordinators: %v", l.coordinators()))
+	parts = append(parts, "groups: "+l.groupsState())
 	return strings.Join(parts, "; ")
+}
+
+// groupsState is each stage's consumer group as its coordinator describes
+// it (state, members by client id with their partitions) and the offsets
+// the watch last saw it commit against the ends of the topics it follows:
+// whether a stalled stage has a member, an assignment and records to read.
+func (l *loopRun) groupsState() string {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	req := kmsg.NewPtrDescribeGroupsRequest()
+	for _, s := range loopStages {
+		req.Groups = append(req.Groups, l.runID+"."+s)
+	}
+	var parts []string
+	for _, sh := range l.adm.RequestSharded(ctx, req) {
+		if sh.Err != nil {
+			parts = append(parts, fmt.Sprintf("node %d: %v", sh.Meta.NodeID, sh.Err))
+			continue
+		}
+		for _, g := range sh.Resp.(*kmsg.DescribeGroupsResponse).Groups {
+			var members []string
+			for _, m := range g.Members {
+				var a kmsg.ConsumerMemberAssignment
+				var tps []string
+				if err := a.ReadFrom(m.MemberAssignment); err != nil {
+					tps = append(tps, "undecodable assignment")
+				}
+				for _, t := range a.Topics {
+					for _, p := range t.Partitions {
+						tps = append(tps, fmt.Sprintf("%s/%d", t.Topic, p))
+					}
+				}
+				members = append(members, fmt.Sprintf("%s[%s]", m.ClientID, strings.Join(tps, " ")))
+			}
+			parts = append(parts, fmt.Sprintf("%s on node %d: %s, %d members %s", g.Group, sh.Meta.NodeID, g.State,
+				len(g.Members), strings.Join(members, " ")))
+		}
+	}
+	l.w.mu.Lock()
+	parts = append(parts, fmt.Sprintf("committed %v; topic ends seen %v", l.w.offsets, l.w.ends))
+	l.w.mu.Unlock()
+	return strings.Join(parts, " | ")
 }
 
 func (l *loopRun) stopLiveness() {
@@ -500,7 +552,7 @@ func (l *loopRun) finish(extra int, timeout time.Duration) {
 	if target := p.dispatched + extra; target < l.rounds {
 		l.f.stop("dispatch-0")
 		l.rounds = l.w.progress().dispatched + extra
-		l.f.stageArgs = []string{"--releases", l.releases, "--rounds", strconv.Itoa(l.rounds), "--log-level", "info"}
+		l.f.stageArgs = []string{"--releases", l.releases, "--rounds", strconv.Itoa(l.rounds), "--log-level", loopLogLevel()}
 		l.f.start("dispatch", "dispatch-0")
 	} else {
 		l.t.Logf("the run reached %d of %d rounds before its faults were over", p.dispatched, l.rounds)
