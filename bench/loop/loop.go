@@ -249,7 +249,15 @@ func (r *Report) Print(w io.Writer) {
 			x.SecondsAt, x.UpdatesPerSecond, x.TrainedTokensPerS, x.StaleShare, x.Excluded, x.Lost, x.Duplicates, strings.Join(lag, " "), x.EvalSuccess)
 	}
 	if r.Speedup > 0 {
-		fmt.Fprintf(w, "async completes %d updates in %.2fx the time of sync (speed-up %.2fx); all %d, final drain included: speed-up %.2fx; hidden-eval async - sync = %+.3f\n",
-			r.Results[0].Compared, 1/r.Speedup, r.Speedup, r.Results[0].Updates, r.SpeedupAll, r.EvalGap)
+		all := fmt.Sprintf("all %d, final drain included: speed-up %.2fx", r.Results[0].Updates, r.SpeedupAll)
+		if r.SpeedupAll == 0 { // the modes made different numbers of updates (rounds with no batch)
+			var counts []string
+			for _, x := range r.Results {
+				counts = append(counts, fmt.Sprintf("%s %d", x.Mode, x.Updates))
+			}
+			all = "the runs to their end not compared (updates: " + strings.Join(counts, ", ") + ")"
+		}
+		fmt.Fprintf(w, "async completes %d updates in %.2fx the time of sync (speed-up %.2fx); %s; hidden-eval async - sync = %+.3f\n",
+			r.Results[0].Compared, 1/r.Speedup, r.Speedup, all, r.EvalGap)
 	}
 }
