@@ -335,7 +335,7 @@ func (o *Operator) Run(ctx context.Context) (err error) {
 	}
 	base := o.transport
 	if base == nil {
-		own := &kafka.Transport{MetadataTTL: tfkafka.MetadataTTL}
+		own := &kafka.Transport{MetadataTTL: tfkafka.MetadataTTL, Dial: tfkafka.ProbingDial}
 		defer own.CloseIdleConnections()
 		base = own
 	}

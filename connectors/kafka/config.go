@@ -1,6 +1,7 @@
 package kafka
 
 import (
+	"context"
 	"crypto/tls"
 	"crypto/x509"
 	"errors"
@@ -328,10 +329,18 @@ func (c ClientConfig) Dialer() (*kafkago.Dialer, error) {
 		TLS:           tc,
 		SASLMechanism: mech,
 	}
-	if tc == nil {
-		d.DialFunc = ProbingDial // a hung broker fails the dial (see ProbingDial)
-	}
+	d.DialFunc = dialFunc(tc)
 	return d, nil
+}
+
+// dialFunc is the dial of a Dialer or Transport: ProbingDial for plaintext
+// listeners, ConnectDial for TLS ones (a hung broker fails the dial either
+// way; see ProbingDial).
+func dialFunc(tc *tls.Config) func(context.Context, string, string) (net.Conn, error) {
+	if tc == nil {
+		return ProbingDial
+	}
+	return ConnectDial
 }
 
 // Transport builds a *kafka.Transport for kafka.Writer.Transport and
@@ -343,6 +352,7 @@ func (c ClientConfig) Transport() (*kafkago.Transport, error) {
 		return nil, err
 	}
 	return &kafkago.Transport{
+		Dial:        dialFunc(tc),
 		ClientID:    c.ClientID,
 		DialTimeout: c.dialTimeout(),
 		MetadataTTL: MetadataTTL,
