@@ -127,11 +127,12 @@ test-faults: build
 
 # The CI's subset of test-faults: the pack kill, the scored leader killed
 # with operator kills, the groups' coordinator killed (the member keeper's
-# path), a hung broker; outages of 20 s and a reference run of 300 rounds. Rolling restarts of the cluster run in CI as
-# test-rolling and test-image; the scenario TestFaultsRollingRestart, with
-# its 60 s liveness deadline, stays in test-faults: in one CI run of 2026-12
-# the loop stalled past that deadline while node 3 restarted (not seen in
-# 7 runs since; the check now prints the cluster's leaders when it fails).
+# path), a hung broker; outages of 20 s and a reference run of 300 rounds.
+# Rolling restarts of the cluster run in CI as test-rolling and test-image;
+# the scenario TestFaultsRollingRestart, with its 60 s liveness deadline,
+# stays in test-faults: in one CI run of 2026-12 the loop stalled past that
+# deadline while node 3 restarted (not seen in 7 runs since; the check now
+# prints the cluster's leaders when it fails).
 test-faults-ci:
 	$(MAKE) test-faults FAULTS='^TestFaults(PackKill|KillLeaderAndOperators|KillCoordinator|PauseBroker)$$' \
 	  FAULTS_TIMEOUT=14m TRAJFLOW_FAULTS_DOWN=20s TRAJFLOW_FAULTS_ROUNDS=300

@@ -74,6 +74,12 @@ func loopMaxRounds() int {
 	return 320
 }
 
+// stageArgs are the flags every operator of the fleet gets: the releases
+// directory, the run's rounds and the log level.
+func (l *loopRun) stageArgs() []string {
+	return []string{"--releases", l.releases, "--rounds", strconv.Itoa(l.rounds), "--log-level", loopLogLevel()}
+}
+
 // loopLogLevel is the fleet's --log-level: info, or TRAJFLOW_FAULTS_LOG_LEVEL
 // (debug, to read a failed scenario's logs kept under TRAJFLOW_KEEP_LOGS).
 func loopLogLevel() string {
@@ -264,7 +270,7 @@ func startLoop(t *testing.T, name string, data ...string) *loopRun {
 	l.releases = filepath.Join(dir, "releases")
 	t.Cleanup(l.keepLogs) // after the fleet's own cleanup has stopped it
 	l.f = newFleet(t, list, path)
-	l.f.stageArgs = []string{"--releases", l.releases, "--rounds", strconv.Itoa(l.rounds), "--log-level", loopLogLevel()}
+	l.f.stageArgs = l.stageArgs()
 	for _, si := range loopFleetInstances {
 		l.f.start(si[0], si[1])
 	}
@@ -347,7 +353,7 @@ func (l *loopRun) clusterState() string {
 
 // groupsState is each stage's consumer group as its coordinator describes
 // it (state, members by client id with their partitions) and the offsets
-// the watch last saw it commit against the ends of the topics it follows:
+// the watch last saw it commit (and the ends of the data topics it follows):
 // whether a stalled stage has a member, an assignment and records to read.
 func (l *loopRun) groupsState() string {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
@@ -382,7 +388,10 @@ func (l *loopRun) groupsState() string {
 		}
 	}
 	l.w.mu.Lock()
-	parts = append(parts, fmt.Sprintf("committed %v; topic ends seen %v", l.w.offsets, l.w.ends))
+	parts = append(parts, fmt.Sprintf("committed %v", l.w.offsets))
+	if len(l.w.ends) > 0 { // only the data topics the scenario follows
+		parts = append(parts, fmt.Sprintf("topic ends seen %v", l.w.ends))
+	}
 	l.w.mu.Unlock()
 	return strings.Join(parts, " | ")
 }
@@ -552,7 +561,7 @@ func (l *loopRun) finish(extra int, timeout time.Duration) {
 	if target := p.dispatched + extra; target < l.rounds {
 		l.f.stop("dispatch-0")
 		l.rounds = l.w.progress().dispatched + extra
-		l.f.stageArgs = []string{"--releases", l.releases, "--rounds", strconv.Itoa(l.rounds), "--log-level", loopLogLevel()}
+		l.f.stageArgs = l.stageArgs()
 		l.f.start("dispatch", "dispatch-0")
 	} else {
 		l.t.Logf("the run reached %d of %d rounds before its faults were over", p.dispatched, l.rounds)

@@ -166,18 +166,23 @@ type lse32 struct{ m, s, a float32 }
 
 func exp32(x float32) float32 { return float32(math.Exp(float64(x))) }
 
+// raise is lse_raise: the maximum raised to x > st.m, the sums rescaled.
+func (st *lse32) raise(x float32) {
+	if st.s > 0 {
+		d := st.m - x
+		ex := exp32(d)
+		st.a = ex * (st.a + st.s*d)
+		st.s = st.s * ex
+	}
+	st.m = x
+}
+
 func (st *lse32) add(x float32) {
 	if math.IsInf(float64(x), -1) {
 		return
 	}
 	if x > st.m {
-		if st.s > 0 {
-			d := st.m - x
-			ex := exp32(d)
-			st.a = ex * (st.a + st.s*d)
-			st.s = st.s * ex
-		}
-		st.m = x
+		st.raise(x)
 		st.s += 1
 	} else {
 		d := x - st.m
@@ -202,13 +207,7 @@ func (st *lse32) add4(x [4]float32) {
 		return
 	}
 	if mx > st.m {
-		if st.s > 0 {
-			d := st.m - mx
-			ex := exp32(d)
-			st.a = ex * (st.a + st.s*d)
-			st.s = st.s * ex
-		}
-		st.m = mx
+		st.raise(mx)
 	}
 	for _, v := range x {
 		d := v - st.m

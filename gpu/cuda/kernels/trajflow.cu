@@ -20,16 +20,21 @@ struct lse_state {
     float m, s, a;
 };
 
+// Raises the state's maximum to x > st.m, rescaling the sums.
+__device__ __forceinline__ void lse_raise(lse_state &st, float x) {
+    if (st.s > 0.f) {
+        float d = st.m - x;
+        float e = expf(d);
+        st.a = e * (st.a + st.s * d);
+        st.s = st.s * e;
+    }
+    st.m = x;
+}
+
 __device__ __forceinline__ void lse_add(lse_state &st, float x) {
     if (x == -CUDART_INF_F) return;  // a removed token contributes nothing
     if (x > st.m) {
-        if (st.s > 0.f) {
-            float d = st.m - x;
-            float e = expf(d);
-            st.a = e * (st.a + st.s * d);
-            st.s = st.s * e;
-        }
-        st.m = x;
+        lse_raise(st, x);
         st.s += 1.f;
     } else {
         float d = x - st.m;
@@ -178,15 +183,7 @@ __device__ __forceinline__ void lse_take4(lse_state &st, float4 q, const float *
     }
     float mx = tf_max_nan(tf_max_nan(x[0], x[1]), tf_max_nan(x[2], x[3]));
     if (mx == -CUDART_INF_F) return;
-    if (mx > st.m) {
-        if (st.s > 0.f) {
-            float d = st.m - mx;
-            float e = expf(d);
-            st.a = e * (st.a + st.s * d);
-            st.s = st.s * e;
-        }
-        st.m = mx;
-    }
+    if (mx > st.m) lse_raise(st, mx);
 #pragma unroll
     for (int k = 0; k < 4; k++) {
         float d = x[k] - st.m;
