@@ -327,6 +327,8 @@ func (o *Operator) Run(ctx context.Context) (err error) {
 		BatchTimeout:    cfg.BatchTimeout,
 		WriteBackoffMin: 100 * time.Millisecond,
 		WriteBackoffMax: writeBackoffMax,
+		WriteTimeout:    tfkafka.ProduceTimeout,
+		ReadTimeout:     tfkafka.ProduceTimeout,
 		// kafka-go retries a failed batch in place, in order, while the
 		// error is temporary: enough attempts to ride through a leader
 		// election (about the broker session timeout) and a broker restart.

@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"os"
+	"sync"
 	"time"
 
 	kafkago "github.com/segmentio/kafka-go"
@@ -105,33 +107,131 @@ const ProbeTimeout = 2 * time.Second
 // the Dialer's whole Timeout (10 s). Goroutine dumps of a fleet taken 9 s
 // into a broker's SIGSTOP showed every operator's consumer group and
 // partition readers in such dials.
+//
+// A broker whose probe went unanswered is not probed again for
+// HungBackoff: dials of it fail at once with ErrUnresponsive, so that
+// kafka-go, which tries the bootstrap addresses in order and opens new
+// connections on every rebalance and leader lookup, does not pay the
+// probe's 2 s on each dial while the first listed broker hangs. After the
+// backoff one dial probes it again (the others still fail at once until
+// that probe is answered or times out); a broker that answers is
+// forgotten. Refused connections are not remembered: they fail at once
+// anyway, and a restarting broker is dialed as soon as it listens.
 func ProbingDial(ctx context.Context, network, address string) (net.Conn, error) {
-	deadline := dialDeadline(ctx)
+	if until, ok := hung.admit(address, clock()); !ok {
+		return nil, fmt.Errorf("%s: %w (not probed again before %s)", address, ErrUnresponsive, until.Format("15:04:05.000"))
+	}
+	deadline, own := dialDeadline(ctx)
 	conn, err := (&net.Dialer{Deadline: deadline}).DialContext(ctx, network, address)
-	if err != nil {
-		return nil, err
+	if err == nil {
+		if err = probe(ctx, conn, deadline); err != nil {
+			conn.Close()
+			err = fmt.Errorf("%s did not answer ApiVersions: %w", address, err)
+		}
 	}
-	if err := probe(ctx, conn, deadline); err != nil {
-		conn.Close()
-		return nil, fmt.Errorf("%s did not answer ApiVersions: %w", address, err)
+	switch {
+	case err == nil:
+		hung.answered(address)
+		return conn, nil
+	case own && ctx.Err() == nil && timedOut(err):
+		hung.silent(address, clock())
+	default:
+		hung.release(address)
 	}
-	return conn, nil
+	return nil, err
+}
+
+// HungBackoff is how long ProbingDial fails dials of an address at once
+// after a probe of it went unanswered.
+const HungBackoff = time.Second
+
+// ErrUnresponsive is the error of a dial ProbingDial did not try: the
+// address's last probe went unanswered less than HungBackoff ago. It is a
+// net.Error that reports a timeout, as the unanswered probe did, so that
+// callers retry it as they retry that.
+var ErrUnresponsive net.Error = unresponsiveError{}
+
+type unresponsiveError struct{}
+
+func (unresponsiveError) Error() string   { return "broker did not answer its last probe" }
+func (unresponsiveError) Timeout() bool   { return true }
+func (unresponsiveError) Temporary() bool { return true }
+
+// clock is time.Now; tests move it.
+var clock = time.Now
+
+// hung is the process's record of unresponsive broker addresses.
+var hung = unresponsive{until: map[string]time.Time{}}
+
+// unresponsive records, per address, until when dials of it fail at once.
+type unresponsive struct {
+	mu    sync.Mutex
+	until map[string]time.Time
+}
+
+// admit reports whether a dial of address may go ahead at now; when it
+// may and the address is recorded, this dial is the one that probes it
+// again, and the others keep failing until it is done.
+func (u *unresponsive) admit(address string, now time.Time) (time.Time, bool) {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	until, ok := u.until[address]
+	if !ok {
+		return time.Time{}, true
+	}
+	if now.Before(until) {
+		return until, false
+	}
+	u.until[address] = now.Add(ProbeTimeout + HungBackoff)
+	return time.Time{}, true
+}
+
+// silent records that address did not answer at now.
+func (u *unresponsive) silent(address string, now time.Time) {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	u.until[address] = now.Add(HungBackoff)
+}
+
+// answered forgets address: it served a probe.
+func (u *unresponsive) answered(address string) {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	delete(u.until, address)
+}
+
+// release ends a re-probe that failed for another reason than silence
+// (refused, reset, the caller's own deadline): the next dial may probe.
+func (u *unresponsive) release(address string) {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	if _, ok := u.until[address]; ok {
+		u.until[address] = time.Time{}
+	}
+}
+
+// timedOut reports whether err is a network timeout.
+func timedOut(err error) bool {
+	var ne net.Error
+	return errors.Is(err, os.ErrDeadlineExceeded) || (errors.As(err, &ne) && ne.Timeout())
 }
 
 // ConnectDial is ProbingDial for TLS listeners: the TCP connection within
 // ProbeTimeout and ctx, and no probe (kafka-go's TLS handshake that follows
 // is bounded by the Dialer's Timeout).
 func ConnectDial(ctx context.Context, network, address string) (net.Conn, error) {
-	return (&net.Dialer{Deadline: dialDeadline(ctx)}).DialContext(ctx, network, address)
+	deadline, _ := dialDeadline(ctx)
+	return (&net.Dialer{Deadline: deadline}).DialContext(ctx, network, address)
 }
 
-// dialDeadline is ProbeTimeout from now, or ctx's deadline when earlier.
-func dialDeadline(ctx context.Context) time.Time {
-	deadline := time.Now().Add(ProbeTimeout)
+// dialDeadline is ProbeTimeout from now, or ctx's deadline when earlier;
+// own reports the first.
+func dialDeadline(ctx context.Context) (deadline time.Time, own bool) {
+	deadline = time.Now().Add(ProbeTimeout)
 	if dl, ok := ctx.Deadline(); ok && dl.Before(deadline) {
-		deadline = dl
+		return dl, false
 	}
-	return deadline
+	return deadline, true
 }
 
 // probe sends ApiVersions v0 (which every broker answers, if only to say

@@ -174,3 +174,79 @@ func TestProbingDialSkipsHungBroker(t *testing.T) {
 		t.Fatalf("read %q", m.Value)
 	}
 }
+
+// TestUnresponsiveAdmit: the record of unanswered probes, step by step at
+// hand-set times (HungBackoff 1 s, ProbeTimeout 2 s).
+func TestUnresponsiveAdmit(t *testing.T) {
+	t0 := time.Date(2026, 12, 4, 12, 0, 0, 0, time.UTC)
+	at := func(ms int) time.Time { return t0.Add(time.Duration(ms) * time.Millisecond) }
+	u := unresponsive{until: map[string]time.Time{}}
+	steps := []struct {
+		name  string
+		do    func()
+		ms    int
+		admit bool
+	}{
+		{"unknown address dials", nil, 0, true},
+		{"after an unanswered probe: fails at once", func() { u.silent("a", at(0)) }, 500, false},
+		{"still within the backoff", nil, 999, false},
+		{"backoff over: this dial probes again", nil, 1000, true},
+		{"others fail while it probes", nil, 1500, false},
+		{"and until its probe's time is up", nil, 3999, false},
+		{"a probe that never reported frees the slot", nil, 4000, true},
+		{"the re-probe was silent again", func() { u.silent("a", at(4100)) }, 4200, false},
+		{"refused or reset: the next dial may probe", func() { u.release("a") }, 4300, true},
+		{"answered: forgotten", func() { u.answered("a") }, 4400, true},
+		{"forgotten stays forgotten", nil, 4401, true},
+	}
+	for _, s := range steps {
+		if s.do != nil {
+			s.do()
+		}
+		if _, got := u.admit("a", at(s.ms)); got != s.admit {
+			t.Fatalf("%s (t=%d ms): admit %v, want %v", s.name, s.ms, got, s.admit)
+		}
+	}
+	if _, ok := u.admit("b", at(500)); !ok {
+		t.Fatal("another address is not affected")
+	}
+}
+
+// TestProbingDialRemembersSilence: after a probe of a silent listener
+// timed out, the next dial fails at once with ErrUnresponsive (a timeout
+// the runtime retries); once the backoff is over the broker is probed
+// again, and a broker that answers is forgotten.
+func TestProbingDialRemembersSilence(t *testing.T) {
+	ctx := testCtx(t, 30*time.Second)
+	silent := silentAddr(t)
+	if _, err := ProbingDial(ctx, "tcp", silent); err == nil || errors.Is(err, ErrUnresponsive) {
+		t.Fatalf("first dial of a silent listener: %v, want the probe's timeout", err)
+	}
+	_, err := ProbingDial(ctx, "tcp", silent)
+	if !errors.Is(err, ErrUnresponsive) || !strings.Contains(err.Error(), silent) {
+		t.Fatalf("second dial: %v, want ErrUnresponsive naming %s", err, silent)
+	}
+	var ne net.Error
+	if !errors.As(err, &ne) || !ne.Timeout() {
+		t.Fatalf("ErrUnresponsive is not a net.Error timeout: %v", err)
+	}
+
+	b := startTestBroker(t, BrokerConfig{})
+	hung.silent(b.Addr(), time.Now())
+	if _, err := ProbingDial(ctx, "tcp", b.Addr()); !errors.Is(err, ErrUnresponsive) {
+		t.Fatalf("dial within the backoff: %v, want ErrUnresponsive", err)
+	}
+	defer func() { clock = time.Now }()
+	clock = func() time.Time { return time.Now().Add(HungBackoff) }
+	conn, err := ProbingDial(ctx, "tcp", b.Addr())
+	if err != nil {
+		t.Fatalf("dial after the backoff: %v", err)
+	}
+	conn.Close()
+	clock = time.Now
+	conn, err = ProbingDial(ctx, "tcp", b.Addr())
+	if err != nil {
+		t.Fatalf("an answering broker is not forgotten: %v", err)
+	}
+	conn.Close()
+}

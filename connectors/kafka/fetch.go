@@ -27,3 +27,21 @@ const FetchMaxWait = 500 * time.Millisecond
 // leader: the TTL bounds that time, at the cost of one metadata request
 // per TTL on average.
 const MetadataTTL = time.Second
+
+// ProduceTimeout is the WriteTimeout (and ReadTimeout) of the runtime's
+// kafka-go writer: how long one produce request may wait for the broker's
+// answer before the writer gives up on it and retries the batch in place
+// (kafka-go's default is 10 s; Kafka's Java producer waits 30 s).
+//
+// Why it matters: a broker that hangs without closing its connections (a
+// stopped JVM, a frozen VM) answers nothing, and a produce sent to it waits
+// out the whole timeout even after the cluster has fenced the broker
+// (broker.session.timeout.ms, 5 s in deploy/local/cluster.sh, 9 s by
+// default) and moved its leaderships. The loop's stall after a hang is
+// therefore about the fence plus this timeout: 15 s with 10 s, measured in
+// integration/REPORT.md. Why not shorter: a produce with acks=all waits for
+// the in-sync replicas, and on a loaded machine a large batch (a packed
+// batch is tens of MB) can take seconds; a request timed out after the
+// broker took it is written twice, which the stages absorb (records are
+// deduplicated by id), but each retry sends the batch again.
+const ProduceTimeout = 4 * time.Second
