@@ -207,7 +207,11 @@ func clusterSection(rs []scenarioResult, now string) string {
 	b.WriteString("is the mean of the intervals just before the fault and after the node's ISRs were full again (rounds get\n")
 	b.WriteString("cheaper as the policy learns); degraded while the node was down (until its start was issued; for a\n")
 	b.WriteString("rolling restart, until it served again) and, steady, from the slowest group's recovery on; restarting while\n")
-	b.WriteString("the node's JVM started. Restarts are in-place operator restarts from the fault to the next one.\n\n")
+	b.WriteString("the node's JVM started. Restarts are in-place operator restarts from the fault to the next one. In the\n")
+	b.WriteString("scenarios with operator kills the kills fall inside the broker's outage, so their degraded rate also\n")
+	b.WriteString("counts the killed operators' restarts and the rebalances they cause; the broker's own cost is in the\n")
+	b.WriteString("scenarios without them. Committed offsets are asked of each group's coordinator directly, every broker\n")
+	b.WriteString("asked at once which node that is, so a hung node delays only the polls of the groups it coordinates.\n\n")
 	b.WriteString("| scenario | fault | down | starting | " + strings.Join(reportStages, " | ") + " | slowest | healthy r/s | degraded r/s | degraded / healthy | steady / healthy | restarting r/s | operator restarts | ISR full after |\n")
 	b.WriteString("|---|---|---:|---:|" + strings.Repeat("---:|", len(reportStages)) + "---:|---:|---:|---:|---:|---:|---:|---:|\n")
 	for _, r := range rs {

@@ -38,7 +38,6 @@ type loopWatch struct {
 	pollEvery time.Duration
 
 	cons, adm *kgo.Client
-	brokers   []string
 	cancel    context.CancelFunc
 	wg        sync.WaitGroup
 
@@ -93,7 +92,6 @@ func watchLoop(brokers []string, topics pipeline.Topics, runID string, stages []
 	if err != nil {
 		return nil, err
 	}
-	w.brokers = brokers
 	if w.adm, err = adminClient(brokers); err != nil {
 		w.cons.Close()
 		return nil, err
@@ -214,17 +212,6 @@ func (w *loopWatch) poll(ctx context.Context) {
 		}
 		now := time.Now()
 		got, err := fetchCommitted(ctx, w.adm, w.groups)
-		if err != nil && ctx.Err() == nil {
-			// franz-go forgets a group's coordinator only when a broker
-			// answers that it is not (or not yet) the coordinator, never
-			// when the coordinator cannot be dialed: with its node down,
-			// every later poll would dial it again until it is back. A
-			// fresh client looks the coordinators up again.
-			if fresh, ferr := adminClient(w.brokers); ferr == nil {
-				w.adm.Close()
-				w.adm = fresh
-			}
-		}
 		w.mu.Lock()
 		if err != nil && ctx.Err() == nil {
 			w.pollErrors++
@@ -258,40 +245,144 @@ func (w *loopWatch) poll(ctx context.Context) {
 // fetchCommitted returns the committed offsets of the groups that
 // answered ("topic/partition" -> offset); err joins the failures of the
 // others.
+//
+// It asks every broker which node coordinates each group, then each
+// coordinator for its groups, all at once and within 2 s, so that a hung
+// broker (SIGSTOP: its connections stay open and nothing answers) delays
+// only the groups it coordinates, and the answer of the first broker that
+// replies names the new coordinators as soon as the cluster moved them.
+// franz-go's sharded request routes FindCoordinator to one broker and
+// keeps a coordinator cached until a broker denies it: with one broker
+// hung, whole polls failed for the length of the hang while the loop
+// went on, and every group's recovery read as the length of the pause.
 func fetchCommitted(ctx context.Context, adm *kgo.Client, groups []string) (map[string]map[string]int64, error) {
-	req := kmsg.NewPtrOffsetFetchRequest()
-	for _, g := range groups {
-		rg := kmsg.NewOffsetFetchRequestGroup()
-		rg.Group = g
-		req.Groups = append(req.Groups, rg)
-	}
 	rctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
-	out := map[string]map[string]int64{}
+	coord, err := findCoordinators(rctx, adm, groups)
+	if err != nil {
+		return nil, err
+	}
+	type answer struct {
+		group string
+		offs  map[string]int64
+		err   error
+	}
+	answers := make(chan answer, len(groups))
 	var errs []error
-	for _, sh := range adm.RequestSharded(rctx, req) {
-		if sh.Err != nil {
-			errs = append(errs, sh.Err)
+	asked := 0
+	for _, g := range groups {
+		node, ok := coord[g]
+		if !ok {
+			errs = append(errs, fmt.Errorf("group %s: no coordinator named", g))
 			continue
 		}
-		resp := sh.Resp.(*kmsg.OffsetFetchResponse)
-		for _, g := range resp.Groups {
-			if err := kerr.ErrorForCode(g.ErrorCode); err != nil {
-				errs = append(errs, fmt.Errorf("group %s: %w", g.Group, err))
-				continue
-			}
-			offs := map[string]int64{}
-			for _, t := range g.Topics {
-				for _, p := range t.Partitions {
-					if p.ErrorCode == 0 && p.Offset >= 0 {
-						offs[fmt.Sprintf("%s/%d", t.Topic, p.Partition)] = p.Offset
-					}
-				}
-			}
-			out[g.Group] = offs
+		asked++
+		go func() {
+			offs, err := fetchGroup(rctx, adm.Broker(int(node)), g)
+			answers <- answer{g, offs, err}
+		}()
+	}
+	out := map[string]map[string]int64{}
+	for range asked {
+		a := <-answers
+		if a.err != nil {
+			errs = append(errs, fmt.Errorf("group %s (coordinator %d): %w", a.group, coord[a.group], a.err))
+			continue
 		}
+		out[a.group] = a.offs
 	}
 	return out, errors.Join(errs...)
+}
+
+// findCoordinators asks every known broker at once which node coordinates
+// each group and takes, per group, the first answer without an error.
+func findCoordinators(ctx context.Context, adm *kgo.Client, groups []string) (map[string]int32, error) {
+	brokers := adm.DiscoveredBrokers()
+	if len(brokers) == 0 {
+		if _, err := adm.Request(ctx, kmsg.NewPtrMetadataRequest()); err != nil {
+			return nil, fmt.Errorf("metadata: %w", err)
+		}
+		brokers = adm.DiscoveredBrokers()
+	}
+	type answer struct {
+		resp *kmsg.FindCoordinatorResponse
+		err  error
+	}
+	answers := make(chan answer, len(brokers))
+	for _, b := range brokers {
+		go func() {
+			req := kmsg.NewPtrFindCoordinatorRequest()
+			req.CoordinatorKeys = groups
+			resp, err := req.RequestWith(ctx, b)
+			answers <- answer{resp, err}
+		}()
+	}
+	coord := map[string]int32{}
+	var errs []error
+	for range brokers {
+		a := <-answers
+		if a.err != nil {
+			errs = append(errs, a.err)
+			continue
+		}
+		for _, c := range a.resp.Coordinators {
+			if _, ok := coord[c.Key]; !ok && c.ErrorCode == 0 {
+				coord[c.Key] = c.NodeID
+			}
+		}
+		if len(coord) == len(groups) {
+			break // the others answer into the buffered channel
+		}
+	}
+	if len(coord) == 0 {
+		return nil, fmt.Errorf("find coordinators: %w", errors.Join(errs...))
+	}
+	return coord, nil
+}
+
+// offsetFetchV9 caps OffsetFetch at version 9, whose answer names topics
+// (version 10 names them by id).
+type offsetFetchV9 struct{ *kmsg.OffsetFetchRequest }
+
+func (offsetFetchV9) MaxVersion() int16 { return 9 }
+
+// fetchGroup asks coordinator b for every committed offset of group g.
+func fetchGroup(ctx context.Context, b *kgo.Broker, g string) (map[string]int64, error) {
+	req := kmsg.NewPtrOffsetFetchRequest()
+	req.Group = g // versions below 8
+	rg := kmsg.NewOffsetFetchRequestGroup()
+	rg.Group = g
+	req.Groups = append(req.Groups, rg)
+	r, err := b.Request(ctx, offsetFetchV9{req})
+	if err != nil {
+		return nil, err
+	}
+	resp := r.(*kmsg.OffsetFetchResponse)
+	if err := kerr.ErrorForCode(resp.ErrorCode); err != nil {
+		return nil, err
+	}
+	offs := map[string]int64{}
+	add := func(topic string, partition int32, offset int64, code int16) {
+		if code == 0 && offset >= 0 {
+			offs[fmt.Sprintf("%s/%d", topic, partition)] = offset
+		}
+	}
+	for _, rg := range resp.Groups {
+		if err := kerr.ErrorForCode(rg.ErrorCode); err != nil {
+			return nil, err
+		}
+		for _, t := range rg.Topics {
+			for _, p := range t.Partitions {
+				add(t.Topic, p.Partition, p.Offset, p.ErrorCode)
+			}
+		}
+	}
+	for _, t := range resp.Topics { // versions below 8
+		for _, p := range t.Partitions {
+			add(t.Topic, p.Partition, p.Offset, p.ErrorCode)
+		}
+	}
+	return offs, nil
 }
 
 // roundDone returns when every group of round r was decided (w.mu held).
