@@ -341,7 +341,8 @@ func findCoordinators(ctx context.Context, adm *kgo.Client, groups []string) (ma
 }
 
 // offsetFetchV9 caps OffsetFetch at version 9, whose answer names topics
-// (version 10 names them by id).
+// (version 10 names them by id); every broker the suite runs against
+// (Apache Kafka 4.1, kfake) serves versions 8 and 9, which carry groups.
 type offsetFetchV9 struct{ *kmsg.OffsetFetchRequest }
 
 func (offsetFetchV9) MaxVersion() int16 { return 9 }
@@ -349,7 +350,6 @@ func (offsetFetchV9) MaxVersion() int16 { return 9 }
 // fetchGroup asks coordinator b for every committed offset of group g.
 func fetchGroup(ctx context.Context, b *kgo.Broker, g string) (map[string]int64, error) {
 	req := kmsg.NewPtrOffsetFetchRequest()
-	req.Group = g // versions below 8
 	rg := kmsg.NewOffsetFetchRequestGroup()
 	rg.Group = g
 	req.Groups = append(req.Groups, rg)
@@ -357,29 +357,17 @@ func fetchGroup(ctx context.Context, b *kgo.Broker, g string) (map[string]int64,
 	if err != nil {
 		return nil, err
 	}
-	resp := r.(*kmsg.OffsetFetchResponse)
-	if err := kerr.ErrorForCode(resp.ErrorCode); err != nil {
-		return nil, err
-	}
 	offs := map[string]int64{}
-	add := func(topic string, partition int32, offset int64, code int16) {
-		if code == 0 && offset >= 0 {
-			offs[fmt.Sprintf("%s/%d", topic, partition)] = offset
-		}
-	}
-	for _, rg := range resp.Groups {
+	for _, rg := range r.(*kmsg.OffsetFetchResponse).Groups {
 		if err := kerr.ErrorForCode(rg.ErrorCode); err != nil {
 			return nil, err
 		}
 		for _, t := range rg.Topics {
 			for _, p := range t.Partitions {
-				add(t.Topic, p.Partition, p.Offset, p.ErrorCode)
+				if p.ErrorCode == 0 && p.Offset >= 0 {
+					offs[fmt.Sprintf("%s/%d", t.Topic, p.Partition)] = p.Offset
+				}
 			}
-		}
-	}
-	for _, t := range resp.Topics { // versions below 8
-		for _, p := range t.Partitions {
-			add(t.Topic, p.Partition, p.Offset, p.ErrorCode)
 		}
 	}
 	return offs, nil

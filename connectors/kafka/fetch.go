@@ -37,9 +37,9 @@ const MetadataTTL = time.Second
 // stopped JVM, a frozen VM) answers nothing, and a produce sent to it waits
 // out the whole timeout even after the cluster has fenced the broker
 // (broker.session.timeout.ms, 5 s in deploy/local/cluster.sh, 9 s by
-// default) and moved its leaderships. The loop's stall after a hang is
-// therefore about the fence plus this timeout: 15 s with 10 s, measured in
-// integration/REPORT.md. Why not shorter: a produce with acks=all waits for
+// default) and moved its leaderships, so the loop's stall after a hang is
+// about the fence plus this timeout: 15 s with kafka-go's 10 s, 7-10 s with
+// 4 s (TestFaultsPauseBroker, integration/REPORT.md). Why not shorter: a produce with acks=all waits for
 // the in-sync replicas, and on a loaded machine a large batch (a packed
 // batch is tens of MB) can take seconds; a request timed out after the
 // broker took it is written twice, which the stages absorb (records are
