@@ -17,6 +17,9 @@ type WindowDecision struct {
 	RecordID string `json:"record_id"`
 	GroupID  string `json:"group_id"`
 	Filter   string `json:"filter"`
+	// StaleTokens are the stale tokens of a record filtered as stale (the
+	// stale_tokens of its census event; 0 for every other filter).
+	StaleTokens int64 `json:"stale_tokens,omitempty"`
 }
 
 // WindowRecord is the lineage of one closed pack window, on the windows
@@ -25,18 +28,26 @@ type WindowDecision struct {
 // from its admitted ids and trainer version; dispatch learns from Groups
 // which groups of a round were decided.
 type WindowRecord struct {
-	BatchID        string           `json:"batch_id"` // "" when every record was filtered (no batch)
-	BatchIndex     int64            `json:"batch_index"`
-	RunID          string           `json:"run_id"`
-	ContractHash   string           `json:"contract_hash"`
-	TrainerVersion int64            `json:"trainer_version"`
-	ClosedBy       string           `json:"closed_by"` // "full", "timeout", "flush"
-	Admitted       []string         `json:"admitted"`
-	Filtered       []WindowDecision `json:"filtered"`
-	Tokens         int64            `json:"tokens"`
-	TrainedTokens  int64            `json:"trained_tokens"`
-	Rows           int              `json:"rows"`
-	Efficiency     float64          `json:"efficiency"`
+	BatchID        string   `json:"batch_id"` // "" when every record was filtered (no batch)
+	BatchIndex     int64    `json:"batch_index"`
+	RunID          string   `json:"run_id"`
+	ContractHash   string   `json:"contract_hash"`
+	TrainerVersion int64    `json:"trainer_version"`
+	ClosedBy       string   `json:"closed_by"` // "full", "timeout", "flush"
+	Admitted       []string `json:"admitted"`
+	// AdmittedTokens and AdmittedStaleTokens are, in Admitted's order,
+	// the tokens and stale tokens of each admitted record's census event.
+	// With the filtered records' decisions they are every census event
+	// of the window, which a pack restarted before all of them were
+	// acknowledged writes again (same event ids) when the window's inputs
+	// are redelivered. Absent in records written before they existed.
+	AdmittedTokens      []int64          `json:"admitted_tokens,omitempty"`
+	AdmittedStaleTokens []int64          `json:"admitted_stale_tokens,omitempty"`
+	Filtered            []WindowDecision `json:"filtered"`
+	Tokens              int64            `json:"tokens"`
+	TrainedTokens       int64            `json:"trained_tokens"`
+	Rows                int              `json:"rows"`
+	Efficiency          float64          `json:"efficiency"`
 	// Groups are the groups with a member decided in the window (admitted
 	// or filtered when added), sorted: the dispatcher knows a round is
 	// complete when every group of it appears in some window record.
@@ -268,7 +279,19 @@ func EncodeWindow(w WindowRecord) ([]byte, error) { return encodeDoc(KindWindowR
 
 // DecodeWindow reads a document written by EncodeWindow.
 func DecodeWindow(b []byte) (WindowRecord, error) {
-	return decodeDoc[WindowRecord](KindWindowRecord, b)
+	w, err := decodeDoc[WindowRecord](KindWindowRecord, b)
+	if err != nil {
+		return w, err
+	}
+	for _, f := range []struct {
+		name string
+		n    int
+	}{{"admitted_tokens", len(w.AdmittedTokens)}, {"admitted_stale_tokens", len(w.AdmittedStaleTokens)}} {
+		if f.n != 0 && f.n != len(w.Admitted) {
+			return WindowRecord{}, fmt.Errorf("%w: %s: %s has %d entries for %d admitted records", ErrDecode, KindWindowRecord, f.name, f.n, len(w.Admitted))
+		}
+	}
+	return w, nil
 }
 
 // Incident is a safety or integrity incident (docs/PIPELINE.md §8, §9: "trigger an

@@ -2,6 +2,8 @@ package schemas
 
 import (
 	"errors"
+	"reflect"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -118,4 +120,50 @@ func TestRefusedCost(t *testing.T) {
 	if u.Rollout != c.Admitted || u.Rejected != c.Filtered || u.Failed != c.Failed || u.Windows != 2 {
 		t.Fatalf("UpdateCostOf = %+v", u)
 	}
+}
+
+// TestDecodeWindowPerAdmitted: the per-admitted token lists round-trip,
+// may be absent (records written before them), and are refused when
+// their length is not the admitted list's, naming the field.
+func TestDecodeWindowPerAdmitted(t *testing.T) {
+	w := WindowRecord{BatchID: "b", RunID: "r", Admitted: []string{"a1", "a2"}, AdmittedTokens: []int64{6, 7}, AdmittedStaleTokens: []int64{0, 2},
+		Filtered: []WindowDecision{{RecordID: "f1", GroupID: "g", Filter: "stale", StaleTokens: 3}}, Groups: []string{"g"}}
+	for _, tc := range []struct {
+		name string
+		edit func(*WindowRecord)
+		want string // "" decodes
+	}{
+		{"both lists", func(*WindowRecord) {}, ""},
+		{"no lists", func(w *WindowRecord) { w.AdmittedTokens, w.AdmittedStaleTokens = nil, nil }, ""},
+		{"short tokens", func(w *WindowRecord) { w.AdmittedTokens = w.AdmittedTokens[:1] }, "admitted_tokens has 1 entries for 2 admitted records"},
+		{"long stale", func(w *WindowRecord) { w.AdmittedStaleTokens = append(w.AdmittedStaleTokens, 1) }, "admitted_stale_tokens has 3 entries for 2 admitted records"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			in := w
+			in.Admitted = slices.Clone(w.Admitted)
+			in.AdmittedTokens, in.AdmittedStaleTokens = slices.Clone(w.AdmittedTokens), slices.Clone(w.AdmittedStaleTokens)
+			tc.edit(&in)
+			b, err := EncodeWindow(in)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got, err := DecodeWindow(b)
+			if tc.want == "" {
+				if err != nil || !reflect.DeepEqual(got, in) {
+					t.Fatalf("DecodeWindow = %+v, %v; want %+v", got, err, in)
+				}
+				return
+			}
+			if !errors.Is(err, ErrDecode) || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("DecodeWindow: %v, want an ErrDecode saying %q", err, tc.want)
+			}
+		})
+	}
+}
+
+func FuzzDecodeWindow(f *testing.F) {
+	fuzzDoc(f, EncodeWindow, DecodeWindow,
+		WindowRecord{BatchID: "b", RunID: "r", Admitted: []string{"a1"}, AdmittedTokens: []int64{6}, AdmittedStaleTokens: []int64{1},
+			Filtered: []WindowDecision{{RecordID: "f1", GroupID: "g", Filter: "stale", StaleTokens: 3}}, Groups: []string{"g"}},
+		WindowRecord{})
 }

@@ -75,8 +75,13 @@ type Stage struct {
 	held      map[pipeline.Ref]struct{}
 	opened    time.Time // the open window's first decision
 	// closedGroups are the groups of the closed windows read back at start
-	// (the windows topic's tail): a redelivered message of one is decided.
-	closedGroups map[string]struct{}
+	// (the windows topic's tail), with the trainer version of each one's
+	// window: a redelivered message of one is decided. closedRecords are
+	// the decisions those window records list, by record id: the census
+	// events of a redelivered closed group are written again from them
+	// (see closedCensus).
+	closedGroups  map[string]int64
+	closedRecords map[string]closedDecision
 	// bounded deduplication memory (see remember)
 	recent *idset.Ring
 	env    *pipeline.Env // counts the duplicates dropped
@@ -174,13 +179,14 @@ func (s *Stage) Start(ctx context.Context, env *pipeline.Env) error {
 	// records are known from the batches topic, but the filtered ones are
 	// on no topic a restart reads: taken as new, a filtered group would
 	// count in the open window, next to part of the next round, which
-	// could then never be decided in full. Every record of a group comes
-	// in one scored message and is decided in one window, so a
-	// redelivered group listed by a closed window is decided. A window
-	// whose batch is not on the batches topic (its write was lost with the
-	// pack) did not close: its groups are decided again.
+	// could then never be decided in full. So a redelivered group listed
+	// by a closed window is decided (closedCensus), but for its records no
+	// closed window decided: a window that fills in the middle of a
+	// group's message closes, and the rest of the message opens the next
+	// one. A window whose batch is not on the batches topic (its write was
+	// lost with the pack) did not close: its records are decided again.
 	windows, undecodable := 0, 0
-	s.closedGroups = map[string]struct{}{}
+	s.closedGroups, s.closedRecords = map[string]int64{}, map[string]closedDecision{}
 	err = env.Scan(ctx, s.cfg.Topics.Windows, s.cfg.RebuildScan, func(m pipeline.Message) error {
 		w, err := schemas.DecodeWindow(m.Value)
 		if err != nil {
@@ -198,7 +204,20 @@ func (s *Stage) Start(ctx context.Context, env *pipeline.Env) error {
 			s.sawFailure(id)
 		}
 		for _, g := range w.Groups {
-			s.closedGroups[g] = struct{}{}
+			s.closedGroups[g] = w.TrainerVersion
+		}
+		for i, id := range w.Admitted {
+			d := closedDecision{kind: schemas.CensusAdmitted, batch: w.BatchID, version: w.TrainerVersion}
+			if i < len(w.AdmittedTokens) {
+				d.tokens = w.AdmittedTokens[i]
+			}
+			if i < len(w.AdmittedStaleTokens) {
+				d.stale = w.AdmittedStaleTokens[i]
+			}
+			s.closedRecords[id] = d
+		}
+		for _, f := range w.Filtered {
+			s.closedRecords[f.RecordID] = closedDecision{kind: schemas.CensusFiltered, reason: f.Filter, stale: f.StaleTokens, version: w.TrainerVersion}
 		}
 		return nil
 	})
@@ -208,6 +227,61 @@ func (s *Stage) Start(ctx context.Context, env *pipeline.Env) error {
 	env.Logger.Info("pack state restored", "batches_scanned", batches, "windows_scanned", windows,
 		"undecodable_window_records", undecodable, "next_batch", s.nextIndex)
 	return nil
+}
+
+// closedDecision is a decision a closed window's record lists: the
+// census event it wrote for one record.
+type closedDecision struct {
+	kind, reason, batch    string
+	tokens, stale, version int64
+}
+
+// closedCensus decides the redelivered rows of a group a window closed
+// before this start decided, and returns the rows no closed window
+// decided, for the open window. A decided row enters no window again, and
+// its census event is written again (into res): the window record, batch
+// and census events of a window are separate writes, and a pack killed
+// after the record and batch were acknowledged but before all of its
+// census events were (each on its attempt's partition) left attempts
+// trained or filtered with no census decision, which the accounting of
+// `trajflow bench --processes --kill pack` found lost (2–7 attempts in
+// every run). The events carry the ids of the first writing, so the census
+// counts each once.
+//
+// Admitted and close-filtered rows are listed by their window record. A
+// row filtered when it was added is listed nowhere: judged again at the
+// closed window's trainer version it is filtered again (a record stale
+// then is stale at any later version), and decided. A row still judged
+// admissible belongs to a later window of the group that did not close (a
+// window full in the middle of a group's message closes, and the rest of
+// the message starts the next one; that window's batch was lost with the
+// pack): it is returned to be decided again.
+func (s *Stage) closedCensus(res *pipeline.Result, rows []schemas.Scored, version int64) ([]schemas.Scored, error) {
+	var rest []schemas.Scored
+	now := s.now()
+	for i := range rows {
+		r := &rows[i]
+		d, ok := s.closedRecords[r.RecordID]
+		if !ok {
+			_, f, err := Reconstruct(r, version, s.cfg.Options)
+			if err != nil || f == FilterNone {
+				rest = append(rest, *r)
+				continue
+			}
+			d = closedDecision{kind: schemas.CensusFiltered, reason: string(f), version: version}
+			if f == FilterStale {
+				d.stale = actionTokens(r)
+			}
+		}
+		s.win.MarkSeen(r.RecordID)
+		s.remember(r.RecordID)
+		ev, err := s.census(r.RecordID, r.TaskID, r.GroupID, d.kind, d.reason, d.batch, d.tokens, d.stale, d.version, now)
+		if err != nil {
+			return nil, err
+		}
+		res.Outputs = append(res.Outputs, ev)
+	}
+	return rest, nil
 }
 
 // remember records a decided id in the bounded in-memory deduplication
@@ -251,14 +325,13 @@ func (s *Stage) Process(ctx context.Context, m pipeline.Message) (pipeline.Resul
 	if err := stagekit.CheckID(&m, schemas.DerivedID("advantage", rows[0].GroupID)); err != nil {
 		return pipeline.Result{}, err
 	}
-	if _, closed := s.closedGroups[rows[0].GroupID]; closed {
-		for i := range rows {
-			s.win.MarkSeen(rows[i].RecordID)
-			s.remember(rows[i].RecordID)
-		}
-		return pipeline.Result{}, nil
-	}
 	var res pipeline.Result
+	if version, closed := s.closedGroups[rows[0].GroupID]; closed {
+		var err error
+		if rows, err = s.closedCensus(&res, rows, version); err != nil || len(rows) == 0 {
+			return res, err
+		}
+	}
 	now := s.now()
 	for i := range rows {
 		r := &rows[i]
@@ -331,7 +404,7 @@ func (s *Stage) Process(ctx context.Context, m pipeline.Message) (pipeline.Resul
 			if out.Filter == FilterStale {
 				stale = actionTokens(r)
 			}
-			ev, err := s.census(r.RecordID, r.TaskID, r.GroupID, schemas.CensusFiltered, string(out.Filter), "", 0, stale, now)
+			ev, err := s.census(r.RecordID, r.TaskID, r.GroupID, schemas.CensusFiltered, string(out.Filter), "", 0, stale, s.win.TrainerVersion(), now)
 			if err != nil {
 				return pipeline.Result{}, err
 			}
@@ -436,6 +509,8 @@ func (s *Stage) close(ctx context.Context, res *pipeline.Result, by string) erro
 	rec.Cost = &cost
 	for _, a := range closed.Admitted {
 		rec.Admitted = append(rec.Admitted, a.RecordID)
+		rec.AdmittedTokens = append(rec.AdmittedTokens, int64(a.Tokens))
+		rec.AdmittedStaleTokens = append(rec.AdmittedStaleTokens, int64(a.Stale))
 		lag := batch.TrainerVersion - a.PolicyVersion
 		if lag > rec.MaxLag {
 			rec.MaxLag = lag
@@ -482,7 +557,7 @@ func (s *Stage) close(ctx context.Context, res *pipeline.Result, by string) erro
 		s.nextIndex++
 	}
 	for _, a := range closed.Admitted {
-		ev, err := s.census(a.RecordID, "", a.GroupID, schemas.CensusAdmitted, "", batch.BatchID, int64(a.Tokens), int64(a.Stale), now)
+		ev, err := s.census(a.RecordID, "", a.GroupID, schemas.CensusAdmitted, "", batch.BatchID, int64(a.Tokens), int64(a.Stale), s.win.TrainerVersion(), now)
 		if err != nil {
 			return err
 		}
@@ -490,14 +565,10 @@ func (s *Stage) close(ctx context.Context, res *pipeline.Result, by string) erro
 	}
 	stagekit.TraceAttempts(ctx, s.Name(), "advantage", now, len(closed.Admitted), func(i int) string { return closed.Admitted[i].RecordID },
 		attribute.String("trajflow.decision", schemas.CensusAdmitted), attribute.String("trajflow.batch_id", batch.BatchID))
-	for _, d := range closed.Filtered {
+	for _, d := range rec.Filtered {
 		stagekit.TraceAttempt(ctx, s.Name(), "advantage", now, d.RecordID,
-			attribute.String("trajflow.decision", schemas.CensusFiltered), attribute.String("trajflow.filter", string(d.Filter)))
-		stale := int64(0)
-		if d.Filter == FilterStale {
-			stale = int64(d.Tokens)
-		}
-		ev, err := s.census(d.RecordID, "", d.GroupID, schemas.CensusFiltered, string(d.Filter), "", 0, stale, now)
+			attribute.String("trajflow.decision", schemas.CensusFiltered), attribute.String("trajflow.filter", d.Filter))
+		ev, err := s.census(d.RecordID, "", d.GroupID, schemas.CensusFiltered, d.Filter, "", 0, d.StaleTokens, s.win.TrainerVersion(), now)
 		if err != nil {
 			return err
 		}
@@ -517,6 +588,9 @@ func decisions(ds []Decision) []schemas.WindowDecision {
 	out := make([]schemas.WindowDecision, len(ds))
 	for i, d := range ds {
 		out[i] = schemas.WindowDecision{RecordID: d.RecordID, GroupID: d.GroupID, Filter: string(d.Filter)}
+		if d.Filter == FilterStale {
+			out[i].StaleTokens = int64(d.Tokens)
+		}
 	}
 	return out
 }
@@ -531,10 +605,10 @@ func maxBehaviorVersion(r *schemas.Scored) int64 {
 	return v
 }
 
-func (s *Stage) census(id, task, group, kind, reason, batch string, tokens, stale int64, now time.Time) (pipeline.Output, error) {
+func (s *Stage) census(id, task, group, kind, reason, batch string, tokens, stale, version int64, now time.Time) (pipeline.Output, error) {
 	return stagekit.Census(s.cfg.Topics.Census, schemas.CensusEvent{
 		RunID: s.cfg.RunID, AttemptID: id, TaskID: task, GroupID: group, Kind: kind, Stage: "pack",
-		Reason: reason, BatchID: batch, Tokens: tokens, StaleTokens: stale, PolicyVersion: s.win.TrainerVersion(), At: now.UnixMicro(),
+		Reason: reason, BatchID: batch, Tokens: tokens, StaleTokens: stale, PolicyVersion: version, At: now.UnixMicro(),
 	})
 }
 

@@ -534,3 +534,62 @@ func TestStageFailedCost(t *testing.T) {
 		t.Fatalf("after the restart the window counts failures again: %+v %v", w2.Cost, w2.FailedEvents)
 	}
 }
+
+// TestStageRestartWritesTheClosedWindowsCensus: pack closed windows (their
+// records and batches acknowledged) and died before their census events
+// were all written and before its inputs were committed. The redelivered
+// group's decided records write their census events again, with the ids
+// of the first writing and the decisions the window records list; a
+// record of the group whose window did not close (its batch lost) is
+// decided again. Here a token budget of one record closes a window after
+// every record, so the one message of group g1 spans three windows, and
+// the third one's batch is lost.
+func TestStageRestartWritesTheClosedWindowsCensus(t *testing.T) {
+	topics, _ := pipeline.TopicsFor("r")
+	o := testOptions()
+	o.BatchTokens = 1
+	cfg := StageConfig{Options: o, Topics: topics, RunID: "r", ContractHash: "h"}
+	stale := small("r0", "g1", 0, 3)
+	stale.Turns[0].PolicyVersion = -5 // lag 5 > max lag 1 at version 0: filtered when added
+	in := []pipeline.Message{scoredMsg(t, topics.Scored, 0, stale, small("r1", "g1", 0, 3), small("r2", "g1", 0, 3), small("r3", "g1", 0, 3))}
+	first := driveStage(t, cfg, in, nil)
+	if n := len(first.On(topics.Windows)); n != 3 || len(first.On(topics.Batches)) != 3 {
+		t.Fatalf("first life: %d windows, %d batches; want 3 and 3", n, len(first.On(topics.Batches)))
+	}
+	census := func(d *pipeline.Driven) map[string]schemas.CensusEvent {
+		out := map[string]schemas.CensusEvent{}
+		for _, o := range d.On(topics.Census) {
+			ev, err := schemas.DecodeCensus(o.Value)
+			if err != nil {
+				t.Fatal(err)
+			}
+			out[ev.AttemptID] = ev
+		}
+		return out
+	}
+	want := census(first)
+	if len(want) != 4 || want["r0"].Kind != schemas.CensusFiltered || want["r0"].Reason != string(FilterStale) {
+		t.Fatalf("first life census %+v: want r0 filtered stale and r1..r3 admitted", want)
+	}
+	// Windows 1-3 and the batches of the first two were written; no census
+	// event, no commit.
+	batches := first.Messages(topics.Batches)[:2]
+	second := driveStage(t, cfg, in, pipeline.MemScanner{topics.Batches: batches, topics.Windows: first.Messages(topics.Windows)})
+	got := census(second)
+	for _, id := range []string{"r0", "r1", "r2", "r3"} {
+		g, w := got[id], want[id]
+		if g.EventID != w.EventID || g.Kind != w.Kind || g.Reason != w.Reason || g.BatchID != w.BatchID || g.Tokens != w.Tokens || g.StaleTokens != w.StaleTokens {
+			t.Errorf("%s: census after the restart %+v, want the first life's %+v", id, g, w)
+		}
+	}
+	// r3's window did not close: it is decided again, into a batch of the
+	// same index (the next after the two on the topic).
+	if ws := second.On(topics.Windows); len(ws) != 1 {
+		t.Fatalf("after the restart %d windows, want 1 (r3's)", len(ws))
+	} else if w, _ := schemas.DecodeWindow(ws[0].Value); !slices.Equal(w.Admitted, []string{"r3"}) || w.BatchIndex != 2 {
+		t.Fatalf("after the restart window %+v, want r3 admitted at batch index 2", w)
+	}
+	if len(second.Held) != 0 {
+		t.Fatalf("held after the restart: %v", second.Held)
+	}
+}

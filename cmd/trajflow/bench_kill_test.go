@@ -1,0 +1,47 @@
+package main
+
+import (
+	"encoding/json"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"testing"
+
+	"github.com/trajflow/trajflow/bench"
+)
+
+// TestBenchKillPackLosesNothing: `trajflow bench --processes --kill pack`
+// SIGKILLs the pack process half way through the window, at full rate, and
+// restarts it; every attempt launched must still be decided exactly once
+// after the drain. A pack killed between a closed window's record (and
+// batch) and its census events used to leave a group's attempts with no
+// decision (2–7 lost in every run): the restart now writes the census of
+// the closed window again (pack.Stage.closedCensus).
+func TestBenchKillPackLosesNothing(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs the bench with operator processes for about 30 s")
+	}
+	dir := t.TempDir()
+	out := filepath.Join(dir, "bench.json")
+	cmd := exec.Command(trajflowBinary(t), "bench", "--contract", "../../testdata/contracts/bench.yaml",
+		"--duration", "10s", "--warmup", "2s", "--baseline", "-1s", "--processes", "--kill", "pack", "--json-out", out)
+	b, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("trajflow bench: %v\n%s", err, b)
+	}
+	raw, err := os.ReadFile(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rep bench.Report
+	if err := json.Unmarshal(raw, &rep); err != nil {
+		t.Fatal(err)
+	}
+	a := rep.Accounting
+	if rep.Kill == nil || rep.Kill.Stage != "pack" || a.Launched == 0 {
+		t.Fatalf("no kill of pack in the report (kill %+v, launched %d)\n%s", rep.Kill, a.Launched, b)
+	}
+	if a.Lost != 0 || a.Duplicated != 0 || a.Admitted+a.Filtered+a.Quarantined+a.Excluded != a.Launched {
+		t.Fatalf("accounting after the kill: %+v\n%s", a, b)
+	}
+}
