@@ -85,6 +85,13 @@ type Config struct {
 	// 0 derives it from the embedded broker's retention unless GOMEMLIMIT
 	// is set; negative leaves the process's limit as it is.
 	MemoryLimit int64
+	// DataDir, with the embedded broker, persists its log to this
+	// directory (kafka.BrokerConfig.DataDir), as `trajflow broker --data`
+	// does: the retained segments then live in files (the kernel's page
+	// cache) instead of the process's heap, and the derived memory limit
+	// leaves them out. It must not hold a log already (a fresh run).
+	// Empty: the broker keeps its log in memory.
+	DataDir string
 	// InFlightGroups bounds the groups produced but not yet decided
 	// (the source waits): a closed loop, so the broker's backlog and the
 	// process's memory stay bounded however long the run.
@@ -136,6 +143,14 @@ type Progress struct {
 func (c *Config) defaults() error {
 	if c.Contract == nil {
 		return errors.New("bench: no contract")
+	}
+	if c.DataDir != "" && len(c.Brokers) > 0 {
+		return fmt.Errorf("bench: a data directory (%s) is for the embedded broker, not for brokers %v", c.DataDir, c.Brokers)
+	}
+	if c.DataDir != "" {
+		if ents, err := os.ReadDir(c.DataDir); err == nil && len(ents) > 0 {
+			return fmt.Errorf("bench: data directory %s is not empty: the bench starts from a fresh log", c.DataDir)
+		}
 	}
 	if c.Duration <= 0 {
 		c.Duration = 10 * time.Second
@@ -311,7 +326,11 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 			// about the heap's peak in the first seconds. The limit holds
 			// it there; once the live heap has grown, the collector runs
 			// more often (bench/RESULTS.md measures the cost).
-			defer debug.SetMemoryLimit(debug.SetMemoryLimit(2*r.brokerBound(retention) + 1<<30))
+			inHeap := r.brokerBound(retention)
+			if cfg.DataDir != "" {
+				inHeap = 0
+			}
+			defer debug.SetMemoryLimit(debug.SetMemoryLimit(2*inHeap + 1<<30))
 		}
 		// The broker's goroutines inherit the label: a CPU profile tells its
 		// share apart (go tool pprof -tagfocus role=broker).
@@ -319,8 +338,8 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		var err error
 		pprof.Do(ctx, pprof.Labels("role", "broker"), func(ctx context.Context) {
 			b, err = kafka.StartBroker(ctx, kafka.BrokerConfig{
-				MaxMessageBytes: c.Topics.MaxMessageBytes,
-				Retention:       kafka.RetentionPolicy{Bytes: retention, CheckInterval: 250 * time.Millisecond, SegmentBytes: segmentBytes},
+				MaxMessageBytes: c.Topics.MaxMessageBytes, DataDir: cfg.DataDir,
+				Retention: kafka.RetentionPolicy{Bytes: retention, CheckInterval: 250 * time.Millisecond, SegmentBytes: segmentBytes},
 			})
 		})
 		if err != nil {
@@ -878,7 +897,18 @@ func (r *run) retentionBytes() int64 {
 	}
 	// ~9 bytes per token on the wire (8.1 measured for the bench source).
 	share := 4 * r.inflightTokens() * 9 / float64(max(r.cfg.Contract.Topics.Partitions, 1))
-	return max(24<<20, int64(share)+segmentBytes)
+	return r.onDisk() * max(24<<20, int64(share)+segmentBytes)
+}
+
+// onDisk is the factor of every retention of a broker whose log is on
+// disk (Config.DataDir): the bounds above are sized to keep the heap
+// small, and a disk has room for more, so a consumer that falls behind
+// (a restarted operator of a kill run) finds its records further back.
+func (r *run) onDisk() int64 {
+	if r.cfg.DataDir != "" {
+		return 8
+	}
+	return 1
 }
 
 // brokerBound bounds what the embedded broker retains while the pipeline
@@ -903,7 +933,8 @@ type topicRetention struct {
 // read promptly by the accounting reader, the rest is never read back
 // during a bench.
 func (r *run) lowRateRetention() []topicRetention {
-	return []topicRetention{{r.topics.Census, 8 << 20}, {r.topics.Quarantine, 2 << 20}, {r.topics.Windows, 2 << 20}, {r.topics.Incidents, 2 << 20}}
+	k := r.onDisk()
+	return []topicRetention{{r.topics.Census, k * 8 << 20}, {r.topics.Quarantine, k * 2 << 20}, {r.topics.Windows, k * 2 << 20}, {r.topics.Incidents, k * 2 << 20}}
 }
 
 // inflightTokens is the tokens of the groups the closed loop keeps in
@@ -918,7 +949,7 @@ func (r *run) inflightTokens() float64 {
 func (r *run) batchesRetention() int64 {
 	c := r.cfg.Contract
 	n := max(4, 2*int64(math.Ceil(r.inflightTokens()/float64(max(c.Packing.BatchTokens, 1)))))
-	return n * batchBytesEstimate(c)
+	return r.onDisk() * n * batchBytesEstimate(c)
 }
 
 // batchBytesEstimate bounds one packed batch's encoded size: ~33 bytes per

@@ -2,6 +2,9 @@ package bench
 
 import (
 	"math"
+	"os"
+	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/trajflow/trajflow/internal/audit"
@@ -60,6 +63,19 @@ func TestConfigRejects(t *testing.T) {
 		if err := cfg.defaults(); err == nil {
 			t.Errorf("%s: accepted", tc.name)
 		}
+	}
+	// A data directory is the embedded broker's, and a fresh one.
+	used := t.TempDir()
+	if err := os.WriteFile(filepath.Join(used, "meta.json"), []byte("{}"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, cfg := range []Config{{Contract: c, DataDir: t.TempDir(), Brokers: []string{"127.0.0.1:9092"}}, {Contract: c, DataDir: used}} {
+		if err := cfg.defaults(); err == nil || !strings.Contains(err.Error(), cfg.DataDir) {
+			t.Errorf("data dir %s with brokers %v: %v, want a refusal naming the directory", cfg.DataDir, cfg.Brokers, err)
+		}
+	}
+	if cfg := (Config{Contract: c, DataDir: filepath.Join(used, "fresh")}); cfg.defaults() != nil {
+		t.Errorf("a data directory that does not exist yet refused")
 	}
 }
 
@@ -147,6 +163,17 @@ func TestRetentionFollowsInFlight(t *testing.T) {
 		want := 4*2*(tc.retention+segmentBytes) + tc.batches*batch + 14<<20
 		if got := r.brokerBound(tc.retention); got != want {
 			t.Errorf("inflight %d: broker bound %d, want %d", tc.inflight, got, want)
+		}
+		// A log on disk keeps eight times as much of every topic.
+		r.cfg.DataDir = t.TempDir()
+		if got := r.retentionBytes(); got != 8*tc.retention {
+			t.Errorf("inflight %d on disk: retention %d, want %d", tc.inflight, got, 8*tc.retention)
+		}
+		if got := r.batchesRetention(); got != 8*tc.batches*batch {
+			t.Errorf("inflight %d on disk: batches retention %d, want %d", tc.inflight, got, 8*tc.batches*batch)
+		}
+		if got := r.lowRateRetention()[0].bytes; got != 64<<20 {
+			t.Errorf("inflight %d on disk: census retention %d, want 64 MiB", tc.inflight, got)
 		}
 	}
 }

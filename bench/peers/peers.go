@@ -254,6 +254,19 @@ func runTrajflow(ctx context.Context, cfg *Config, sys string, kill bool, out st
 		args = append(args, "--baseline", cfg.Baseline.String(), "--baselines", bench.ClientKafkaGo+","+bench.ClientFranzGo)
 	}
 	where := "embedded broker"
+	if sys == SysTrajflow {
+		// The embedded broker keeps its log on disk, as a deployed
+		// `trajflow broker --data` does: durable like Apache Kafka's, and
+		// its segments in the page cache rather than in the bench
+		// process's heap (bench/RESULTS.md measures both).
+		dir := strings.TrimSuffix(out, ".json") + ".broker"
+		if err := os.RemoveAll(dir); err != nil {
+			return nil, err
+		}
+		defer os.RemoveAll(dir)
+		args = append(args, "--data-dir", dir)
+		where = "embedded broker, log on disk"
+	}
 	if sys == SysTrajflowKafka {
 		args = append(args, "--brokers", cfg.Kafka)
 		where = "Apache Kafka"
