@@ -107,6 +107,17 @@ func parityCases() []parityCase {
 			Adam:  AdamOptions{LR: 0.02, Beta1: 0.9, Beta2: 0.999, Eps: 1e-8, MaxGradNorm: 1},
 			Steps: 2, TokenBudget: 64, BehaviorSeed: 17,
 		},
+		{
+			// The demo's objective: token-sum over a declared constant,
+			// off-policy samples under the decoupled objective.
+			Name: "token-sum-decoupled-off-policy", Model: small,
+			Behavior: model.Behavior{Temperature: 1},
+			Objective: objective.Options{ClipLow: 0.2, ClipHigh: 0.28, Normalization: objective.TokenSum, NormTokens: 256,
+				KLPlacement: objective.KLNone, EntropyCoef: 0.1, MaxLogRatio: objective.DefaultMaxLogRatio,
+				OffPolicy: objective.OffPolicyDecoupled},
+			Adam:  AdamOptions{LR: 0.01, Beta1: 0.9, Beta2: 0.999, Eps: 1e-8, MaxGradNorm: 1},
+			Steps: 2, TokenBudget: 96, BehaviorSeed: 19,
+		},
 	}
 }
 

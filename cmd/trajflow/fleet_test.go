@@ -22,6 +22,7 @@ import (
 	"github.com/trajflow/trajflow/internal/loop"
 	"github.com/trajflow/trajflow/internal/testkit"
 	"github.com/trajflow/trajflow/pipeline"
+	"github.com/trajflow/trajflow/pipeline/contract"
 	"github.com/trajflow/trajflow/schemas"
 )
 
@@ -226,14 +227,18 @@ func TestTopicsCreateWaitsForTheBroker(t *testing.T) {
 }
 
 // TestFleetGate: a fleet with the eval and gate operators (trajflow up)
-// rules as the demo's gate does. Run regress-1 rolls back at its first
-// evaluation (release 5): the gate operator's decision makes the trainer
+// rules as the demo's gate does. Run regress-1 with the token-mean
+// objective (testkit.RegressMean) rolls back at its first evaluation
+// (release 5): the gate operator's decision makes the trainer
 // republish release 0's parameters as release 6, and the rounds after it
 // train on them; the fleet's batches and the gate's decisions on every
 // release equal the in-process demo's, every attempt accounted.
 func TestFleetGate(t *testing.T) {
 	addr := startBroker(t)
-	path := testkit.ContractWithRunID(t, "../../testdata/contracts/demo.yaml", "regress-1")
+	c := contract.Default()
+	c.RunID = "regress-1"
+	testkit.RegressMean(c)
+	path := testkit.ContractFile(t, c)
 	dir := t.TempDir()
 	const rounds = 7
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
@@ -247,7 +252,8 @@ func TestFleetGate(t *testing.T) {
 	}
 	var got loop.Summary
 	testkit.ReadJSON(t, filepath.Join(out, loop.SummaryFile), &got)
-	want, err := loop.Run(ctx, loop.Options{Updates: rounds, Seed: 1, RunID: "regress-1", EvalSamples: 1, Quiet: true, Out: t.TempDir()}, io.Discard)
+	want, err := loop.Run(ctx, loop.Options{Updates: rounds, Seed: 1, RunID: "regress-1", EvalSamples: 1, Quiet: true, Out: t.TempDir(),
+		Edit: testkit.RegressMean}, io.Discard)
 	if err != nil {
 		t.Fatal(err)
 	}

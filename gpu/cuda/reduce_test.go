@@ -123,6 +123,7 @@ func TestReduceStatsMatchesReference(t *testing.T) {
 		{ClipLow: 0.1, ClipHigh: 0.1, Normalization: objective.SeqMeanTokenSum, KLPlacement: objective.KLLoss, KLEstimator: objective.K3, KLCoef: 0.2},
 		{ClipLow: 0.2, ClipHigh: 0.2, Normalization: objective.SeqMeanTokenMean, KLPlacement: objective.KLLoss, KLEstimator: objective.K2, KLCoef: 0.1, MaxLogRatio: 1},
 		{ClipLow: 0.2, ClipHigh: 0.2, Normalization: objective.TokenMean, KLPlacement: objective.KLReward, KLEstimator: objective.K1, EntropyCoef: 0.01},
+		{ClipLow: 0.2, ClipHigh: 0.28, Normalization: objective.TokenSum, NormTokens: 64, KLPlacement: objective.KLNone, EntropyCoef: 0.1},
 	} {
 		withRef := tc.KLEstimator != ""
 		b := randomBatch(rng, 3, 50, cfg.Vocab, withRef, 1)

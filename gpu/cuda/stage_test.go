@@ -94,14 +94,18 @@ func stageOK(t *testing.T, b schemas.PackedBatch, V int, opts objective.Options)
 
 // TestStageBatchColumns checks every staged column against the rows and
 // the reference definitions (objective.ShiftTargets, the normalization
-// weights of objective.Compute), for the three normalizations.
+// weights of objective.Compute), for the four normalizations.
 func TestStageBatchColumns(t *testing.T) {
 	const V = 50
 	rng := rand.New(rand.NewPCG(7, 8))
-	for _, norm := range []string{objective.TokenMean, objective.SeqMeanTokenSum, objective.SeqMeanTokenMean} {
+	const normTokens = 1000
+	for _, norm := range []string{objective.TokenMean, objective.SeqMeanTokenSum, objective.SeqMeanTokenMean, objective.TokenSum} {
 		for _, withRef := range []bool{false, true} {
 			b := randomBatch(rng, 4, 60, V, withRef, 3)
 			opts := objective.Options{ClipLow: 0.2, ClipHigh: 0.2, Normalization: norm, KLPlacement: objective.KLNone}
+			if norm == objective.TokenSum {
+				opts.NormTokens = normTokens
+			}
 			buf, st := stageOK(t, b, V, opts)
 			den, err := objective.GlobalDenominators(b.Rows...)
 			if err != nil {
@@ -141,6 +145,8 @@ func TestStageBatchColumns(t *testing.T) {
 							ww = 1 / float64(den.Tokens)
 						case objective.SeqMeanTokenSum:
 							ww = 1 / float64(den.Sequences)
+						case objective.TokenSum:
+							ww = 1.0 / normTokens
 						default:
 							ww = 1 / float64(perSeg[row.SegmentIDs[i]]*int(den.Sequences))
 						}
@@ -152,8 +158,11 @@ func TestStageBatchColumns(t *testing.T) {
 				}
 			}
 			wantSum := 1.0
-			if norm == objective.SeqMeanTokenSum {
+			switch norm {
+			case objective.SeqMeanTokenSum:
 				wantSum = float64(den.Tokens) / float64(den.Sequences)
+			case objective.TokenSum:
+				wantSum = float64(den.Tokens) / normTokens
 			}
 			if math.Abs(wsum-wantSum) > 1e-5*wantSum {
 				t.Fatalf("%s: weights sum to %v, want %v", norm, wsum, wantSum)

@@ -173,6 +173,7 @@ type Result struct {
 //	TokenMean:        c_t = 1 / N_tok
 //	SeqMeanTokenSum:  c_t = 1 / N_seq
 //	SeqMeanTokenMean: c_t = 1 / (n_s · N_seq)
+//	TokenSum:         c_t = 1 / NormTokens        (a declared constant)
 //
 // so that every normalized term is Σ_t c_t x_t, a sum of per-token terms
 // that splits over microbatches. Then
@@ -379,6 +380,8 @@ func compute[F float32 | float64](in coreInputs[F], opts Options, den Denominato
 			w = 1 / float64(den.Tokens)
 		case SeqMeanTokenSum:
 			w = 1 / float64(den.Sequences)
+		case TokenSum:
+			w = 1 / float64(opts.NormTokens)
 		default: // SeqMeanTokenMean
 			w = 1 / (float64(perSeg[in.seg[i]]) * float64(den.Sequences))
 		}

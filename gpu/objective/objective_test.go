@@ -368,6 +368,11 @@ func TestFloat32MatchesFloat64(t *testing.T) {
 //	token-mean:          -(2 + (-1-1-1)) / 4           = -(-1)/4 =  0.25
 //	seq-mean-token-sum:  -((2) + (-3)) / 2             = -(-1)/2 =  0.5
 //	seq-mean-token-mean: -((2/1) + (-3/3)) / 2         = -(1)/2  = -0.5
+//	token-sum, norm_tokens 8: -(2 + (-1-1-1)) / 8      = -(-1)/8 =  0.125
+//	token-sum, norm_tokens 2: -(2 + (-1-1-1)) / 2      = -(-1)/2 =  0.5
+//
+// and the gradient of token-sum is token-mean's times N_tok/norm_tokens
+// (4/8 and 4/2).
 func TestNormalizationHandComputed(t *testing.T) {
 	ids := []int32{3, 1, 4, 1, 5, 2, 6, 5}
 	seg := []int32{0, 0, 0, 1, 1, 1, 1, 1}
@@ -391,21 +396,39 @@ func TestNormalizationHandComputed(t *testing.T) {
 	if den != (Denominators{Tokens: 4, Sequences: 2}) {
 		t.Fatalf("denominators %+v", den)
 	}
+	mean, err := Compute(in, baseOpts(TokenMean), den)
+	if err != nil {
+		t.Fatal(err)
+	}
 	for _, tc := range []struct {
-		norm string
-		want float64
+		norm    string
+		normTok int64
+		want    float64
 	}{
-		{TokenMean, 0.25},
-		{SeqMeanTokenSum, 0.5},
-		{SeqMeanTokenMean, -0.5},
+		{TokenMean, 0, 0.25},
+		{SeqMeanTokenSum, 0, 0.5},
+		{SeqMeanTokenMean, 0, -0.5},
+		{TokenSum, 8, 0.125},
+		{TokenSum, 2, 0.5},
 	} {
-		t.Run(tc.norm, func(t *testing.T) {
-			res, err := Compute(in, baseOpts(tc.norm), den)
+		t.Run(fmt.Sprintf("%s/%d", tc.norm, tc.normTok), func(t *testing.T) {
+			o := baseOpts(tc.norm)
+			o.NormTokens = tc.normTok
+			res, err := Compute(in, o, den)
 			if err != nil {
 				t.Fatal(err)
 			}
 			if !near(res.Loss, tc.want, 1e-15, 0) || res.PolicyLoss != res.Loss {
 				t.Fatalf("loss %v (policy %v), want %v", res.Loss, res.PolicyLoss, tc.want)
+			}
+			if tc.norm != TokenSum {
+				return
+			}
+			scale := float64(den.Tokens) / float64(tc.normTok)
+			for i := range res.DLogits {
+				if want := float64(mean.DLogits[i]) * scale; !near(float64(res.DLogits[i]), want, 1e-6, 1e-12) {
+					t.Fatalf("dlogits[%d] = %v, want token-mean's %v times %v", i, res.DLogits[i], mean.DLogits[i], scale)
+				}
 			}
 		})
 	}
@@ -604,6 +627,9 @@ func TestComputeErrors(t *testing.T) {
 		{"denominator too small", func(_ *Inputs, _ *Options, d *Denominators) { d.Tokens-- }, ErrInput},
 		{"sequences too small", func(_ *Inputs, _ *Options, d *Denominators) { d.Sequences = 0 }, ErrInput},
 		{"no normalization", func(_ *Inputs, o *Options, _ *Denominators) { o.Normalization = "" }, ErrOptions},
+		{"token-sum without norm_tokens", func(_ *Inputs, o *Options, _ *Denominators) { o.Normalization = TokenSum }, ErrOptions},
+		{"norm_tokens with token-mean", func(_ *Inputs, o *Options, _ *Denominators) { o.NormTokens = 64 }, ErrOptions},
+		{"negative norm_tokens", func(_ *Inputs, o *Options, _ *Denominators) { o.Normalization, o.NormTokens = TokenSum, -1 }, ErrOptions},
 		{"clip_low 1", func(_ *Inputs, o *Options, _ *Denominators) { o.ClipLow = 1 }, ErrOptions},
 		{"negative clip_high", func(_ *Inputs, o *Options, _ *Denominators) { o.ClipHigh = -0.1 }, ErrOptions},
 		{"NaN kl_coef", func(_ *Inputs, o *Options, _ *Denominators) { o.KLCoef = math.NaN() }, ErrOptions},
@@ -801,5 +827,27 @@ func TestMaskedVocabulary(t *testing.T) {
 	}
 	if s := float64(d[0]) + float64(d[2]); !near(s, 0, 1e-7, 0) {
 		t.Fatalf("gradient sums to %v, want 0 (softmax shift invariance)", s)
+	}
+}
+
+// TestPerToken: under token-sum a normalized sum is divided by the
+// declared constant, and PerToken gives the mean per trained token back:
+// a 1024-token batch with mean entropy 0.2 has Entropy 0.2·1024/4096 =
+// 0.05. Token-mean's value is that mean already.
+func TestPerToken(t *testing.T) {
+	for _, tc := range []struct {
+		o      Options
+		x      float64
+		tokens int64
+		want   float64
+	}{
+		{Options{Normalization: TokenMean}, 0.2, 1024, 0.2},
+		{Options{Normalization: TokenSum, NormTokens: 4096}, 0.05, 1024, 0.2},
+		{Options{Normalization: TokenSum, NormTokens: 4096}, 0, 0, 0},
+		{Options{Normalization: SeqMeanTokenSum}, 3, 12, 3},
+	} {
+		if got := tc.o.PerToken(tc.x, tc.tokens); got != tc.want {
+			t.Errorf("%s PerToken(%v, %d) = %v, want %v", tc.o.Normalization, tc.x, tc.tokens, got, tc.want)
+		}
 	}
 }

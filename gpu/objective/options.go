@@ -11,6 +11,12 @@ const (
 	TokenMean        = "token-mean"          // sum over all masked tokens / global masked-token count
 	SeqMeanTokenSum  = "seq-mean-token-sum"  // per sequence: token sum; then / global sequence count
 	SeqMeanTokenMean = "seq-mean-token-mean" // per sequence: token mean; then / global sequence count
+	// TokenSum: the sum over all masked tokens / Options.NormTokens, a
+	// constant the loss declares (not the batch's count): a batch with
+	// fewer trained tokens takes a proportionally smaller gradient, where
+	// TokenMean gives every batch the same gradient scale however few
+	// tokens it has (with Adam, a full step of noise). docs/PIPELINE.md §13.
+	TokenSum = "token-sum"
 )
 
 // KL estimators of KL(pi || ref) on sampled tokens, with
@@ -60,6 +66,9 @@ type Options struct {
 	KLEstimator   string  `yaml:"kl_estimator" json:"kl_estimator"`
 	KLCoef        float64 `yaml:"kl_coef" json:"kl_coef"`
 	EntropyCoef   float64 `yaml:"entropy_coef" json:"entropy_coef"`
+	// NormTokens is TokenSum's denominator (> 0 with TokenSum, 0
+	// otherwise).
+	NormTokens int64 `yaml:"norm_tokens" json:"norm_tokens,omitempty"`
 	// MaxLogRatio clamps current-old log ratios to [-MaxLogRatio,
 	// MaxLogRatio] before exponentiation (numerical guard; 0 = off, when a
 	// ratio that overflows is an ErrNonFinite error). The learning contract
@@ -72,6 +81,18 @@ type Options struct {
 	// (OffPolicyTIS: required; OffPolicyDecoupled: 0 = no cap); 0 or >= 1
 	// (on policy the weight is exactly 1). Must be 0 with no correction.
 	ISCap float64 `yaml:"is_cap" json:"is_cap,omitempty"`
+}
+
+// PerToken turns a normalized sum Σ c_t x_t of o's loss over tokens
+// trained tokens (the Entropy and KL of Stats) into a mean per trained
+// token where o's normalization divides by a constant: token-sum's is
+// NormTokens, not the batch's count. Every other normalization's value is
+// returned as it is (token-mean's is that mean already).
+func (o Options) PerToken(x float64, tokens int64) float64 {
+	if o.Normalization == TokenSum && tokens > 0 {
+		return x * float64(o.NormTokens) / float64(tokens)
+	}
+	return x
 }
 
 // Corrected reports whether o declares an off-policy correction.

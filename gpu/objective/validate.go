@@ -8,9 +8,10 @@ import (
 // Validate checks that the options declare a usable loss:
 //   - 0 <= ClipLow < 1 and ClipHigh >= 0 (the trust region [1-ClipLow,
 //     1+ClipHigh] contains 1 and has a positive lower bound);
-//   - Normalization is one of TokenMean, SeqMeanTokenSum, SeqMeanTokenMean
-//     (there is no default: the normalization changes the objective,
-//     docs/PIPELINE.md §13);
+//   - Normalization is one of TokenMean, SeqMeanTokenSum, SeqMeanTokenMean,
+//     TokenSum (there is no default: the normalization changes the
+//     objective, docs/PIPELINE.md §13); NormTokens is > 0 with TokenSum
+//     and 0 otherwise;
 //   - KLPlacement is "", KLNone, KLLoss or KLReward ("" means KLNone);
 //   - KLEstimator is "", K1, K2 or K3, and is set when KLPlacement is KLLoss;
 //   - KLCoef, EntropyCoef and MaxLogRatio are finite and >= 0;
@@ -34,9 +35,12 @@ func (o Options) Validate() error {
 		return fmt.Errorf("objective: max_log_ratio %v not finite and >= 0: %w", o.MaxLogRatio, ErrOptions)
 	}
 	switch o.Normalization {
-	case TokenMean, SeqMeanTokenSum, SeqMeanTokenMean:
+	case TokenMean, SeqMeanTokenSum, SeqMeanTokenMean, TokenSum:
 	default:
 		return fmt.Errorf("objective: normalization %q: %w", o.Normalization, ErrOptions)
+	}
+	if (o.Normalization == TokenSum) != (o.NormTokens > 0) || o.NormTokens < 0 {
+		return fmt.Errorf("objective: norm_tokens %d with normalization %q: want > 0 with %s and 0 otherwise: %w", o.NormTokens, o.Normalization, TokenSum, ErrOptions)
 	}
 	switch o.KLPlacement {
 	case "", KLNone, KLLoss, KLReward:

@@ -1,6 +1,7 @@
 package dashboard
 
 import (
+	"github.com/trajflow/trajflow/gpu/objective"
 	"github.com/trajflow/trajflow/schemas"
 )
 
@@ -93,22 +94,33 @@ func learning(st *State) Learning {
 	if st.Releases == nil {
 		l.Note = "no release directory: the update records (loss, KL, clip fractions, entropy, lag strata) live there (--releases)"
 	} else {
-		l.Updates, l.Lag = updateRows(st.Releases.Updates)
+		l.Updates, l.Lag = updateRows(st.Releases.Updates, st.lossOptions())
 	}
 	l.ByVersion = versionLearning(st.Records)
 	return l
 }
 
-func updateRows(us []schemas.UpdateRecord) ([]UpdateRow, []LagRow) {
+// lossOptions is the run's loss (the zero Options without a contract:
+// statistics are then shown as recorded).
+func (st *State) lossOptions() objective.Options {
+	if st.Contract == nil {
+		return objective.Options{}
+	}
+	return st.Contract.Loss.Options
+}
+
+// updateRows are the update records as rows; entropies per trained token
+// under o's normalization (objective.Options.PerToken).
+func updateRows(us []schemas.UpdateRecord, o objective.Options) ([]UpdateRow, []LagRow) {
 	var rows []UpdateRow
 	lag := map[int64]*LagRow{}
 	for _, u := range us {
 		m, last := u.Metrics, u.Last
 		rows = append(rows, UpdateRow{Version: u.Version, FromVersion: m.FromVersion, BatchID: u.BatchID, BatchIndex: u.BatchIndex,
-			Loss: finite(m.Loss), PolicyLoss: finite(m.PolicyLoss), KL: finite(m.KL), Entropy: finite(m.Entropy),
+			Loss: finite(m.Loss), PolicyLoss: finite(m.PolicyLoss), KL: finite(m.KL), Entropy: finite(o.PerToken(m.Entropy, m.Tokens)),
 			FirstRatioMean: finite(m.RatioMean), RatioMean: finite(last.RatioMean), RatioMin: finite(last.RatioMin),
 			RatioMax: finite(last.RatioMax), ApproxKL: finite(last.ApproxKLOld), ClipPos: finite(last.ClipFracPos),
-			ClipNeg: finite(last.ClipFracNeg), LastEntropy: finite(last.Entropy), GradNorm: finite(m.GradNorm),
+			ClipNeg: finite(last.ClipFracNeg), LastEntropy: finite(o.PerToken(last.Entropy, last.Tokens)), GradNorm: finite(m.GradNorm),
 			GradScale: finite(m.GradScale), Tokens: m.Tokens, InputTokens: m.InputTokens, Segments: m.Segments,
 			Duplicates: u.Duplicates, StepSeconds: u.StepSeconds, Lag: m.Lag, Cost: u.Cost})
 		for _, s := range m.Lag {

@@ -227,7 +227,7 @@ func (v *View) Detail(id string) (*TrajectoryDetail, error) {
 	if ref, ok := r.Segments[id]; ok {
 		d.Batch = v.pack(t, ref, d.Tokens)
 		if u, ok := v.st.Releases.UpdateOfBatch(d.Batch.BatchID); ok {
-			rows, _ := updateRows([]schemas.UpdateRecord{u})
+			rows, _ := updateRows([]schemas.UpdateRecord{u}, v.st.lossOptions())
 			d.Update = &rows[0]
 		}
 	}

@@ -137,6 +137,7 @@ var companions = map[string]map[string]any{
 	"policy.router":       {"policy.protocol": "llamacpp", "policy.endpoints": []any{"http://127.0.0.1:1"}},
 	"rewards[0].clip_min": {"rewards[0].transform": "clip", "rewards[0].clip_max": 2},
 	"rewards[0].clip_max": {"rewards[0].transform": "clip", "rewards[0].clip_min": -1},
+	"loss.normalization":  {"loss.norm_tokens": 0},
 }
 
 // refused are the keys whose every other value is refused as not

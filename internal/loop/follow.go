@@ -225,7 +225,7 @@ func (r *runner) report(ctx context.Context, p *progress) error {
 		now := time.Now()
 		line := Update{
 			Update: rel.PolicyVersion, BatchID: u.BatchID, Success: w.SuccessRate, Reward: w.RewardMean,
-			KL: u.Last.ApproxKLOld, ClipFrac: clipFrac(u.Last), Entropy: u.Metrics.Entropy, Lag: w.MaxLag,
+			KL: u.Last.ApproxKLOld, ClipFrac: clipFrac(u.Last), Entropy: r.c.Loss.PerToken(u.Metrics.Entropy, u.Metrics.Tokens), Lag: w.MaxLag,
 			Tokens: w.Tokens, TokensPerS: float64(w.Tokens) / now.Sub(p.lastAt).Seconds(), Packing: w.Efficiency,
 		}
 		for _, l := range u.Metrics.Lag {

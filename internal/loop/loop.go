@@ -123,8 +123,8 @@ type Update struct {
 	Reward      float64  `json:"reward"`
 	KL          float64  `json:"kl"` // approx KL(behavior || current) at the update's last optimizer step
 	ClipFrac    float64  `json:"clip_frac"`
-	Entropy     float64  `json:"entropy"`
-	Lag         int64    `json:"lag"` // largest policy lag among the batch's tokens
+	Entropy     float64  `json:"entropy"` // mean per trained token at the update's first optimizer step
+	Lag         int64    `json:"lag"`     // largest policy lag among the batch's tokens
 	Tokens      int64    `json:"tokens"`
 	TokensPerS  float64  `json:"tokens_per_s"`
 	Packing     float64  `json:"packing_efficiency"`

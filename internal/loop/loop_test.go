@@ -19,6 +19,7 @@ import (
 	"github.com/trajflow/trajflow/gpu/model"
 	"github.com/trajflow/trajflow/internal/audit"
 	"github.com/trajflow/trajflow/internal/loop"
+	"github.com/trajflow/trajflow/internal/testkit"
 	"github.com/trajflow/trajflow/operators"
 	"github.com/trajflow/trajflow/operators/rollout"
 	"github.com/trajflow/trajflow/pipeline"
@@ -605,8 +606,10 @@ func TestSafetyIncidentStops(t *testing.T) {
 }
 
 // TestNoGate: without the gate nothing is evaluated and every release is
-// trained on. Run regress-1 rolls back at its first evaluation (release
-// 5, a regression floor below the initial policy's success): the gated
+// trained on. Run regress-1 with the token-mean objective
+// (testkit.RegressMean)
+// rolls back at its first evaluation (release 5, a regression floor below
+// the initial policy's success): the gated
 // run's batches equal the ungated run's up to the first rollback and
 // differ from the next one, trained on the restored parameters.
 func TestNoGate(t *testing.T) {
@@ -614,7 +617,7 @@ func TestNoGate(t *testing.T) {
 		ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 		defer cancel()
 		s, err := loop.Run(ctx, loop.Options{Updates: 7, Seed: 1, RunID: "regress-1", EvalSamples: 1, NoGate: noGate,
-			Quiet: true, Out: t.TempDir()}, io.Discard)
+			Quiet: true, Out: t.TempDir(), Edit: testkit.RegressMean}, io.Discard)
 		if err != nil {
 			t.Fatal(err)
 		}

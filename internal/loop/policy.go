@@ -16,6 +16,7 @@ import (
 	kafkago "github.com/segmentio/kafka-go"
 
 	"github.com/trajflow/trajflow/gpu"
+	"github.com/trajflow/trajflow/gpu/objective"
 	"github.com/trajflow/trajflow/operators"
 	"github.com/trajflow/trajflow/operators/rollout"
 	"github.com/trajflow/trajflow/operators/stagekit"
@@ -175,10 +176,12 @@ func textKnobs(c *contract.Contract) {
 	// A trainer of the language model (--trainer external): fine-tuning
 	// steps of a pretrained 135M model, one pass over each batch, no
 	// entropy bonus (the demo's 0.01 and 0.05 are for the window-MLP
-	// trained from scratch).
+	// trained from scratch), and the token-mean normalization (the demo's
+	// token-sum constant, 4096, is sized for the window-MLP's batches).
 	c.Loss.Optimizer.LR = 1e-5
 	c.Loss.Optimizer.Epochs = 1
 	c.Loss.EntropyCoef = 0
+	c.Loss.Normalization, c.Loss.NormTokens = objective.TokenMean, 0
 }
 
 // textStops asks the first replica for the ids that end an assistant

@@ -6,6 +6,9 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/trajflow/trajflow/gpu/objective"
+	"github.com/trajflow/trajflow/pipeline/contract"
 )
 
 // ContractWithRunID copies the contract at src (a file whose run_id line
@@ -30,6 +33,30 @@ func ContractWithRunID(t testing.TB, src, runID string) string {
 	}
 	path := filepath.Join(t.TempDir(), "contract.yaml")
 	if err := os.WriteFile(path, []byte(strings.Join(out, "\n")), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+// RegressMean sets the objective of the gate's regression scenarios
+// (run regress-1 rolls back at its first evaluation, release 5): the
+// demo's loss with the token-mean normalization. Under the demo's
+// token-sum the early releases move too little to fall below the floor
+// in 24 run ids tried, and the scenarios need one that does.
+func RegressMean(c *contract.Contract) {
+	c.Loss.Normalization, c.Loss.NormTokens = objective.TokenMean, 0
+}
+
+// ContractFile writes c, resolved (Contract.YAML), into a temporary
+// directory and returns its path.
+func ContractFile(t testing.TB, c *contract.Contract) string {
+	t.Helper()
+	b, err := c.YAML()
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(t.TempDir(), "contract.yaml")
+	if err := os.WriteFile(path, b, 0o644); err != nil {
 		t.Fatal(err)
 	}
 	return path

@@ -193,6 +193,11 @@ type Sampler struct {
 // at the start of the update); on policy both have ratio and weight
 // exactly 1. is_cap default 0.
 //
+// normalization token-sum divides the sum over the batch's trained tokens
+// by norm_tokens, a constant (> 0, and 0 with every other normalization):
+// a batch with few trained tokens then takes a small step, where
+// token-mean gives it the full one (docs/PIPELINE.md §13).
+//
 // Rules: clip_low in [0, 1); clip_high >= 0; kl_coef > 0 when kl_placement
 // is loss and 0 otherwise (with placement reward the coefficient is the
 // weight of the "kl" reward component); entropy_coef >= 0; max_log_ratio
@@ -423,8 +428,10 @@ func Default() *Contract {
 // general defaults: the kv tool task (actions of at most 3 tokens ending at
 // the END token 9, 4 turns, 64 tokens per episode), groups of 16 attempts
 // of 16 tasks per update, GRPO with population std dropping zero-variance
-// groups, a token-mean clipped surrogate with asymmetric clip [0.8, 1.28]
-// and entropy bonus 0.1, Adam lr 0.01 with 4 optimizer passes per batch,
+// groups, a clipped surrogate with asymmetric clip [0.8, 1.28] summed
+// over the batch's tokens and divided by 4096 (token-sum: a late batch of
+// a few hundred tokens takes a small step, not a full one of noise) and
+// entropy bonus 0.1, Adam lr 0.01 with 4 optimizer passes per batch,
 // 256-token rows, and strictly on-policy admission (max_lag 0) in
 // stop-and-synchronize mode (docs/PIPELINE.md §15). The objective is the decoupled
 // one (clipped against the trainer's policy at the start of the update):
@@ -440,6 +447,8 @@ func demoKnobs(c *Contract) {
 	c.Estimator.ZeroVariance = advantage.ZeroVarDrop
 	c.Estimator.MinGroupSize = 1
 	c.Loss.ClipHigh = 0.28
+	c.Loss.Normalization = objective.TokenSum
+	c.Loss.NormTokens = 4096
 	c.Loss.EntropyCoef = 0.1
 	c.Loss.OffPolicy = objective.OffPolicyDecoupled
 	c.Loss.Optimizer.LR = 0.01

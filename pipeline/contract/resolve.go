@@ -387,7 +387,13 @@ func (c *Contract) validateLoss(v *validator) {
 	l := c.Loss
 	v.within("loss.clip_low", l.ClipLow, 0, 1, true)
 	v.nonNegative("loss.clip_high", l.ClipHigh)
-	v.oneOf("loss.normalization", l.Normalization, objective.TokenMean, objective.SeqMeanTokenSum, objective.SeqMeanTokenMean)
+	v.oneOf("loss.normalization", l.Normalization, objective.TokenMean, objective.SeqMeanTokenSum, objective.SeqMeanTokenMean, objective.TokenSum)
+	switch {
+	case l.Normalization == objective.TokenSum && l.NormTokens <= 0:
+		v.add("loss.norm_tokens", "must be > 0 with loss.normalization %s (the constant the token sum is divided by), got %d", objective.TokenSum, l.NormTokens)
+	case l.Normalization != objective.TokenSum && l.NormTokens != 0:
+		v.add("loss.norm_tokens", "must be 0 unless loss.normalization is %s (got %q, %d)", objective.TokenSum, l.Normalization, l.NormTokens)
+	}
 	v.oneOf("loss.kl_placement", l.KLPlacement, objective.KLNone, objective.KLLoss, objective.KLReward)
 	v.oneOf("loss.kl_estimator", l.KLEstimator, objective.K1, objective.K2, objective.K3)
 	if l.KLPlacement == objective.KLLoss || l.KLPlacement == objective.KLReward {

@@ -157,6 +157,15 @@ def test_normalizations_use_global_denominators():
     np.testing.assert_allclose(w[0], [1 / 8, 1 / 8, 1 / 4])
     np.testing.assert_allclose(w[1], [1 / 4, 1 / 12, 1 / 12, 1 / 12])
     assert math.isclose(sum(x.sum() for x in w), 1.0)
+    # token-sum: a declared constant, not the batch's 7 tokens
+    w = P.token_weights(rows, den, P.TOKEN_SUM, 28)
+    assert np.allclose(np.concatenate(w), 1 / 28) and math.isclose(sum(x.sum() for x in w), 0.25)
+    with pytest.raises(ValueError, match="norm_tokens"):
+        P.token_weights(rows, den, P.TOKEN_SUM)
+    with pytest.raises(ValueError, match="norm_tokens"):
+        P.Options(normalization=P.TOKEN_SUM).validate()
+    with pytest.raises(ValueError, match="norm_tokens"):
+        P.Options(norm_tokens=64).validate()
 
 
 @pytest.mark.parametrize("norm", P.NORMALIZATIONS)
@@ -165,7 +174,7 @@ def test_loss_splits_over_microbatches(norm):
     to the loss of the whole."""
     z, y, old, adv, ref = inputs()
     opts = P.Options(clip_low=0.2, clip_high=0.28, normalization=norm, kl_placement="loss", kl_estimator="k3",
-                     kl_coef=0.1, entropy_coef=0.05)
+                     kl_coef=0.1, entropy_coef=0.05, norm_tokens=64 if norm == P.TOKEN_SUM else 0)
     w = torch.full((6,), 1 / 6, dtype=torch.float64)
     v = torch.zeros(6, dtype=torch.int64)
 

@@ -360,7 +360,7 @@ class LLMTrainer:
         den = global_denominators(batch.rows)
         if den.tokens == 0:
             raise ObjectiveInputError(f"batch {batch.batch_id} has no trained token")
-        weights = token_weights(batch.rows, den, opts.normalization)
+        weights = token_weights(batch.rows, den, opts.normalization, opts.norm_tokens)
         refs = {r.ref_logprobs is None for r in batch.rows if (np.asarray(r.action_mask) == 1).any()}
         if len(refs) > 1:
             raise ObjectiveInputError("reference log-probs in some rows only")

@@ -23,7 +23,8 @@ import torch
 TOKEN_MEAN = "token-mean"
 SEQ_MEAN_TOKEN_SUM = "seq-mean-token-sum"
 SEQ_MEAN_TOKEN_MEAN = "seq-mean-token-mean"
-NORMALIZATIONS = (TOKEN_MEAN, SEQ_MEAN_TOKEN_SUM, SEQ_MEAN_TOKEN_MEAN)
+TOKEN_SUM = "token-sum"  # token sum / norm_tokens, a declared constant
+NORMALIZATIONS = (TOKEN_MEAN, SEQ_MEAN_TOKEN_SUM, SEQ_MEAN_TOKEN_MEAN, TOKEN_SUM)
 K1, K2, K3 = "k1", "k2", "k3"
 KL_NONE, KL_LOSS, KL_REWARD = "none", "loss", "reward"
 # Off-policy corrections (gpu/objective OffPolicy*).
@@ -97,6 +98,7 @@ class Options:
     kl_estimator: str = ""
     kl_coef: float = 0.0
     entropy_coef: float = 0.0
+    norm_tokens: int = 0
     max_log_ratio: float = 0.0
     off_policy: str = ""
     is_cap: float = 0.0
@@ -116,6 +118,9 @@ class Options:
                 raise ValueError(f"objective: {k} {v} not finite and >= 0")
         if self.normalization not in NORMALIZATIONS:
             raise ValueError(f"objective: normalization {self.normalization!r}")
+        if (self.normalization == TOKEN_SUM) != (self.norm_tokens > 0) or self.norm_tokens < 0:
+            raise ValueError(f"objective: norm_tokens {self.norm_tokens} with normalization {self.normalization!r}: "
+                             f"want > 0 with {TOKEN_SUM} and 0 otherwise")
         if self.kl_placement not in ("", KL_NONE, KL_LOSS, KL_REWARD):
             raise ValueError(f"objective: kl_placement {self.kl_placement!r}")
         if self.kl_estimator not in ("", K1, K2, K3):
@@ -217,15 +222,20 @@ class TokenInputs:
     prox: Optional[torch.Tensor] = None
 
 
-def token_weights(rows: Sequence, den: Denominators, normalization: str) -> list[np.ndarray]:
+def token_weights(rows: Sequence, den: Denominators, normalization: str, norm_tokens: int = 0) -> list[np.ndarray]:
     """c_t for the masked tokens of each row, in position order:
     token-mean 1/N_tok, seq-mean-token-sum 1/N_seq, seq-mean-token-mean
-    1/(n_s N_seq) with n_s the masked tokens of t's segment."""
+    1/(n_s N_seq) with n_s the masked tokens of t's segment, token-sum
+    1/norm_tokens."""
+    if normalization == TOKEN_SUM and norm_tokens <= 0:
+        raise ValueError(f"objective: {TOKEN_SUM} needs norm_tokens > 0, got {norm_tokens}")
     out = []
     for r in rows:
         m = np.asarray(r.action_mask) == 1
         if normalization == TOKEN_MEAN:
             w = np.full(int(m.sum()), 1.0 / den.tokens)
+        elif normalization == TOKEN_SUM:
+            w = np.full(int(m.sum()), 1.0 / norm_tokens)
         elif normalization == SEQ_MEAN_TOKEN_SUM:
             w = np.full(int(m.sum()), 1.0 / den.sequences)
         else:
@@ -237,7 +247,7 @@ def token_weights(rows: Sequence, den: Denominators, normalization: str) -> list
 
 
 def masked_token_inputs(rows: Sequence, logits_rows: Sequence[torch.Tensor], normalization: str,
-                        den: Optional[Denominators] = None) -> TokenInputs:
+                        den: Optional[Denominators] = None, norm_tokens: int = 0) -> TokenInputs:
     """TokenInputs of an update for any causal model: logits_rows[k] is
     [T_k, V], the (behavior-transformed) logits of row k at every input
     position, where the logits at i predict input_ids[i+1]. It keeps the
@@ -248,7 +258,7 @@ def masked_token_inputs(rows: Sequence, logits_rows: Sequence[torch.Tensor], nor
     None). Gathers index the logits (differentiable); the columns are
     copied into new tensors (one small gather each)."""
     den = den or global_denominators(rows)
-    weights = token_weights(rows, den, normalization)
+    weights = token_weights(rows, den, normalization, norm_tokens)
     parts = []
     for k, (r, z) in enumerate(zip(rows, logits_rows)):
         T = len(r.input_ids)

@@ -177,7 +177,7 @@ class Trainer:
     def token_inputs(self, batch: PackedBatch, opts: Options, den: Denominators) -> tuple[TokenInputs, list]:
         """The masked tokens of every row with the current behavior logits
         (row order, position order)."""
-        weights = token_weights(batch.rows, den, opts.normalization)
+        weights = token_weights(batch.rows, den, opts.normalization, opts.norm_tokens)
         parts = []
         for ri, r in enumerate(batch.rows):
             mask = np.asarray(r.action_mask) == 1
