@@ -187,8 +187,11 @@ func (res *Result) WritePlot(path string) error {
 	}
 	img := vgimg.New(vg.Points(1500), vg.Points(460))
 	dc := draw.New(img)
-	tiles := draw.Tiles{Rows: 1, Cols: len(plots), PadX: vg.Millimeter * 6, PadY: vg.Millimeter * 2, PadTop: vg.Millimeter * 2,
-		PadBottom: vg.Millimeter * 2, PadLeft: vg.Millimeter * 2, PadRight: vg.Millimeter * 2}
+	// The x labels are rotated and right-aligned under their bars: the
+	// first one reaches left of its plot by most of its length, which
+	// PadLeft and PadX leave room for.
+	tiles := draw.Tiles{Rows: 1, Cols: len(plots), PadX: vg.Millimeter * 14, PadY: vg.Millimeter * 2, PadTop: vg.Millimeter * 2,
+		PadBottom: vg.Millimeter * 2, PadLeft: vg.Millimeter * 40, PadRight: vg.Millimeter * 2}
 	canvases := plot.Align([][]*plot.Plot{plots}, tiles, dc)
 	for i, pl := range plots {
 		pl.Draw(canvases[0][i])
