@@ -3,7 +3,6 @@ package main
 import (
 	"bytes"
 	"context"
-	"os"
 	"path/filepath"
 	"regexp"
 	"strings"
@@ -12,6 +11,7 @@ import (
 	"github.com/trajflow/trajflow/gpu"
 	"github.com/trajflow/trajflow/gpu/model"
 	"github.com/trajflow/trajflow/internal/evaluation"
+	"github.com/trajflow/trajflow/internal/testkit"
 	"github.com/trajflow/trajflow/operators"
 	"github.com/trajflow/trajflow/operators/rollout"
 	"github.com/trajflow/trajflow/pipeline/contract"
@@ -28,14 +28,7 @@ func TestContractValidateSamplerID(t *testing.T) {
 	minp.Sampler.Temperature, minp.Sampler.MinP = 0.8, 0.05
 	for name, c := range map[string]*contract.Contract{"demo": contract.Default(), "min_p": minp} {
 		t.Run(name, func(t *testing.T) {
-			y, err := c.YAML()
-			if err != nil {
-				t.Fatal(err)
-			}
-			file := filepath.Join(t.TempDir(), "contract.yaml")
-			if err := os.WriteFile(file, y, 0o644); err != nil {
-				t.Fatal(err)
-			}
+			file := testkit.ContractFile(t, c)
 			var out, errb bytes.Buffer
 			if rc := run(context.Background(), []string{"contract", "validate", file}, &out, &errb); rc != 0 {
 				t.Fatalf("exit %d: %s", rc, errb.String())
@@ -137,14 +130,7 @@ func TestContractValidateRefusesUnimplemented(t *testing.T) {
 		"kl in loss":        {kl, `loss.kl_placement: "loss" is not implemented`},
 		"unmeasured metric": {metric, `objective.constraints.p95_episode_cost_usd: metric "p95_episode_cost_usd" is not implemented`},
 	} {
-		y, err := c.c.YAML()
-		if err != nil {
-			t.Fatal(err)
-		}
-		file := filepath.Join(t.TempDir(), "contract.yaml")
-		if err := os.WriteFile(file, y, 0o644); err != nil {
-			t.Fatal(err)
-		}
+		file := testkit.ContractFile(t, c.c)
 		var out, errb bytes.Buffer
 		if rc := run(context.Background(), []string{"contract", "validate", file}, &out, &errb); rc == 0 || !strings.Contains(errb.String(), c.want) {
 			t.Errorf("%s: exit %d, stderr %q; want a refusal saying %q", name, rc, errb.String(), c.want)

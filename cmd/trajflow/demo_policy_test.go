@@ -18,6 +18,7 @@ import (
 
 	"github.com/trajflow/trajflow/gpu"
 	"github.com/trajflow/trajflow/internal/loop"
+	"github.com/trajflow/trajflow/internal/testkit"
 	"github.com/trajflow/trajflow/pipeline"
 	"github.com/trajflow/trajflow/pipeline/contract"
 )
@@ -169,7 +170,7 @@ func TestDemoPolicyUsage(t *testing.T) {
 
 // policyContract writes the demo contract with a policy section naming
 // one replica of protocol at url, and returns its path.
-func policyContract(t *testing.T, dir, protocol, url string) string {
+func policyContract(t *testing.T, protocol, url string) string {
 	t.Helper()
 	c := contract.Default()
 	c.Policy.Protocol, c.Policy.Endpoints = protocol, []string{url}
@@ -177,15 +178,7 @@ func policyContract(t *testing.T, dir, protocol, url string) string {
 	if err := c.Resolve(); err != nil {
 		t.Fatal(err)
 	}
-	y, err := c.YAML()
-	if err != nil {
-		t.Fatal(err)
-	}
-	path := filepath.Join(dir, "contract.yaml")
-	if err := os.WriteFile(path, y, 0o644); err != nil {
-		t.Fatal(err)
-	}
-	return path
+	return testkit.ContractFile(t, c)
 }
 
 // TestFleetOnPolicyServer runs the loop as separate processes —

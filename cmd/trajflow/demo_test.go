@@ -198,7 +198,7 @@ func fleetRun(t *testing.T, rounds int, crashAt int64, crash []string, protocol 
 		if err := os.MkdirAll(releases, 0o755); err != nil {
 			t.Fatal(err)
 		}
-		contractArgs = []string{"--contract", policyContract(t, dir, protocol, servePolicy(t, protocol, releases))}
+		contractArgs = []string{"--contract", policyContract(t, protocol, servePolicy(t, protocol, releases))}
 		stages = append(slices.Clone(stages), "weightsync")
 	}
 	var procs []*exec.Cmd

@@ -379,7 +379,7 @@ func stage(batchID string, views []rowView, V int, opts objective.Options, dst [
 			if y < 0 {
 				return fmt.Errorf("%w: batch %s row %d: masked position %d has no target", ErrBatch, batchID, r, i)
 			}
-			w[o+i] = float32(weight(opts, st.Den, perSeg[v.seg[i]]))
+			w[o+i] = float32(opts.Weight(st.Den, perSeg[v.seg[i]]))
 		}
 		return nil
 	})
@@ -434,20 +434,6 @@ func parallelRows(rows, T int, fn func(worker, r int) error) error {
 		}
 	}
 	return nil
-}
-
-// weight is the normalization weight c_t of a masked token (objective.Compute).
-func weight(opts objective.Options, den objective.Denominators, segTokens int32) float64 {
-	switch opts.Normalization {
-	case objective.TokenMean:
-		return 1 / float64(den.Tokens)
-	case objective.SeqMeanTokenSum:
-		return 1 / float64(den.Sequences)
-	case objective.TokenSum:
-		return 1 / float64(opts.NormTokens)
-	default: // SeqMeanTokenMean
-		return 1 / (float64(segTokens) * float64(den.Sequences))
-	}
 }
 
 // bytesOf views words as bytes (an 8-byte aligned byte slice).

@@ -374,17 +374,7 @@ func compute[F float32 | float64](in coreInputs[F], opts Options, den Denominato
 		if !finite(c) || !finite(old) || !finite(a) {
 			return st, fmt.Errorf("objective: masked position %d: cur %v old %v advantage %v: %w", i, c, old, a, ErrInput)
 		}
-		var w float64
-		switch opts.Normalization {
-		case TokenMean:
-			w = 1 / float64(den.Tokens)
-		case SeqMeanTokenSum:
-			w = 1 / float64(den.Sequences)
-		case TokenSum:
-			w = 1 / float64(opts.NormTokens)
-		default: // SeqMeanTokenMean
-			w = 1 / (float64(perSeg[in.seg[i]]) * float64(den.Sequences))
-		}
+		w := opts.Weight(den, perSeg[in.seg[i]])
 		// lrRaw is the log ratio to the behavior policy; the surrogate's
 		// ratio r is to the behavior policy, or (decoupled) to the
 		// proximal policy, whose own ratio to the behavior policy is the

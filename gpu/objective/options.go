@@ -95,6 +95,23 @@ func (o Options) PerToken(x float64, tokens int64) float64 {
 	return x
 }
 
+// Weight is the normalization weight c_t of one masked token under o
+// (Compute): den are the batch's global denominators and segTokens the
+// masked tokens of the token's sequence (used by SeqMeanTokenMean only).
+// The CPU objective and the CUDA stage both take it from here.
+func (o Options) Weight(den Denominators, segTokens int32) float64 {
+	switch o.Normalization {
+	case TokenMean:
+		return 1 / float64(den.Tokens)
+	case SeqMeanTokenSum:
+		return 1 / float64(den.Sequences)
+	case TokenSum:
+		return 1 / float64(o.NormTokens)
+	default: // SeqMeanTokenMean
+		return 1 / (float64(segTokens) * float64(den.Sequences))
+	}
+}
+
 // Corrected reports whether o declares an off-policy correction.
 func (o Options) Corrected() bool { return o.OffPolicy != "" && o.OffPolicy != OffPolicyNone }
 

@@ -607,11 +607,10 @@ func TestSafetyIncidentStops(t *testing.T) {
 
 // TestNoGate: without the gate nothing is evaluated and every release is
 // trained on. Run regress-1 with the token-mean objective
-// (testkit.RegressMean)
-// rolls back at its first evaluation (release 5, a regression floor below
-// the initial policy's success): the gated
-// run's batches equal the ungated run's up to the first rollback and
-// differ from the next one, trained on the restored parameters.
+// (testkit.RegressMean) rolls back at its first evaluation (release 5, a
+// regression floor below the initial policy's success): the gated run's
+// batches equal the ungated run's up to the first rollback and differ
+// from the next one, trained on the restored parameters.
 func TestNoGate(t *testing.T) {
 	run := func(noGate bool) *loop.Summary {
 		ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)

@@ -47,8 +47,9 @@ func RegressMean(c *contract.Contract) {
 	c.Loss.Normalization, c.Loss.NormTokens = objective.TokenMean, 0
 }
 
-// ContractFile writes c, resolved (Contract.YAML), into a temporary
-// directory and returns its path.
+// ContractFile writes c as YAML (Contract.YAML, which neither resolves
+// nor validates it: a contract meant to be refused is written as it is)
+// into a temporary directory and returns its path.
 func ContractFile(t testing.TB, c *contract.Contract) string {
 	t.Helper()
 	b, err := c.YAML()
