@@ -174,17 +174,9 @@ func cmdBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 // startProfiles starts the CPU profile (stopped by stop) and arranges the
 // heap profile at the end of the measurement window (its error in *memErr).
 func startProfiles(cfg *bench.Config, cpu, mem string) (stop func(), memErr *error, err error) {
-	stop, memErr = func() {}, new(error)
-	if cpu != "" {
-		f, err := os.Create(cpu)
-		if err != nil {
-			return nil, nil, err
-		}
-		if err := pprof.StartCPUProfile(f); err != nil {
-			f.Close()
-			return nil, nil, fmt.Errorf("cpu profile: %w", err)
-		}
-		stop = func() { pprof.StopCPUProfile(); f.Close() }
+	memErr = new(error)
+	if stop, err = startCPUProfile(cpu); err != nil {
+		return nil, nil, err
 	}
 	if mem != "" {
 		cfg.Measured = func() {
@@ -199,6 +191,23 @@ func startProfiles(cfg *bench.Config, cpu, mem string) (stop func(), memErr *err
 		}
 	}
 	return stop, memErr, nil
+}
+
+// startCPUProfile starts a CPU profile written to path (none when path is
+// empty); stop ends it and closes the file.
+func startCPUProfile(path string) (stop func(), err error) {
+	if path == "" {
+		return func() {}, nil
+	}
+	f, err := os.Create(path)
+	if err != nil {
+		return nil, fmt.Errorf("cpu profile: %w", err)
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("cpu profile %s: %w", path, err)
+	}
+	return func() { pprof.StopCPUProfile(); f.Close() }, nil
 }
 
 // writeBenchReport writes the plot and the JSON file when asked, and the

@@ -31,12 +31,18 @@ func cmdBenchLoop(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	evalSamples := fs.Int("eval-samples", 4, "attempts per hidden-eval task at the end")
 	fs.StringVar(&o.Out, "out", filepath.Join("out", "bench-loop"), "output directory (each mode's demo output, bench-loop.json)")
 	asJSON := fs.Bool("json", false, "print the report as JSON")
+	cpuProf := fs.String("cpuprofile", "", "write a CPU profile of the whole run (every mode given to --mode) to this file")
 	if _, err := parseFlags(fs, args); err != nil {
 		return err
 	}
 	o.Modes = splitList(*mode)
 	o.EvalSamples = int32(*evalSamples)
+	stop, err := startCPUProfile(*cpuProf)
+	if err != nil {
+		return err
+	}
 	rep, err := benchloop.Run(ctx, o, stderr)
+	stop()
 	if err != nil {
 		return err
 	}
