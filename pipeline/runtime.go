@@ -319,7 +319,7 @@ func (o *Operator) Run(ctx context.Context) (err error) {
 	const writeBackoffMax = time.Second
 	o.writer = &kafka.Writer{
 		Addr:            kafka.TCP(cfg.Brokers...),
-		Balancer:        &kafka.Murmur2Balancer{},
+		Balancer:        pinnedBalancer{},
 		RequiredAcks:    kafka.RequireAll,
 		Async:           true,
 		BatchSize:       256,
@@ -655,6 +655,9 @@ func (o *Operator) write(ctx context.Context, outs []Output, refs []Ref, wait bo
 			g.release = append(g.release, out.Release)
 		}
 		msgs[i] = kafka.Message{Topic: out.Topic, Key: out.Key, Value: out.Value, WriterData: g}
+		if out.Pinned {
+			msgs[i].WriterData = &pinned{ackGroup: g, partition: out.Partition}
+		}
 		if len(out.Headers) > 0 {
 			msgs[i].Headers = make([]kafka.Header, len(out.Headers))
 			for j, h := range out.Headers {
@@ -684,6 +687,36 @@ func (o *Operator) write(ctx context.Context, outs []Output, refs []Ref, wait bo
 	}
 }
 
+// pinned is the writer data of a record written to a chosen partition
+// (Output.Pinned).
+type pinned struct {
+	*ackGroup
+	partition int
+}
+
+// ackGroupOf is the acknowledgement group of a record's writer data.
+func ackGroupOf(d any) *ackGroup {
+	switch d := d.(type) {
+	case *ackGroup:
+		return d
+	case *pinned:
+		return d.ackGroup
+	}
+	return nil
+}
+
+// pinnedBalancer places a pinned record (Output.Pinned) on its partition,
+// modulo the topic's partitions, and every other record where its key's
+// murmur2 hash does, as Kafka's Java client would.
+type pinnedBalancer struct{ hash kafka.Murmur2Balancer }
+
+func (b pinnedBalancer) Balance(m kafka.Message, partitions ...int) int {
+	if p, ok := m.WriterData.(*pinned); ok && len(partitions) > 0 && p.partition >= 0 {
+		return partitions[p.partition%len(partitions)]
+	}
+	return b.hash.Balance(m, partitions...)
+}
+
 // completion is the async writer's callback.
 func (o *Operator) completion(msgs []kafka.Message, err error) {
 	if err != nil {
@@ -692,7 +725,7 @@ func (o *Operator) completion(msgs []kafka.Message, err error) {
 	var n int
 	var nb int64
 	for i := range msgs {
-		g, _ := msgs[i].WriterData.(*ackGroup)
+		g := ackGroupOf(msgs[i].WriterData)
 		size := int64(len(msgs[i].Value) + len(msgs[i].Key))
 		n++
 		nb += size

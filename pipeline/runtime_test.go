@@ -454,3 +454,71 @@ func TestOutputAfterWaitsForTheEarlierOutputs(t *testing.T) {
 		})
 	}
 }
+
+// dealer pins its i-th input's output to partition i (modulo the topic's
+// two), and every record with an odd value to the key's hash: the shape of
+// dispatch dealing groups out to rollout workers.
+type dealer struct{ n int }
+
+func (*dealer) Name() string     { return "dealer" }
+func (*dealer) Topics() []string { return []string{"in"} }
+func (d *dealer) Process(_ context.Context, m Message) (Result, error) {
+	i, err := strconv.Atoi(string(m.Value))
+	if err != nil {
+		return Result{}, err
+	}
+	out := Output{Topic: "out", Key: []byte("same-key"), Value: m.Value}
+	if i%2 == 0 {
+		out.Pinned, out.Partition = true, i/2
+	}
+	return Result{Outputs: []Output{out}}, nil
+}
+
+// TestPinnedOutputsLandOnTheirPartition: a pinned output goes to partition
+// Partition modulo the topic's partitions, whatever its key; the others
+// where their key hashes (one partition for one key).
+func TestPinnedOutputsLandOnTheirPartition(t *testing.T) {
+	addr := startCluster(t, "in", "out", "quarantine")
+	var vals [][]byte
+	for i := 0; i < 40; i++ {
+		vals = append(vals, []byte(strconv.Itoa(i)))
+	}
+	produce(t, addr, "in", vals...)
+	op, err := NewOperator(testConfig(addr), &dealer{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	runUntil(t, op, func() bool { return lastOffsets(t, addr, "out") >= 40 })
+	hashed := map[int]int{}
+	for _, m := range drain(t, addr, "out", 40) {
+		i, _ := strconv.Atoi(string(m.Value))
+		if i%2 == 1 {
+			hashed[m.Partition]++
+			continue
+		}
+		if want := (i / 2) % 2; m.Partition != want {
+			t.Errorf("pinned record %d on partition %d, want %d", i, m.Partition, want)
+		}
+	}
+	if len(hashed) != 1 {
+		t.Errorf("records of one key not pinned spread over partitions %v, want one", hashed)
+	}
+}
+
+func TestPinnedBalancer(t *testing.T) {
+	var b pinnedBalancer
+	for _, tc := range []struct {
+		partition  int
+		partitions []int
+		want       int
+	}{{0, []int{0, 1, 2}, 0}, {4, []int{0, 1, 2}, 1}, {5, []int{0, 1, 2, 3, 4, 5}, 5}, {7, []int{3}, 3}} {
+		m := kafka.Message{Key: []byte("k"), WriterData: &pinned{partition: tc.partition}}
+		if got := b.Balance(m, tc.partitions...); got != tc.want {
+			t.Errorf("pinned %d over %v: partition %d, want %d", tc.partition, tc.partitions, got, tc.want)
+		}
+	}
+	m := kafka.Message{Key: []byte("some key"), WriterData: &ackGroup{}}
+	if got, want := b.Balance(m, 0, 1, 2, 3), (&kafka.Murmur2Balancer{}).Balance(m, 0, 1, 2, 3); got != want {
+		t.Errorf("unpinned record: partition %d, want murmur2's %d", got, want)
+	}
+}

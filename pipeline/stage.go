@@ -74,6 +74,12 @@ type Output struct {
 	Key     []byte
 	Value   []byte
 	Headers []Header
+	// Pinned writes the record to partition Partition modulo the topic's
+	// partition count instead of the one its key hashes to: dispatch deals
+	// groups out to the tasks topic's partitions in turn (Partition the
+	// group's index), one rollout worker each. Partition must be >= 0.
+	Pinned    bool
+	Partition int
 	// Release, when set, is called once the broker has acknowledged the
 	// record: nothing references Value any more (it lets a stage recycle
 	// the buffer, e.g. schemas.Codec.EncodePooled). It is not called for

@@ -50,7 +50,7 @@ var stagesThatRefuse = []string{"dispatch", "rollout", "validate", "reward", "ad
 // SideTopics, the snapshot's kinds, `trajflow schemas` and
 // docs/TOPOLOGY.md.
 var topology = []TopicInfo{
-	{Short: "tasks", Kind: schemas.KindTaskAttempt, Plane: PlaneArrow, Key: "group id",
+	{Short: "tasks", Kind: schemas.KindTaskAttempt, Plane: PlaneArrow, Key: "group id (partition: the group's index modulo the partitions, dealt out in turn)",
 		Producers: []string{"dispatch"}, Consumers: []string{"rollout"}, Scanned: []string{"dispatch"},
 		Doc: "one message per group of attempts of a round (header trajflow-round)"},
 	{Short: "trajectories", Kind: schemas.KindTrajectory, Plane: PlaneArrow, Key: "group id",

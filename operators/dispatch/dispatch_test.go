@@ -462,3 +462,46 @@ func TestStageGated(t *testing.T) {
 		t.Fatalf("after the stop: rounds %v, halted again %+v", got, again)
 	}
 }
+
+// TestStageDealsGroupsOutInTurn: every tasks message is pinned to the
+// partition of its group's index (taken modulo the topic's partitions by
+// the runtime), so consecutive groups — across rounds — go to consecutive
+// partitions, whatever their keys hash to, and the same group always goes
+// to the same one.
+func TestStageDealsGroupsOutInTurn(t *testing.T) {
+	h := newHarness(t, ModeAsync, 1, 3)
+	var got []int
+	collect := func(res pipeline.Result) {
+		for _, o := range res.Outputs {
+			if o.Topic != h.topics.Tasks {
+				continue
+			}
+			if !o.Pinned {
+				t.Fatalf("tasks message of %s not pinned", o.Key)
+			}
+			got = append(got, o.Partition)
+		}
+	}
+	b, _ := schemas.EncodeRelease(schemas.PolicyRelease{PolicyVersion: 0, Ready: true})
+	res, err := h.s.Process(context.Background(), pipeline.Message{Ref: pipeline.Ref{Topic: h.topics.Policy}, Value: b, Time: time.Unix(1, 0)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	collect(res)
+	g := h.s.cfg.Planner.GroupsPerRound()
+	if len(got) != 2*g {
+		t.Fatalf("%d groups dispatched, want two rounds of %d", len(got), g)
+	}
+	for i, p := range got {
+		if p != i {
+			t.Fatalf("group %d of the run pinned to %d, want %d (dealt in turn)", i, p, i)
+		}
+	}
+	for r := int64(0); r < 2; r++ {
+		for i, grp := range h.s.cfg.Planner.Plan(r) {
+			if grp.Index != r*int64(g)+int64(i) {
+				t.Fatalf("round %d group %d: index %d", r, i, grp.Index)
+			}
+		}
+	}
+}
