@@ -25,6 +25,11 @@ func (r *Report) Print(w io.Writer, top int) {
 	dist("reward", func(f Attempt) (float64, bool) { return f.Reward, f.HasReward })
 	dist("length", func(f Attempt) (float64, bool) { return float64(f.Tokens), true })
 	dist("latency ms", func(f Attempt) (float64, bool) { return f.LatencyMS, true })
+	tl := r.Timeline()
+	fmt.Fprintln(w, "time in flight of the trained attempts, ms (n, mean, p10, p50, p90):")
+	fmt.Fprintf(w, "  %-12s %s   dispatched -> started (in the tasks topic, for a rollout worker)\n", "waiting", summary(tl.Waiting))
+	fmt.Fprintf(w, "  %-12s %s   started -> completed\n", "running", summary(tl.Running))
+	fmt.Fprintf(w, "  %-12s %s   completed -> trained (hops to pack, the pack window, the trainer)\n", "to update", summary(tl.ToUpdate))
 	r.PrintUpdates(w)
 }
 

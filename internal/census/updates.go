@@ -15,7 +15,10 @@ type life struct {
 	round                    int64 // dispatch round (dispatched event's update)
 	dispatched               bool
 	dispatchedAt             int64 // µs
+	started                  bool
+	startedAt                int64 // µs, the first start
 	completedAt              int64 // µs; 0: never completed
+	trainedAt                int64 // µs
 	latencyUS, tokens        int64
 	trained, excluded        bool
 	update, version          int64 // the update (batch index) that trained or excluded it
@@ -37,10 +40,14 @@ func (r *Report) observe(ev *schemas.CensusEvent) {
 	switch ev.Kind {
 	case schemas.CensusDispatched:
 		l.dispatched, l.task, l.round, l.dispatchedAt = true, ev.TaskID, ev.Update, ev.At
+	case schemas.CensusStarted:
+		if !l.started || ev.At < l.startedAt {
+			l.started, l.startedAt = true, ev.At
+		}
 	case schemas.CensusCompleted:
 		l.completedAt, l.latencyUS, l.tokens = ev.At, ev.LatencyUS, ev.Tokens
 	case schemas.CensusTrained:
-		l.trained, l.update, l.version = true, ev.Update, ev.PolicyVersion
+		l.trained, l.update, l.version, l.trainedAt = true, ev.Update, ev.PolicyVersion, ev.At
 		r.updateAt(ev.Update, ev.At, ev.PolicyVersion)
 	case schemas.CensusFiltered:
 		if ev.Stage == "train" {
@@ -179,6 +186,34 @@ func means(ls []*life) (reward, length, latency float64, tasks int) {
 		latency /= n
 	}
 	return reward, length, latency, len(seen)
+}
+
+// Timeline is where the trained attempts' time in flight went, in
+// milliseconds, each sorted: Waiting from dispatched to started (in the
+// tasks topic, for a rollout worker), Running from started to completed,
+// ToUpdate from completed to trained (the hops to pack, the pack window,
+// the trainer). An attempt missing one of those four events is left out.
+// A long wait with idle workers is a dispatch or partitioning problem; a
+// long way to the update, a window that fills slowly.
+type Timeline struct {
+	Waiting, Running, ToUpdate []float64
+}
+
+// Timeline collects the trained attempts' Timeline.
+func (r *Report) Timeline() Timeline {
+	var t Timeline
+	for _, l := range r.lives {
+		if !l.trained || !l.dispatched || !l.started || l.completedAt == 0 {
+			continue
+		}
+		t.Waiting = append(t.Waiting, float64(l.startedAt-l.dispatchedAt)/1000)
+		t.Running = append(t.Running, float64(l.completedAt-l.startedAt)/1000)
+		t.ToUpdate = append(t.ToUpdate, float64(l.trainedAt-l.completedAt)/1000)
+	}
+	slices.Sort(t.Waiting)
+	slices.Sort(t.Running)
+	slices.Sort(t.ToUpdate)
+	return t
 }
 
 // StaleShare is the share of policy-sampled tokens of the recorded

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"os"
+	"reflect"
 	"strings"
 	"testing"
 
@@ -99,5 +100,45 @@ func TestCensusPerUpdate(t *testing.T) {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("output lacks %q:\n%s", want, out.String())
 		}
+	}
+}
+
+// TestCensusTimeline: a0 dispatched at 0, started at 4 ms, completed at
+// 10 ms, trained at 100 ms: 4 ms waiting, 6 running, 90 to its update; a1
+// started at 1 ms (and again at 3 ms: the first start counts), completed
+// at 30, trained at 100: 1, 29, 70. b0 was excluded at the update and c0
+// has no started event: neither is in the timeline.
+func TestCensusTimeline(t *testing.T) {
+	ev := func(id, kind string, at int64) schemas.CensusEvent {
+		return schemas.CensusEvent{RunID: "r", AttemptID: id, Kind: kind, Stage: "s", At: at * 1000}
+	}
+	trained := func(id string, at int64) schemas.CensusEvent {
+		e := ev(id, schemas.CensusTrained, at)
+		e.Stage, e.PolicyVersion = "train", 1
+		return e
+	}
+	excl := ev("b0", schemas.CensusFiltered, 100)
+	excl.Stage, excl.Reason, excl.StaleTokens = "train", schemas.ReasonStaleAtUpdate, 3
+	restart := ev("a1", schemas.CensusStarted, 3)
+	restart.EventID = "a1/started/again"
+	dir := writeCensus(t, "r", []schemas.CensusEvent{
+		ev("a0", schemas.CensusDispatched, 0), ev("a1", schemas.CensusDispatched, 0), ev("b0", schemas.CensusDispatched, 0), ev("c0", schemas.CensusDispatched, 0),
+		restart, ev("a0", schemas.CensusStarted, 4), ev("a1", schemas.CensusStarted, 1), ev("b0", schemas.CensusStarted, 2),
+		ev("a0", schemas.CensusCompleted, 10), ev("a1", schemas.CensusCompleted, 30), ev("b0", schemas.CensusCompleted, 50), ev("c0", schemas.CensusCompleted, 20),
+		trained("a0", 100), trained("a1", 100), excl, trained("c0", 100),
+	})
+	rep, err := census.Collect(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tl := rep.Timeline()
+	want := census.Timeline{Waiting: []float64{1, 4}, Running: []float64{6, 29}, ToUpdate: []float64{70, 90}}
+	if !reflect.DeepEqual(tl, want) {
+		t.Fatalf("timeline %+v, want %+v", tl, want)
+	}
+	var out bytes.Buffer
+	rep.Print(&out, 5)
+	if !strings.Contains(out.String(), "time in flight of the trained attempts") || !strings.Contains(out.String(), "n=2") {
+		t.Errorf("census output lacks the timeline:\n%s", out.String())
 	}
 }
