@@ -289,3 +289,24 @@ func TestFleetGate(t *testing.T) {
 		t.Fatalf("the gate operator ruled\n%v\nthe demo's gate\n%v\nwant the same, with release 5 rolled back and a final ruling", ruled, demoRuled)
 	}
 }
+
+// TestRunProgressTrained: eight batches (0..7), the gate rolled release 5
+// back, so the trainer's releases run one version ahead of the batches it
+// consumed: release 8 (next_batch 7) leaves batch 7 in the trainer, and
+// only release 9 (next_batch 8) finishes the run. A trainer that does not
+// say next_batch is read as one batch per version.
+func TestRunProgressTrained(t *testing.T) {
+	for _, tc := range []struct {
+		version, next int64
+		want          bool
+	}{{7, 6, false}, {8, 7, false}, {9, 8, true}, {7, 0, false}, {8, 0, true}} {
+		p := runProgress{Want: 16, Decided: 16, Batches: 8, Version: tc.version,
+			Release: schemas.PolicyRelease{PolicyVersion: tc.version, NextBatch: tc.next, Ready: true}}
+		if got := p.trained(); got != tc.want {
+			t.Errorf("release %d, next_batch %d, 8 batches: trained %v, want %v", tc.version, tc.next, got, tc.want)
+		}
+	}
+	if (runProgress{Want: 16, Decided: 15, Batches: 8, Version: 9, Release: schemas.PolicyRelease{NextBatch: 8}}).trained() {
+		t.Error("trained with a group undecided")
+	}
+}
