@@ -46,3 +46,18 @@ func TestSeedForSeparatesStreams(t *testing.T) {
 		}
 	}
 }
+
+// TestReleaseConsumed: the batches a release says were consumed, and the
+// version for a trainer that does not say.
+func TestReleaseConsumed(t *testing.T) {
+	for _, tc := range []struct{ version, next, want int64 }{
+		{0, 0, 0},
+		{3, 0, 3}, // one batch per version
+		{8, 7, 7}, // a rollback published release 6 without a batch
+		{9, 8, 8},
+	} {
+		if got := (PolicyRelease{PolicyVersion: tc.version, NextBatch: tc.next}).Consumed(); got != tc.want {
+			t.Errorf("release %d, next_batch %d: consumed %d, want %d", tc.version, tc.next, got, tc.want)
+		}
+	}
+}

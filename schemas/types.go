@@ -256,6 +256,19 @@ type PolicyRelease struct {
 	RewardVersion     string `json:"reward_version,omitempty"`
 }
 
+// Consumed is how many batches of the batches topic the trainer had
+// consumed when it published r: NextBatch, or, for a trainer that does not
+// say (NextBatch 0), its version (one batch per version). Not the version
+// alone when NextBatch is given: a gate's rollback publishes a release
+// without training a batch, after which the version runs ahead of the
+// batches.
+func (r PolicyRelease) Consumed() int64 {
+	if r.NextBatch > 0 {
+		return r.NextBatch
+	}
+	return r.PolicyVersion
+}
+
 // Census event kinds: the life of every attempt (docs/PIPELINE.md §6, §9; docs/SYSTEMS.md §6).
 const (
 	CensusDispatched  = "dispatched"

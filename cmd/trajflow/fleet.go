@@ -31,23 +31,13 @@ type runProgress struct {
 }
 
 // trained reports whether a run with a round limit has decided every
-// group and trained every batch.
+// group and trained every batch: the last release's consumed batches
+// (schemas.PolicyRelease.Consumed), not its version — after a gate's
+// rollback the version runs one ahead, and a run read as trained by it
+// still has its last batch in the trainer (the eval operator would write
+// the final evaluation of the release before the last).
 func (p runProgress) trained() bool {
-	return p.Want > 0 && p.Decided >= p.Want && p.consumed() >= int64(p.Batches)
-}
-
-// consumed is how many batches the trainer has consumed: its last
-// release's next_batch, or its version for a trainer that does not say
-// (one batch per version, as dispatch reads it). Not the version alone: a
-// gate's rollback publishes a release without training a batch, and the
-// version then ran one ahead — the run looked trained while its last batch
-// was still in the trainer, and the eval operator wrote a final evaluation
-// of the release before the last.
-func (p runProgress) consumed() int64 {
-	if p.Release.NextBatch > 0 {
-		return p.Release.NextBatch
-	}
-	return p.Version
+	return p.Want > 0 && p.Decided >= p.Want && p.Release.Consumed() >= int64(p.Batches)
 }
 
 // done reports whether a run with a round limit is over: trained and,

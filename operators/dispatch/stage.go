@@ -282,11 +282,7 @@ func (s *Stage) window(w schemas.WindowRecord) {
 // release applies a ready release.
 func (s *Stage) release(rel schemas.PolicyRelease) {
 	s.policy = max(s.policy, rel.PolicyVersion)
-	next := rel.NextBatch
-	if next == 0 {
-		next = rel.PolicyVersion // a trainer that does not say: one batch per version
-	}
-	s.consumed = max(s.consumed, next)
+	s.consumed = max(s.consumed, rel.Consumed())
 	for b := range s.closedAt {
 		if b < s.consumed {
 			delete(s.closedAt, b)
