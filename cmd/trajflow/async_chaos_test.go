@@ -89,7 +89,7 @@ func (c chaosSetup) contract(run string) string {
 		{"  tasks_per_update: 16 ", "  tasks_per_update: 4 "},
 		{"  groups_per_update: 16 ", "  groups_per_update: 4 "},
 		{"  batch_groups: 16 ", "  batch_groups: 4 "},
-		{"  zero_variance: drop ", "  zero_variance: keep "}, // every group reaches a batch
+		{"  zero_variance: penalize_failed ", "  zero_variance: keep "}, // every group reaches a batch
 		// Groups finish spread out in time (heavy-tailed tool calls), so
 		// windows close by their timeout with fewer groups than a round.
 		{"  tool_median_ms: 0\n", "  tool_median_ms: 60\n"},

@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/trajflow/trajflow/gpu/objective"
+	"github.com/trajflow/trajflow/operators/advantage"
 	"github.com/trajflow/trajflow/pipeline/contract"
 )
 
@@ -40,11 +41,14 @@ func ContractWithRunID(t testing.TB, src, runID string) string {
 
 // RegressMean sets the objective of the gate's regression scenarios
 // (run regress-1 rolls back at its first evaluation, release 5): the
-// demo's loss with the token-mean normalization. Under the demo's
-// token-sum the early releases move too little to fall below the floor
-// in 24 run ids tried, and the scenarios need one that does.
+// demo's loss with the token-mean normalization, and zero-variance groups
+// dropped. Under the demo's token-sum the early releases move too little
+// to fall below the floor in 24 run ids tried, and training the groups
+// that failed whole (the demo's penalize_failed) keeps regress-1 above it;
+// the scenarios need a run that falls.
 func RegressMean(c *contract.Contract) {
 	c.Loss.Normalization, c.Loss.NormTokens = objective.TokenMean, 0
+	c.Estimator.ZeroVariance = advantage.ZeroVarDrop
 }
 
 // ContractFile writes c as YAML (Contract.YAML, which neither resolves

@@ -313,6 +313,13 @@ func TestOptionsValidate(t *testing.T) {
 		{"NaN gamma", func(o *advantage.Options) { o.Gamma = math.NaN() }, "Gamma"},
 		{"negative lambda", func(o *advantage.Options) { o.Lambda = -0.1 }, "Lambda"},
 		{"no zero variance policy", func(o *advantage.Options) { o.ZeroVariance = "" }, "ZeroVariance"},
+		{"penalize failed with grpo", func(o *advantage.Options) { o.ZeroVariance = advantage.ZeroVarPenalizeFailed }, ""},
+		{"penalize failed with rloo", func(o *advantage.Options) {
+			o.Estimator, o.ZeroVariance = advantage.RLOO, advantage.ZeroVarPenalizeFailed
+		}, ""},
+		{"penalize failed with gae", func(o *advantage.Options) {
+			o.Estimator, o.MinGroupSize, o.ZeroVariance = advantage.GAE, 1, advantage.ZeroVarPenalizeFailed
+		}, "ZeroVariance"},
 		{"min group size 0", func(o *advantage.Options) { o.MinGroupSize = 0 }, "MinGroupSize"},
 		{"rloo min group size 1", func(o *advantage.Options) { o.Estimator = advantage.RLOO; o.MinGroupSize = 1 }, "MinGroupSize"},
 		{"empty bootstrap reason", func(o *advantage.Options) { o.BootstrapReasons = []string{""} }, "BootstrapReasons"},
@@ -506,5 +513,41 @@ func TestScoreGroupBroadcastAndStats(t *testing.T) {
 	}
 	if math.Abs(st.Max-slices.Max(rets)) > 1e-5 || math.Abs(st.Min-slices.Min(rets)) > 1e-5 || st.Size != 6 || st.Expected != 6 || st.Incomplete {
 		t.Errorf("group stats %+v for returns %v", st, rets)
+	}
+}
+
+// TestFailedAdvantages checks the closed forms FailedAdvantages documents,
+// by hand: n failed members (return 0) and one more at return 1.
+func TestFailedAdvantages(t *testing.T) {
+	grpo := func(normalize bool, std string) advantage.Options {
+		return advantage.Options{Estimator: advantage.GRPO, NormalizeStd: normalize, StdMode: std}
+	}
+	tests := []struct {
+		name string
+		opts advantage.Options
+		n    int
+		want float64
+	}{
+		// [0 0 0 0 1]: mean 0.2, population std 0.4 -> -0.2/0.4.
+		{"grpo population", grpo(true, advantage.StdPopulation), 4, -0.5},
+		// [0 0 0 1]: mean 0.25, sample std sqrt(0.75/3) = 0.5 -> -0.25/0.5.
+		{"grpo sample", grpo(true, advantage.StdSample), 3, -0.5},
+		// [0 0 0 0 1]: 0 - mean 0.2.
+		{"grpo unnormalized", grpo(false, advantage.StdSample), 4, -0.2},
+		// [0 0 0 0 0 0 0 0 0 1], population: mean 0.1, std 0.3 -> -1/3 = -1/sqrt(9).
+		{"grpo population nine", grpo(true, advantage.StdPopulation), 9, -1.0 / 3},
+		// Each member's others: [0 0 1], mean 1/3.
+		{"rloo", advantage.Options{Estimator: advantage.RLOO}, 3, -1.0 / 3},
+	}
+	for _, tc := range tests {
+		got := advantage.FailedAdvantages(tc.opts, make([]float64, tc.n), nil)
+		if len(got) != tc.n {
+			t.Fatalf("%s: %d advantages, want %d", tc.name, len(got), tc.n)
+		}
+		for i, a := range got {
+			if math.Abs(a-tc.want) > 1e-15 {
+				t.Errorf("%s: advantage %d = %v, want %v", tc.name, i, a, tc.want)
+			}
+		}
 	}
 }

@@ -31,7 +31,8 @@ func (r *byteReader) u32() uint32 {
 }
 
 // FuzzScoreGroup: arbitrary groups (bad scopes and turn indexes, NaN and
-// huge values, mixed endings) either fail with one of the package's errors
+// huge values, mixed endings; zero-variance groups kept, dropped or, for
+// GRPO and RLOO, penalized when they failed whole) either fail with one of the package's errors
 // or give well-formed, finite, sorted output. Never a panic.
 func FuzzScoreGroup(f *testing.F) {
 	f.Add([]byte{0, 3, 2, 1, 0, 0, 0, 128, 63, 1, 0, 0})
@@ -65,6 +66,9 @@ func FuzzScoreGroup(f *testing.F) {
 				r.Rewards = append(r.Rewards, c)
 			}
 			members = append(members, r)
+		}
+		if opts.Estimator != advantage.GAE && br.u8()%2 == 1 {
+			opts.ZeroVariance = advantage.ZeroVarPenalizeFailed
 		}
 		out, err := advantage.ScoreGroup(opts, members)
 		if err != nil {

@@ -108,6 +108,31 @@ func RLOOAdvantages(returns, bounds []float64) []float64 {
 	return adv
 }
 
+// FailedAdvantages returns the advantages of a group that failed whole under
+// ZeroVarPenalizeFailed (docs/PIPELINE.md §10): the estimator's advantages
+// (GRPO as declared in opts, or RLOO) for the returns given, computed as if
+// one more member had returned max(returns) + 1, that member left out. Each
+// member is pushed away from what it did as far as it would have been had
+// one more attempt succeeded: for n members and epsilon 0, -1/sqrt(n) for
+// GRPO with the population std, -1/sqrt(n+1) with the sample std, -1/(n+1)
+// without normalization, and -1/n for RLOO. It panics on an estimator
+// other than GRPO or RLOO (Options.Validate refuses that combination).
+func FailedAdvantages(opts Options, returns, bounds []float64) []float64 {
+	n := len(returns)
+	r := append(slices.Clone(returns), slices.Max(returns)+1)
+	b := append(slices.Clone(bounds), 0)
+	if bounds == nil {
+		b = nil
+	}
+	switch opts.Estimator {
+	case GRPO:
+		return GRPOAdvantages(r, b, opts.NormalizeStd, opts.StdMode, opts.Epsilon)[:n]
+	case RLOO:
+		return RLOOAdvantages(r, b)[:n]
+	}
+	panic("advantage: FailedAdvantages with estimator " + opts.Estimator)
+}
+
 // ScoreGroup is the advantage stage's pure function for one group: members
 // are the rewarded trajectories of one group_id that contribute returns (a
 // complete group, or what a partial-group timeout closed). It returns one
@@ -134,7 +159,10 @@ func RLOOAdvantages(returns, bounds []float64) []float64 {
 //   - all returns equal up to their rounding error (Stats' ZeroVar with
 //     ReturnBound of each member): GRPO and RLOO advantages are exactly 0; with
 //     ZeroVarDrop every member gets Filtered = FilterZeroVariance (for any
-//     estimator), with ZeroVarKeep the group is admitted.
+//     estimator), with ZeroVarKeep the group is admitted; with
+//     ZeroVarPenalizeFailed a group whose returns are all <= 0 is admitted
+//     with FailedAdvantages broadcast to every turn, any other is filtered
+//     as with ZeroVarDrop.
 //
 // A filtered group is still returned in full so the census can count it and
 // its denominator (docs/PIPELINE.md §9); downstream stages must not train on it.
@@ -253,6 +281,17 @@ func ScoreGroup(opts Options, members []schemas.Rewarded) ([]schemas.Scored, err
 		stats.Filtered = FilterIncomplete
 	case stats.ZeroVar && opts.ZeroVariance == ZeroVarDrop:
 		stats.Filtered = FilterZeroVariance
+	case stats.ZeroVar && opts.ZeroVariance == ZeroVarPenalizeFailed:
+		if stats.Max > 0 {
+			stats.Filtered = FilterZeroVariance
+			break
+		}
+		a := FailedAdvantages(opts, ret, bound)
+		for k := range n {
+			for t := range adv[k] {
+				adv[k][t] = a[k]
+			}
+		}
 	}
 
 	out := make([]schemas.Scored, n)

@@ -16,6 +16,12 @@ const (
 const (
 	ZeroVarKeep = "keep" // advantages are 0; the group is admitted and counts in denominators
 	ZeroVarDrop = "drop" // the group is filtered with reason "zero_variance" and counted
+	// ZeroVarPenalizeFailed trains a group that failed whole (GRPO and RLOO
+	// only): when every contributing return is <= 0 each member gets the
+	// advantage it would have had if one more attempt had returned one unit
+	// more than the best of them (FailedAdvantages); any other zero-variance
+	// group is dropped as with ZeroVarDrop (docs/PIPELINE.md §10).
+	ZeroVarPenalizeFailed = "penalize_failed"
 )
 
 // Standard-deviation conventions for GRPO.

@@ -63,7 +63,8 @@ func Version(estimator string) string {
 //     convention.
 //   - Epsilon is finite and >= 0.
 //   - Gamma and Lambda are in [0, 1].
-//   - ZeroVariance is ZeroVarKeep or ZeroVarDrop.
+//   - ZeroVariance is ZeroVarKeep, ZeroVarDrop or ZeroVarPenalizeFailed,
+//     the last only for GRPO and RLOO (it needs a group-relative baseline).
 //   - MinGroupSize >= 1, and >= 2 for RLOO (a leave-one-out baseline needs
 //     another member).
 //   - BootstrapReasons (bootstrap_truncations) holds distinct, non-empty
@@ -94,8 +95,12 @@ func (o Options) Validate() error {
 	}
 	switch o.ZeroVariance {
 	case ZeroVarKeep, ZeroVarDrop:
+	case ZeroVarPenalizeFailed:
+		if o.Estimator == GAE {
+			return fmt.Errorf("%w: ZeroVariance (zero_variance) %q needs a group-relative estimator (%q or %q), not %q", ErrOptions, o.ZeroVariance, GRPO, RLOO, GAE)
+		}
 	default:
-		return fmt.Errorf("%w: ZeroVariance (zero_variance) %q: want %q or %q", ErrOptions, o.ZeroVariance, ZeroVarKeep, ZeroVarDrop)
+		return fmt.Errorf("%w: ZeroVariance (zero_variance) %q: want %q, %q or %q", ErrOptions, o.ZeroVariance, ZeroVarKeep, ZeroVarDrop, ZeroVarPenalizeFailed)
 	}
 	if o.MinGroupSize < 1 {
 		return fmt.Errorf("%w: MinGroupSize (min_group_size) %d: want >= 1", ErrOptions, o.MinGroupSize)

@@ -58,9 +58,9 @@ type Contract struct {
 	// lambda 0.95, zero_variance keep, min_group_size = sampler.group_size
 	// (full groups only), bootstrap_truncations empty. Rules: name grpo,
 	// rloo or gae; std_mode sample or population; epsilon >= 0; gamma and
-	// lambda in [0, 1]; zero_variance keep or drop, and not drop with
-	// sampler.group_size 1 (a single return has zero variance: every group
-	// would be dropped); 1 <= min_group_size <= sampler.group_size, and >= 2
+	// lambda in [0, 1]; zero_variance keep, drop or penalize_failed (grpo
+	// and rloo only), and not drop with sampler.group_size 1 (a single
+	// return has zero variance: every group would be dropped); 1 <= min_group_size <= sampler.group_size, and >= 2
 	// for rloo; bootstrap_truncations distinct and non-empty.
 	Estimator advantage.Options `yaml:"estimator"`
 	Loss      Loss              `yaml:"loss"`
@@ -427,8 +427,9 @@ func Default() *Contract {
 // demoKnobs sets the knobs in which the built-in demo departs from the
 // general defaults: the kv tool task (actions of at most 3 tokens ending at
 // the END token 9, 4 turns, 64 tokens per episode), groups of 16 attempts
-// of 16 tasks per update, GRPO with population std dropping zero-variance
-// groups, a clipped surrogate with asymmetric clip [0.8, 1.28] summed
+// of 16 tasks per update, GRPO with population std that trains a group
+// that failed whole at -1/4 and drops a group that succeeded whole
+// (zero_variance penalize_failed), a clipped surrogate with asymmetric clip [0.8, 1.28] summed
 // over the batch's tokens and divided by 4096 (token-sum: a late batch of
 // a few hundred tokens takes a small step, not a full one of noise) and
 // entropy bonus 0.1, Adam lr 0.01 with 4 optimizer passes per batch,
@@ -444,7 +445,7 @@ func demoKnobs(c *Contract) {
 	c.Sampler.StopTokenIDs = []int32{9}
 	c.Sampler.GroupSize = 16
 	c.Estimator.StdMode = advantage.StdPopulation
-	c.Estimator.ZeroVariance = advantage.ZeroVarDrop
+	c.Estimator.ZeroVariance = advantage.ZeroVarPenalizeFailed
 	c.Estimator.MinGroupSize = 1
 	c.Loss.ClipHigh = 0.28
 	c.Loss.Normalization = objective.TokenSum

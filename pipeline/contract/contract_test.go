@@ -383,7 +383,9 @@ func TestValidationErrors(t *testing.T) {
 		{"gamma above one", []any{"estimator.gamma", 1.5}, "estimator.gamma: must be in [0, 1], got 1.5"},
 		{"lambda negative", []any{"estimator.lambda", -0.1}, "estimator.lambda: must be in [0, 1]"},
 		{"lambda nan", []any{"estimator.lambda", nan}, "estimator.lambda: must be in [0, 1], got NaN"},
-		{"zero variance unknown", []any{"estimator.zero_variance", "skip"}, "estimator.zero_variance: must be one of keep, drop"},
+		{"zero variance unknown", []any{"estimator.zero_variance", "skip"}, "estimator.zero_variance: must be one of keep, drop, penalize_failed"},
+		{"penalize failed with gae", []any{"estimator.name", "gae", "estimator.zero_variance", "penalize_failed"},
+			"estimator.zero_variance: penalize_failed needs a group-relative estimator (grpo or rloo), not gae"},
 		{"min group above group", []any{"estimator.min_group_size", 17}, "estimator.min_group_size: must be <= sampler.group_size (16), got 17"},
 		{"min group zero", []any{"estimator.min_group_size", 0}, "estimator.min_group_size: must be >= 1"},
 		{"bootstrap empty", []any{"estimator.bootstrap_truncations", []any{""}}, "estimator.bootstrap_truncations[0]: must not be empty"},
@@ -477,6 +479,7 @@ func TestValidationAccepts(t *testing.T) {
 		// A partial group of one member is filtered as zero variance, the
 		// groups of two or more still train.
 		{"drop with single member partial groups", []any{"estimator.zero_variance", "drop", "estimator.min_group_size", 1}},
+		{"penalize failed with rloo", []any{"estimator.name", "rloo", "estimator.zero_variance", "penalize_failed", "estimator.min_group_size", 2}},
 		{"gae dropping with pairs", []any{"estimator.name", "gae", "sampler.group_size", 2, "estimator.min_group_size", 1, "estimator.zero_variance", "drop"}},
 		{"on-policy only", []any{"packing.max_lag", 0, "packing.stale_policy", "mask_stale"}},
 		{"unlimited retention", []any{"topics.retention_ms", -1}},

@@ -347,7 +347,10 @@ func (c *Contract) validateEstimator(v *validator) {
 	v.nonNegative("estimator.epsilon", e.Epsilon)
 	v.within("estimator.gamma", e.Gamma, 0, 1, false)
 	v.within("estimator.lambda", e.Lambda, 0, 1, false)
-	v.oneOf("estimator.zero_variance", e.ZeroVariance, advantage.ZeroVarKeep, advantage.ZeroVarDrop)
+	v.oneOf("estimator.zero_variance", e.ZeroVariance, advantage.ZeroVarKeep, advantage.ZeroVarDrop, advantage.ZeroVarPenalizeFailed)
+	if e.ZeroVariance == advantage.ZeroVarPenalizeFailed && e.Estimator == advantage.GAE {
+		v.add("estimator.zero_variance", "penalize_failed needs a group-relative estimator (grpo or rloo), not gae")
+	}
 	v.minInt("estimator.min_group_size", int64(e.MinGroupSize), 1)
 	if e.MinGroupSize > c.Sampler.GroupSize {
 		v.add("estimator.min_group_size", "must be <= sampler.group_size (%d), got %d", c.Sampler.GroupSize, e.MinGroupSize)

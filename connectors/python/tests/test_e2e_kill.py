@@ -53,7 +53,7 @@ def contract_text() -> str:
             (r"batch_groups: 16 ", "batch_groups: 4 "), (r"tasks_per_update: 16 ", "tasks_per_update: 4 "),
             (r"groups_per_update: 16 ", "groups_per_update: 4 "),
             # Every round makes a batch (a group of equal returns trains with advantage 0).
-            (r"zero_variance: drop ", "zero_variance: keep ")]
+            (r"zero_variance: penalize_failed ", "zero_variance: keep ")]
     for a, b in subs:
         t, n = re.subn(a, b, t, flags=re.M)
         assert n == 1, a
