@@ -10,6 +10,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 
 	"github.com/trajflow/trajflow/internal/loop"
+	"github.com/trajflow/trajflow/internal/testkit"
 	"github.com/trajflow/trajflow/pipeline"
 )
 
@@ -21,7 +22,8 @@ import (
 func TestDemoDomainMetrics(t *testing.T) {
 	m := pipeline.NewMetrics(nil)
 	out := t.TempDir()
-	s := demo(t, loop.Options{Updates: 2, Seed: 1, Metrics: m, Out: out})
+	// Zero-variance groups dropped, so the filtered counter has series.
+	s := demo(t, loop.Options{Updates: 2, Seed: 1, Metrics: m, Out: out, Edit: testkit.DropZeroVariance})
 	// The trainer logs every update with its statistics.
 	lb, err := os.ReadFile(filepath.Join(out, "demo.log"))
 	if err != nil {

@@ -19,6 +19,7 @@ import (
 	"github.com/trajflow/trajflow/connectors/parquet"
 	"github.com/trajflow/trajflow/gpu"
 	"github.com/trajflow/trajflow/internal/loop"
+	"github.com/trajflow/trajflow/internal/testkit"
 	"github.com/trajflow/trajflow/operators/rollout"
 	"github.com/trajflow/trajflow/pipeline"
 	"github.com/trajflow/trajflow/schemas"
@@ -51,7 +52,10 @@ func demoRun(t *testing.T) (string, *loop.Summary) {
 		shared.out = filepath.Join(shared.root, "demo")
 		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 		defer cancel()
-		shared.sum, shared.err = loop.Run(ctx, loop.Options{Out: shared.out, Updates: 3, Seed: 1, EvalSamples: evalSamples, Quiet: true}, io.Discard)
+		// Zero-variance groups dropped, so the run has filtered
+		// trajectories and losses for the views to itemize.
+		shared.sum, shared.err = loop.Run(ctx, loop.Options{Out: shared.out, Updates: 3, Seed: 1, EvalSamples: evalSamples, Quiet: true,
+			Edit: testkit.DropZeroVariance}, io.Discard)
 	})
 	if shared.err != nil {
 		t.Fatalf("demo run: %v", shared.err)

@@ -48,6 +48,15 @@ func ContractWithRunID(t testing.TB, src, runID string) string {
 // the scenarios need a run that falls.
 func RegressMean(c *contract.Contract) {
 	c.Loss.Normalization, c.Loss.NormTokens = objective.TokenMean, 0
+	DropZeroVariance(c)
+}
+
+// DropZeroVariance drops every zero-variance group (zero_variance drop)
+// instead of training the ones that failed whole (the demo's
+// penalize_failed). The demo's first rounds, where nearly every group
+// fails whole, then filter groups: for tests of how filtered trajectories
+// are counted and shown, on runs of a few updates.
+func DropZeroVariance(c *contract.Contract) {
 	c.Estimator.ZeroVariance = advantage.ZeroVarDrop
 }
 

@@ -207,8 +207,8 @@ function renderOverview(S) {
       card("quarantined", "quarantined", fmt(o.quarantined)),
       card("duplicates_admitted", "duplicates admitted", fmt(o.duplicates_admitted)),
       card("undecided", S.run.live ? "in flight" : "lost", fmt(o.undecided)),
-      card("eval_success_initial", "hidden eval, first", fmt(o.eval_success_initial)),
-      card("eval_success_final", "hidden eval, last", fmt(o.eval_success_final)),
+      card("eval_success_initial", "hidden eval, first", fmt(o.eval_success_initial, 3)),
+      card("eval_success_final", "hidden eval, last", fmt(o.eval_success_final, 3)),
       card("last_version", "last policy version", fmt(o.last_version))));
   if (o.checks && o.checks.length) {
     body.append(el("h3", { text: "against the run's summary.json" }),
