@@ -60,8 +60,9 @@ type Contract struct {
 	// rloo or gae; std_mode sample or population; epsilon >= 0; gamma and
 	// lambda in [0, 1]; zero_variance keep, drop or penalize_failed (grpo
 	// and rloo only), and not drop with sampler.group_size 1 (a single
-	// return has zero variance: every group would be dropped); 1 <= min_group_size <= sampler.group_size, and >= 2
-	// for rloo; bootstrap_truncations distinct and non-empty.
+	// return has zero variance: every group would be dropped);
+	// 1 <= min_group_size <= sampler.group_size, and >= 2 for rloo;
+	// bootstrap_truncations distinct and non-empty.
 	Estimator advantage.Options `yaml:"estimator"`
 	Loss      Loss              `yaml:"loss"`
 	// Packing declares sequence packing and the lag-aware admission window
@@ -428,11 +429,12 @@ func Default() *Contract {
 // general defaults: the kv tool task (actions of at most 3 tokens ending at
 // the END token 9, 4 turns, 64 tokens per episode), groups of 16 attempts
 // of 16 tasks per update, GRPO with population std that trains a group
-// that failed whole at -1/4 and drops a group that succeeded whole
-// (zero_variance penalize_failed), a clipped surrogate with asymmetric clip [0.8, 1.28] summed
-// over the batch's tokens and divided by 4096 (token-sum: a late batch of
-// a few hundred tokens takes a small step, not a full one of noise) and
-// entropy bonus 0.1, Adam lr 0.01 with 4 optimizer passes per batch,
+// that failed whole with advantage -1/4 (= -1/sqrt(16)) and drops a group
+// that succeeded whole (zero_variance penalize_failed), a clipped
+// surrogate with asymmetric clip [0.8, 1.28] summed over the batch's
+// tokens and divided by 4096 (token-sum: a late batch of a few hundred
+// tokens takes a small step, not a full one of noise) and entropy bonus
+// 0.1, Adam lr 0.01 with 4 optimizer passes per batch,
 // 256-token rows, and strictly on-policy admission (max_lag 0) in
 // stop-and-synchronize mode (docs/PIPELINE.md §15). The objective is the decoupled
 // one (clipped against the trainer's policy at the start of the update):
