@@ -32,8 +32,9 @@ func (r *byteReader) u32() uint32 {
 
 // FuzzScoreGroup: arbitrary groups (bad scopes and turn indexes, NaN and
 // huge values, mixed endings; zero-variance groups kept, dropped or, for
-// GRPO and RLOO, penalized when they failed whole) either fail with one of the package's errors
-// or give well-formed, finite, sorted output. Never a panic.
+// GRPO and RLOO, penalized when they failed whole) either fail with one of
+// the package's errors or give well-formed, finite, sorted output. Never a
+// panic.
 func FuzzScoreGroup(f *testing.F) {
 	f.Add([]byte{0, 3, 2, 1, 0, 0, 0, 128, 63, 1, 0, 0})
 	f.Add([]byte{2, 4, 1, 9, 3, 1, 0, 0, 192, 127, 7, 7, 7, 7})

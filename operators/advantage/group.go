@@ -120,9 +120,9 @@ func RLOOAdvantages(returns, bounds []float64) []float64 {
 func FailedAdvantages(opts Options, returns, bounds []float64) []float64 {
 	n := len(returns)
 	r := append(slices.Clone(returns), slices.Max(returns)+1)
-	b := append(slices.Clone(bounds), 0)
-	if bounds == nil {
-		b = nil
+	var b []float64 // the extra return is exact
+	if bounds != nil {
+		b = append(slices.Clone(bounds), 0)
 	}
 	switch opts.Estimator {
 	case GRPO:
@@ -247,14 +247,23 @@ func ScoreGroup(opts Options, members []schemas.Rewarded) ([]schemas.Scored, err
 	stats.Expected = size
 	stats.Incomplete = stats.Size < size
 
+	complete := int(stats.Size) >= opts.MinGroupSize
+	// Under ZeroVarPenalizeFailed a complete group that failed whole is
+	// trained with FailedAdvantages; any other zero-variance group is
+	// filtered, as under ZeroVarDrop.
+	penalize := opts.ZeroVariance == ZeroVarPenalizeFailed && stats.ZeroVar && complete && stats.Max <= 0
+
 	adv := make([][]float64, n)
 	targets := make([][]float64, n)
 	switch opts.Estimator {
 	case GRPO, RLOO:
 		var a []float64
-		if opts.Estimator == GRPO {
+		switch {
+		case penalize:
+			a = FailedAdvantages(opts, ret, bound)
+		case opts.Estimator == GRPO:
 			a = GRPOAdvantages(ret, bound, opts.NormalizeStd, opts.StdMode, opts.Epsilon)
-		} else {
+		default:
 			a = RLOOAdvantages(ret, bound)
 		}
 		for k := range n {
@@ -277,21 +286,10 @@ func ScoreGroup(opts Options, members []schemas.Rewarded) ([]schemas.Scored, err
 	}
 
 	switch {
-	case int(stats.Size) < opts.MinGroupSize:
+	case !complete:
 		stats.Filtered = FilterIncomplete
-	case stats.ZeroVar && opts.ZeroVariance == ZeroVarDrop:
+	case stats.ZeroVar && opts.ZeroVariance != ZeroVarKeep && !penalize:
 		stats.Filtered = FilterZeroVariance
-	case stats.ZeroVar && opts.ZeroVariance == ZeroVarPenalizeFailed:
-		if stats.Max > 0 {
-			stats.Filtered = FilterZeroVariance
-			break
-		}
-		a := FailedAdvantages(opts, ret, bound)
-		for k := range n {
-			for t := range adv[k] {
-				adv[k][t] = a[k]
-			}
-		}
 	}
 
 	out := make([]schemas.Scored, n)
