@@ -102,6 +102,11 @@ func TestKafkaTLSSASL(t *testing.T) {
 			if tc.ok != (cerr == nil) {
 				t.Fatalf("trajflow topics create: %v (want ok=%v)\n%s", cerr, tc.ok, out)
 			}
+			// A refusal is final: it is reported as one, not waited out
+			// as an unreachable broker.
+			if !tc.ok && !bytes.Contains(out, []byte("refused this client")) {
+				t.Errorf("trajflow topics create did not report the refusal:\n%s", out)
+			}
 			if bytes.Contains(out, []byte(tc.password)) {
 				t.Errorf("trajflow topics create printed the password:\n%s", out)
 			}

@@ -145,7 +145,9 @@ func createTopics(ctx context.Context, cc kafka.ClientConfig, c *contract.Contra
 }
 
 // waitForBrokers lists the brokers of the cluster at cc.Brokers, retrying
-// until one answers with at least one broker or wait has passed. It says
+// until one answers with at least one broker or wait has passed; a broker
+// that refuses the client's credentials or certificate ends it at once
+// (kafka.Refused), since waiting does not change that answer. It says
 // on stderr that it waits, and its error names the addresses, the last
 // cause and what to check.
 func waitForBrokers(ctx context.Context, cc kafka.ClientConfig, wait time.Duration, stderr io.Writer) ([]kafka.BrokerInfo, error) {
@@ -165,6 +167,9 @@ func waitForBrokers(ctx context.Context, cc kafka.ClientConfig, wait time.Durati
 		}
 		if err == nil {
 			err = errors.New("the cluster lists no broker yet")
+		}
+		if kafka.Refused(err) {
+			return nil, fmt.Errorf("the broker at %s refused this client: %w; check the credentials and CA of --client-config", addrs, err)
 		}
 		if ctx.Err() != nil {
 			return nil, fmt.Errorf("waiting for a broker at %s: %w (last: %w)", addrs, ctx.Err(), err)

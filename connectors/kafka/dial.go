@@ -2,6 +2,8 @@ package kafka
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -269,4 +271,28 @@ func probe(ctx context.Context, conn net.Conn, deadline time.Time) error {
 		return ctx.Err()
 	}
 	return conn.SetDeadline(time.Time{})
+}
+
+// Refused reports whether err is the broker or the TLS handshake refusing
+// this client's credentials or trust settings: a failed SASL
+// authentication, a mechanism the broker does not enable, or a server
+// certificate that does not verify against the configured CA or name.
+// Waiting does not heal such an error, so callers that retry until a broker
+// answers stop at once and report it.
+func Refused(err error) bool {
+	var ke kafkago.Error
+	if errors.As(err, &ke) {
+		switch ke {
+		case kafkago.SASLAuthenticationFailed, kafkago.UnsupportedSASLMechanism, kafkago.IllegalSASLState,
+			kafkago.ClusterAuthorizationFailed:
+			return true
+		}
+	}
+	var (
+		verify   *tls.CertificateVerificationError
+		unknown  x509.UnknownAuthorityError
+		hostname x509.HostnameError
+		invalid  x509.CertificateInvalidError
+	)
+	return errors.As(err, &verify) || errors.As(err, &unknown) || errors.As(err, &hostname) || errors.As(err, &invalid)
 }

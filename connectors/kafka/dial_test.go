@@ -2,10 +2,14 @@ package kafka
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
+	"fmt"
 	"net"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -249,4 +253,28 @@ func TestProbingDialRemembersSilence(t *testing.T) {
 		t.Fatalf("an answering broker is not forgotten: %v", err)
 	}
 	conn.Close()
+}
+
+func TestRefused(t *testing.T) {
+	cert := &x509.Certificate{}
+	tests := []struct {
+		name string
+		err  error
+		want bool
+	}{
+		{"sasl authentication", fmt.Errorf("dial 127.0.0.1:19093: %w", kafkago.SASLAuthenticationFailed), true},
+		{"sasl mechanism", kafkago.UnsupportedSASLMechanism, true},
+		{"unknown authority", &tls.CertificateVerificationError{Err: x509.UnknownAuthorityError{Cert: cert}}, true},
+		{"hostname", fmt.Errorf("no broker answered: %w", errors.Join(errors.New("a"), x509.HostnameError{Certificate: cert, Host: "b"})), true},
+		{"connection refused", syscall.ECONNREFUSED, false},
+		{"leader moving", kafkago.NotLeaderForPartition, false},
+		{"deadline", context.DeadlineExceeded, false},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := Refused(tc.err); got != tc.want {
+				t.Errorf("Refused(%v) = %v, want %v", tc.err, got, tc.want)
+			}
+		})
+	}
 }
