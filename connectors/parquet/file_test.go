@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/apache/arrow-go/v18/arrow/memory"
+	pq "github.com/parquet-go/parquet-go"
 
 	"github.com/trajflow/trajflow/bench/synth"
 	"github.com/trajflow/trajflow/pipeline"
@@ -183,5 +184,34 @@ func TestListAndContiguity(t *testing.T) {
 	gaps := Contiguity(files)
 	if len(gaps) != 1 || gaps[0].After != 4 || gaps[0].Next != 6 {
 		t.Fatalf("gaps %v, want one after 4", gaps)
+	}
+}
+
+// TestCensusColumns: the typed columns of a census file carry the event's
+// fields, the stale tokens of the lag rule among them, for queries that
+// do not decode _value.
+func TestCensusColumns(t *testing.T) {
+	ev := schemas.CensusEvent{RunID: testRun, AttemptID: "x", GroupID: "g", Kind: schemas.CensusFiltered, Stage: "pack",
+		Reason: "stale", PolicyVersion: 3, StaleTokens: 17, At: 5}
+	v, err := schemas.EncodeCensus(ev)
+	if err != nil {
+		t.Fatal(err)
+	}
+	path, _, err := WriteFile(Target{Dir: t.TempDir(), Run: testRun, Topic: testRun + ".census"}, 0, []Message{{Offset: 4, Value: v}}, WriteOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rows, err := pq.ReadFile[ControlRow](path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rows) != 1 {
+		t.Fatalf("%d rows, want 1", len(rows))
+	}
+	r := rows[0]
+	got := schemas.CensusEvent{RunID: r.RunID, AttemptID: r.AttemptID, GroupID: r.GroupID, Kind: r.Kind, Stage: r.Stage,
+		Reason: r.Reason, PolicyVersion: r.PolicyVersion, StaleTokens: r.StaleTokens, At: r.At}
+	if got != ev {
+		t.Errorf("columns %+v, want %+v", got, ev)
 	}
 }

@@ -427,6 +427,7 @@ type ControlRow struct {
 	Update        int64   `parquet:"update"`
 	PolicyVersion int64   `parquet:"policy_version"`
 	Tokens        int64   `parquet:"tokens"`
+	StaleTokens   int64   `parquet:"stale_tokens"` // taken out by the lag rule (docs/PIPELINE.md §15)
 	Reward        float64 `parquet:"reward"`
 	LatencyUS     int64   `parquet:"latency_us"`
 	At            int64   `parquet:"at_us"`
@@ -474,6 +475,7 @@ type controlJSON struct {
 	Update         int64   `json:"update"`
 	PolicyVersion  int64   `json:"policy_version"`
 	Tokens         int64   `json:"tokens"`
+	StaleTokens    int64   `json:"stale_tokens"`
 	Reward         float64 `json:"reward"`
 	LatencyUS      int64   `json:"latency_us"`
 	At             int64   `json:"at_us"`
@@ -551,7 +553,7 @@ func controlRow(m *Message, kind string) (ControlRow, error) {
 	}
 	r.Kind, r.Stage, r.Reason, r.Detail, r.Infra = c.Kind, c.Stage, c.Reason, c.Detail, c.Infra
 	r.BatchID, r.Update, r.PolicyVersion, r.Tokens = c.BatchID, c.Update, c.PolicyVersion, c.Tokens
-	r.Reward, r.LatencyUS, r.At = c.Reward, c.LatencyUS, c.At
+	r.StaleTokens, r.Reward, r.LatencyUS, r.At = c.StaleTokens, c.Reward, c.LatencyUS, c.At
 	r.TrainingStep, r.CheckpointHash, r.CheckpointURI, r.ContractHash, r.Ready = c.TrainingStep, c.CheckpointHash, c.CheckpointURI, c.ContractHash, c.Ready
 	r.BatchIndex, r.TrainerVersion, r.ClosedBy = c.BatchIndex, c.TrainerVersion, c.ClosedBy
 	r.Admitted = j.AdmittedJ
