@@ -27,8 +27,9 @@ bench:
 
 # Bounded fuzzing of every decoder and the contract parser (scripts/fuzz.sh).
 FUZZTIME ?= 10s
+FUZZ_JOBS ?= 1
 fuzz:
-	GO=$(GO) FUZZTIME=$(FUZZTIME) scripts/fuzz.sh
+	GO=$(GO) FUZZTIME=$(FUZZTIME) FUZZ_JOBS=$(FUZZ_JOBS) scripts/fuzz.sh
 
 # Real Apache Kafka (KRaft, single node, 127.0.0.1:19092; SASL_SSL on 19093)
 # fetched from Maven Central into build/kafka; see deploy/local/kafka.sh.

@@ -61,6 +61,14 @@ type WindowRecord struct {
 	// MaxLag is the largest policy lag (TrainerVersion minus the oldest
 	// behavior version of a segment) among the admitted segments.
 	MaxLag int64 `json:"max_lag"`
+	// MinLag is TrainerVersion minus the newest behavior version that keeps
+	// a trained token of the batch under the stale policy
+	// (operators/pack.NewestKept): the trainer's lag rule refuses the batch
+	// whole at trainer version v exactly when v - (TrainerVersion - MinLag)
+	// > max_lag, which dispatch needs to know to stop counting it in
+	// flight. Absent (0) in records written before it existed, which is
+	// the bound those records implied.
+	MinLag int64 `json:"min_lag,omitempty"`
 	// Cost is what the window's decided episodes cost to generate:
 	// those admitted and those filtered (docs/SYSTEMS.md §17).
 	Cost *WindowCost `json:"cost,omitempty"`

@@ -344,6 +344,36 @@ func TestStageAsyncStaleBatch(t *testing.T) {
 	}
 }
 
+// TestStageAsyncStaleBatchOlderTokens: the straggler's batch closed at
+// trainer version 1, but every token it can train was sampled by version
+// 0 (min_lag 1): at the release of version 2 the trainer refuses it whole,
+// two versions beyond its tokens, although the window's own version is
+// only one behind. Dispatch must judge by the tokens, or it waits for a
+// consumption no release will report and the loop stops.
+func TestStageAsyncStaleBatchOlderTokens(t *testing.T) {
+	for _, minLag := range []int64{0, 1} {
+		h := newHarness(t, ModeAsync, 1, 0)
+		h.trained(0, 0)
+		h.batchWindowAt(0, 0, 7, 0, 0)
+		h.batchWindowAt(1, 0, 8, 1, 1)
+		var groups []string
+		for _, g := range h.s.cfg.Planner.Plan(0)[7:8] {
+			groups = append(groups, g.GroupID)
+		}
+		b, _ := schemas.EncodeWindow(schemas.WindowRecord{Groups: groups, BatchIndex: 2, BatchID: "b2", TrainerVersion: 1, MinLag: minLag})
+		h.feed(h.topics.Windows, b)
+		h.trained(1, 1)
+		got := h.trained(2, 2)
+		want := []int64(nil) // the batch can still train at version 2
+		if minLag == 1 {
+			want = []int64{2, 3}
+		}
+		if !reflect.DeepEqual(got, want) {
+			t.Fatalf("min_lag %d: dispatched %v at version 2, want %v (in flight %d)", minLag, got, want, h.s.InFlight())
+		}
+	}
+}
+
 // TestStageAsyncGroupBudget: with windows of 4 groups (half a round) and
 // max_lag 1, at most (1+1)·4 = 8 groups are in flight: one round at a
 // time, the next dispatched when the trainer has consumed both batches of

@@ -109,14 +109,18 @@ type round struct {
 // trainer's lag rule at the update excludes and counts what is beyond
 // MaxLag (operators/train LagRule), so the bound holds regardless.
 //
-// A batch the trainer can only refuse is not in flight either: the window
-// that made it closed at trainer version t (pack's version, never older
-// than a behavior version it admitted), so once a release v with
-// v - t > MaxLag is out and the trainer had not consumed the batch by
-// then, every token of it is beyond the lag bound at its update — the
-// trainer excludes it whole (stale_batch, counted) and no release will
-// say it consumed it. Waiting for it would stall the loop when it is the
-// last batch (a straggler's).
+// A batch the trainer can only refuse is not in flight either: its window
+// record names k, the newest behavior version that keeps a trained token
+// of it under the stale policy (the window's trainer version minus its
+// min_lag; pack.NewestKept), so once a release v with v - k > MaxLag is out
+// and the trainer had not consumed the batch by then, every token it could
+// train is beyond the lag bound at its update — the trainer excludes it
+// whole (stale_batch, counted) and no release will say it consumed it.
+// Waiting for it would stall the loop when it is the last batch (a
+// straggler's). k is exactly the trainer's rule, not a bound on it: with
+// the window's trainer version alone (an upper bound on k) a batch whose
+// tokens were all older than that version was refused at a release the
+// dispatcher still counted it in flight at, and the loop stopped there.
 //
 // Its outputs are the tasks messages (one per group, keyed by group
 // id, Arrow TaskAttempt rows) and a "dispatched" census event per attempt.
@@ -133,13 +137,13 @@ type Stage struct {
 	// (the releases' next_batch; their version for a trainer that does not
 	// say).
 	consumed int64
-	// closedAt is the trainer version of the window of every batch not
-	// yet consumed.
-	closedAt map[int64]int64
-	next     int64
-	rounds   map[int64]*round
-	group    map[string]int64 // outstanding group id -> round
-	redo     []Group          // groups to emit again after a rebuild
+	// keptBy is, for every batch not yet consumed, the newest behavior
+	// version that keeps a trained token of it (see doomed).
+	keptBy map[int64]int64
+	next   int64
+	rounds map[int64]*round
+	group  map[string]int64 // outstanding group id -> round
+	redo   []Group          // groups to emit again after a rebuild
 	// judged is the latest release the gate ruled on (-1: none); halt is
 	// the stop decision, once one came; acked is set once dispatch's
 	// halted record is out (or was read back).
@@ -165,7 +169,7 @@ func NewStage(cfg StageConfig) (*Stage, error) {
 	if cfg.MaxLag < 0 || cfg.Rounds < 0 || cfg.BatchGroups < 0 {
 		return nil, fmt.Errorf("%w: max lag %d, rounds %d, batch groups %d", ErrConfig, cfg.MaxLag, cfg.Rounds, cfg.BatchGroups)
 	}
-	return &Stage{cfg: cfg, policy: -1, judged: -1, rolledBack: -1, rounds: map[int64]*round{}, group: map[string]int64{}, closedAt: map[int64]int64{}}, nil
+	return &Stage{cfg: cfg, policy: -1, judged: -1, rolledBack: -1, rounds: map[int64]*round{}, group: map[string]int64{}, keptBy: map[int64]int64{}}, nil
 }
 
 // Name implements pipeline.Stage.
@@ -260,7 +264,7 @@ func (s *Stage) open(r int64) {
 // window applies a pack window record (idempotent).
 func (s *Stage) window(w schemas.WindowRecord) {
 	if w.BatchID != "" && w.BatchIndex >= s.consumed {
-		s.closedAt[w.BatchIndex] = w.TrainerVersion
+		s.keptBy[w.BatchIndex] = w.TrainerVersion - w.MinLag
 	}
 	for _, g := range w.Groups {
 		r, ok := s.group[g]
@@ -283,9 +287,9 @@ func (s *Stage) window(w schemas.WindowRecord) {
 func (s *Stage) release(rel schemas.PolicyRelease) {
 	s.policy = max(s.policy, rel.PolicyVersion)
 	s.consumed = max(s.consumed, rel.Consumed())
-	for b := range s.closedAt {
+	for b := range s.keptBy {
 		if b < s.consumed {
-			delete(s.closedAt, b)
+			delete(s.keptBy, b)
 		}
 	}
 }
@@ -294,8 +298,8 @@ func (s *Stage) release(rel schemas.PolicyRelease) {
 // the trainer: every token of it is beyond MaxLag of the latest release
 // (see Stage).
 func (s *Stage) doomed(b int64) bool {
-	t, ok := s.closedAt[b]
-	return ok && s.policy-t > s.cfg.MaxLag
+	kept, ok := s.keptBy[b]
+	return ok && s.policy-kept > s.cfg.MaxLag
 }
 
 // inFlight is the number of groups of round r still in flight (async):

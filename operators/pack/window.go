@@ -410,3 +410,41 @@ func (w *Window) Close(batchIndex int64, runID, contractHash string, trainerVers
 	w.trainerVersion = trainerVersion
 	return batch, closed
 }
+
+// NewestKept is the behavior version that decides how long batch stays
+// trainable under the stale policy: the trainer's lag rule (operators/train
+// LagRule, docs/PIPELINE.md §15) leaves some trained token of batch at
+// trainer version v if and only if v - NewestKept(batch) <= max_lag. Under
+// StaleMaskTurns a token survives on its own, so it is the newest version of
+// a trained token; under StaleDrop a segment goes whole with its oldest
+// trained token, so it is the newest among the segments' oldest versions.
+// It is -1 when batch has no trained token.
+func NewestKept(batch *schemas.PackedBatch, stalePolicy string) int64 {
+	newest := int64(-1)
+	var oldest []int64 // per segment of a row, its oldest trained version (StaleDrop)
+	for r := range batch.Rows {
+		row := &batch.Rows[r]
+		oldest = oldest[:0]
+		for i, m := range row.ActionMask {
+			if m != 1 {
+				continue
+			}
+			v := int64(row.PolicyVersions[i])
+			if stalePolicy != StaleDrop {
+				newest = max(newest, v)
+				continue
+			}
+			k := int(row.SegmentIDs[i])
+			for len(oldest) <= k {
+				oldest = append(oldest, -1)
+			}
+			if oldest[k] < 0 || v < oldest[k] {
+				oldest[k] = v
+			}
+		}
+		for _, v := range oldest {
+			newest = max(newest, v)
+		}
+	}
+	return newest
+}

@@ -99,6 +99,46 @@ func TestLagRuleHandComputed(t *testing.T) {
 	}
 }
 
+// TestNewestKeptMatchesLagRule: pack.NewestKept is the trainer's lag rule
+// in one number. By hand, for the row of TestLagRuleHandComputed (segments
+// a 4,5; b 3,3; c 3,5): under drop the segments' oldest versions are 4, 3
+// and 3, so 4; under mask_stale the newest trained token is 5. And for
+// every version mix of that row drawn from 0-3, with max_lag 0-2, the rule
+// leaves a trained token at trainer version NewestKept + max_lag and none
+// one version later.
+func TestNewestKeptMatchesLagRule(t *testing.T) {
+	row := schemas.PackedBatch{Rows: []schemas.PackedRow{lagRow([6]int32{4, 5, 3, 3, 3, 5})}}
+	if got := pack.NewestKept(&row, pack.StaleDrop); got != 4 {
+		t.Errorf("drop: NewestKept %d, want 4", got)
+	}
+	if got := pack.NewestKept(&row, pack.StaleMaskTurns); got != 5 {
+		t.Errorf("mask_stale: NewestKept %d, want 5", got)
+	}
+	if got := pack.NewestKept(&schemas.PackedBatch{}, pack.StaleDrop); got != -1 {
+		t.Errorf("empty batch: NewestKept %d, want -1", got)
+	}
+	for n := range 4 * 4 * 4 * 4 * 4 * 4 {
+		var v [6]int32
+		for k, x := 0, n; k < 6; k, x = k+1, x/4 {
+			v[k] = int32(x % 4)
+		}
+		for _, policy := range []string{pack.StaleDrop, pack.StaleMaskTurns} {
+			for maxLag := int64(0); maxLag <= 2; maxLag++ {
+				b := schemas.PackedBatch{Rows: []schemas.PackedRow{lagRow(v)}}
+				kept := pack.NewestKept(&b, policy)
+				rule := train.LagRule{MaxLag: maxLag, Policy: policy}
+				if out := rule.Apply(&b, kept+maxLag); len(out.Trained) == 0 {
+					t.Fatalf("%s, max_lag %d, versions %v: nothing trains at version %d = NewestKept %d + max_lag", policy, maxLag, v, kept+maxLag, kept)
+				}
+				b = schemas.PackedBatch{Rows: []schemas.PackedRow{lagRow(v)}}
+				if out := rule.Apply(&b, kept+maxLag+1); len(out.Trained) != 0 {
+					t.Fatalf("%s, max_lag %d, versions %v: %v still train at version %d", policy, maxLag, v, out.Trained, kept+maxLag+1)
+				}
+			}
+		}
+	}
+}
+
 // TestStageLagRuleAtUpdate: the train stage enforces max_lag at the
 // optimizer step. Three batches bring the trainer to version 3; batch 3
 // holds segments sampled at versions 2 (lag 1: trained) and 1 (lag 2:
