@@ -44,7 +44,7 @@ func dialAny(ctx context.Context, d *kafka.Dialer, brokers []string) (*kafka.Con
 // reader of an ended generation hands to the next fetch (its send races
 // its context's end in one select).
 func transient(err error) bool {
-	if err == nil {
+	if err == nil || tfkafka.Refused(err) {
 		return false
 	}
 	var ke kafka.Error

@@ -2,6 +2,8 @@ package pipeline
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"net"
@@ -235,5 +237,28 @@ func TestOperatorStopsOnFatalProduceWhileIdle(t *testing.T) {
 	}
 	if got := r.committedThrough("in", 0); got >= 0 {
 		t.Fatalf("committed through %d although the output failed", got)
+	}
+}
+
+// TestTransient: broker and network failures that heal are retried in
+// place; a refusal of the client's credentials or trust (kafka.Refused),
+// or a request the broker can never accept, is not.
+func TestTransient(t *testing.T) {
+	cert := &x509.Certificate{}
+	for _, tc := range []struct {
+		name string
+		err  error
+		want bool
+	}{
+		{"connection refused", fmt.Errorf("dial: %w", syscall.ECONNREFUSED), true},
+		{"leader moving", kafka.NotLeaderForPartition, true},
+		{"group loading", errors.New("[14] Group Load In Progress: the coordinator is loading"), true},
+		{"sasl refused", fmt.Errorf("dial: %w", kafka.SASLAuthenticationFailed), false},
+		{"untrusted certificate", &net.OpError{Op: "dial", Err: &tls.CertificateVerificationError{Err: x509.UnknownAuthorityError{Cert: cert}}}, false},
+		{"message too large", kafka.MessageSizeTooLarge, false},
+	} {
+		if got := transient(tc.err); got != tc.want {
+			t.Errorf("%s: transient(%v) = %v, want %v", tc.name, tc.err, got, tc.want)
+		}
 	}
 }

@@ -48,6 +48,10 @@ func TestAsyncLagBoundUnderChaos(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts a broker and the loop's operators as processes; run without -short")
 	}
+	// Parallel: it runs beside the package's other long process test
+	// (TestReadmeFleet) once the sequential tests are done; a loaded
+	// machine only adds to the timing it randomizes.
+	t.Parallel()
 	seeds := 3
 	if v, err := strconv.Atoi(os.Getenv("TRAJFLOW_CHAOS_SEEDS")); err == nil && v > 0 {
 		seeds = v

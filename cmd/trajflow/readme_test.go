@@ -55,6 +55,7 @@ func readmeBlock(t *testing.T, marker string) []string {
 // for the same seed and rounds: counts, batch hashes, hidden-eval
 // success; census and replay of the fleet's snapshot must agree.
 func TestReadmeFleet(t *testing.T) {
+	t.Parallel() // beside TestAsyncLagBoundUnderChaos, after the sequential tests
 	lines := readmeBlock(t, "<!-- fleet: the README test")
 	const build = `go build -o bin/trajflow ./cmd/trajflow && export PATH="$PWD/bin:$PATH"`
 	if lines[0] != build {
