@@ -186,4 +186,14 @@ def update_line(stage: TrainStage) -> dict:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    # main closed the consumer and flushed the producer before it returned;
+    # nothing is left to release. The interpreter's teardown would still
+    # destroy the librdkafka producer handle (which waits for requests in
+    # flight, up to socket.timeout.ms) and native worker threads, and a
+    # stopped trainer was seen alive more than 30 s after its last log
+    # line: exit at once, with the output flushed.
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
