@@ -197,6 +197,9 @@ func newPack(d Deps) (pipeline.Stage, error) {
 		// window (sync: the next round waits for it; async: dispatch
 		// keeps at most max_lag+1 rounds in flight).
 		CountDecidedGroups: true,
+		// Asynchronous: earliest deadline first, so a straggler is not
+		// overtaken out of its last batch within max_lag.
+		Deadlines: d.Contract.Dispatch.Mode == contract.DispatchAsync && d.Contract.Packing.BatchGroups > 0,
 	})
 }
 

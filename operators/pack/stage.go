@@ -43,7 +43,17 @@ type StageConfig struct {
 	// groups were all filtered still closes, with a WindowRecord and no
 	// batch, so the dispatcher can start the next round.
 	CountDecidedGroups bool
-	Now                func() time.Time
+	// Deadlines is earliest-deadline-first admission (asynchronous mode,
+	// docs/ARCHITECTURE.md "Pacing"): the open window keeps a place for
+	// every dispatched, undecided group whose last chance to train within
+	// Options.MaxLag is this window's batch, and a younger group that would
+	// take it waits, held, for a later window. Needs Options.BatchGroups.
+	Deadlines bool
+	// DeadlineWait is how long younger groups wait for the reserved groups
+	// that have not come before the reservations are given up (default
+	// 30 s): a group that never reaches pack holds no window for ever.
+	DeadlineWait time.Duration
+	Now          func() time.Time
 }
 
 // WindowRecord is the lineage of one closed window (schemas.WindowRecord),
@@ -104,6 +114,16 @@ type Stage struct {
 	failedHeld []pipeline.Ref
 	failSeen   *idset.Set
 	failRing   *idset.Ring
+	// Deadlines: the dispatched, undecided groups (dl, nil when off), the
+	// scored messages waiting for a later window (deferred, in arrival
+	// order, held), when the last of them was admitted or first deferred
+	// (waitSince), and the trainer's newest release: its version and how
+	// many batches it had consumed (expected).
+	dl        *deadlines
+	deferred  []pipeline.Message
+	waitSince time.Time
+	released  int64
+	consumed  int64
 }
 
 // NewStage validates cfg and returns the stage.
@@ -123,8 +143,18 @@ func NewStage(cfg StageConfig) (*Stage, error) {
 	if cfg.DedupHorizon <= 0 {
 		cfg.DedupHorizon = 7 * 24 * time.Hour
 	}
-	return &Stage{cfg: cfg, win: w, held: map[pipeline.Ref]struct{}{}, cost: map[string]schemas.EpisodeCost{}, recent: idset.NewRing(cfg.DedupMemory),
-		failSeen: idset.New(), failRing: idset.NewRing(cfg.DedupMemory)}, nil
+	if cfg.DeadlineWait <= 0 {
+		cfg.DeadlineWait = 30 * time.Second
+	}
+	s := &Stage{cfg: cfg, win: w, held: map[pipeline.Ref]struct{}{}, cost: map[string]schemas.EpisodeCost{}, recent: idset.NewRing(cfg.DedupMemory),
+		failSeen: idset.New(), failRing: idset.NewRing(cfg.DedupMemory)}
+	if cfg.Deadlines {
+		if cfg.Options.BatchGroups <= 0 {
+			return nil, fmt.Errorf("%w: deadline admission needs packing.batch_groups", ErrOptions)
+		}
+		s.dl = newDeadlines(cfg.Options.MaxLag, 1<<16)
+	}
+	return s, nil
 }
 
 // Name implements pipeline.Stage.
@@ -224,6 +254,14 @@ func (s *Stage) Start(ctx context.Context, env *pipeline.Env) error {
 	if err != nil {
 		return fmt.Errorf("pack: rebuild from windows: %w", err)
 	}
+	if s.dl != nil {
+		// The census is re-read from its committed offset, which a held
+		// failure event may keep well behind: the "dispatched" events of
+		// groups closed windows decided reserve nothing.
+		for g := range s.closedGroups {
+			s.dl.decided(g)
+		}
+	}
 	env.Logger.Info("pack state restored", "batches_scanned", batches, "windows_scanned", windows,
 		"undecodable_window_records", undecodable, "next_batch", s.nextIndex)
 	return nil
@@ -313,10 +351,18 @@ func (s *Stage) Process(ctx context.Context, m pipeline.Message) (pipeline.Resul
 		if rel.Ready && rel.PolicyVersion > s.win.TrainerVersion() {
 			s.win.SetTrainerVersion(rel.PolicyVersion)
 		}
-		return pipeline.Result{}, nil
+		var res pipeline.Result
+		if rel.Ready && rel.PolicyVersion >= s.released {
+			s.released, s.consumed = rel.PolicyVersion, max(s.consumed, rel.Consumed())
+			if err := s.drain(ctx, &res); err != nil {
+				return pipeline.Result{}, err
+			}
+			s.keepHeld(&res)
+		}
+		return res, nil
 	}
 	if m.Topic == s.cfg.Topics.Census {
-		return s.failure(m)
+		return s.censusEvent(ctx, m)
 	}
 	rows, err := stagekit.Decode(schemas.ScoredTrajectories, m)
 	if err != nil {
@@ -331,13 +377,64 @@ func (s *Stage) Process(ctx context.Context, m pipeline.Message) (pipeline.Resul
 		if rows, err = s.closedCensus(&res, rows, version); err != nil || len(rows) == 0 {
 			return res, err
 		}
+	} else if s.mustWait(rows) {
+		if len(s.deferred) == 0 {
+			s.waitSince = s.now()
+		}
+		m.Key, m.Value = slices.Clone(m.Key), slices.Clone(m.Value)
+		m.Headers = slices.Clone(m.Headers)
+		s.deferred = append(s.deferred, m)
+		return pipeline.Result{Hold: true}, nil
+	}
+	if err := s.admit(ctx, &res, m, rows); err != nil {
+		return pipeline.Result{}, err
+	}
+	if err := s.drain(ctx, &res); err != nil {
+		return pipeline.Result{}, err
+	}
+	s.keepHeld(&res)
+	if s.holds(m.Ref) {
+		res.Hold = true
+	}
+	return res, nil
+}
+
+// keepHeld removes from res.Release the messages still held: rows of a
+// message that joined the open window after an earlier window closed in
+// the same call (a window full in the middle of the message) stay held
+// for the open window.
+func (s *Stage) keepHeld(res *pipeline.Result) {
+	kept := res.Release[:0]
+	for _, r := range res.Release {
+		if !s.holds(r) {
+			kept = append(kept, r)
+		}
+	}
+	res.Release = kept
+}
+
+// holds reports whether message r is held: decided in the open window, or
+// deferred to a later one.
+func (s *Stage) holds(r pipeline.Ref) bool {
+	if _, ok := s.held[r]; ok {
+		return true
+	}
+	return slices.ContainsFunc(s.deferred, func(d pipeline.Message) bool { return d.Ref == r })
+}
+
+// admit decides the rows of scored message m (one group's records) in the
+// open window, closing it first when it does not accept them and after
+// them when it is full.
+func (s *Stage) admit(ctx context.Context, res *pipeline.Result, m pipeline.Message, rows []schemas.Scored) error {
+	if s.dl != nil {
+		s.dl.decided(rows[0].GroupID)
 	}
 	now := s.now()
 	for i := range rows {
 		r := &rows[i]
 		if !s.win.Accepts(r.GroupID) {
-			if err := s.close(ctx, &res, "full"); err != nil {
-				return pipeline.Result{}, err
+			if err := s.close(ctx, res, "full"); err != nil {
+				return err
 			}
 		}
 		// A record sampled at behavior version v proves the trainer
@@ -349,7 +446,7 @@ func (s *Stage) Process(ctx context.Context, m pipeline.Message) (pipeline.Resul
 			s.win.SetTrainerVersion(v)
 		}
 		if dup, err := s.admittedBefore(r.RecordID); err != nil {
-			return pipeline.Result{}, err
+			return err
 		} else if dup {
 			s.env.DuplicateDropped(r.RecordID)
 			s.win.MarkSeen(r.RecordID)
@@ -363,7 +460,7 @@ func (s *Stage) Process(ctx context.Context, m pipeline.Message) (pipeline.Resul
 				reason = "eval_task_id"
 			}
 			if errors.Is(err, ErrWindowFull) {
-				return pipeline.Result{}, err // Accepts was checked: a defect, not bad input
+				return err // Accepts was checked: a defect, not bad input
 			}
 			outs, rerr := stagekit.RefuseRow(schemas.ScoredTrajectories, s.cfg.Topics, s.Name(), m, i, *r, stagekit.Refused{
 				RunID: r.RunID, AttemptID: r.RecordID, TaskID: r.TaskID, GroupID: r.GroupID,
@@ -371,7 +468,7 @@ func (s *Stage) Process(ctx context.Context, m pipeline.Message) (pipeline.Resul
 				Incident: reason == "eval_task_id", At: now.UnixMicro(), Turns: r.Turns,
 			})
 			if rerr != nil {
-				return pipeline.Result{}, rerr
+				return rerr
 			}
 			res.Outputs = append(res.Outputs, outs...)
 			stagekit.TraceAttempt(ctx, s.Name(), "advantage", now, r.RecordID,
@@ -406,51 +503,113 @@ func (s *Stage) Process(ctx context.Context, m pipeline.Message) (pipeline.Resul
 			}
 			ev, err := s.census(r.RecordID, r.TaskID, r.GroupID, schemas.CensusFiltered, string(out.Filter), "", 0, stale, s.win.TrainerVersion(), now)
 			if err != nil {
-				return pipeline.Result{}, err
+				return err
 			}
 			res.Outputs = append(res.Outputs, ev)
 		}
 	}
 	if s.win.Ready() {
-		if err := s.close(ctx, &res, "full"); err != nil {
-			return pipeline.Result{}, err
-		}
+		return s.close(ctx, res, "full")
 	}
-	if _, ok := s.held[m.Ref]; ok {
-		// Rows of m joined the open window after an earlier window closed
-		// in this same call: m stays held for the open window.
-		res.Hold = true
-		kept := res.Release[:0]
-		for _, r := range res.Release {
-			if r != m.Ref {
-				kept = append(kept, r)
-			}
-		}
-		res.Release = kept
-	}
-	return res, nil
+	return nil
 }
 
-// failure counts a census event reporting failed generation of the run
-// (schemas.FailureCost) in the open window and holds it until the window
-// closes: its cost rides on the window record and the next batch's cost
-// header (docs/SYSTEMS.md §17). An event already counted in a closed
-// window, and any other event, is passed over; a record that is not a
-// census event is refused.
-func (s *Stage) failure(m pipeline.Message) (pipeline.Result, error) {
+// censusEvent reads one census event. In deadline mode a "dispatched"
+// event reserves a place for its group (deadlines) and a group quarantined
+// upstream is no longer waited for. An event reporting failed generation
+// of the run (schemas.FailureCost) is counted in the open window and held
+// until the window closes: its cost rides on the window record and the
+// next batch's cost header (docs/SYSTEMS.md §17). An event already counted
+// in a closed window, and any other event, is passed over; a record that
+// is not a census event is refused.
+func (s *Stage) censusEvent(ctx context.Context, m pipeline.Message) (pipeline.Result, error) {
 	ev, err := stagekit.CensusOf(&m)
 	if err != nil {
 		return pipeline.Result{}, err
 	}
-	c, ok := schemas.FailureCost(ev)
-	if !ok || ev.RunID != s.cfg.RunID || s.failSeen.Has(ev.EventID) {
+	if ev.RunID != s.cfg.RunID {
 		return pipeline.Result{}, nil
+	}
+	var res pipeline.Result
+	if s.dl != nil {
+		switch {
+		case ev.Kind == schemas.CensusDispatched:
+			s.dl.dispatched(ev.GroupID, ev.PolicyVersion)
+		case ev.Kind == schemas.CensusQuarantined && ev.Stage != s.Name():
+			s.dl.decided(ev.GroupID)
+			if err := s.drain(ctx, &res); err != nil {
+				return pipeline.Result{}, err
+			}
+			s.keepHeld(&res)
+		}
+	}
+	c, ok := schemas.FailureCost(ev)
+	if !ok || s.failSeen.Has(ev.EventID) {
+		return res, nil
 	}
 	s.sawFailure(ev.EventID)
 	s.failed.Add(c)
 	s.failedIDs = append(s.failedIDs, ev.EventID)
 	s.failedHeld = append(s.failedHeld, m.Ref)
-	return pipeline.Result{Hold: true}, nil
+	res.Hold = true
+	return res, nil
+}
+
+// expected is the trainer version the open window's batch will be trained
+// at: the newest release's, plus one for every batch packed before it that
+// the trainer has not consumed yet.
+func (s *Stage) expected() int64 {
+	return s.released + max(s.nextIndex-s.consumed, 0)
+}
+
+// mustWait reports whether the group of rows must wait for a later window
+// (deadline mode): it could still be trained within MaxLag after this
+// window's batch, and the places this window has left are reserved for
+// undecided groups whose last chance it is.
+func (s *Stage) mustWait(rows []schemas.Scored) bool {
+	if s.dl == nil || len(rows) == 0 || s.win.HasGroup(rows[0].GroupID) {
+		return false
+	}
+	oldest := int64(-1)
+	for i := range rows {
+		for _, t := range rows[i].Turns {
+			if oldest < 0 || t.PolicyVersion < oldest {
+				oldest = t.PolicyVersion
+			}
+		}
+	}
+	e := s.expected()
+	if oldest < 0 || oldest+s.cfg.Options.MaxLag <= e {
+		return false // its last chance, or already past it: now
+	}
+	r := s.dl.reserved(e)
+	return r > 0 && s.win.Count()+r >= s.cfg.Options.BatchGroups
+}
+
+// drain admits the deferred messages that need not wait any more, in the
+// order they came.
+func (s *Stage) drain(ctx context.Context, res *pipeline.Result) error {
+	for progress := true; progress; {
+		progress = false
+		for i := 0; i < len(s.deferred); i++ {
+			m := s.deferred[i]
+			rows, err := stagekit.Decode(schemas.ScoredTrajectories, m)
+			if err != nil {
+				return fmt.Errorf("pack: deferred message at %s: %w", m.Ref, err)
+			}
+			if s.mustWait(rows) {
+				continue
+			}
+			s.deferred = slices.Delete(s.deferred, i, i+1)
+			s.waitSince = s.now()
+			if err := s.admit(ctx, res, m, rows); err != nil {
+				return err
+			}
+			progress = true
+			break // a close changes what waits: start over
+		}
+	}
+	return nil
 }
 
 // sawFailure remembers a counted failure event, forgetting the oldest
@@ -463,12 +622,29 @@ func (s *Stage) sawFailure(id string) {
 }
 
 // Tick closes a window whose oldest decision (admitted or filtered) is
-// older than MaxWait.
+// older than MaxWait, and gives up the reservations that deferred groups
+// have waited DeadlineWait for.
 func (s *Stage) Tick(ctx context.Context, now time.Time) (pipeline.Result, error) {
 	var res pipeline.Result
+	if len(s.deferred) > 0 && now.Sub(s.waitSince) >= s.cfg.DeadlineWait {
+		e := s.expected()
+		n := s.dl.expire(e)
+		s.env.Logger.Warn("pack: reserved groups did not come; the groups waiting for them go on",
+			"given_up", n, "waiting", len(s.deferred), "trainer_version", e, "waited", now.Sub(s.waitSince).String())
+		s.waitSince = now
+		if err := s.drain(ctx, &res); err != nil {
+			return pipeline.Result{}, err
+		}
+		s.keepHeld(&res)
+	}
 	if s.cfg.MaxWait > 0 && len(s.held) > 0 && now.Sub(s.opened) >= s.cfg.MaxWait {
-		err := s.close(ctx, &res, "timeout")
-		return res, err
+		if err := s.close(ctx, &res, "timeout"); err != nil {
+			return pipeline.Result{}, err
+		}
+		if err := s.drain(ctx, &res); err != nil {
+			return pipeline.Result{}, err
+		}
+		s.keepHeld(&res)
 	}
 	return res, nil
 }

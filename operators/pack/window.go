@@ -241,11 +241,16 @@ func (w *Window) Ready() bool {
 	if w.tokensFull() {
 		return true
 	}
-	n := len(w.groups)
+	return w.opts.BatchGroups > 0 && w.Count() >= w.opts.BatchGroups
+}
+
+// Count is the number of groups Ready compares with BatchGroups: the
+// admitted groups, or the decided ones under CountDecidedGroups.
+func (w *Window) Count() int {
 	if w.countDecided {
-		n = len(w.decided)
+		return len(w.decided)
 	}
-	return w.opts.BatchGroups > 0 && n >= w.opts.BatchGroups
+	return len(w.groups)
 }
 
 func (w *Window) tokensFull() bool {
