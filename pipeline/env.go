@@ -36,6 +36,7 @@ type Env struct {
 	dups     func(id string)
 	domain   *Domain
 	dupLog   logLimiter
+	emit     func(ctx context.Context, outs []Output) error
 
 	mu    sync.Mutex
 	store *state.Store
@@ -69,6 +70,10 @@ type EnvConfig struct {
 	Duplicates func(id string)
 	// Domain receives the stage's domain metrics (Metrics); nil: none.
 	Domain *Domain
+	// Emit produces records at once, while a message is being processed
+	// (Env.Emit); nil: Emit reports false and the stage returns them
+	// with its Result.
+	Emit func(ctx context.Context, outs []Output) error
 }
 
 // NewEnv returns an Env.
@@ -80,7 +85,22 @@ func NewEnv(c EnvConfig) *Env {
 		c.Now = time.Now
 	}
 	return &Env{Logger: c.Logger, now: c.Now, scanner: c.Scanner, stateDir: c.StateDir, releases: c.Releases,
-		dups: c.Duplicates, domain: c.Domain, dupLog: logLimiter{every: 10 * time.Second}}
+		dups: c.Duplicates, domain: c.Domain, dupLog: logLimiter{every: 10 * time.Second}, emit: c.Emit}
+}
+
+// Emit produces outs now, before the Result of the message being
+// processed, and reports whether it did (false: this environment cannot;
+// the stage returns them with its Result instead). Nothing waits for their
+// acknowledgement and nothing orders them with the Result's outputs; a
+// message processed again after a crash emits them again. It is for
+// progress events whose consumers deduplicate by id, such as a rollout's
+// census "started" events, which pack reads while the episode runs. A nil
+// Env cannot emit.
+func (e *Env) Emit(ctx context.Context, outs ...Output) (bool, error) {
+	if e == nil || e.emit == nil {
+		return false, nil
+	}
+	return true, e.emit(ctx, outs)
 }
 
 // Metrics is where the stage reports its domain metrics (policy

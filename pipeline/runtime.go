@@ -268,7 +268,14 @@ func (o *Operator) Run(ctx context.Context) (err error) {
 	cfg := &o.cfg
 	log := cfg.Logger.With("stage", o.stage.Name(), "instance", cfg.Instance)
 	o.env = NewEnv(EnvConfig{Logger: log, Now: cfg.Now, Scanner: kafkaScanner{cfg}, StateDir: cfg.StateDir, Releases: cfg.Releases,
-		Duplicates: func(string) { o.m.duplicates.Inc() }, Domain: o.m.domain})
+		Duplicates: func(string) { o.m.duplicates.Inc() }, Domain: o.m.domain,
+		Emit: func(ctx context.Context, outs []Output) error {
+			outs, err := o.oversize(outs, nil)
+			if err != nil {
+				return err
+			}
+			return o.write(ctx, outs, nil, false)
+		}})
 	defer func() {
 		if cerr := closeStage(o.stage, o.env); cerr != nil && err == nil {
 			err = cerr

@@ -5,9 +5,9 @@ import (
 )
 
 // deadlines tracks, in asynchronous mode, the groups dispatched and not yet
-// decided by this pack (census "dispatched" events), with the policy version
-// each was dispatched at. A group dispatched at version v has its last
-// chance to be trained within MaxLag in the batch the trainer trains at
+// decided by this pack (census "dispatched" and "started" events), with the
+// policy version each one's rollout started at. A group started at version
+// v has its last chance to be trained within MaxLag in the batch the trainer trains at
 // version v + MaxLag; the open window keeps a place for every such group
 // whose last chance it is, and a younger group that would take that place
 // waits for the next window (earliest deadline first, docs/ARCHITECTURE.md
@@ -21,7 +21,7 @@ import (
 // group never comes is dropped after StageConfig.DeadlineWait.
 type deadlines struct {
 	maxLag int64
-	open   map[string]int64 // undecided group → version it was dispatched at
+	open   map[string]episode // undecided groups
 	// done holds the groups decided (or given up on), the oldest forgotten
 	// beyond its ring's capacity: a dispatched event read after its group
 	// was decided (the census lags the scored topic) reserves nothing.
@@ -29,8 +29,16 @@ type deadlines struct {
 	doneRing *idset.Ring
 }
 
+// episode is what pack knows of an undecided group: the version it was
+// dispatched at, or, once its rollout started (census "started"), the
+// version its first turn samples with.
+type episode struct {
+	version int64
+	started bool
+}
+
 func newDeadlines(maxLag int64, memory int) *deadlines {
-	return &deadlines{maxLag: maxLag, open: map[string]int64{}, done: idset.New(), doneRing: idset.NewRing(memory)}
+	return &deadlines{maxLag: maxLag, open: map[string]episode{}, done: idset.New(), doneRing: idset.NewRing(memory)}
 }
 
 // dispatched records that group was dispatched at policy version v.
@@ -38,8 +46,19 @@ func (d *deadlines) dispatched(group string, v int64) {
 	if group == "" || d.done.Has(group) {
 		return
 	}
-	if old, ok := d.open[group]; !ok || v < old {
-		d.open[group] = v
+	if _, ok := d.open[group]; !ok {
+		d.open[group] = episode{version: v}
+	}
+}
+
+// started records that group's rollout started at policy version v (a try
+// run again starts again, on a version at least as new).
+func (d *deadlines) started(group string, v int64) {
+	if group == "" || d.done.Has(group) {
+		return
+	}
+	if e, ok := d.open[group]; !ok || !e.started || v > e.version {
+		d.open[group] = episode{version: v, started: true}
 	}
 }
 
@@ -54,13 +73,16 @@ func (d *deadlines) decided(group string) {
 	}
 }
 
-// reserved is the number of undecided groups that must be trained at
+// reserved is the number of running groups that must be trained at
 // trainer version e or earlier to stay within MaxLag: the places a window
-// trained at e keeps for them.
+// trained at e keeps for them. A group still waiting for a rollout worker
+// reserves nothing: it starts on the newest version, which its dispatch
+// version only bounds from below (reserving for the queue would make every
+// window wait for the groups dispatched with its predecessor's policy).
 func (d *deadlines) reserved(e int64) int {
 	n := 0
-	for _, v := range d.open {
-		if v+d.maxLag <= e {
+	for _, ep := range d.open {
+		if ep.started && ep.version+d.maxLag <= e {
 			n++
 		}
 	}
@@ -71,8 +93,8 @@ func (d *deadlines) reserved(e int64) int {
 // DeadlineWait for them) and returns their number.
 func (d *deadlines) expire(e int64) int {
 	var gone []string
-	for g, v := range d.open {
-		if v+d.maxLag <= e {
+	for g, ep := range d.open {
+		if ep.started && ep.version+d.maxLag <= e {
 			gone = append(gone, g)
 		}
 	}

@@ -13,7 +13,8 @@ import (
 
 // TestStageDeadlines: in asynchronous mode (max_lag 1, two groups a window)
 // group A was dispatched with P and Q at version 0 and straggles; B, C and
-// D were dispatched at version 1 and finish first. A's last chance to train
+// D were dispatched at version 1 and finish first (A's rollout started at
+// version 0: census "started"). A's last chance to train
 // within max_lag is batch 1 (trained at version 1): with Deadlines batch 1
 // keeps a place for it, C and D wait (held) for batch 2, and A's turns are
 // at most one version old when trained. Without Deadlines, B and C fill
@@ -41,6 +42,9 @@ func TestStageDeadlines(t *testing.T) {
 	dispatched := func(group string, v int64) pipeline.Message {
 		return census(schemas.CensusEvent{AttemptID: group + "-1", GroupID: group, Kind: schemas.CensusDispatched, Stage: "dispatch", PolicyVersion: v})
 	}
+	started := func(group string, v int64) pipeline.Message {
+		return census(schemas.CensusEvent{AttemptID: group + "-1", GroupID: group, Kind: schemas.CensusStarted, Stage: "rollout", PolicyVersion: v})
+	}
 	group := func(g string, versions ...int64) pipeline.Message {
 		var turns []turnSpec
 		for _, v := range versions {
@@ -64,30 +68,39 @@ func TestStageDeadlines(t *testing.T) {
 	cases := []struct {
 		name      string
 		deadlines bool
+		running   bool                // A's rollout started (census "started") before B, C, D came
 		straggler []pipeline.Message // what happens to A after B, C, D
 		tick      bool
 		want      []window
 		held      int // scored messages still held at the end
 	}{
-		{"deadlines", true, []pipeline.Message{group("A", 0, 1)}, false,
+		{"deadlines", true, true, []pipeline.Message{group("A", 0, 1)}, false,
 			[]window{{"P,Q", 0}, {"A,B", 1}, {"C,D", 2}}, 0},
-		{"first come", false, []pipeline.Message{group("A", 0, 1)}, false,
+		{"first come", false, true, []pipeline.Message{group("A", 0, 1)}, false,
 			[]window{{"P,Q", 0}, {"B,C", 1}, {"A,D", 2}}, 0},
-		{"never comes", true, nil, true,
+		// Still waiting for a worker: it will start on a newer version.
+		{"queued", true, false, []pipeline.Message{group("A", 1, 2)}, false,
+			[]window{{"P,Q", 0}, {"B,C", 1}, {"A,D", 2}}, 0},
+		{"never comes", true, true, nil, true,
 			[]window{{"P,Q", 0}, {"B,C", 1}}, 1},
-		{"quarantined upstream", true, []pipeline.Message{census(schemas.CensusEvent{AttemptID: "A-1", GroupID: "A",
+		{"quarantined upstream", true, true, []pipeline.Message{census(schemas.CensusEvent{AttemptID: "A-1", GroupID: "A",
 			Kind: schemas.CensusQuarantined, Stage: "validate", Reason: "bad_tokens"})}, false,
 			[]window{{"P,Q", 0}, {"B,C", 1}}, 1},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			in := []pipeline.Message{
-				dispatched("P", 0), dispatched("Q", 0), dispatched("A", 0),
+				dispatched("P", 0), dispatched("Q", 0), dispatched("A", 0), started("P", 0), started("Q", 0),
+			}
+			if tc.running {
+				in = append(in, started("A", 0))
+			}
+			in = append(in,
 				group("P", 0), group("Q", 0), // batch 0, trained at version 0
 				release(1),
 				dispatched("B", 1), dispatched("C", 1), dispatched("D", 1),
 				group("B", 1), group("C", 1), group("D", 1),
-			}
+			)
 			in = append(in, tc.straggler...)
 			st, err := NewStage(StageConfig{Options: o, Topics: topics, RunID: "r", ContractHash: "h",
 				CountDecidedGroups: true, Deadlines: tc.deadlines})
@@ -154,14 +167,20 @@ func TestStageDeadlinesAfterRestart(t *testing.T) {
 	o.BatchTokens, o.BatchGroups, o.MaxLag = 1<<20, 2, 1
 	cfg := StageConfig{Options: o, Topics: topics, RunID: "r", ContractHash: "h", CountDecidedGroups: true, Deadlines: true}
 	var coff, soff int64
-	dispatched := func(group string, v int64) pipeline.Message {
+	event := func(kind, stage, group string, v int64) pipeline.Message {
 		out, err := stagekit.Census(topics.Census, schemas.CensusEvent{RunID: "r", AttemptID: group + "-1", GroupID: group,
-			Kind: schemas.CensusDispatched, Stage: "dispatch", PolicyVersion: v})
+			Kind: kind, Stage: stage, PolicyVersion: v})
 		if err != nil {
 			t.Fatal(err)
 		}
 		coff++
 		return pipeline.Message{Ref: pipeline.Ref{Topic: topics.Census, Offset: coff}, Key: out.Key, Value: out.Value, Headers: out.Headers}
+	}
+	dispatched := func(group string, v int64) pipeline.Message {
+		return event(schemas.CensusDispatched, "dispatch", group, v)
+	}
+	started := func(group string, v int64) pipeline.Message {
+		return event(schemas.CensusStarted, "rollout", group, v)
 	}
 	group := func(g string, v int64) pipeline.Message {
 		soff++
@@ -173,12 +192,13 @@ func TestStageDeadlinesAfterRestart(t *testing.T) {
 	}
 	rel := pipeline.Message{Ref: pipeline.Ref{Topic: topics.Policy}, Value: b}
 
-	first := driveStage(t, cfg, []pipeline.Message{dispatched("P", 0), dispatched("Q", 0), group("P", 0), group("Q", 0)}, nil)
+	first := driveStage(t, cfg, []pipeline.Message{dispatched("P", 0), dispatched("Q", 0), started("P", 0), started("Q", 0),
+		group("P", 0), group("Q", 0)}, nil)
 	if n := len(first.On(topics.Windows)); n != 1 {
 		t.Fatalf("first run: %d windows, want 1", n)
 	}
 	coff = 0
-	in := []pipeline.Message{dispatched("P", 0), dispatched("Q", 0), rel, dispatched("B", 1), dispatched("C", 1), group("B", 1), group("C", 1)}
+	in := []pipeline.Message{dispatched("P", 0), dispatched("Q", 0), started("P", 0), started("Q", 0), rel, dispatched("B", 1), dispatched("C", 1), group("B", 1), group("C", 1)}
 	again := driveStage(t, cfg, in, pipeline.MemScanner{topics.Windows: first.Messages(topics.Windows), topics.Batches: first.Messages(topics.Batches)})
 	ws := again.On(topics.Windows)
 	if len(ws) != 1 {

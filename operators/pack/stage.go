@@ -535,6 +535,8 @@ func (s *Stage) censusEvent(ctx context.Context, m pipeline.Message) (pipeline.R
 		switch {
 		case ev.Kind == schemas.CensusDispatched:
 			s.dl.dispatched(ev.GroupID, ev.PolicyVersion)
+		case ev.Kind == schemas.CensusStarted:
+			s.dl.started(ev.GroupID, ev.PolicyVersion)
 		case ev.Kind == schemas.CensusQuarantined && ev.Stage != s.Name():
 			s.dl.decided(ev.GroupID)
 			if err := s.drain(ctx, &res); err != nil {

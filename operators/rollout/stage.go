@@ -305,10 +305,19 @@ func (s *Stage) Process(ctx context.Context, m pipeline.Message) (pipeline.Resul
 			run[i] = a
 		}
 		start := s.now()
+		// The started events go out now when the runtime can emit them:
+		// pack reads them to know which episodes are running, on which
+		// version (its earliest-deadline-first windows).
+		first := len(res.Outputs)
 		for _, a := range run {
 			if err := census(a, schemas.CensusStarted, "", false, 0, 0, start); err != nil {
 				return pipeline.Result{}, err
 			}
+		}
+		if sent, err := s.env.Emit(ctx, res.Outputs[first:]...); err != nil {
+			return pipeline.Result{}, fmt.Errorf("rollout: group %s: emit started events: %w", atts[0].GroupID, err)
+		} else if sent {
+			res.Outputs = res.Outputs[:first]
 		}
 		rctx, cancel := ctx, context.CancelFunc(func() {})
 		if s.cfg.GroupTimeout > 0 {
