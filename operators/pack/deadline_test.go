@@ -68,7 +68,7 @@ func TestStageDeadlines(t *testing.T) {
 	cases := []struct {
 		name      string
 		deadlines bool
-		running   bool                // A's rollout started (census "started") before B, C, D came
+		running   bool               // A's rollout started (census "started") before B, C, D came
 		straggler []pipeline.Message // what happens to A after B, C, D
 		tick      bool
 		want      []window
