@@ -45,9 +45,10 @@ type StageConfig struct {
 	CountDecidedGroups bool
 	// Deadlines is earliest-deadline-first admission (asynchronous mode,
 	// docs/ARCHITECTURE.md "Pacing"): the open window keeps a place for
-	// every dispatched, undecided group whose last chance to train within
-	// Options.MaxLag is this window's batch, and a younger group that would
-	// take it waits, held, for a later window. Needs Options.BatchGroups.
+	// every running, undecided group (census "started" events) whose last
+	// chance to train within Options.MaxLag is this window's batch, and a
+	// younger group that would take it waits, held, for a later window.
+	// Needs Options.BatchGroups.
 	Deadlines bool
 	// DeadlineWait is how long younger groups wait for the reserved groups
 	// that have not come before the reservations are given up (default
@@ -114,7 +115,7 @@ type Stage struct {
 	failedHeld []pipeline.Ref
 	failSeen   *idset.Set
 	failRing   *idset.Ring
-	// Deadlines: the dispatched, undecided groups (dl, nil when off), the
+	// Deadlines: the dispatched and running groups (dl, nil when off), the
 	// scored messages waiting for a later window (deferred, in arrival
 	// order, held), when the last of them was admitted or first deferred
 	// (waitSince), and the trainer's newest release: its version and how
