@@ -4,10 +4,10 @@ import (
 	"github.com/trajflow/trajflow/internal/idset"
 )
 
-// deadlines tracks, in asynchronous mode, the groups dispatched and not yet
-// decided by this pack (census "dispatched" and "started" events), with the
-// policy version each one's rollout started at. A group started at version
-// v has its last chance to be trained within MaxLag in the batch the trainer trains at
+// deadlines tracks, in asynchronous mode, the groups running and not yet
+// decided by this pack (census "started" events), with the policy version
+// each one's rollout started at. A group started at version v has its last
+// chance to be trained within MaxLag in the batch the trainer trains at
 // version v + MaxLag; the open window keeps a place for every such group
 // whose last chance it is, and a younger group that would take that place
 // waits for the next window (earliest deadline first, docs/ARCHITECTURE.md
@@ -16,49 +16,35 @@ import (
 // turns are masked as stale at the update.
 //
 // The tracker is a scheduling hint, never a decision the accounting relies
-// on: a group it does not know of (dispatched before a restart of pack, or
+// on: a group it does not know of (started before a restart of pack, or
 // its event not read yet) only loses its reservation; a reservation whose
 // group never comes is dropped after StageConfig.DeadlineWait.
 type deadlines struct {
 	maxLag int64
-	open   map[string]episode // undecided groups
+	open   map[string]int64 // running, undecided group → version it started at
 	// done holds the groups decided (or given up on), the oldest forgotten
-	// beyond its ring's capacity: a dispatched event read after its group
+	// beyond its ring's capacity: a started event read after its group
 	// was decided (the census lags the scored topic) reserves nothing.
 	done     *idset.Set
 	doneRing *idset.Ring
 }
 
-// episode is what pack knows of an undecided group: the version it was
-// dispatched at, or, once its rollout started (census "started"), the
-// version its first turn samples with.
-type episode struct {
-	version int64
-	started bool
-}
-
 func newDeadlines(maxLag int64, memory int) *deadlines {
-	return &deadlines{maxLag: maxLag, open: map[string]episode{}, done: idset.New(), doneRing: idset.NewRing(memory)}
-}
-
-// dispatched records that group was dispatched at policy version v.
-func (d *deadlines) dispatched(group string, v int64) {
-	if group == "" || d.done.Has(group) {
-		return
-	}
-	if _, ok := d.open[group]; !ok {
-		d.open[group] = episode{version: v}
-	}
+	return &deadlines{maxLag: maxLag, open: map[string]int64{}, done: idset.New(), doneRing: idset.NewRing(memory)}
 }
 
 // started records that group's rollout started at policy version v (a try
-// run again starts again, on a version at least as new).
+// run again starts again, on a version at least as new). A group still
+// waiting for a rollout worker is not tracked: it starts on the newest
+// version, which its dispatch version only bounds from below (reserving
+// for the queue would make every window wait for the groups dispatched
+// with its predecessor's policy).
 func (d *deadlines) started(group string, v int64) {
 	if group == "" || d.done.Has(group) {
 		return
 	}
-	if e, ok := d.open[group]; !ok || !e.started || v > e.version {
-		d.open[group] = episode{version: v, started: true}
+	if old, ok := d.open[group]; !ok || v > old {
+		d.open[group] = v
 	}
 }
 
@@ -75,14 +61,11 @@ func (d *deadlines) decided(group string) {
 
 // reserved is the number of running groups that must be trained at
 // trainer version e or earlier to stay within MaxLag: the places a window
-// trained at e keeps for them. A group still waiting for a rollout worker
-// reserves nothing: it starts on the newest version, which its dispatch
-// version only bounds from below (reserving for the queue would make every
-// window wait for the groups dispatched with its predecessor's policy).
+// trained at e keeps for them.
 func (d *deadlines) reserved(e int64) int {
 	n := 0
-	for _, ep := range d.open {
-		if ep.started && ep.version+d.maxLag <= e {
+	for _, v := range d.open {
+		if v+d.maxLag <= e {
 			n++
 		}
 	}
@@ -93,8 +76,8 @@ func (d *deadlines) reserved(e int64) int {
 // DeadlineWait for them) and returns their number.
 func (d *deadlines) expire(e int64) int {
 	var gone []string
-	for g, ep := range d.open {
-		if ep.started && ep.version+d.maxLag <= e {
+	for g, v := range d.open {
+		if v+d.maxLag <= e {
 			gone = append(gone, g)
 		}
 	}

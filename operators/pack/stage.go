@@ -115,13 +115,13 @@ type Stage struct {
 	failedHeld []pipeline.Ref
 	failSeen   *idset.Set
 	failRing   *idset.Ring
-	// Deadlines: the dispatched and running groups (dl, nil when off), the
+	// Deadlines: the running groups (dl, nil when off), the
 	// scored messages waiting for a later window (deferred, in arrival
 	// order, held), when the last of them was admitted or first deferred
 	// (waitSince), and the trainer's newest release: its version and how
 	// many batches it had consumed (expected).
 	dl        *deadlines
-	deferred  []pipeline.Message
+	deferred  []deferred
 	waitSince time.Time
 	released  int64
 	consumed  int64
@@ -257,7 +257,7 @@ func (s *Stage) Start(ctx context.Context, env *pipeline.Env) error {
 	}
 	if s.dl != nil {
 		// The census is re-read from its committed offset, which a held
-		// failure event may keep well behind: the "dispatched" events of
+		// failure event may keep well behind: the "started" events of
 		// groups closed windows decided reserve nothing.
 		for g := range s.closedGroups {
 			s.dl.decided(g)
@@ -378,13 +378,13 @@ func (s *Stage) Process(ctx context.Context, m pipeline.Message) (pipeline.Resul
 		if rows, err = s.closedCensus(&res, rows, version); err != nil || len(rows) == 0 {
 			return res, err
 		}
-	} else if s.mustWait(rows) {
+	} else if oldest := oldestVersion(rows); s.mustWait(rows[0].GroupID, oldest) {
 		if len(s.deferred) == 0 {
 			s.waitSince = s.now()
 		}
 		m.Key, m.Value = slices.Clone(m.Key), slices.Clone(m.Value)
 		m.Headers = slices.Clone(m.Headers)
-		s.deferred = append(s.deferred, m)
+		s.deferred = append(s.deferred, deferred{m: m, group: rows[0].GroupID, oldest: oldest})
 		return pipeline.Result{Hold: true}, nil
 	}
 	if err := s.admit(ctx, &res, m, rows); err != nil {
@@ -420,7 +420,7 @@ func (s *Stage) holds(r pipeline.Ref) bool {
 	if _, ok := s.held[r]; ok {
 		return true
 	}
-	return slices.ContainsFunc(s.deferred, func(d pipeline.Message) bool { return d.Ref == r })
+	return slices.ContainsFunc(s.deferred, func(d deferred) bool { return d.m.Ref == r })
 }
 
 // admit decides the rows of scored message m (one group's records) in the
@@ -515,8 +515,8 @@ func (s *Stage) admit(ctx context.Context, res *pipeline.Result, m pipeline.Mess
 	return nil
 }
 
-// censusEvent reads one census event. In deadline mode a "dispatched"
-// event reserves a place for its group (deadlines) and a group quarantined
+// censusEvent reads one census event. In deadline mode a rollout's
+// "started" event tracks its group (deadlines) and a group quarantined
 // upstream is no longer waited for. An event reporting failed generation
 // of the run (schemas.FailureCost) is counted in the open window and held
 // until the window closes: its cost rides on the window record and the
@@ -534,8 +534,6 @@ func (s *Stage) censusEvent(ctx context.Context, m pipeline.Message) (pipeline.R
 	var res pipeline.Result
 	if s.dl != nil {
 		switch {
-		case ev.Kind == schemas.CensusDispatched:
-			s.dl.dispatched(ev.GroupID, ev.PolicyVersion)
 		case ev.Kind == schemas.CensusStarted:
 			s.dl.started(ev.GroupID, ev.PolicyVersion)
 		case ev.Kind == schemas.CensusQuarantined && ev.Stage != s.Name():
@@ -565,14 +563,17 @@ func (s *Stage) expected() int64 {
 	return s.released + max(s.nextIndex-s.consumed, 0)
 }
 
-// mustWait reports whether the group of rows must wait for a later window
-// (deadline mode): it could still be trained within MaxLag after this
-// window's batch, and the places this window has left are reserved for
-// undecided groups whose last chance it is.
-func (s *Stage) mustWait(rows []schemas.Scored) bool {
-	if s.dl == nil || len(rows) == 0 || s.win.HasGroup(rows[0].GroupID) {
-		return false
-	}
+// deferred is a scored message held for a later window (deadline mode),
+// with its group and the oldest behavior version of its turns.
+type deferred struct {
+	m      pipeline.Message
+	group  string
+	oldest int64
+}
+
+// oldestVersion is the oldest behavior version among the turns of rows
+// (-1 when they have none).
+func oldestVersion(rows []schemas.Scored) int64 {
 	oldest := int64(-1)
 	for i := range rows {
 		for _, t := range rows[i].Turns {
@@ -580,6 +581,17 @@ func (s *Stage) mustWait(rows []schemas.Scored) bool {
 				oldest = t.PolicyVersion
 			}
 		}
+	}
+	return oldest
+}
+
+// mustWait reports whether group, whose oldest turn was sampled at version
+// oldest, must wait for a later window (deadline mode): it could still be
+// trained within MaxLag after this window's batch, and the places this
+// window has left are reserved for running groups whose last chance it is.
+func (s *Stage) mustWait(group string, oldest int64) bool {
+	if s.dl == nil || s.win.HasGroup(group) {
+		return false
 	}
 	e := s.expected()
 	if oldest < 0 || oldest+s.cfg.Options.MaxLag <= e {
@@ -592,25 +604,22 @@ func (s *Stage) mustWait(rows []schemas.Scored) bool {
 // drain admits the deferred messages that need not wait any more, in the
 // order they came.
 func (s *Stage) drain(ctx context.Context, res *pipeline.Result) error {
-	for progress := true; progress; {
-		progress = false
-		for i := 0; i < len(s.deferred); i++ {
-			m := s.deferred[i]
-			rows, err := stagekit.Decode(schemas.ScoredTrajectories, m)
-			if err != nil {
-				return fmt.Errorf("pack: deferred message at %s: %w", m.Ref, err)
-			}
-			if s.mustWait(rows) {
-				continue
-			}
-			s.deferred = slices.Delete(s.deferred, i, i+1)
-			s.waitSince = s.now()
-			if err := s.admit(ctx, res, m, rows); err != nil {
-				return err
-			}
-			progress = true
-			break // a close changes what waits: start over
+	for i := 0; i < len(s.deferred); {
+		d := s.deferred[i]
+		if s.mustWait(d.group, d.oldest) {
+			i++
+			continue
 		}
+		rows, err := stagekit.Decode(schemas.ScoredTrajectories, d.m)
+		if err != nil {
+			return fmt.Errorf("pack: deferred message at %s: %w", d.m.Ref, err)
+		}
+		s.deferred = slices.Delete(s.deferred, i, i+1)
+		s.waitSince = s.now()
+		if err := s.admit(ctx, res, d.m, rows); err != nil {
+			return err
+		}
+		i = 0 // a close changes what waits: start over
 	}
 	return nil
 }
