@@ -119,7 +119,7 @@ func (r *run) cpu() time.Duration {
 		t += r.childrenCPU()
 	}
 	for _, pid := range r.cfg.CPUPids {
-		t += procCPU(pid)
+		t += ProcCPU(pid)
 	}
 	return t
 }
@@ -137,14 +137,15 @@ func (r *run) childrenCPU() time.Duration {
 		cmd := p.cmd
 		p.mu.Unlock()
 		if cmd != nil && cmd.Process != nil {
-			total += procCPU(cmd.Process.Pid)
+			total += ProcCPU(cmd.Process.Pid)
 		}
 	}
 	return total
 }
 
-// procCPU is a running process's user+system time from /proc/PID/stat.
-func procCPU(pid int) time.Duration {
+// ProcCPU is a running process's user+system time from /proc/PID/stat
+// (0 when it cannot be read).
+func ProcCPU(pid int) time.Duration {
 	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
 	if err != nil {
 		return 0

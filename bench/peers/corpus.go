@@ -23,6 +23,7 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"slices"
 	"time"
 
 	"github.com/trajflow/trajflow/bench/synth"
@@ -55,8 +56,12 @@ type CorpusGroup struct {
 	Index          int64
 	Tokens, Action int64
 	// Hops[h] are the messages on hop h keyed by the group (none: the
-	// group was decided before that hop, e.g. every member refused).
+	// group was decided before that hop, e.g. every member refused, or
+	// the hop was not read: ReadCorpusHops).
 	Hops [][][]byte
+	// Bytes is the size of the group's messages on every hop (set by
+	// ReadCorpusHops, read or skipped).
+	Bytes int64
 }
 
 // CorpusBatch is one packed batch and the number of groups the pack stage
@@ -64,6 +69,7 @@ type CorpusGroup struct {
 type CorpusBatch struct {
 	After int
 	Value []byte
+	Size  int // len(Value), also when Value was not read (ReadCorpusHops)
 }
 
 // Corpus is what each hop carried for groups 0..n-1 of the bench source.
@@ -128,7 +134,7 @@ func BuildCorpus(ctx context.Context, c *contract.Contract, s synth.Config, n in
 			}
 			switch o.Topic {
 			case topics.Batches:
-				cp.Batches = append(cp.Batches, CorpusBatch{After: packed, Value: v})
+				cp.Batches = append(cp.Batches, CorpusBatch{After: packed, Value: v, Size: len(v)})
 				cp.Header.HopBytes[len(Hops)] += int64(len(v))
 				continue
 			}
@@ -138,6 +144,7 @@ func BuildCorpus(ctx context.Context, c *contract.Contract, s synth.Config, n in
 				}
 				if g, ok := byKey[string(o.Key)]; ok {
 					cp.Groups[g].Hops[j] = append(cp.Groups[g].Hops[j], v)
+					cp.Groups[g].Bytes += int64(len(v))
 					cp.Header.HopBytes[j] += int64(len(v))
 				}
 				offset++
@@ -175,7 +182,7 @@ func BuildCorpus(ctx context.Context, c *contract.Contract, s synth.Config, n in
 			cg.Tokens += int64(all)
 			cg.Action += int64(act)
 		}
-		cg.Hops[0] = [][]byte{v}
+		cg.Hops[0], cg.Bytes = [][]byte{v}, int64(len(v))
 		cp.Header.HopBytes[0] += int64(len(v))
 		byKey[rows[0].GroupID] = len(cp.Groups)
 		cp.Groups = append(cp.Groups, cg)
@@ -271,6 +278,15 @@ func (cp *Corpus) Write(path string) error {
 
 // ReadCorpus reads a corpus file written by Write.
 func ReadCorpus(path string) (*Corpus, error) {
+	return ReadCorpusHops(path, nil, true)
+}
+
+// ReadCorpusHops reads a corpus file keeping only the messages of the hops
+// listed in hops (nil: every hop) and, with batches, the packed batches:
+// a peer's stage process holds what it sends, not the whole corpus. The
+// sizes of the messages it skips are still counted (CorpusGroup.Bytes,
+// CorpusBatch.Size).
+func ReadCorpusHops(path string, hops []int, batches bool) (*Corpus, error) {
 	f, err := os.Open(path)
 	if err != nil {
 		return nil, fmt.Errorf("peers: corpus: %w", err)
@@ -289,16 +305,21 @@ func ReadCorpus(path string) (*Corpus, error) {
 		err := binary.Read(r, binary.LittleEndian, &v)
 		return int(v), err
 	}
-	blob := func() ([]byte, error) {
+	// blob reads a length-prefixed message, or skips it (nil) unless keep.
+	blob := func(keep bool) ([]byte, int, error) {
 		n, err := u32()
 		if err != nil {
-			return nil, err
+			return nil, 0, err
+		}
+		if !keep {
+			_, err = r.Discard(n)
+			return nil, n, err
 		}
 		b := make([]byte, n)
 		_, err = io.ReadFull(r, b)
-		return b, err
+		return b, n, err
 	}
-	hdr, err := blob()
+	hdr, _, err := blob(true)
 	if err != nil {
 		return fail("header", err)
 	}
@@ -306,6 +327,7 @@ func ReadCorpus(path string) (*Corpus, error) {
 	if err := json.Unmarshal(hdr, &cp.Header); err != nil {
 		return fail("header", err)
 	}
+	keep := func(h int) bool { return hops == nil || slices.Contains(hops, h) }
 	for g := 0; g < cp.Header.Groups; g++ {
 		var idx uint64
 		if err := binary.Read(r, binary.LittleEndian, &idx); err != nil {
@@ -323,11 +345,14 @@ func ReadCorpus(path string) (*Corpus, error) {
 				return fail(fmt.Sprintf("group %d hop %d", g, h), err)
 			}
 			for ; k > 0; k-- {
-				b, err := blob()
+				b, n, err := blob(keep(h))
 				if err != nil {
 					return fail(fmt.Sprintf("group %d hop %d", g, h), err)
 				}
-				cg.Hops[h] = append(cg.Hops[h], b)
+				cg.Bytes += int64(n)
+				if b != nil {
+					cg.Hops[h] = append(cg.Hops[h], b)
+				}
 			}
 		}
 		cp.Groups = append(cp.Groups, cg)
@@ -337,11 +362,24 @@ func ReadCorpus(path string) (*Corpus, error) {
 		if err != nil {
 			return fail(fmt.Sprintf("batch %d", i), err)
 		}
-		b, err := blob()
+		b, n, err := blob(batches)
 		if err != nil {
 			return fail(fmt.Sprintf("batch %d", i), err)
 		}
-		cp.Batches = append(cp.Batches, CorpusBatch{After: after, Value: b})
+		cp.Batches = append(cp.Batches, CorpusBatch{After: after, Value: b, Size: n})
 	}
 	return cp, nil
+}
+
+// BatchDue is the index of the batch the pack stage emits after reading
+// its packed-th group (counted from 1 over a run; the corpus repeats every
+// len(Groups) groups), or -1.
+func (cp *Corpus) BatchDue(packed int64) int {
+	pos := int((packed-1)%int64(len(cp.Groups))) + 1
+	for k, b := range cp.Batches {
+		if b.After == pos {
+			return k
+		}
+	}
+	return -1
 }

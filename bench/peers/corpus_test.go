@@ -69,6 +69,39 @@ func TestCorpusRoundTrip(t *testing.T) {
 	if !bytes.Equal(cp.Batches[0].Value, back.Batches[0].Value) || cp.Batches[0].After != back.Batches[0].After {
 		t.Fatal("batch 0 differs")
 	}
+	// A stage's subset: one hop kept, the rest skipped but counted.
+	sub, err := ReadCorpusHops(path, []int{2}, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range cp.Groups {
+		if sub.Groups[i].Bytes != cp.Groups[i].Bytes || back.Groups[i].Bytes != cp.Groups[i].Bytes || cp.Groups[i].Bytes <= 0 {
+			t.Fatalf("group %d: bytes %d (subset) %d (read back) %d (built)", i, sub.Groups[i].Bytes, back.Groups[i].Bytes, cp.Groups[i].Bytes)
+		}
+		if len(sub.Groups[i].Hops[0]) != 0 || len(sub.Groups[i].Hops[2]) != len(cp.Groups[i].Hops[2]) {
+			t.Fatalf("group %d: subset holds %d messages of hop 0, %d of hop 2 (want 0, %d)", i,
+				len(sub.Groups[i].Hops[0]), len(sub.Groups[i].Hops[2]), len(cp.Groups[i].Hops[2]))
+		}
+	}
+	for i, b := range sub.Batches {
+		if b.Value != nil || b.Size != len(cp.Batches[i].Value) || b.After != cp.Batches[i].After {
+			t.Fatalf("batch %d of the subset: value %d bytes, size %d, after %d (want none, %d, %d)", i, len(b.Value), b.Size, b.After,
+				len(cp.Batches[i].Value), cp.Batches[i].After)
+		}
+	}
+	// BatchDue: batch k after its group count, again one corpus later.
+	first := cp.Batches[0].After
+	if k := cp.BatchDue(int64(first)); k != 0 {
+		t.Fatalf("BatchDue(%d) = %d, want 0", first, k)
+	}
+	if k := cp.BatchDue(int64(first + len(cp.Groups))); k != 0 {
+		t.Fatalf("BatchDue(%d) = %d, want 0 (the corpus repeats)", first+len(cp.Groups), k)
+	}
+	if first > 1 {
+		if k := cp.BatchDue(1); k != -1 {
+			t.Fatalf("BatchDue(1) = %d, want -1 (no batch after the first group)", k)
+		}
+	}
 	if _, err := ReadCorpus(filepath.Join(t.TempDir(), "missing")); err == nil {
 		t.Fatal("missing corpus read without error")
 	}

@@ -26,10 +26,17 @@ const (
 	SysTrajflowKafka = "trajflow-kafka" // trajflow on Apache Kafka (+ raw kafka-go and franz-go on it)
 	SysRay           = "ray"
 	SysZeroMQ        = "zeromq"
+	SysZeroMQGo      = "zeromq-go" // the Go ZeroMQ peer (package zmqpeer)
 )
 
 // AllSystems is every system, in the order a round runs them.
-var AllSystems = []string{SysTrajflow, SysTrajflowKafka, SysRay, SysZeroMQ}
+var AllSystems = []string{SysTrajflow, SysTrajflowKafka, SysRay, SysZeroMQ, SysZeroMQGo}
+
+// NeedsPython reports whether any of systems runs in the Python peers'
+// virtual environment.
+func NeedsPython(systems []string) bool {
+	return slicesContains(systems, SysRay) || slicesContains(systems, SysZeroMQ)
+}
 
 // Config configures Run.
 type Config struct {
@@ -93,7 +100,7 @@ func (c *Config) defaults() error {
 	}
 	for _, s := range c.Systems {
 		switch s {
-		case SysTrajflow, SysRay, SysZeroMQ:
+		case SysTrajflow, SysRay, SysZeroMQ, SysZeroMQGo:
 		case SysTrajflowKafka:
 			if c.Kafka == "" {
 				return errors.New("peers: trajflow-kafka needs --kafka (bootstrap address of an Apache Kafka, e.g. deploy/local/kafka.sh up)")
@@ -227,6 +234,8 @@ func runOne(ctx context.Context, cfg *Config, sys string, round int, kill bool, 
 	switch sys {
 	case SysTrajflow, SysTrajflowKafka:
 		rows, err = runTrajflow(ctx, cfg, sys, kill, out, actionShare)
+	case SysZeroMQGo:
+		rows, err = runZmqGo(ctx, cfg, kill, corpusPath, out)
 	default:
 		rows, err = runPython(ctx, cfg, sys, kill, corpusPath, out)
 	}
@@ -336,31 +345,55 @@ func peakInWindow(rep *bench.Report) float64 {
 	return peak
 }
 
-// pyReport is what trajflow_peers.run prints.
-type pyReport struct {
-	System           string                     `json:"system"`
-	GroupsPerCall    int                        `json:"groups_per_call"`
-	WindowS          float64                    `json:"window_s"`
-	TokensPerS       float64                    `json:"tokens_per_s"`
-	ActionTokensPerS float64                    `json:"action_tokens_per_s"`
-	MBPerS           float64                    `json:"mb_s"`
-	MBPerCPUS        float64                    `json:"mb_per_cpu_s"`
-	CPUCores         float64                    `json:"cpu_cores"`
-	PeakMB           float64                    `json:"peak_mb"`
-	ProducedGroups   int64                      `json:"produced_groups"`
-	LostAttempts     int64                      `json:"lost_attempts"`
-	DuplicateGroups  int64                      `json:"duplicate_groups"`
-	LateGroups       int64                      `json:"late_groups"`
-	StartupS         float64                    `json:"startup_s"`
-	LoadAvg          []float64                  `json:"load_avg"`
-	Latency          struct{ P50, P99 float64 } `json:"latency_ms"`
-	Kill             *struct {
-		Stage string  `json:"stage"`
-		AtS   float64 `json:"at_s"`
-	} `json:"kill"`
+// PeerReport is what one run of an in-memory peer prints as JSON: the
+// Python peers (python -m trajflow_peers.run) and the Go ZeroMQ peer
+// (trajflow bench peers-zmq, package zmqpeer) alike.
+type PeerReport struct {
+	System           string         `json:"system"`
+	GroupsPerCall    int            `json:"groups_per_call"`
+	InFlightGroups   int            `json:"inflight_groups"`
+	CorpusGroups     int            `json:"corpus_groups"`
+	WindowS          float64        `json:"window_s"`
+	Groups           int64          `json:"groups"`
+	Batches          int64          `json:"batches"`
+	TokensPerS       float64        `json:"tokens_per_s"`
+	ActionTokensPerS float64        `json:"action_tokens_per_s"`
+	MBPerS           float64        `json:"mb_s"`
+	CPUS             float64        `json:"cpu_s"`
+	CPUCores         float64        `json:"cpu_cores"`
+	MBPerCPUS        float64        `json:"mb_per_cpu_s"`
+	PeakMB           float64        `json:"peak_mb"`
+	ProducedGroups   int64          `json:"produced_groups"`
+	DecidedGroups    int64          `json:"decided_groups"`
+	LostGroups       int64          `json:"lost_groups"`
+	LostAttempts     int64          `json:"lost_attempts"`
+	DuplicateGroups  int64          `json:"duplicate_groups"`
+	LateGroups       int64          `json:"late_groups"`
+	StartupS         float64        `json:"startup_s"`
+	LoadAvg          []float64      `json:"load_avg"`
+	Latency          PeerLatency    `json:"latency_ms"`
+	Kill             *PeerKillEvent `json:"kill,omitempty"`
 }
 
-// runPython runs one in-memory peer (python -m trajflow_peers.run).
+// PeerLatency is the distribution of the time from the rollout's send of
+// a group to the trainer's receipt of its batch, in milliseconds.
+type PeerLatency struct {
+	P50   float64 `json:"p50"`
+	P90   float64 `json:"p90"`
+	P99   float64 `json:"p99"`
+	Max   float64 `json:"max"`
+	Count int     `json:"count"`
+}
+
+// PeerKillEvent is the kill of a kill run: the stage, when into the
+// window, and how long its restart took.
+type PeerKillEvent struct {
+	Stage    string  `json:"stage"`
+	AtS      float64 `json:"at_s"`
+	RestartS float64 `json:"restart_s"`
+}
+
+// runPython runs one Python peer (python -m trajflow_peers.run).
 func runPython(ctx context.Context, cfg *Config, sys string, kill bool, corpusPath, out string) ([]Row, error) {
 	if cfg.Python == "" {
 		return nil, errors.New("no Python interpreter for the peers (bench/peers/python/setup.sh prints it)")
@@ -373,24 +406,56 @@ func runPython(ctx context.Context, cfg *Config, sys string, kill bool, corpusPa
 	}
 	cmd := exec.CommandContext(ctx, cfg.Python, args...)
 	cmd.Env = append(os.Environ(), "PYTHONPATH="+cfg.PythonPath)
-	var stdout, stderr bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	if err := cmd.Run(); err != nil {
-		return nil, fmt.Errorf("%s %s: %w: %s", cfg.Python, strings.Join(args, " "), err, tail(stderr.String()))
-	}
-	if err := os.WriteFile(out, stdout.Bytes(), 0o644); err != nil {
+	p, err := runPeer(cmd, sys, out)
+	if err != nil {
 		return nil, err
-	}
-	// The report is the last line (Ray may print notices before it).
-	lines := bytes.Split(bytes.TrimSpace(stdout.Bytes()), []byte("\n"))
-	var p pyReport
-	if err := json.Unmarshal(lines[len(lines)-1], &p); err != nil {
-		return nil, fmt.Errorf("output of %s: %w: %q", sys, err, tail(stdout.String()))
 	}
 	name := "ZeroMQ + msgpack (processes)"
 	if sys == SysRay {
 		name = fmt.Sprintf("Ray (actors, object store, %d groups/call)", p.GroupsPerCall)
 	}
+	return []Row{peerRow(cfg, name, p, kill)}, nil
+}
+
+// ZeroMQGoName is the Go ZeroMQ peer's row.
+const ZeroMQGoName = "ZeroMQ in Go (zmq4 frames, processes)"
+
+// runZmqGo runs the Go ZeroMQ peer (trajflow bench peers-zmq).
+func runZmqGo(ctx context.Context, cfg *Config, kill bool, corpusPath, out string) ([]Row, error) {
+	args := []string{"bench", "peers-zmq", "--corpus", corpusPath, "--duration", cfg.Duration.String(), "--warmup", cfg.Warmup.String(),
+		"--inflight-groups", strconv.Itoa(cfg.InFlight)}
+	if kill {
+		args = append(args, "--kill", cfg.Kill)
+	}
+	p, err := runPeer(exec.CommandContext(ctx, cfg.Binary, args...), SysZeroMQGo, out)
+	if err != nil {
+		return nil, err
+	}
+	return []Row{peerRow(cfg, ZeroMQGoName, p, kill)}, nil
+}
+
+// runPeer runs one in-memory peer's command, keeps its output in out and
+// reads its report: the last line of its standard output (Ray may print
+// notices before it).
+func runPeer(cmd *exec.Cmd, sys, out string) (*PeerReport, error) {
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	if err := cmd.Run(); err != nil {
+		return nil, fmt.Errorf("%s: %w: %s", strings.Join(cmd.Args, " "), err, tail(stderr.String()))
+	}
+	if err := os.WriteFile(out, stdout.Bytes(), 0o644); err != nil {
+		return nil, err
+	}
+	lines := bytes.Split(bytes.TrimSpace(stdout.Bytes()), []byte("\n"))
+	var p PeerReport
+	if err := json.Unmarshal(lines[len(lines)-1], &p); err != nil {
+		return nil, fmt.Errorf("output of %s: %w: %q", sys, err, tail(stdout.String()))
+	}
+	return &p, nil
+}
+
+// peerRow is the row of an in-memory peer's report.
+func peerRow(cfg *Config, name string, p *PeerReport, kill bool) Row {
 	r := Row{System: name, Hops: len(bench.Stages) + 1, PolicyTokensPerS: p.ActionTokensPerS, TokensPerS: p.TokensPerS,
 		MBPerS: p.MBPerS, P50MS: p.Latency.P50, P99MS: p.Latency.P99, CPUCores: p.CPUCores, MBPerCPUS: p.MBPerCPUS,
 		PeakMB: p.PeakMB, Lost: p.LostAttempts, Duplicated: p.DuplicateGroups * int64(cfg.Contract.Sampler.GroupSize),
@@ -402,7 +467,7 @@ func runPython(ctx context.Context, cfg *Config, sys string, kill bool, corpusPa
 	if kill && p.Kill != nil {
 		r.Note = fmt.Sprintf("%s SIGKILLed at %.1fs and restarted", p.Kill.Stage, p.Kill.AtS)
 	}
-	return []Row{r}, nil
+	return r
 }
 
 // tail is the last lines of a process's output, for an error.

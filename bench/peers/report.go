@@ -101,13 +101,13 @@ func (res *Result) Ratios() []string {
 			out = append(out, line)
 		}
 		tf := find(rows, "trajflow (embedded")
-		for _, peer := range []string{"Ray", "ZeroMQ"} {
-			pr := find(rows, peer)
+		for _, peer := range []struct{ prefix, label string }{{"Ray", "Ray"}, {"ZeroMQ + msgpack", "ZeroMQ"}, {ZeroMQGoName, "ZeroMQ in Go"}} {
+			pr := find(rows, peer.prefix)
 			if tf == nil || pr == nil || pr.PolicyTokensPerCPUS == 0 {
 				continue
 			}
 			out = append(out, fmt.Sprintf("round %d: trajflow / %s  policy tokens per CPU-s %.2f, per wall second %.2f, peak RSS %.2f",
-				k, peer, tf.PolicyTokensPerCPUS/pr.PolicyTokensPerCPUS, tf.PolicyTokensPerS/pr.PolicyTokensPerS, tf.PeakMB/max(pr.PeakMB, 1)))
+				k, peer.label, tf.PolicyTokensPerCPUS/pr.PolicyTokensPerCPUS, tf.PolicyTokensPerS/pr.PolicyTokensPerS, tf.PeakMB/max(pr.PeakMB, 1)))
 		}
 	}
 	return out
@@ -210,6 +210,6 @@ func (res *Result) WritePlot(path string) error {
 // shortName is a system's label on the chart.
 func shortName(s string) string {
 	r := strings.NewReplacer("embedded broker", "embedded", "Apache Kafka", "Kafka", " (its JVM's CPU counted)", "",
-		"actors, object store, ", "", "ZeroMQ + msgpack (processes)", "ZeroMQ+msgpack")
+		"actors, object store, ", "", "ZeroMQ + msgpack (processes)", "ZeroMQ+msgpack", ZeroMQGoName, "ZeroMQ Go")
 	return r.Replace(s)
 }

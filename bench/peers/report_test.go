@@ -17,6 +17,7 @@ func TestTableAndRatios(t *testing.T) {
 		{System: "raw franz-go (embedded broker)", Round: 1, Hops: 1, MBPerS: 1000, CPUCores: 2, MBPerCPUS: 500, Lost: -1},
 		{System: "Ray (actors, object store, 8 groups/call)", Round: 1, Hops: 5, PolicyTokensPerS: 2e6, CPUCores: 1, PeakMB: 900, P50MS: 300, P99MS: 600},
 		{System: "ZeroMQ + msgpack (processes)", Round: 1, Hops: 5, PolicyTokensPerS: 2e6, CPUCores: 0.5, PeakMB: 300},
+		{System: ZeroMQGoName, Round: 1, Hops: 5, PolicyTokensPerS: 16e6, CPUCores: 2, PeakMB: 450},
 		{System: "ZeroMQ + msgpack (processes)", Kill: true, Hops: 5, Lost: 1248, Launched: 30000, Note: "pack SIGKILLed at 7.5s and restarted"},
 	}}
 	for i := range res.Rows {
@@ -31,6 +32,7 @@ func TestTableAndRatios(t *testing.T) {
 		"trajflow / raw kafka-go  MB per CPU-s 0.67, MB/s 0.67; trajflow / raw franz-go  MB per CPU-s 0.80",
 		"trajflow / Ray  policy tokens per CPU-s 2.00, per wall second 4.00, peak RSS 2.00",
 		"trajflow / ZeroMQ  policy tokens per CPU-s 1.00",
+		"trajflow / ZeroMQ in Go  policy tokens per CPU-s 0.50, per wall second 0.50, peak RSS 4.00",
 		"| kill | ZeroMQ + msgpack (processes) | 5 |", "1248 / 30000",
 		"kill run, ZeroMQ + msgpack (processes): pack SIGKILLed",
 	} {
@@ -38,8 +40,8 @@ func TestTableAndRatios(t *testing.T) {
 			t.Errorf("table lacks %q:\n%s", want, out)
 		}
 	}
-	if strings.Count(out, "\n| ") != 7 {
-		t.Errorf("want a header and 6 rows:\n%s", out)
+	if strings.Count(out, "\n| ") != 8 {
+		t.Errorf("want a header and 7 rows:\n%s", out)
 	}
 	png := filepath.Join(t.TempDir(), "peers.png")
 	if err := res.WritePlot(png); err != nil {
@@ -61,12 +63,30 @@ func TestConfigRefuses(t *testing.T) {
 		want string
 	}{
 		{Config{Systems: []string{"flink"}}, `--systems: no system "flink"`},
+		{Config{Systems: []string{"zeromq-rust"}}, `--systems: no system "zeromq-rust" (have trajflow, trajflow-kafka, ray, zeromq, zeromq-go)`},
 		{Config{Systems: []string{SysTrajflowKafka}}, "trajflow-kafka needs --kafka"},
 		{Config{Systems: []string{SysRay}, Kill: "dispatch"}, `--kill: no stage "dispatch"`},
 	} {
 		err := c.cfg.defaults()
 		if err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("%+v: err %v, want %q", c.cfg.Systems, err, c.want)
+		}
+	}
+}
+
+// TestNeedsPython: only Ray and the Python ZeroMQ peer need the venv.
+func TestNeedsPython(t *testing.T) {
+	for _, c := range []struct {
+		systems []string
+		want    bool
+	}{
+		{[]string{SysTrajflow, SysZeroMQGo}, false},
+		{[]string{SysTrajflow, SysZeroMQ}, true},
+		{[]string{SysRay}, true},
+		{nil, false},
+	} {
+		if got := NeedsPython(c.systems); got != c.want {
+			t.Errorf("NeedsPython(%v) = %v, want %v", c.systems, got, c.want)
 		}
 	}
 }

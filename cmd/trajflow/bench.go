@@ -130,6 +130,9 @@ func cmdBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if len(args) > 0 && args[0] == "peers" {
 		return cmdBenchPeers(ctx, args[1:], stdout, stderr)
 	}
+	if len(args) > 0 && args[0] == "peers-zmq" {
+		return cmdBenchPeersZmq(ctx, args[1:], stdout, stderr)
+	}
 	if len(args) > 0 && args[0] == "loop" {
 		return cmdBenchLoop(ctx, args[1:], stdout, stderr)
 	}

@@ -91,7 +91,7 @@ func cmdBenchPeers(ctx context.Context, args []string, stdout, stderr io.Writer)
 	if cfg.PythonPath, err = filepath.Abs(cfg.PythonPath); err != nil {
 		return err
 	}
-	if cfg.Python == "" && (strings.Contains(*f.systems, peers.SysRay) || strings.Contains(*f.systems, peers.SysZeroMQ)) {
+	if cfg.Python == "" && peers.NeedsPython(cfg.Systems) {
 		out, err := exec.CommandContext(ctx, "bash", filepath.Join(cfg.PythonPath, "setup.sh")).Output()
 		if err != nil {
 			return fmt.Errorf("bench/peers/python/setup.sh: %w", err)

@@ -1,0 +1,412 @@
+package zmqpeer
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/go-zeromq/zmq4"
+
+	"github.com/trajflow/trajflow/bench"
+	"github.com/trajflow/trajflow/bench/peers"
+)
+
+// SystemName is the peer's name in reports.
+const SystemName = "zeromq-go"
+
+// Config configures one run of the peer.
+type Config struct {
+	// Binary is the trajflow binary: each stage process runs
+	// `Binary bench peers-zmq --stage ROLE ...`.
+	Binary string
+	Corpus string
+	// Duration is the measurement window; Warmup runs before it.
+	Duration, Warmup time.Duration
+	// InFlight bounds the groups sent and not yet acknowledged (the
+	// closed loop).
+	InFlight int
+	// Kill names the stage SIGKILLed (and restarted) KillAt into the
+	// window; "" kills nothing.
+	Kill   string
+	KillAt time.Duration
+	// LossTimeout frees the slot of a group in flight this long (an
+	// in-memory hop never says it dropped one); Drain bounds the wait for
+	// the groups in flight after the window.
+	LossTimeout, Drain time.Duration
+}
+
+func (c *Config) defaults() error {
+	if c.Duration <= 0 {
+		c.Duration = 15 * time.Second
+	}
+	if c.InFlight <= 0 {
+		c.InFlight = 192
+	}
+	if c.LossTimeout <= 0 {
+		c.LossTimeout = 5 * time.Second
+	}
+	if c.Drain <= 0 {
+		c.Drain = 10 * time.Second
+	}
+	if c.Kill != "" {
+		if !slices.Contains(Roles, c.Kill) {
+			return fmt.Errorf("zmqpeer: --kill %q: no such stage (have %s)", c.Kill, strings.Join(Roles, ", "))
+		}
+		if c.KillAt <= 0 {
+			c.KillAt = c.Duration / 2
+		}
+	}
+	if c.Binary == "" || c.Corpus == "" {
+		return errors.New("zmqpeer: Binary and Corpus are required")
+	}
+	return nil
+}
+
+// stageProc is one stage's process, restarted after a kill.
+type stageProc struct {
+	role, pull, push string
+	cmd              *exec.Cmd
+	done             chan struct{} // closed when cmd has been waited for
+}
+
+// pipelineProcs owns the stage processes and the CPU time of those that
+// ended. mu guards each stageProc's cmd and done (a kill replaces them
+// while the memory sampler reads them) and deadCPU.
+type pipelineProcs struct {
+	cfg     *Config
+	procs   map[string]*stageProc
+	mu      sync.Mutex
+	deadCPU time.Duration
+}
+
+func (p *pipelineProcs) start(s *stageProc) error {
+	cmd := exec.Command(p.cfg.Binary, "bench", "peers-zmq", "--stage", s.role, "--corpus", p.cfg.Corpus, "--pull", s.pull, "--push", s.push)
+	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
+	if err := cmd.Start(); err != nil {
+		return fmt.Errorf("zmqpeer: start %s: %w", s.role, err)
+	}
+	done := make(chan struct{})
+	p.mu.Lock()
+	s.cmd, s.done = cmd, done
+	p.mu.Unlock()
+	go func() { // owned by p: waited for on done, in stop or kill
+		_ = cmd.Wait()
+		p.mu.Lock()
+		if st := cmd.ProcessState; st != nil {
+			p.deadCPU += st.UserTime() + st.SystemTime()
+		}
+		p.mu.Unlock()
+		close(done)
+	}()
+	return nil
+}
+
+// current is the stage's running command and its done channel.
+func (p *pipelineProcs) current(s *stageProc) (*exec.Cmd, chan struct{}) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return s.cmd, s.done
+}
+
+// kill SIGKILLs the stage's process, waits for it and starts it again.
+func (p *pipelineProcs) kill(role string) error {
+	cmd, done := p.current(p.procs[role])
+	_ = cmd.Process.Signal(syscall.SIGKILL)
+	<-done
+	return p.start(p.procs[role])
+}
+
+// stop ends every stage process (SIGTERM, then SIGKILL after 5 s).
+func (p *pipelineProcs) stop() {
+	for _, s := range p.procs {
+		if cmd, _ := p.current(s); cmd != nil {
+			_ = cmd.Process.Signal(syscall.SIGTERM)
+		}
+	}
+	for _, s := range p.procs {
+		cmd, done := p.current(s)
+		if cmd == nil {
+			continue
+		}
+		select {
+		case <-done:
+		case <-time.After(5 * time.Second):
+			_ = cmd.Process.Kill()
+			<-done
+		}
+	}
+}
+
+// alive is the process ids of this process and of the running stages.
+func (p *pipelineProcs) alive() []int {
+	pids := []int{os.Getpid()}
+	for _, s := range p.procs {
+		cmd, done := p.current(s)
+		select {
+		case <-done:
+		default:
+			pids = append(pids, cmd.Process.Pid)
+		}
+	}
+	return pids
+}
+
+// cpu is the CPU time of this process and of every stage process, running
+// or ended.
+func (p *pipelineProcs) cpu() time.Duration {
+	var t time.Duration
+	for _, pid := range p.alive() {
+		t += bench.ProcCPU(pid)
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return t + p.deadCPU
+}
+
+// memoryMB is the sum of the proportional set sizes of this process and
+// the running stage processes.
+func (p *pipelineProcs) memoryMB() float64 {
+	mb := 0.0
+	for _, pid := range p.alive() {
+		mb += pssMB(pid)
+	}
+	return mb
+}
+
+// pssMB reads a process's Pss from /proc/PID/smaps_rollup (0 when it
+// cannot): shared pages count once over the processes that map them.
+func pssMB(pid int) float64 {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/smaps_rollup")
+	if err != nil {
+		return 0
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if f := strings.Fields(line); len(f) >= 2 && f[0] == "Pss:" {
+			kb, _ := strconv.ParseFloat(f[1], 64)
+			return kb / 1024
+		}
+	}
+	return 0
+}
+
+// freeAddrs picks k free TCP ports on 127.0.0.1 (closed again: a stage
+// binds its own, and a restarted stage binds the same one).
+func freeAddrs(k int) ([]string, error) {
+	var ls []net.Listener
+	defer func() {
+		for _, l := range ls {
+			l.Close()
+		}
+	}()
+	addrs := make([]string, k)
+	for i := range addrs {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return nil, fmt.Errorf("zmqpeer: %w", err)
+		}
+		ls = append(ls, l)
+		addrs[i] = "tcp://" + l.Addr().String()
+	}
+	return addrs, nil
+}
+
+// Run starts the stage processes, drives the closed loop through them
+// (warm-up, window, optional kill, drain) and reports what reached the
+// trainer.
+func Run(ctx context.Context, cfg Config) (*peers.PeerReport, error) {
+	if err := cfg.defaults(); err != nil {
+		return nil, err
+	}
+	begin := time.Now()
+	cp, err := peers.ReadCorpusHops(cfg.Corpus, []int{0}, false)
+	if err != nil {
+		return nil, err
+	}
+	if len(cp.Groups) == 0 {
+		return nil, errors.New("zmqpeer: the corpus holds no group")
+	}
+	addrs, err := freeAddrs(len(Roles) + 1) // the stages' PULL sockets, then the driver's
+	if err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	acks, err := listen(ctx, addrs[len(Roles)])
+	if err != nil {
+		return nil, err
+	}
+	defer acks.Close()
+	pp := &pipelineProcs{cfg: &cfg, procs: map[string]*stageProc{}}
+	defer pp.stop()
+	for i, role := range Roles {
+		s := &stageProc{role: role, pull: addrs[i], push: addrs[i+1]}
+		pp.procs[role] = s
+		if err := pp.start(s); err != nil {
+			return nil, err
+		}
+	}
+	push, err := dial(ctx, addrs[0])
+	if err != nil {
+		return nil, err
+	}
+	defer push.Close()
+	in := make(chan zmq4.Msg, 64)
+	go receive(ctx, acks, in)
+
+	groupSize := int64(cp.Header.Synth.GroupSize)
+	led := newLedger(cp, cfg.InFlight, cfg.LossTimeout)
+	rep := &peers.PeerReport{System: SystemName, GroupsPerCall: 1, InFlightGroups: cfg.InFlight, CorpusGroups: len(cp.Groups),
+		StartupS: time.Since(begin).Seconds()}
+	send := func() error {
+		for led.free() > 0 {
+			g, sent := led.launch()
+			frames := append([][]byte{groupHeader{group: g, sent: sent}.append(nil)}, cp.Groups[g%int64(len(cp.Groups))].Hops[0]...)
+			if err := push.SendMulti(zmq4.NewMsgFrom(frames...)); err != nil {
+				return fmt.Errorf("zmqpeer: send to validate: %w", err)
+			}
+		}
+		return nil
+	}
+	onAck := func(m zmq4.Msg) error {
+		if len(m.Frames) != 1 || len(m.Frames[0]) < 16 {
+			return fmt.Errorf("zmqpeer: an acknowledgement of %d frames", len(m.Frames))
+		}
+		b := m.Frames[0]
+		recv, size := int64(binary.LittleEndian.Uint64(b)), int64(binary.LittleEndian.Uint64(b[8:]))
+		hs, err := readHeaders(b[16:], (len(b)-16)/headerSize)
+		if err != nil {
+			return err
+		}
+		led.batch(hs, size, recv)
+		return nil
+	}
+	// step sends what the window allows, then takes the acknowledgements
+	// that come within wait.
+	step := func(wait time.Duration) error {
+		if err := send(); err != nil {
+			return err
+		}
+		timer := time.NewTimer(wait)
+		defer timer.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return ctx.Err()
+			case m := <-in:
+				if err := onAck(m); err != nil {
+					return err
+				}
+			case <-timer.C:
+				led.expire(time.Now().UnixNano())
+				return nil
+			}
+		}
+	}
+
+	for end := time.Now().Add(cfg.Warmup); time.Now().Before(end); {
+		if err := step(5 * time.Millisecond); err != nil {
+			return nil, err
+		}
+	}
+	led.measuring = true
+	led.resetWindow()
+	t0, cpu0 := time.Now(), pp.cpu()
+	var (
+		peak     float64
+		sampleMu sync.Mutex
+		sampled  = make(chan struct{})
+	)
+	sampleCtx, stopSampling := context.WithCancel(ctx)
+	defer func() { stopSampling(); <-sampled }()
+	go func() { // owned by Run: ended by stopSampling, waited for on sampled
+		defer close(sampled)
+		tick := time.NewTicker(500 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			mb := pp.memoryMB()
+			sampleMu.Lock()
+			peak = max(peak, mb)
+			sampleMu.Unlock()
+			select {
+			case <-sampleCtx.Done():
+				return
+			case <-tick.C:
+			}
+		}
+	}()
+	killed := false
+	for time.Since(t0) < cfg.Duration {
+		if cfg.Kill != "" && !killed && time.Since(t0) >= cfg.KillAt {
+			killed = true
+			at := time.Since(t0)
+			k := time.Now()
+			if err := pp.kill(cfg.Kill); err != nil {
+				return nil, err
+			}
+			rep.Kill = &peers.PeerKillEvent{Stage: cfg.Kill, AtS: at.Seconds(), RestartS: time.Since(k).Seconds()}
+		}
+		if err := step(5 * time.Millisecond); err != nil {
+			return nil, err
+		}
+	}
+	window := time.Since(t0)
+	cpu := pp.cpu() - cpu0
+	stopSampling()
+	<-sampled
+	sampleMu.Lock()
+	rep.PeakMB = peak
+	sampleMu.Unlock()
+	led.measuring = false
+	led.summarize(rep, window, cpu)
+
+	// Drain: nothing new; every group in flight arrives or is lost.
+	led.lossTimeout = cfg.Drain
+	for deadline := time.Now().Add(cfg.Drain); len(led.inflight) > 0 && time.Now().Before(deadline); {
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case m := <-in:
+			if err := onAck(m); err != nil {
+				return nil, err
+			}
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+	rep.ProducedGroups, rep.DecidedGroups = led.next, int64(len(led.decided))
+	rep.LostGroups = rep.ProducedGroups - rep.DecidedGroups
+	rep.LostAttempts = rep.LostGroups * groupSize
+	rep.DuplicateGroups, rep.LateGroups = led.duplicates, led.late
+	if l, err := loadAvg(); err == nil {
+		rep.LoadAvg = l
+	}
+	return rep, nil
+}
+
+// loadAvg reads the three load averages of /proc/loadavg.
+func loadAvg() ([]float64, error) {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return nil, err
+	}
+	f := strings.Fields(string(b))
+	if len(f) < 3 {
+		return nil, fmt.Errorf("zmqpeer: /proc/loadavg: %q", b)
+	}
+	l := make([]float64, 3)
+	for i := range l {
+		if l[i], err = strconv.ParseFloat(f[i], 64); err != nil {
+			return nil, fmt.Errorf("zmqpeer: /proc/loadavg: %w", err)
+		}
+	}
+	return l, nil
+}

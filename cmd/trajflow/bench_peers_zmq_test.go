@@ -1,0 +1,63 @@
+package main
+
+import (
+	"encoding/json"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/trajflow/trajflow/bench/peers"
+)
+
+// runZmqPeer runs `trajflow bench peers-zmq` and reads its report.
+func runZmqPeer(t *testing.T, args ...string) peers.PeerReport {
+	t.Helper()
+	out, err := exec.Command(trajflowBinary(t), append([]string{"bench", "peers-zmq"}, args...)...).Output()
+	if err != nil {
+		var stderr string
+		if ee, ok := err.(*exec.ExitError); ok {
+			stderr = string(ee.Stderr)
+		}
+		t.Fatalf("bench peers-zmq %s: %v\n%s", strings.Join(args, " "), err, stderr)
+	}
+	lines := strings.Split(strings.TrimSpace(string(out)), "\n")
+	var r peers.PeerReport
+	if err := json.Unmarshal([]byte(lines[len(lines)-1]), &r); err != nil {
+		t.Fatalf("report %q: %v", out, err)
+	}
+	return r
+}
+
+// TestBenchPeersZmq: the Go ZeroMQ peer moves the corpus's bytes over
+// every hop and accounts every group it sent; a SIGKILL of its pack
+// process loses the groups pack held and those sent to it while it was
+// down, whole groups of eight attempts, and the accounting still adds up.
+func TestBenchPeersZmq(t *testing.T) {
+	t.Parallel()
+	corpus := filepath.Join(t.TempDir(), "corpus.bin")
+	if out, err := exec.Command(trajflowBinary(t), "bench", "peers", "--contract", "../../testdata/contracts/bench.yaml",
+		"--corpus-groups", "96", "--export-corpus", corpus).CombinedOutput(); err != nil {
+		t.Fatalf("export corpus: %v\n%s", err, out)
+	}
+
+	r := runZmqPeer(t, "--corpus", corpus, "--duration", "3s", "--warmup", "1s", "--inflight-groups", "64")
+	if r.System != "zeromq-go" || r.CorpusGroups != 96 || r.InFlightGroups != 64 {
+		t.Fatalf("report of %q over %d groups, %d in flight", r.System, r.CorpusGroups, r.InFlightGroups)
+	}
+	if r.Groups <= 0 || r.Batches <= 0 || r.MBPerS <= 0 || r.CPUS <= 0 || r.PeakMB <= 0 || r.Latency.P50 <= 0 || r.ActionTokensPerS <= 0 {
+		t.Fatalf("nothing measured: %+v", r)
+	}
+	if r.LostGroups != 0 || r.DecidedGroups != r.ProducedGroups || r.DuplicateGroups != 0 {
+		t.Fatalf("without a kill: produced %d decided %d lost %d duplicated %d", r.ProducedGroups, r.DecidedGroups, r.LostGroups, r.DuplicateGroups)
+	}
+
+	k := runZmqPeer(t, "--corpus", corpus, "--duration", "4s", "--warmup", "1s", "--inflight-groups", "64",
+		"--kill", "pack", "--loss-timeout", "2s", "--drain", "4s")
+	if k.Kill == nil || k.Kill.Stage != "pack" || k.Kill.AtS < 1.5 {
+		t.Fatalf("kill: %+v", k.Kill)
+	}
+	if k.LostGroups <= 0 || k.LostAttempts != 8*k.LostGroups || k.DecidedGroups+k.LostGroups != k.ProducedGroups {
+		t.Fatalf("kill of pack: produced %d decided %d lost %d groups (%d attempts)", k.ProducedGroups, k.DecidedGroups, k.LostGroups, k.LostAttempts)
+	}
+}
