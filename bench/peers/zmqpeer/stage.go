@@ -116,6 +116,16 @@ func receive(ctx context.Context, pull zmq4.Socket, out chan<- zmq4.Msg) {
 	}
 }
 
+// next is the next message of in; ok is false once ctx has ended.
+func next(ctx context.Context, in <-chan zmq4.Msg) (m zmq4.Msg, ok bool) {
+	select {
+	case <-ctx.Done():
+		return m, false
+	case m = <-in:
+		return m, true
+	}
+}
+
 // RunStage runs one stage process until ctx ends: it pulls on pullAddr
 // and pushes to pushAddr (the next stage, or the driver for the trainer).
 // It reads from the corpus only what it sends.
@@ -159,11 +169,9 @@ func RunStage(ctx context.Context, role, corpusPath, pullAddr, pushAddr string) 
 	}
 	n := int64(len(cp.Groups))
 	for {
-		var m zmq4.Msg
-		select {
-		case <-ctx.Done():
+		m, ok := next(ctx, in)
+		if !ok {
 			return nil
-		case m = <-in:
 		}
 		if len(m.Frames) == 0 {
 			continue
@@ -227,11 +235,9 @@ func runPack(ctx context.Context, cp *peers.Corpus, in <-chan zmq4.Msg, push zmq
 // and the batch's group headers.
 func runTrainer(ctx context.Context, in <-chan zmq4.Msg, push zmq4.Socket) error {
 	for {
-		var m zmq4.Msg
-		select {
-		case <-ctx.Done():
+		m, ok := next(ctx, in)
+		if !ok {
 			return nil
-		case m = <-in:
 		}
 		now := time.Now().UnixNano()
 		if len(m.Frames) != 2 || len(m.Frames[0]) < 4 {
