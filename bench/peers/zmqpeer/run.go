@@ -239,6 +239,8 @@ func Run(ctx context.Context, cfg Config) (*peers.PeerReport, error) {
 	if err != nil {
 		return nil, err
 	}
+	var owned sync.WaitGroup // the receiving goroutine, ended by cancel
+	defer owned.Wait()
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	acks, err := listen(ctx, addrs[len(Roles)])
@@ -261,12 +263,13 @@ func Run(ctx context.Context, cfg Config) (*peers.PeerReport, error) {
 	}
 	defer push.Close()
 	in := make(chan zmq4.Msg, 64)
-	go receive(ctx, acks, in)
+	owned.Add(1)
+	go func() { defer owned.Done(); receive(ctx, acks, in) }()
 
 	groupSize := int64(cp.Header.Synth.GroupSize)
 	led := newLedger(cp, cfg.InFlight, cfg.LossTimeout)
 	rep := &peers.PeerReport{System: SystemName, GroupsPerCall: 1, InFlightGroups: cfg.InFlight, CorpusGroups: len(cp.Groups),
-		StartupS: time.Since(begin).Seconds()}
+		StartupS: time.Since(begin).Seconds()} // the stages are up: the push to validate connected
 	send := func() error {
 		for led.free() > 0 {
 			g, sent := led.launch()
@@ -279,7 +282,7 @@ func Run(ctx context.Context, cfg Config) (*peers.PeerReport, error) {
 	}
 	onAck := func(m zmq4.Msg) error {
 		if len(m.Frames) != 1 || len(m.Frames[0]) < 16 {
-			return fmt.Errorf("zmqpeer: an acknowledgement of %d frames", len(m.Frames))
+			return fmt.Errorf("zmqpeer: an acknowledgement of %d frames, want one of at least 16 bytes", len(m.Frames))
 		}
 		b := m.Frames[0]
 		recv, size := int64(binary.LittleEndian.Uint64(b)), int64(binary.LittleEndian.Uint64(b[8:]))

@@ -29,6 +29,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"sync"
 	"time"
 
 	"github.com/go-zeromq/zmq4"
@@ -97,8 +98,8 @@ func listen(ctx context.Context, addr string) (zmq4.Socket, error) {
 	return pull, nil
 }
 
-// receive runs in its own goroutine (owned by the caller, ended by ctx):
-// it hands every message of pull to out.
+// receive hands every message of pull to out until ctx ends; it runs in
+// its own goroutine, which the caller owns and ends by cancelling ctx.
 func receive(ctx context.Context, pull zmq4.Socket, out chan<- zmq4.Msg) {
 	for {
 		m, err := pull.Recv()
@@ -147,6 +148,8 @@ func RunStage(ctx context.Context, role, corpusPath, pullAddr, pushAddr string) 
 	if len(cp.Groups) == 0 {
 		return errors.New("zmqpeer: the corpus holds no group")
 	}
+	var owned sync.WaitGroup // the receiving goroutine, ended by cancel
+	defer owned.Wait()
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	pull, err := listen(ctx, pullAddr)
@@ -160,7 +163,8 @@ func RunStage(ctx context.Context, role, corpusPath, pullAddr, pushAddr string) 
 	}
 	defer push.Close()
 	in := make(chan zmq4.Msg, 64)
-	go receive(ctx, pull, in)
+	owned.Add(1)
+	go func() { defer owned.Done(); receive(ctx, pull, in) }()
 	switch role {
 	case "pack":
 		return runPack(ctx, cp, in, push)
