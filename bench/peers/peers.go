@@ -227,7 +227,7 @@ func runOne(ctx context.Context, cfg *Config, sys string, round int, kill bool, 
 		tag = sys + "-kill-" + cfg.Kill
 	}
 	out := filepath.Join(cfg.OutDir, tag+".json")
-	load := loadAvg()
+	load := LoadAvg()
 	fmt.Fprintf(cfg.Log, "%s  %-28s load %.2f %.2f %.2f\n", time.Now().UTC().Format("15:04:05"), tag, load[0], load[1], load[2])
 	var rows []Row
 	var err error
@@ -479,8 +479,9 @@ func tail(s string) string {
 	return strings.Join(lines, "\n")
 }
 
-// loadAvg reads /proc/loadavg.
-func loadAvg() [3]float64 {
+// LoadAvg reads the three load averages of /proc/loadavg (zeros when it
+// cannot).
+func LoadAvg() [3]float64 {
 	var l [3]float64
 	b, err := os.ReadFile("/proc/loadavg")
 	if err != nil {

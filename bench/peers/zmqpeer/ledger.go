@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/trajflow/trajflow/bench/peers"
+	"github.com/trajflow/trajflow/internal/gate"
 )
 
 // ledger is the rollout side's record of every group it sent: the closed
@@ -110,20 +111,11 @@ func (l *ledger) summarize(rep *peers.PeerReport, window, cpu time.Duration) {
 	if c > 0 {
 		rep.MBPerCPUS = float64(l.wBytes) / c / 1e6
 	}
-	lat := slices.Clone(l.wLatencyMS)
-	slices.Sort(lat)
-	rep.Latency = peers.PeerLatency{P50: percentile(lat, 50), P90: percentile(lat, 90), P99: percentile(lat, 99), Count: len(lat)}
-	if len(lat) > 0 {
-		rep.Latency.Max = lat[len(lat)-1]
+	rep.Latency = peers.PeerLatency{Count: len(l.wLatencyMS)}
+	if len(l.wLatencyMS) > 0 {
+		rep.Latency.P50, _ = gate.Quantile(l.wLatencyMS, 0.50)
+		rep.Latency.P90, _ = gate.Quantile(l.wLatencyMS, 0.90)
+		rep.Latency.P99, _ = gate.Quantile(l.wLatencyMS, 0.99)
+		rep.Latency.Max = slices.Max(l.wLatencyMS)
 	}
-}
-
-// percentile is the nearest-rank q-th percentile of sorted (0 when
-// empty).
-func percentile(sorted []float64, q float64) float64 {
-	if len(sorted) == 0 {
-		return 0
-	}
-	i := int(q/100*float64(len(sorted)-1) + 0.5)
-	return sorted[min(max(i, 0), len(sorted)-1)]
 }

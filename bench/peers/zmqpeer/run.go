@@ -389,27 +389,7 @@ func Run(ctx context.Context, cfg Config) (*peers.PeerReport, error) {
 	rep.LostGroups = rep.ProducedGroups - rep.DecidedGroups
 	rep.LostAttempts = rep.LostGroups * groupSize
 	rep.DuplicateGroups, rep.LateGroups = led.duplicates, led.late
-	if l, err := loadAvg(); err == nil {
-		rep.LoadAvg = l
-	}
+	l := peers.LoadAvg()
+	rep.LoadAvg = l[:]
 	return rep, nil
-}
-
-// loadAvg reads the three load averages of /proc/loadavg.
-func loadAvg() ([]float64, error) {
-	b, err := os.ReadFile("/proc/loadavg")
-	if err != nil {
-		return nil, err
-	}
-	f := strings.Fields(string(b))
-	if len(f) < 3 {
-		return nil, fmt.Errorf("zmqpeer: /proc/loadavg: %q", b)
-	}
-	l := make([]float64, 3)
-	for i := range l {
-		if l[i], err = strconv.ParseFloat(f[i], 64); err != nil {
-			return nil, fmt.Errorf("zmqpeer: /proc/loadavg: %w", err)
-		}
-	}
-	return l, nil
 }
