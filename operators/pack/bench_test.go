@@ -141,3 +141,27 @@ func BenchmarkWindow(b *testing.B) {
 	}
 	report(b, tokens, n, cpu0)
 }
+
+// BenchmarkNewestKept measures the per-token scan of a packed batch for
+// the version the lag rule judges it by (NewestKept, the trainer's
+// reference), beside which Stats.NewestKept reads the same version from
+// the spans PackInto already walks.
+func BenchmarkNewestKept(b *testing.B) {
+	in, o, tokens := benchScored()
+	segs := reconstructAll(b, in, o, nil)
+	rows, _ := Pack(segs, benchBudget)
+	batch := schemas.PackedBatch{Rows: rows}
+	for _, policy := range []string{StaleMaskTurns, StaleDrop} {
+		b.Run(policy, func(b *testing.B) {
+			cpu0 := cpuTime()
+			n := 0
+			for b.Loop() {
+				if NewestKept(&batch, policy) < 0 {
+					b.Fatal("no trained token")
+				}
+				n++
+			}
+			report(b, tokens, n, cpu0)
+		})
+	}
+}

@@ -20,6 +20,22 @@ type Stats struct {
 	TrainedTokens int64   // entries with action mask 1
 	Truncated     int     // segments cut by the overflow rule
 	Efficiency    float64 // Tokens / (Rows * Budget); 0 when there are no rows
+	// NewestTrained is the newest behavior version of a trained entry and
+	// NewestOldest the newest among the segments' oldest trained versions
+	// (-1 when no entry is trained): what NewestKept reads back from the
+	// packed columns, taken here from the spans (see Stats.NewestKept).
+	NewestTrained int64
+	NewestOldest  int64
+}
+
+// NewestKept is NewestKept of the packed batch under stalePolicy, from the
+// spans the packing walked rather than a scan of every token: the newest
+// trained version, or under StaleDrop the newest of the segments' oldest.
+func (st Stats) NewestKept(stalePolicy string) int64 {
+	if stalePolicy == StaleDrop {
+		return st.NewestOldest
+	}
+	return st.NewestTrained
 }
 
 // Pack packs segments into rows of at most budget tokens (docs/PIPELINE.md §11,
@@ -76,7 +92,7 @@ func reuse[E any](s []E, n int) ([]E, bool) {
 // (nil c: fresh arrays, as Pack). The rows of the previous batch packed
 // into c are overwritten: the caller must be done with them.
 func PackInto(c *Columns, segs []Segment, budget int) ([]schemas.PackedRow, Stats) {
-	st := Stats{Budget: budget, Segments: len(segs)}
+	st := Stats{Budget: budget, Segments: len(segs), NewestTrained: -1, NewestOldest: -1}
 	if budget <= 0 {
 		panic(fmt.Sprintf("pack: budget %d must be positive", budget))
 	}
@@ -241,8 +257,12 @@ func PackInto(c *Columns, segs []Segment, budget int) ([]schemas.PackedRow, Stat
 			if k > 0 {
 				fill32(row.SegmentIDs[o:o+l], int32(k))
 			}
-			trained, oldest := expand(row, o, seg, neg)
+			trained, oldest, newest := expand(row, o, seg, neg)
 			st.TrainedTokens += int64(trained)
+			if trained > 0 {
+				st.NewestTrained = max(st.NewestTrained, newest)
+				st.NewestOldest = max(st.NewestOldest, oldest)
+			}
 			if seg.Truncated {
 				st.Truncated++
 			}
@@ -266,10 +286,11 @@ func PackInto(c *Columns, segs []Segment, budget int) ([]schemas.PackedRow, Stat
 // each entry once, in stream order: context runs get turn id and version
 // -1 (copied from neg, which holds at least len(seg.Tokens) entries of -1;
 // mask, log-prob, advantage and value stay 0 as allocated), non-stale spans
-// get their values. It returns the number of trained entries and their
-// oldest behavior version (-1 when none).
-func expand(row *schemas.PackedRow, o int, seg *Segment, neg []int32) (trained int, oldest int64) {
-	oldest = -1
+// get their values; a span of no entries is context too. It returns the
+// number of trained entries and their oldest and newest behavior versions
+// (-1 when none).
+func expand(row *schemas.PackedRow, o int, seg *Segment, neg []int32) (trained int, oldest, newest int64) {
+	oldest, newest = -1, -1
 	have := false
 	l := len(seg.Tokens)
 	lp := seg.Logprobs
@@ -284,7 +305,7 @@ func expand(row *schemas.PackedRow, o int, seg *Segment, neg []int32) (trained i
 		}
 		src := lp[:n]
 		lp = lp[n:]
-		if sp.Stale || sp.Older {
+		if sp.Stale || sp.Older || n == 0 {
 			continue // context: written with the next gap
 		}
 		copy(turn[cur:at], neg)
@@ -310,10 +331,11 @@ func expand(row *schemas.PackedRow, o int, seg *Segment, neg []int32) (trained i
 		if !have || sp.PolicyVersion < oldest {
 			oldest, have = sp.PolicyVersion, true
 		}
+		newest = max(newest, sp.PolicyVersion)
 	}
 	copy(turn[cur:], neg)
 	copy(ver[cur:], neg)
-	return trained, oldest
+	return trained, oldest, newest
 }
 
 func fill32(s []int32, v int32) {

@@ -155,7 +155,7 @@ func TestPackColumnsBackToBack(t *testing.T) {
 
 func TestPackEmpty(t *testing.T) {
 	rows, st := Pack(nil, 8)
-	if rows != nil || st != (Stats{Budget: 8}) {
+	if rows != nil || st != (Stats{Budget: 8, NewestTrained: -1, NewestOldest: -1}) {
 		t.Fatalf("rows %v stats %+v", rows, st)
 	}
 }
@@ -254,6 +254,63 @@ func TestPackIntoReusedColumns(t *testing.T) {
 		got, gotSt := PackInto(&cols, segs, budget)
 		if !reflect.DeepEqual(got, want) || gotSt != wantSt {
 			t.Fatalf("round %d (%d segments): rows packed into reused columns differ from fresh ones", round, len(segs))
+		}
+	}
+}
+
+// TestStatsNewestKept checks the version the lag rule judges a batch by,
+// as PackInto records it from the spans, against NewestKept's scan of the
+// packed columns: by hand where the two stale policies differ, then over
+// random windows with stale and older turns.
+func TestStatsNewestKept(t *testing.T) {
+	// A: turns at versions 7 and 9; B: one turn at 8. Trainer 9, lag 2:
+	// nothing stale. Newest trained 9; oldest per segment 7 (A) and 8 (B),
+	// the newest of those 8.
+	a := scored("A", "g1",
+		turnSpec{prompt: []int32{1, 2}, action: []int32{3, 4}, logprobs: []float32{-1, -1}, version: 7, adv: 1},
+		turnSpec{prompt: []int32{5}, action: []int32{6, 7}, logprobs: []float32{-1, -1}, version: 9, adv: 1},
+	)
+	b := scored("B", "g2", turnSpec{prompt: []int32{8}, action: []int32{9, 10}, logprobs: []float32{-1, -1}, version: 8, adv: 1})
+	for _, tc := range []struct {
+		policy string
+		want   int64
+	}{{StaleMaskTurns, 9}, {StaleDrop, 8}} {
+		o := Options{TokenBudget: 16, BatchTokens: 16, Overflow: OverflowReject, MaxLag: 2, StalePolicy: tc.policy}
+		var segs []Segment
+		for _, s := range []schemas.Scored{a, b} {
+			seg, f, err := Reconstruct(&s, 9, o)
+			if err != nil || f != FilterNone {
+				t.Fatalf("%s: filter %q err %v", s.RecordID, f, err)
+			}
+			segs = append(segs, seg)
+		}
+		rows, st := Pack(segs, 16)
+		batch := schemas.PackedBatch{Rows: rows}
+		if got, scan := st.NewestKept(tc.policy), NewestKept(&batch, tc.policy); got != tc.want || scan != tc.want {
+			t.Errorf("%s: Stats.NewestKept %d, NewestKept %d, want %d", tc.policy, got, scan, tc.want)
+		}
+	}
+
+	r := rand.New(rand.NewPCG(7, 11))
+	for i := range 200 {
+		policy := []string{StaleMaskTurns, StaleDrop}[i%2]
+		o := Options{TokenBudget: 2048, BatchTokens: 2048, Overflow: OverflowTruncate, MaxLag: int64(r.IntN(2)), StalePolicy: policy}
+		const tv = 20
+		var segs []Segment
+		for k := range 1 + r.IntN(12) {
+			s := randomScored(r, idOf(k), idOf(k/4), 16+r.IntN(1500), tv)
+			seg, f, err := Reconstruct(&s, tv, o)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if f == FilterNone {
+				segs = append(segs, seg)
+			}
+		}
+		rows, st := Pack(segs, o.TokenBudget)
+		batch := schemas.PackedBatch{Rows: rows}
+		if got, want := st.NewestKept(policy), NewestKept(&batch, policy); got != want {
+			t.Fatalf("window %d (%s, lag %d, %d segments): Stats.NewestKept %d, NewestKept %d", i, policy, o.MaxLag, len(segs), got, want)
 		}
 	}
 }

@@ -67,7 +67,10 @@ func TestShiftAlignmentByHand(t *testing.T) {
 	if !reflect.DeepEqual(row, want) {
 		t.Errorf("packed row\n got %+v\nwant %+v", row, want)
 	}
-	wantStats := Stats{Budget: 16, Rows: 1, Segments: 2, Tokens: 15, TrainedTokens: 7, Efficiency: 15.0 / 16}
+	// Trained versions: A 7 and 8, B 8; the newest 8, the segments' oldest
+	// 7 and 8, the newest of those 8.
+	wantStats := Stats{Budget: 16, Rows: 1, Segments: 2, Tokens: 15, TrainedTokens: 7, Efficiency: 15.0 / 16,
+		NewestTrained: 8, NewestOldest: 8}
 	if st != wantStats {
 		t.Errorf("stats %+v, want %+v", st, wantStats)
 	}

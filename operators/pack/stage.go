@@ -707,7 +707,7 @@ func (s *Stage) close(ctx context.Context, res *pipeline.Result, by string) erro
 	}
 	if len(batch.Rows) == 0 {
 		rec.BatchID = ""
-	} else if kept := NewestKept(&batch, s.cfg.Options.StalePolicy); kept >= 0 {
+	} else if kept := closed.Stats.NewestKept(s.cfg.Options.StalePolicy); kept >= 0 {
 		rec.MinLag = batch.TrainerVersion - kept
 	}
 	lin, err := schemas.EncodeWindow(rec)
