@@ -55,10 +55,15 @@ type Config struct {
 	// this machine (its CPU time is added to that run's figures).
 	Kafka    string
 	KafkaPid int
-	Rounds   int
-	Duration time.Duration
-	Warmup   time.Duration
-	Baseline time.Duration
+	// KafkaWarmup is the length of an unrecorded trajflow-kafka run before
+	// the first round: a broker JVM just started interprets its hot paths
+	// until the JIT compiler has compiled them, which would charge the
+	// first round's runs (the raw clients' baselines first) for it.
+	KafkaWarmup time.Duration
+	Rounds      int
+	Duration    time.Duration
+	Warmup      time.Duration
+	Baseline    time.Duration
 	// Kill names the stage whose process each kill run SIGKILLs once, half
 	// way through its window ("" runs no kill runs).
 	Kill             string
@@ -196,6 +201,14 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 		act += g.Action
 	}
 	res.ActionShare = float64(act) / float64(max(tok, 1))
+	if cfg.KafkaWarmup > 0 && slicesContains(cfg.Systems, SysTrajflowKafka) {
+		w := cfg
+		w.Duration, w.Baseline = cfg.KafkaWarmup, max(cfg.KafkaWarmup/2, time.Second)
+		fmt.Fprintf(cfg.Log, "warming up Apache Kafka's JVM: a %s run, not recorded\n", cfg.KafkaWarmup)
+		if _, err := runOne(ctx, &w, SysTrajflowKafka, 0, false, corpusPath, res.ActionShare); err != nil {
+			return nil, err
+		}
+	}
 	for round := 1; round <= cfg.Rounds; round++ {
 		for _, sys := range cfg.Systems {
 			rows, err := runOne(ctx, &cfg, sys, round, false, corpusPath, res.ActionShare)

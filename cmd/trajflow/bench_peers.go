@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
@@ -19,8 +20,9 @@ import (
 // peersFlags are the flags of trajflow bench peers.
 type peersFlags struct {
 	contract, systems, kafka, kill, python, pythonPath *string
+	kafkaScript, kafkaHome                             *string
 	out, plot, jsonOut, export, fromJSON               *string
-	duration, warmup, baseline                         *time.Duration
+	duration, warmup, baseline, kafkaWarmup            *time.Duration
 	rounds, kafkaPid, groups, inflight, perCall        *int
 }
 
@@ -30,25 +32,29 @@ func addPeersFlags(fs interface {
 	Int(string, int, string) *int
 }) peersFlags {
 	return peersFlags{
-		contract:   fs.String("contract", "testdata/contracts/bench.yaml", "learning contract (sized for throughput)"),
-		systems:    fs.String("systems", strings.Join(peers.AllSystems, ","), "systems to run in each round, in order: "+strings.Join(peers.AllSystems, ", ")),
-		kafka:      fs.String("kafka", "", "bootstrap address of an Apache Kafka for trajflow-kafka (deploy/local/kafka.sh up); empty drops trajflow-kafka"),
-		kafkaPid:   fs.Int("kafka-pid", 0, "process id of that broker when it runs on this machine (its CPU is counted)"),
-		kill:       fs.String("kill", "pack", "stage SIGKILLed once in each system's kill run (empty: no kill runs)"),
-		python:     fs.String("python", "", "interpreter of the peers' venv (default: the one bench/peers/python/setup.sh prints)"),
-		pythonPath: fs.String("python-path", "bench/peers/python", "folder holding the trajflow_peers package"),
-		out:        fs.String("out", "out/peers", "directory of the corpus and of every run's JSON"),
-		plot:       fs.String("plot", "", "write every system on one chart to this PNG"),
-		jsonOut:    fs.String("json-out", "", "write every row as JSON to this file"),
-		export:     fs.String("export-corpus", "", "only export the corpus to this file and exit"),
-		fromJSON:   fs.String("from-json", "", "run nothing: print the table (and --plot) of a --json-out file"),
-		duration:   fs.Duration("duration", 15*time.Second, "measurement window of each run"),
-		warmup:     fs.Duration("warmup", 3*time.Second, "warm-up of each run"),
-		baseline:   fs.Duration("baseline", 6*time.Second, "window of each raw client's baseline"),
-		rounds:     fs.Int("rounds", 2, "rounds: every system once per round, alternating"),
-		groups:     fs.Int("corpus-groups", 256, "groups of the synthetic source exported through the stages"),
-		inflight:   fs.Int("inflight-groups", 192, "groups produced and not yet decided, for every system"),
-		perCall:    fs.Int("ray-groups-per-call", 8, "groups per Ray actor call (one DataProto)"),
+		contract: fs.String("contract", "testdata/contracts/bench.yaml", "learning contract (sized for throughput)"),
+		systems:  fs.String("systems", strings.Join(peers.AllSystems, ","), "systems to run in each round, in order: "+strings.Join(peers.AllSystems, ", ")),
+		kafka: fs.String("kafka", "", "bootstrap address of an Apache Kafka for trajflow-kafka (deploy/local/kafka.sh up), or "+peers.KafkaAuto+
+			": start one with --kafka-script for this command and stop it at the end (java 17+ and mvn); empty drops trajflow-kafka"),
+		kafkaPid:    fs.Int("kafka-pid", 0, "process id of that broker when it runs on this machine (its CPU is counted; --kafka "+peers.KafkaAuto+" knows its own)"),
+		kafkaScript: fs.String("kafka-script", "deploy/local/kafka.sh", "with --kafka "+peers.KafkaAuto+": the script that starts Apache Kafka"),
+		kafkaHome:   fs.String("kafka-home", "build/kafka-peers", "with --kafka "+peers.KafkaAuto+": the broker's home (jars cached there, data deleted after the run)"),
+		kill:        fs.String("kill", "pack", "stage SIGKILLed once in each system's kill run (empty: no kill runs)"),
+		python:      fs.String("python", "", "interpreter of the peers' venv (default: the one bench/peers/python/setup.sh prints)"),
+		pythonPath:  fs.String("python-path", "bench/peers/python", "folder holding the trajflow_peers package"),
+		out:         fs.String("out", "out/peers", "directory of the corpus and of every run's JSON"),
+		plot:        fs.String("plot", "", "write every system on one chart to this PNG"),
+		jsonOut:     fs.String("json-out", "", "write every row as JSON to this file"),
+		export:      fs.String("export-corpus", "", "only export the corpus to this file and exit"),
+		fromJSON:    fs.String("from-json", "", "run nothing: print the table (and --plot) of a --json-out file"),
+		duration:    fs.Duration("duration", 15*time.Second, "measurement window of each run"),
+		warmup:      fs.Duration("warmup", 3*time.Second, "warm-up of each run"),
+		baseline:    fs.Duration("baseline", 6*time.Second, "window of each raw client's baseline"),
+		kafkaWarmup: fs.Duration("kafka-warmup", 10*time.Second, "with trajflow-kafka: an unrecorded run of this length before the first round, for the broker JVM's compiler (0: none)"),
+		rounds:      fs.Int("rounds", 2, "rounds: every system once per round, alternating"),
+		groups:      fs.Int("corpus-groups", 256, "groups of the synthetic source exported through the stages"),
+		inflight:    fs.Int("inflight-groups", 192, "groups produced and not yet decided, for every system"),
+		perCall:     fs.Int("ray-groups-per-call", 8, "groups per Ray actor call (one DataProto)"),
 	}
 }
 
@@ -81,7 +87,7 @@ func cmdBenchPeers(ctx context.Context, args []string, stdout, stderr io.Writer)
 		return err
 	}
 	cfg := peers.Config{Binary: bin, ContractPath: *f.contract, Contract: c, Python: *f.python, PythonPath: *f.pythonPath,
-		Kafka: *f.kafka, KafkaPid: *f.kafkaPid, Rounds: *f.rounds, Duration: *f.duration, Warmup: *f.warmup, Baseline: *f.baseline,
+		Kafka: *f.kafka, KafkaPid: *f.kafkaPid, KafkaWarmup: *f.kafkaWarmup, Rounds: *f.rounds, Duration: *f.duration, Warmup: *f.warmup, Baseline: *f.baseline,
 		Kill: *f.kill, CorpusGroups: *f.groups, InFlight: *f.inflight, RayGroupsPerCall: *f.perCall, OutDir: *f.out, Log: stderr}
 	for _, s := range strings.Split(*f.systems, ",") {
 		if s = strings.TrimSpace(s); s != "" && (s != peers.SysTrajflowKafka || cfg.Kafka != "") {
@@ -98,6 +104,24 @@ func cmdBenchPeers(ctx context.Context, args []string, stdout, stderr io.Writer)
 		}
 		lines := strings.Split(strings.TrimSpace(string(out)), "\n")
 		cfg.Python = lines[len(lines)-1]
+	}
+	if cfg.Kafka == peers.KafkaAuto {
+		if cfg.KafkaPid != 0 {
+			return fmt.Errorf("%w: bench peers: --kafka-pid: --kafka %s counts the CPU of the broker it starts; give an address with --kafka-pid", errUsage, peers.KafkaAuto)
+		}
+		if slices.Contains(cfg.Systems, peers.SysTrajflowKafka) {
+			fmt.Fprintf(stderr, "starting Apache Kafka with %s (home %s)\n", *f.kafkaScript, *f.kafkaHome)
+			k, err := peers.StartLocalKafka(ctx, *f.kafkaScript, *f.kafkaHome, stderr)
+			if err != nil {
+				return err
+			}
+			defer func() {
+				if err := k.Stop(); err != nil {
+					fmt.Fprintln(stderr, err)
+				}
+			}()
+			cfg.Kafka, cfg.KafkaPid = k.Addr, k.Pid
+		}
 	}
 	res, err := peers.Run(ctx, cfg)
 	if err != nil {

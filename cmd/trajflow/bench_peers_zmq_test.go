@@ -1,6 +1,8 @@
 package main
 
 import (
+	"bytes"
+	"context"
 	"encoding/json"
 	"os/exec"
 	"path/filepath"
@@ -59,5 +61,18 @@ func TestBenchPeersZmq(t *testing.T) {
 	}
 	if k.LostGroups <= 0 || k.LostAttempts != 8*k.LostGroups || k.DecidedGroups+k.LostGroups != k.ProducedGroups {
 		t.Fatalf("kill of pack: produced %d decided %d lost %d groups (%d attempts)", k.ProducedGroups, k.DecidedGroups, k.LostGroups, k.LostAttempts)
+	}
+}
+
+// TestBenchPeersKafkaAutoRefusesPid: --kafka auto counts the CPU of the
+// broker it starts, so a --kafka-pid beside it is a command-line error
+// (exit 2, naming both flags), refused before any broker starts.
+func TestBenchPeersKafkaAutoRefusesPid(t *testing.T) {
+	var stdout, stderr bytes.Buffer
+	code := run(context.Background(), []string{"bench", "peers", "--contract", "../../testdata/contracts/bench.yaml",
+		"--systems", "trajflow-kafka", "--kafka", "auto", "--kafka-pid", "42", "--kafka-script", "/nonexistent/kafka.sh",
+		"--out", t.TempDir()}, &stdout, &stderr)
+	if code != 2 || !strings.Contains(stderr.String(), "--kafka-pid") || !strings.Contains(stderr.String(), "--kafka auto") {
+		t.Fatalf("exit %d, stderr %q", code, stderr.String())
 	}
 }

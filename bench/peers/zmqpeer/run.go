@@ -5,7 +5,6 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"slices"
@@ -199,23 +198,17 @@ func pssMB(pid int) float64 {
 	return 0
 }
 
-// freeAddrs picks k free TCP ports on 127.0.0.1 (closed again: a stage
-// binds its own, and a restarted stage binds the same one).
+// freeAddrs picks k free TCP ports on 127.0.0.1 as ZeroMQ endpoints
+// (closed again: a stage binds its own, and a restarted stage binds the
+// same one).
 func freeAddrs(k int) ([]string, error) {
-	var ls []net.Listener
-	defer func() {
-		for _, l := range ls {
-			l.Close()
-		}
-	}()
+	ports, err := peers.FreePorts(k)
+	if err != nil {
+		return nil, err
+	}
 	addrs := make([]string, k)
-	for i := range addrs {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			return nil, fmt.Errorf("zmqpeer: %w", err)
-		}
-		ls = append(ls, l)
-		addrs[i] = "tcp://" + l.Addr().String()
+	for i, p := range ports {
+		addrs[i] = "tcp://127.0.0.1:" + strconv.Itoa(p)
 	}
 	return addrs, nil
 }

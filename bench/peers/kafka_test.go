@@ -1,0 +1,35 @@
+package peers
+
+import (
+	"net"
+	"strconv"
+	"strings"
+	"testing"
+)
+
+func TestFreePorts(t *testing.T) {
+	ports, err := FreePorts(5)
+	if err != nil {
+		t.Fatal(err)
+	}
+	seen := map[int]bool{}
+	for _, p := range ports {
+		if p <= 0 || p > 65535 || seen[p] {
+			t.Fatalf("ports %v: %d is not a distinct port", ports, p)
+		}
+		seen[p] = true
+		// Closed again: the caller's processes can bind every one.
+		l, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(p))
+		if err != nil {
+			t.Fatalf("port %d not free after FreePorts: %v", p, err)
+		}
+		l.Close()
+	}
+}
+
+func TestStartLocalKafkaNoScript(t *testing.T) {
+	_, err := StartLocalKafka(t.Context(), "/nonexistent/kafka.sh", t.TempDir(), nil)
+	if err == nil || !strings.Contains(err.Error(), "/nonexistent/kafka.sh") {
+		t.Fatalf("err %v, want one naming the script", err)
+	}
+}
