@@ -55,6 +55,9 @@ type Config struct {
 	// this machine (its CPU time is added to that run's figures).
 	Kafka    string
 	KafkaPid int
+	// KafkaScript and KafkaHome start the broker when Kafka is KafkaAuto
+	// (StartLocalKafka); Run stops it before it returns.
+	KafkaScript, KafkaHome string
 	// KafkaWarmup is the length of an unrecorded trajflow-kafka run before
 	// the first round: a broker JVM just started interprets its hot paths
 	// until the JIT compiler has compiled them, which would charge the
@@ -109,6 +112,9 @@ func (c *Config) defaults() error {
 		case SysTrajflowKafka:
 			if c.Kafka == "" {
 				return errors.New("peers: trajflow-kafka needs --kafka (bootstrap address of an Apache Kafka, e.g. deploy/local/kafka.sh up)")
+			}
+			if c.Kafka == KafkaAuto && (c.KafkaScript == "" || c.KafkaHome == "") {
+				return errors.New("peers: --kafka auto needs the script that starts Apache Kafka and the broker's home (--kafka-script, --kafka-home)")
 			}
 		default:
 			return fmt.Errorf("peers: --systems: no system %q (have %s)", s, strings.Join(AllSystems, ", "))
@@ -195,6 +201,19 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 		return nil, err
 	}
 	res.Corpus = corpusPath
+	if cfg.Kafka == KafkaAuto && slicesContains(cfg.Systems, SysTrajflowKafka) {
+		fmt.Fprintf(cfg.Log, "starting Apache Kafka with %s (home %s)\n", cfg.KafkaScript, cfg.KafkaHome)
+		k, err := StartLocalKafka(ctx, cfg.KafkaScript, cfg.KafkaHome, cfg.Log)
+		if err != nil {
+			return nil, err
+		}
+		defer func() {
+			if err := k.Stop(); err != nil {
+				fmt.Fprintln(cfg.Log, err)
+			}
+		}()
+		cfg.Kafka, cfg.KafkaPid = k.Addr, k.Pid
+	}
 	var tok, act int64
 	for _, g := range cp.Groups {
 		tok += g.Tokens

@@ -8,7 +8,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"slices"
 	"strings"
 	"time"
 
@@ -87,7 +86,7 @@ func cmdBenchPeers(ctx context.Context, args []string, stdout, stderr io.Writer)
 		return err
 	}
 	cfg := peers.Config{Binary: bin, ContractPath: *f.contract, Contract: c, Python: *f.python, PythonPath: *f.pythonPath,
-		Kafka: *f.kafka, KafkaPid: *f.kafkaPid, KafkaWarmup: *f.kafkaWarmup, Rounds: *f.rounds, Duration: *f.duration, Warmup: *f.warmup, Baseline: *f.baseline,
+		Kafka: *f.kafka, KafkaPid: *f.kafkaPid, KafkaWarmup: *f.kafkaWarmup, KafkaScript: *f.kafkaScript, KafkaHome: *f.kafkaHome, Rounds: *f.rounds, Duration: *f.duration, Warmup: *f.warmup, Baseline: *f.baseline,
 		Kill: *f.kill, CorpusGroups: *f.groups, InFlight: *f.inflight, RayGroupsPerCall: *f.perCall, OutDir: *f.out, Log: stderr}
 	for _, s := range strings.Split(*f.systems, ",") {
 		if s = strings.TrimSpace(s); s != "" && (s != peers.SysTrajflowKafka || cfg.Kafka != "") {
@@ -105,23 +104,8 @@ func cmdBenchPeers(ctx context.Context, args []string, stdout, stderr io.Writer)
 		lines := strings.Split(strings.TrimSpace(string(out)), "\n")
 		cfg.Python = lines[len(lines)-1]
 	}
-	if cfg.Kafka == peers.KafkaAuto {
-		if cfg.KafkaPid != 0 {
-			return fmt.Errorf("%w: bench peers: --kafka-pid: --kafka %s counts the CPU of the broker it starts; give an address with --kafka-pid", errUsage, peers.KafkaAuto)
-		}
-		if slices.Contains(cfg.Systems, peers.SysTrajflowKafka) {
-			fmt.Fprintf(stderr, "starting Apache Kafka with %s (home %s)\n", *f.kafkaScript, *f.kafkaHome)
-			k, err := peers.StartLocalKafka(ctx, *f.kafkaScript, *f.kafkaHome, stderr)
-			if err != nil {
-				return err
-			}
-			defer func() {
-				if err := k.Stop(); err != nil {
-					fmt.Fprintln(stderr, err)
-				}
-			}()
-			cfg.Kafka, cfg.KafkaPid = k.Addr, k.Pid
-		}
+	if cfg.Kafka == peers.KafkaAuto && cfg.KafkaPid != 0 {
+		return fmt.Errorf("%w: bench peers: --kafka-pid: --kafka %s counts the CPU of the broker it starts; give an address with --kafka-pid", errUsage, peers.KafkaAuto)
 	}
 	res, err := peers.Run(ctx, cfg)
 	if err != nil {

@@ -39,6 +39,7 @@ type operatorFlags struct {
 	otlp     *string
 	gated    *bool
 	samples  *int
+	linger   *time.Duration
 	envSvc   envFlags
 }
 
@@ -62,6 +63,7 @@ func addOperatorFlags(fs *flag.FlagSet) operatorFlags {
 		otlp:     fs.String("otlp-endpoint", "", "export a span per processed record over OTLP/HTTP to this URL, e.g. http://127.0.0.1:4318/v1/traces (default: OTEL_EXPORTER_OTLP_ENDPOINT when set, else no spans)"),
 		gated:    fs.Bool("gated", false, "launch a round at a release only once the gate ruled on it (dispatch, in a fleet with the eval and gate operators)"),
 		samples:  fs.Int("eval-samples", 4, "attempts per task of every evaluation suite (eval)"),
+		linger:   fs.Duration("linger", 0, lingerUsage),
 		envSvc:   addEnvFlags(fs),
 	}
 }
@@ -104,6 +106,9 @@ func (f operatorFlags) env(name string, stderr io.Writer) (*operatorEnv, error) 
 	if *f.samples < 1 {
 		return nil, fmt.Errorf("%w: --eval-samples %d: want 1 or more", errUsage, *f.samples)
 	}
+	if *f.linger < 0 {
+		return nil, fmt.Errorf("%w: --linger %s: want 0 (the default) or more", errUsage, *f.linger)
+	}
 	deps.Gated, deps.EvalSamples = *f.gated, int32(*f.samples)
 	dialer, err := cc.Dialer()
 	if err != nil {
@@ -124,9 +129,13 @@ func (f operatorFlags) env(name string, stderr io.Writer) (*operatorEnv, error) 
 	}
 	return &operatorEnv{deps: deps, cleanup: cleanup, cfg: pipeline.Config{
 		Brokers: cc.Brokers, Dialer: dialer, Transport: transport, StateDir: dir,
-		Logger: newLogger(stderr, *f.level).With("run", c.RunID), Instance: inst,
+		Logger: newLogger(stderr, *f.level).With("run", c.RunID), Instance: inst, BatchTimeout: *f.linger,
 	}}, nil
 }
+
+// lingerUsage is the help of the operators' --linger flag.
+const lingerUsage = "how long the operator's producer waits to fill a batch before it sends (Kafka's linger.ms; 0: 2ms). " +
+	"Longer batches cost less CPU per byte on Apache Kafka and add up to this much latency per hop (bench/RESULTS.md)"
 
 // stateDir is the operator's state directory: dir (created), or a
 // temporary one removed by cleanup.

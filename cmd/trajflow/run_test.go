@@ -3,7 +3,9 @@ package main
 import (
 	"bytes"
 	"context"
+	"errors"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -77,5 +79,42 @@ func TestRunConfigurationErrors(t *testing.T) {
 	}
 	if !strings.Contains(help, "-device") {
 		t.Errorf("run --help lacks --device:\n%s", help)
+	}
+}
+
+// TestOperatorLinger: --linger is the operator runtime's producer batch
+// timeout, `trajflow up` hands its --linger to every operator it starts,
+// and a negative one is a command-line error.
+func TestOperatorLinger(t *testing.T) {
+	parse := func(args ...string) (*operatorEnv, error) {
+		fs := newFlags("run", &bytes.Buffer{})
+		of := addOperatorFlags(fs)
+		if _, err := parseFlags(fs, append([]string{"--brokers", "127.0.0.1:9"}, args...)); err != nil {
+			t.Fatal(err)
+		}
+		env, err := of.env("validate", &bytes.Buffer{})
+		if err == nil {
+			t.Cleanup(env.cleanup)
+		}
+		return env, err
+	}
+	env, err := parse()
+	if err != nil || env.cfg.BatchTimeout != 0 {
+		t.Fatalf("no --linger: batch timeout %v (want 0, the runtime's default), err %v", env.cfg.BatchTimeout, err)
+	}
+	f := &fleetProcs{brokers: "127.0.0.1:9", out: t.TempDir(), level: "info", linger: 25 * time.Millisecond}
+	args := f.args("pack", "127.0.0.1:0")
+	i := slices.Index(args, "--linger")
+	if i < 0 || i+1 >= len(args) {
+		t.Fatalf("up's operator command line %q has no --linger", args)
+	}
+	if env, err = parse(args[i : i+2]...); err != nil || env.cfg.BatchTimeout != 25*time.Millisecond {
+		t.Fatalf("--linger %s: batch timeout %v, err %v", args[i+1], env.cfg.BatchTimeout, err)
+	}
+	if _, err := parse("--linger", "-1ms"); !errors.Is(err, errUsage) || !strings.Contains(err.Error(), "--linger") {
+		t.Fatalf("--linger -1ms: err %v, want a usage error naming --linger", err)
+	}
+	if args := (&fleetProcs{out: t.TempDir()}).args("pack", "127.0.0.1:0"); slices.Contains(args, "--linger") {
+		t.Fatalf("up without --linger passes one: %q", args)
 	}
 }

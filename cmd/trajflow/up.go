@@ -78,6 +78,7 @@ func cmdUp(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	level := fs.String("log-level", "info", "operators' log level")
 	otlp := fs.String("otlp-endpoint", "", "every operator exports its spans over OTLP/HTTP to this URL, e.g. http://127.0.0.1:4318/v1/traces: one trace per attempt from dispatch to the update that trained it (default: OTEL_EXPORTER_OTLP_ENDPOINT, which the operators inherit, else no spans)")
 	wait := fs.Duration("wait", time.Minute, "how long to wait for a broker at --brokers to answer")
+	linger := fs.Duration("linger", 0, "every operator's --linger: "+lingerUsage)
 	pos, err := parseFlags(fs, args)
 	if err != nil {
 		return err
@@ -85,8 +86,8 @@ func cmdUp(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if len(pos) != 0 {
 		return fmt.Errorf("%w: trajflow up takes no arguments (got %q)", errUsage, pos)
 	}
-	if *rounds < 0 || *evalSamples < 1 || *healthPort < 0 || *healthPort > 65535 {
-		return fmt.Errorf("%w: --rounds must be >= 0, --eval-samples >= 1, --health-port a port", errUsage)
+	if *rounds < 0 || *evalSamples < 1 || *healthPort < 0 || *healthPort > 65535 || *linger < 0 {
+		return fmt.Errorf("%w: --rounds must be >= 0, --eval-samples >= 1, --health-port a port, --linger >= 0", errUsage)
 	}
 	cc, err := cf.load()
 	if err != nil {
@@ -118,7 +119,7 @@ func cmdUp(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	f := &fleetProcs{exe: exe, out: *out, brokers: strings.Join(cc.Brokers, ","), contract: *path, clientConfig: clientConfig, otlp: *otlp, rounds: *rounds, level: *level, run: c.RunID, stdout: stdout,
-		gated: gated(c), evalSamples: *evalSamples}
+		gated: gated(c), evalSamples: *evalSamples, linger: *linger}
 	start := time.Now()
 	fmt.Fprintf(stdout, "fleet of run %s on %s: %d rounds; logs in %s\n", c.RunID, f.brokers, *rounds, filepath.Join(*out, "logs"))
 	for i, name := range fleetStages(c) {
@@ -217,6 +218,7 @@ type fleetProcs struct {
 	rounds                                  int64
 	gated                                   bool // dispatch waits for the gate (fleetStages has eval and gate)
 	evalSamples                             int
+	linger                                  time.Duration // --linger of every operator, or 0
 	stdout                                  io.Writer
 	members                                 []fleetMember
 	procs                                   []*exec.Cmd
@@ -235,14 +237,9 @@ func freeHealthPort() (int, error) {
 	return ln.Addr().(*net.TCPAddr).Port, nil
 }
 
-func (f *fleetProcs) start(name string, port int) error {
-	if port == 0 {
-		var err error
-		if port, err = freeHealthPort(); err != nil {
-			return fmt.Errorf("up: a health port for %s: %w", name, err)
-		}
-	}
-	health := net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
+// args is the command line of the fleet's operator name, serving its
+// health endpoints on health.
+func (f *fleetProcs) args(name, health string) []string {
 	args := []string{"run", name, "--brokers", f.brokers, "--rounds", strconv.FormatInt(f.rounds, 10),
 		"--releases", filepath.Join(f.out, "releases"), "--state", filepath.Join(f.out, "state", name),
 		"--health", health, "--log-level", f.level, "--restarts", "-1"}
@@ -255,6 +252,9 @@ func (f *fleetProcs) start(name string, port int) error {
 	if f.otlp != "" {
 		args = append(args, "--otlp-endpoint", f.otlp)
 	}
+	if f.linger > 0 {
+		args = append(args, "--linger", f.linger.String())
+	}
 	switch name {
 	case pipeline.SnapshotStage:
 		args = append(args, "--snapshot-dir", filepath.Join(f.out, "snapshots"))
@@ -265,6 +265,18 @@ func (f *fleetProcs) start(name string, port int) error {
 	case "eval":
 		args = append(args, "--eval-samples", strconv.Itoa(f.evalSamples))
 	}
+	return args
+}
+
+func (f *fleetProcs) start(name string, port int) error {
+	if port == 0 {
+		var err error
+		if port, err = freeHealthPort(); err != nil {
+			return fmt.Errorf("up: a health port for %s: %w", name, err)
+		}
+	}
+	health := net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
+	args := f.args(name, health)
 	logPath := filepath.Join(f.out, "logs", name+".log")
 	lf, err := os.Create(logPath)
 	if err != nil {
