@@ -5,6 +5,7 @@ import (
 	"image/color"
 	"io"
 	"os"
+	"slices"
 	"sort"
 	"strings"
 
@@ -183,6 +184,10 @@ func (res *Result) WritePlot(path string) error {
 		pl.X.Tick.Label.Rotation = 0.5
 		pl.X.Tick.Label.XAlign = draw.XRight
 		pl.Y.Min = 0
+		// Headroom, so that the tallest bar stays clear of the title.
+		if len(c.vals) > 0 {
+			pl.Y.Max = max(pl.Y.Max, 1.08*slices.Max(c.vals))
+		}
 		plots = append(plots, pl)
 	}
 	img := vgimg.New(vg.Points(1500), vg.Points(460))
