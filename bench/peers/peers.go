@@ -11,6 +11,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -35,7 +36,7 @@ var AllSystems = []string{SysTrajflow, SysTrajflowKafka, SysRay, SysZeroMQ, SysZ
 // NeedsPython reports whether any of systems runs in the Python peers'
 // virtual environment.
 func NeedsPython(systems []string) bool {
-	return slicesContains(systems, SysRay) || slicesContains(systems, SysZeroMQ)
+	return slices.Contains(systems, SysRay) || slices.Contains(systems, SysZeroMQ)
 }
 
 // Config configures Run.
@@ -120,22 +121,13 @@ func (c *Config) defaults() error {
 			return fmt.Errorf("peers: --systems: no system %q (have %s)", s, strings.Join(AllSystems, ", "))
 		}
 	}
-	if c.Kill != "" && !slicesContains(bench.Stages, c.Kill) {
+	if c.Kill != "" && !slices.Contains(bench.Stages, c.Kill) {
 		return fmt.Errorf("peers: --kill: no stage %q (have %s)", c.Kill, strings.Join(bench.Stages, ", "))
 	}
 	if c.Binary == "" || c.ContractPath == "" || c.Contract == nil || c.OutDir == "" {
 		return errors.New("peers: Binary, ContractPath, Contract and OutDir are required")
 	}
 	return nil
-}
-
-func slicesContains(xs []string, x string) bool {
-	for _, y := range xs {
-		if y == x {
-			return true
-		}
-	}
-	return false
 }
 
 // Row is one system's figures in one run. Policy tokens are the tokens the
@@ -201,7 +193,8 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 		return nil, err
 	}
 	res.Corpus = corpusPath
-	if cfg.Kafka == KafkaAuto && slicesContains(cfg.Systems, SysTrajflowKafka) {
+	onKafka := slices.Contains(cfg.Systems, SysTrajflowKafka)
+	if cfg.Kafka == KafkaAuto && onKafka {
 		fmt.Fprintf(cfg.Log, "starting Apache Kafka with %s (home %s)\n", cfg.KafkaScript, cfg.KafkaHome)
 		k, err := StartLocalKafka(ctx, cfg.KafkaScript, cfg.KafkaHome, cfg.Log)
 		if err != nil {
@@ -220,7 +213,7 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 		act += g.Action
 	}
 	res.ActionShare = float64(act) / float64(max(tok, 1))
-	if cfg.KafkaWarmup > 0 && slicesContains(cfg.Systems, SysTrajflowKafka) {
+	if cfg.KafkaWarmup > 0 && onKafka {
 		w := cfg
 		w.Duration, w.Baseline = cfg.KafkaWarmup, max(cfg.KafkaWarmup/2, time.Second)
 		fmt.Fprintf(cfg.Log, "warming up Apache Kafka's JVM: a %s run, not recorded\n", cfg.KafkaWarmup)

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -34,7 +35,7 @@ func addPeersFlags(fs interface {
 		contract: fs.String("contract", "testdata/contracts/bench.yaml", "learning contract (sized for throughput)"),
 		systems:  fs.String("systems", strings.Join(peers.AllSystems, ","), "systems to run in each round, in order: "+strings.Join(peers.AllSystems, ", ")),
 		kafka: fs.String("kafka", "", "bootstrap address of an Apache Kafka for trajflow-kafka (deploy/local/kafka.sh up), or "+peers.KafkaAuto+
-			": start one with --kafka-script for this command and stop it at the end (java 17+ and mvn); empty drops trajflow-kafka"),
+			": start one with --kafka-script for this command and stop it at the end (java 17+ and mvn); empty: the default systems leave trajflow-kafka out"),
 		kafkaPid:    fs.Int("kafka-pid", 0, "process id of that broker when it runs on this machine (its CPU is counted; --kafka "+peers.KafkaAuto+" knows its own)"),
 		kafkaScript: fs.String("kafka-script", "deploy/local/kafka.sh", "with --kafka "+peers.KafkaAuto+": the script that starts Apache Kafka"),
 		kafkaHome:   fs.String("kafka-home", "build/kafka-peers", "with --kafka "+peers.KafkaAuto+": the broker's home (jars cached there, data deleted after the run)"),
@@ -67,6 +68,13 @@ func cmdBenchPeers(ctx context.Context, args []string, stdout, stderr io.Writer)
 	if *f.fromJSON != "" {
 		return peersReport(*f.fromJSON, *f.plot, stdout)
 	}
+	if *f.kafka == peers.KafkaAuto && *f.kafkaPid != 0 {
+		return fmt.Errorf("%w: bench peers: --kafka-pid: --kafka %s counts the CPU of the broker it starts; give an address with --kafka-pid", errUsage, peers.KafkaAuto)
+	}
+	// The default systems leave trajflow-kafka out without --kafka; named
+	// in --systems, it needs --kafka (peers.Run says so).
+	named := false
+	fs.Visit(func(fl *flag.Flag) { named = named || fl.Name == "systems" })
 	c, err := contract.Load(*f.contract)
 	if err != nil {
 		return err
@@ -89,7 +97,7 @@ func cmdBenchPeers(ctx context.Context, args []string, stdout, stderr io.Writer)
 		Kafka: *f.kafka, KafkaPid: *f.kafkaPid, KafkaWarmup: *f.kafkaWarmup, KafkaScript: *f.kafkaScript, KafkaHome: *f.kafkaHome, Rounds: *f.rounds, Duration: *f.duration, Warmup: *f.warmup, Baseline: *f.baseline,
 		Kill: *f.kill, CorpusGroups: *f.groups, InFlight: *f.inflight, RayGroupsPerCall: *f.perCall, OutDir: *f.out, Log: stderr}
 	for _, s := range strings.Split(*f.systems, ",") {
-		if s = strings.TrimSpace(s); s != "" && (s != peers.SysTrajflowKafka || cfg.Kafka != "") {
+		if s = strings.TrimSpace(s); s != "" && (s != peers.SysTrajflowKafka || cfg.Kafka != "" || named) {
 			cfg.Systems = append(cfg.Systems, s)
 		}
 	}
@@ -103,9 +111,6 @@ func cmdBenchPeers(ctx context.Context, args []string, stdout, stderr io.Writer)
 		}
 		lines := strings.Split(strings.TrimSpace(string(out)), "\n")
 		cfg.Python = lines[len(lines)-1]
-	}
-	if cfg.Kafka == peers.KafkaAuto && cfg.KafkaPid != 0 {
-		return fmt.Errorf("%w: bench peers: --kafka-pid: --kafka %s counts the CPU of the broker it starts; give an address with --kafka-pid", errUsage, peers.KafkaAuto)
 	}
 	res, err := peers.Run(ctx, cfg)
 	if err != nil {

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -74,5 +75,21 @@ func TestBenchPeersKafkaAutoRefusesPid(t *testing.T) {
 		"--out", t.TempDir()}, &stdout, &stderr)
 	if code != 2 || !strings.Contains(stderr.String(), "--kafka-pid") || !strings.Contains(stderr.String(), "--kafka auto") {
 		t.Fatalf("exit %d, stderr %q", code, stderr.String())
+	}
+}
+
+// TestBenchPeersNamedKafkaNeedsAddress: the default systems leave
+// trajflow-kafka out when no --kafka is given, but one named in --systems
+// is not dropped in silence: the command refuses to run without --kafka.
+func TestBenchPeersNamedKafkaNeedsAddress(t *testing.T) {
+	var stdout, stderr bytes.Buffer
+	out := t.TempDir()
+	code := run(context.Background(), []string{"bench", "peers", "--contract", "../../testdata/contracts/bench.yaml",
+		"--systems", "zeromq-go,trajflow-kafka", "--out", out}, &stdout, &stderr)
+	if code == 0 || !strings.Contains(stderr.String(), "trajflow-kafka needs --kafka") {
+		t.Fatalf("exit %d, stderr %q", code, stderr.String())
+	}
+	if _, err := os.Stat(filepath.Join(out, "corpus.bin")); !os.IsNotExist(err) {
+		t.Fatalf("a corpus was exported before the refusal (stat: %v)", err)
 	}
 }

@@ -423,7 +423,9 @@ func (w *Window) Close(batchIndex int64, runID, contractHash string, trainerVers
 // StaleMaskTurns a token survives on its own, so it is the newest version of
 // a trained token; under StaleDrop a segment goes whole with its oldest
 // trained token, so it is the newest among the segments' oldest versions.
-// It is -1 when batch has no trained token.
+// It is -1 when batch has no trained token. The pack stage takes the same
+// version from the spans it packed (Stats.NewestKept); this reads it from a
+// batch alone.
 func NewestKept(batch *schemas.PackedBatch, stalePolicy string) int64 {
 	newest := int64(-1)
 	var oldest []int64 // per segment of a row, its oldest trained version (StaleDrop)
