@@ -1,6 +1,6 @@
 # Included into llama.cpp's top-level project by deploy/local/llama.sh
 # (CMAKE_PROJECT_INCLUDE) to cut the cold build of llama-server on a
-# 2-core machine from 7-23 minutes to under 5, without touching the
+# 2-core machine from 7-23 minutes to 4-7.5, without touching the
 # numerics:
 #
 #  - unity builds (several sources compiled as one translation unit) for

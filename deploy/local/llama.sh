@@ -27,8 +27,9 @@
 # option off: a native build (GGML_NATIVE=ON) dies with SIGILL on VMs that
 # advertise AVX-512/AMX they do not allow. Unity builds and -O1 off the
 # token path (deploy/local/llama-fast.cmake) bring a cold build on 2
-# cores under 5 minutes, with byte-identical tokens and log-probs. Needs python3 + pip, cmake,
-# ninja, a C++17 compiler, curl, setsid. The server runs with
+# cores to 4-7.5 minutes (deploy/local/LLAMA.md), with byte-identical
+# tokens and log-probs. Needs python3 + pip, cmake, ninja, a C++17
+# compiler, curl, setsid. The server runs with
 # OMP_WAIT_POLICY=PASSIVE (spinning OpenMP workers are 20x slower on shared
 # cores). HTTP API facts: deploy/local/LLAMA.md.
 #
