@@ -144,9 +144,15 @@ func TestUpRefusesAUsedRun(t *testing.T) {
 	if code := run(ctx, []string{"topics", "create", "--brokers", addr}, &o, &e); code != 0 {
 		t.Fatalf("topics create: %d %s", code, e.String())
 	}
-	w := &kafkago.Writer{Addr: kafkago.TCP(addr), Topic: "demo.tasks", RequiredAcks: kafkago.RequireAll, BatchTimeout: time.Millisecond}
+	// Its own transport, closed: kafka-go's DefaultTransport would keep
+	// dialing addr after the broker is gone, and a parallel test's
+	// ZeroMQ peer that gets the port answers with bytes kafka-go's
+	// response decoder panics on (a negative size).
+	tr := &kafkago.Transport{}
+	w := &kafkago.Writer{Addr: kafkago.TCP(addr), Topic: "demo.tasks", RequiredAcks: kafkago.RequireAll, BatchTimeout: time.Millisecond, Transport: tr}
 	err := w.WriteMessages(ctx, kafkago.Message{Key: []byte("k"), Value: []byte("earlier run")})
 	w.Close()
+	tr.CloseIdleConnections()
 	if err != nil {
 		t.Fatal(err)
 	}

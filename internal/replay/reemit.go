@@ -53,9 +53,13 @@ func Reemit(ctx context.Context, runDir, contractPath string, cc kafka.ClientCon
 			return parts[0]
 		}),
 	}
-	if transport != nil {
-		w.Transport = transport
+	if transport == nil {
+		// Not kafka-go's DefaultTransport: its connection pools outlive
+		// the writer and keep dialing the brokers' addresses.
+		transport = &kafkago.Transport{}
+		defer transport.CloseIdleConnections()
 	}
+	w.Transport = transport
 	defer w.Close()
 	shorts := make([]string, 0, len(snap.Topics))
 	for s := range snap.Topics {

@@ -89,10 +89,12 @@ func (r *Run) Synth(meanTokens float64, maxTokens int) synth.Config {
 // message per group keyed by group id, and returns their attempt ids.
 func (r *Run) Produce(t testing.TB, s synth.Config, from, to int64) []string {
 	t.Helper()
+	tr := &kafkago.Transport{} // not DefaultTransport, whose pools outlive the writer
+	defer tr.CloseIdleConnections()
 	w := &kafkago.Writer{
 		Addr: kafkago.TCP(r.Addr), Topic: r.Topics.Trajectories, Balancer: &kafkago.Murmur2Balancer{},
 		RequiredAcks: kafkago.RequireAll, BatchTimeout: 2 * time.Millisecond,
-		BatchBytes: kafka.WriterBatchBytes(r.Contract.Topics.MaxMessageBytes),
+		BatchBytes: kafka.WriterBatchBytes(r.Contract.Topics.MaxMessageBytes), Transport: tr,
 	}
 	defer w.Close()
 	var ids []string
@@ -213,8 +215,10 @@ func testLogger() *slog.Logger {
 // ProduceRaw writes each value to topic as is, keyed by its map key.
 func (r *Run) ProduceRaw(t testing.TB, topic string, values map[string][]byte) {
 	t.Helper()
+	tr := &kafkago.Transport{}
+	defer tr.CloseIdleConnections()
 	w := &kafkago.Writer{Addr: kafkago.TCP(r.Addr), Topic: topic, Balancer: &kafkago.Murmur2Balancer{},
-		RequiredAcks: kafkago.RequireAll, BatchTimeout: 2 * time.Millisecond}
+		RequiredAcks: kafkago.RequireAll, BatchTimeout: 2 * time.Millisecond, Transport: tr}
 	defer w.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
