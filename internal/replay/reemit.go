@@ -40,6 +40,9 @@ func Reemit(ctx context.Context, runDir, contractPath string, cc kafka.ClientCon
 	if err != nil {
 		return 0, err
 	}
+	// Closed at the end: a kafka-go transport's connection pools outlive
+	// its writers and keep dialing the brokers' addresses until closed.
+	defer transport.CloseIdleConnections()
 	if err := refuseUsed(ctx, cc, transport, snap); err != nil {
 		return 0, err
 	}
@@ -52,12 +55,6 @@ func Reemit(ctx context.Context, runDir, contractPath string, cc kafka.ClientCon
 			}
 			return parts[0]
 		}),
-	}
-	if transport == nil {
-		// Not kafka-go's DefaultTransport: its connection pools outlive
-		// the writer and keep dialing the brokers' addresses.
-		transport = &kafkago.Transport{}
-		defer transport.CloseIdleConnections()
 	}
 	w.Transport = transport
 	defer w.Close()
