@@ -251,6 +251,16 @@ func ParseInstances(s string) (map[string]int, error) {
 	return out, nil
 }
 
+// closeTransports closes every transport trans gave out.
+func (r *run) closeTransports() {
+	r.transMu.Lock()
+	defer r.transMu.Unlock()
+	for _, t := range r.transports {
+		t.CloseIdleConnections()
+	}
+	r.transports = nil
+}
+
 // run is the state of one bench.
 type run struct {
 	cfg    Config
@@ -258,8 +268,14 @@ type run struct {
 	topics pipeline.Topics
 	addr   []string
 	dialer *kafkago.Dialer
-	trans  func() *kafkago.Transport
-	gen    *synth.Generator
+	// trans gives each client of the run (operators, source, baseline)
+	// its own transport, as separate processes would have; all are closed
+	// when Run returns (a kafka-go transport's pools keep dialing the
+	// brokers' addresses until then).
+	trans      func() *kafkago.Transport
+	transMu    sync.Mutex
+	transports []*kafkago.Transport
+	gen        *synth.Generator
 
 	stream *audit.Stream
 	groups sync.Map // group id -> *groupInfo
@@ -304,8 +320,12 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	}
 	r.trans = func() *kafkago.Transport {
 		t, _ := cfg.Client.Transport()
+		r.transMu.Lock()
+		defer r.transMu.Unlock()
+		r.transports = append(r.transports, t)
 		return t
 	}
+	defer r.closeTransports()
 	rep := &Report{Contract: c.RunID, ContractHash: c.Hash(), Started: time.Now().UTC(), GOMAXPROCS: runtime.GOMAXPROCS(0)}
 
 	if cfg.MemoryLimit > 0 {

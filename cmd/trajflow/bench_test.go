@@ -8,6 +8,9 @@ import (
 	"path/filepath"
 	"runtime/debug"
 	"testing"
+
+	"github.com/trajflow/trajflow/connectors/kafka"
+	"github.com/trajflow/trajflow/internal/testkit"
 )
 
 // TestBenchCommand runs a short `trajflow bench` with two validate
@@ -108,14 +111,25 @@ func TestBenchRejectsPackInstances(t *testing.T) {
 // TestBenchPacedBaseline: with --baseline-rate the baseline's producer
 // keeps to the pace (the consumer can only read what was produced) and
 // the report says so.
+//
+// The bench runs on a broker of the test's own (--brokers); once the bench
+// has returned and that broker is closed, nothing of the bench dials its
+// address again (testkit.NoDials: every client's transport was closed).
 func TestBenchPacedBaseline(t *testing.T) {
 	const rate = 40
+	b, err := kafka.StartBroker(context.Background(), kafka.BrokerConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
 	args := []string{"bench", "--contract", "../../testdata/contracts/bench.yaml", "--duration", "1s", "--warmup", "0s",
-		"--baseline", "2s", "--baseline-rate", "40", "--mean-tokens", "400", "--max-tokens", "8000", "--json"}
+		"--baseline", "2s", "--baseline-rate", "40", "--mean-tokens", "400", "--max-tokens", "8000", "--json", "--brokers", b.Addr()}
 	var stdout, stderr bytes.Buffer
-	if code := run(context.Background(), args, &stdout, &stderr); code != 0 {
+	code := run(context.Background(), args, &stdout, &stderr)
+	b.Close()
+	if code != 0 {
 		t.Fatalf("exit %d: %s", code, stderr.String())
 	}
+	testkit.NoDials(t, b.Addr(), 3*kafka.MetadataTTL)
 	var rep struct {
 		Baseline struct {
 			RecordsPerS float64 `json:"records_per_s"`

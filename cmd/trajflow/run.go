@@ -127,7 +127,10 @@ func (f operatorFlags) env(name string, stderr io.Writer) (*operatorEnv, error) 
 	if err != nil {
 		return nil, err
 	}
-	return &operatorEnv{deps: deps, cleanup: cleanup, cfg: pipeline.Config{
+	// The operator's runtime leaves a transport it was given open: the
+	// process's cleanup closes it.
+	closeAll := func() { transport.CloseIdleConnections(); cleanup() }
+	return &operatorEnv{deps: deps, cleanup: closeAll, cfg: pipeline.Config{
 		Brokers: cc.Brokers, Dialer: dialer, Transport: transport, StateDir: dir,
 		Logger: newLogger(stderr, *f.level).With("run", c.RunID), Instance: inst, BatchTimeout: *f.linger,
 	}}, nil

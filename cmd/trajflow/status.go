@@ -81,6 +81,7 @@ func cmdStatus(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	if err != nil {
 		return err
 	}
+	defer transport.CloseIdleConnections()
 	cfg := &pipeline.Config{Brokers: cc.Brokers, Dialer: dialer, Transport: transport, MaxMessageBytes: c.Topics.MaxMessageBytes}
 	want := int(*rounds) * c.Dispatch.GroupsPerUpdate
 	p, err := readProgress(sctx, cfg, topics, want, c.Dispatch.GroupsPerUpdate)

@@ -32,6 +32,14 @@ func closedAddr(t *testing.T) string {
 // with SIGSTOP.
 func silentAddr(t *testing.T) string {
 	t.Helper()
+	return greetingAddr(t, nil)
+}
+
+// greetingAddr accepts connections, writes greeting on each (if any) and
+// then reads nothing and answers nothing more: a server of another
+// protocol that speaks first.
+func greetingAddr(t *testing.T, greeting []byte) string {
+	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -45,6 +53,9 @@ func silentAddr(t *testing.T) string {
 			c, err := ln.Accept()
 			if err != nil {
 				return
+			}
+			if len(greeting) > 0 {
+				_, _ = c.Write(greeting)
 			}
 			mu.Lock()
 			conns = append(conns, c)
@@ -162,7 +173,9 @@ func TestProbingDialSkipsHungBroker(t *testing.T) {
 	}
 	conn.Close()
 
-	w := &kafkago.Writer{Addr: kafkago.TCP(b.Addr()), Topic: "probe", BatchTimeout: time.Millisecond}
+	tr := &kafkago.Transport{Dial: ProbingDial}
+	defer tr.CloseIdleConnections()
+	w := &kafkago.Writer{Addr: kafkago.TCP(b.Addr()), Topic: "probe", BatchTimeout: time.Millisecond, Transport: tr}
 	if err := w.WriteMessages(ctx, kafkago.Message{Value: []byte("through the second address")}); err != nil {
 		t.Fatal(err)
 	}
@@ -274,6 +287,41 @@ func TestRefused(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			if got := Refused(tc.err); got != tc.want {
 				t.Errorf("Refused(%v) = %v, want %v", tc.err, got, tc.want)
+			}
+		})
+	}
+}
+
+// TestOtherProtocolRefused: an address where another protocol answers (a
+// ZeroMQ socket, whose greeting begins 0xFF then eight bytes that, read as
+// a Kafka response size, are negative; an HTTP server) fails the dial with
+// an error naming the address, and a writer of the project's transport
+// returns that error. kafka-go alone reads such a size and panics in its
+// own goroutine.
+func TestOtherProtocolRefused(t *testing.T) {
+	zmtp := append([]byte{0xff, 0, 0, 0, 0, 0, 0, 0, 1, 0x7f}, make([]byte, 54)...)
+	httpReply := []byte("HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n")
+	for name, greeting := range map[string][]byte{"zeromq": zmtp, "http": httpReply} {
+		t.Run(name, func(t *testing.T) {
+			addr := greetingAddr(t, greeting)
+			ctx := testCtx(t, 20*time.Second)
+			_, err := ProbingDial(ctx, "tcp", addr)
+			if err == nil || !strings.Contains(err.Error(), addr) || !strings.Contains(err.Error(), "unexpected ApiVersions response") {
+				t.Fatalf("ProbingDial to a %s server: %v, want an unexpected ApiVersions response from %s", name, err, addr)
+			}
+			cc := ClientConfig{Brokers: []string{addr}}
+			tr, err := cc.Transport()
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer tr.CloseIdleConnections()
+			w := &kafkago.Writer{Addr: kafkago.TCP(addr), Topic: "t", BatchTimeout: time.Millisecond, MaxAttempts: 2, Transport: tr}
+			defer w.Close()
+			wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+			defer cancel()
+			err = w.WriteMessages(wctx, kafkago.Message{Value: []byte("x")})
+			if err == nil || !strings.Contains(err.Error(), addr) {
+				t.Fatalf("write through a %s server: %v, want an error naming %s", name, err, addr)
 			}
 		})
 	}

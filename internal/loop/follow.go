@@ -65,7 +65,7 @@ func (r *runner) follow(ctx context.Context, errs <-chan error) error {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			tail(tctx, r.brokers, topic, 0, ch)
+			tail(tctx, r.dialer, r.brokers, topic, 0, ch)
 		}()
 	}
 	// Batches the trainer refuses (stale_batch, untrainable_batch) make no
@@ -75,7 +75,7 @@ func (r *runner) follow(ctx context.Context, errs <-chan error) error {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			tail(tctx, r.brokers, r.topics.Quarantine, part, refusedCh)
+			tail(tctx, r.dialer, r.brokers, r.topics.Quarantine, part, refusedCh)
 		}()
 	}
 	if r.g != nil { // the census counts toward the budgets: every partition
@@ -83,7 +83,7 @@ func (r *runner) follow(ctx context.Context, errs <-chan error) error {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				tail(tctx, r.brokers, r.topics.Census, part, census)
+				tail(tctx, r.dialer, r.brokers, r.topics.Census, part, census)
 			}()
 		}
 	}
@@ -120,10 +120,10 @@ func (r *runner) follow(ctx context.Context, errs <-chan error) error {
 }
 
 // tail reads a partition of topic from the start and sends every record
-// until ctx ends.
-func tail(ctx context.Context, brokers []string, topic string, partition int, out chan<- kafkago.Message) {
+// until ctx ends (d nil: kafka-go's default dialer).
+func tail(ctx context.Context, d *kafkago.Dialer, brokers []string, topic string, partition int, out chan<- kafkago.Message) {
 	for ctx.Err() == nil {
-		r := kafkago.NewReader(kafkago.ReaderConfig{Brokers: brokers, Topic: topic, Partition: partition, MinBytes: 1, MaxBytes: 64 << 20, MaxWait: kafka.FetchMaxWait})
+		r := kafkago.NewReader(kafkago.ReaderConfig{Brokers: brokers, Dialer: d, Topic: topic, Partition: partition, MinBytes: 1, MaxBytes: 64 << 20, MaxWait: kafka.FetchMaxWait})
 		for {
 			m, err := r.FetchMessage(ctx)
 			if err != nil {

@@ -56,7 +56,8 @@ func (r *runner) prepareGate(reg *rollout.Registry) error {
 	if err != nil {
 		return err
 	}
-	w := &kafkago.Writer{Addr: kafkago.TCP(r.brokers...), Topic: r.topics.Decisions, RequiredAcks: kafkago.RequireAll, BatchTimeout: time.Millisecond}
+	w := &kafkago.Writer{Addr: kafkago.TCP(r.brokers...), Topic: r.topics.Decisions, RequiredAcks: kafkago.RequireAll, BatchTimeout: time.Millisecond,
+		Transport: r.transport}
 	r.closers = append(r.closers, w.Close)
 	r.g = &gating{plane: plane, pol: gate.PolicyOf(r.c), w: w, sum: &GateSummary{}, seen: map[string]bool{}}
 	r.sum.Gate = r.g.sum

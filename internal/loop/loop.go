@@ -262,7 +262,8 @@ type runner struct {
 	files   *pipeline.DirReleases
 	brokers []string
 	// dialer and transport carry the TLS/SASL settings of a report's
-	// cluster (FleetReport); nil on the demo's plaintext brokers.
+	// cluster (FleetReport); the demo's plaintext brokers have no dialer
+	// (kafka-go's default) and the run's own transport (ownTransport).
 	dialer    *kafkago.Dialer
 	transport *kafkago.Transport
 	log       *slog.Logger
@@ -287,6 +288,7 @@ func Run(ctx context.Context, o Options, stdout io.Writer) (*Summary, error) {
 	}
 	r := &runner{o: o, stdout: stdout, start: time.Now()}
 	defer r.close()
+	r.ownTransport()
 	if err := r.prepare(ctx); err != nil {
 		return nil, err
 	}
@@ -318,6 +320,19 @@ func Run(ctx context.Context, o Options, stdout io.Writer) (*Summary, error) {
 	}
 	r.printEnv()
 	return r.sum, r.writeSummary()
+}
+
+// ownTransport gives the run one kafka-go transport, shared by the
+// runner's writers and readers and closed after everything else: not
+// kafka-go's DefaultTransport, whose connection pools outlive their
+// writers and keep dialing the brokers' addresses after the run. In a
+// process that runs more (tests, a notebook) those dials reach whatever
+// listens there next, and a reply that is not Kafka's (a ZeroMQ greeting
+// read as a negative size) panics in kafka-go's own goroutine.
+func (r *runner) ownTransport() {
+	tr := &kafkago.Transport{Dial: kafka.ProbingDial, MetadataTTL: kafka.MetadataTTL}
+	r.transport = tr
+	r.closers = append(r.closers, func() error { tr.CloseIdleConnections(); return nil })
 }
 
 // close runs the cleanups of prepare in reverse order.

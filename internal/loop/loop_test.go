@@ -242,7 +242,9 @@ func TestEvalTaskNeverTrains(t *testing.T) {
 		leaked[i].Split = schemas.SplitTrain // disguised: only the denylist knows
 	}
 	var launched []string
-	w := &kafkago.Writer{Addr: kafkago.TCP(b.Addr()), Topic: topics.Trajectories, Balancer: &kafkago.Murmur2Balancer{}, RequiredAcks: kafkago.RequireAll}
+	tr := &kafkago.Transport{} // not DefaultTransport, whose pools outlive the writer
+	defer tr.CloseIdleConnections()
+	w := &kafkago.Writer{Addr: kafkago.TCP(b.Addr()), Topic: topics.Trajectories, Balancer: &kafkago.Murmur2Balancer{}, RequiredAcks: kafkago.RequireAll, Transport: tr}
 	defer w.Close()
 	var msgs []kafkago.Message
 	for g := int64(0); g < 16; g++ {
@@ -587,7 +589,9 @@ func TestSafetyIncidentStops(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	w := &kafkago.Writer{Addr: kafkago.TCP(b.Addr()), Topic: deps.Topics.Trajectories, RequiredAcks: kafkago.RequireAll}
+	tr := &kafkago.Transport{}
+	defer tr.CloseIdleConnections()
+	w := &kafkago.Writer{Addr: kafkago.TCP(b.Addr()), Topic: deps.Topics.Trajectories, RequiredAcks: kafkago.RequireAll, Transport: tr}
 	defer w.Close()
 	if err := w.WriteMessages(ctx, kafkago.Message{Key: []byte(leaked[0].GroupID), Value: v}); err != nil {
 		t.Fatal(err)
@@ -645,4 +649,27 @@ func TestNoGate(t *testing.T) {
 	if !reflect.DeepEqual(gated.BatchHashes[:first], free.BatchHashes[:first]) || gated.BatchHashes[first] == free.BatchHashes[first] {
 		t.Fatalf("batches\n%v (gated)\n%v (no gate)\nwant the first %d equal and the next one different", gated.BatchHashes, free.BatchHashes, first)
 	}
+}
+
+// TestRunLeavesNoDialer: once Run has returned, nothing of the run dials
+// its brokers again (testkit.NoDials says why that matters). The broker
+// is closed after a run that wrote a gate decision and a listener takes
+// its address for 8 s, longer than kafka-go's default metadata refresh
+// (6 s).
+func TestRunLeavesNoDialer(t *testing.T) {
+	b, err := kafka.StartBroker(context.Background(), kafka.BrokerConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	s, err := loop.Run(ctx, loop.Options{Updates: 1, EvalEvery: 1, Seed: 1, EvalSamples: 1, Out: t.TempDir(), Quiet: true, Brokers: []string{b.Addr()}}, io.Discard)
+	b.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.Gate == nil || len(s.Gate.Decisions) == 0 {
+		t.Fatal("no gate decision: the run wrote none with the writer this test watches")
+	}
+	testkit.NoDials(t, b.Addr(), 8*time.Second)
 }

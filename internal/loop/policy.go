@@ -289,15 +289,8 @@ func (r *runner) publishInitial(ctx context.Context) error {
 	}
 	id := schemas.DerivedID("release", r.c.RunID+"/0")
 	hs := stagekit.Headers(schemas.KindPolicyRelease, id)
-	tr := r.transport
-	if tr == nil {
-		// Not kafka-go's DefaultTransport: its connection pools outlive
-		// the writer and keep dialing the brokers after the run.
-		tr = &kafkago.Transport{}
-		defer tr.CloseIdleConnections()
-	}
 	w := &kafkago.Writer{Addr: kafkago.TCP(r.brokers...), Topic: r.topics.Policy, RequiredAcks: kafkago.RequireAll,
-		BatchTimeout: time.Millisecond, Transport: tr}
+		BatchTimeout: time.Millisecond, Transport: r.transport}
 	defer w.Close()
 	msg := kafkago.Message{Key: []byte(r.c.RunID), Value: b}
 	for _, h := range hs {
