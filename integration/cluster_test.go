@@ -237,10 +237,12 @@ func TestClusterLeaderKilled(t *testing.T) {
 	if err := kafka.CreateTopics(ctx, kafka.ClientConfig{}, brokers, []kafka.TopicSpec{{Name: topic, ReplicationFactor: 3, MinInsyncReplicas: 2}}); err != nil {
 		t.Fatal(err)
 	}
+	tr := &kafkago.Transport{DialTimeout: 2 * time.Second}
+	defer tr.CloseIdleConnections()
 	w := &kafkago.Writer{
 		Addr: kafkago.TCP(brokers...), Topic: topic, RequiredAcks: kafkago.RequireAll,
 		BatchTimeout: 5 * time.Millisecond, MaxAttempts: 20, WriteBackoffMin: 100 * time.Millisecond, WriteBackoffMax: time.Second,
-		Transport: &kafkago.Transport{DialTimeout: 2 * time.Second},
+		Transport: tr,
 	}
 	defer w.Close()
 	// kafka-go's writer does not retry "topic partition has no leader"

@@ -551,7 +551,9 @@ func startRun(t testing.TB, c *contract.Contract, addr string) *testkit.Run {
 	run := testkit.StartRun(t, c, addr)
 	names := []string{run.Topics.Trajectories, run.Topics.Valid, run.Topics.Rewarded, run.Topics.Scored,
 		run.Topics.Batches, run.Topics.Quarantine, run.Topics.Census}
-	cl := &kafkago.Client{Addr: kafkago.TCP(run.Addr), Timeout: 5 * time.Second}
+	tr := &kafkago.Transport{} // not DefaultTransport, whose pools outlive the client
+	defer tr.CloseIdleConnections()
+	cl := &kafkago.Client{Addr: kafkago.TCP(run.Addr), Timeout: 5 * time.Second, Transport: tr}
 	deadline := time.Now().Add(30 * time.Second)
 	for {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
@@ -591,10 +593,12 @@ func synthFor(run *testkit.Run, meanTokens float64) synth.Config {
 // produceRaw writes msgs to topic as they are (headers included).
 func produceRaw(t testing.TB, run *testkit.Run, topic string, msgs []rawMsg) {
 	t.Helper()
+	tr := &kafkago.Transport{}
+	defer tr.CloseIdleConnections()
 	w := &kafkago.Writer{
 		Addr: kafkago.TCP(run.Addr), Topic: topic, Balancer: &kafkago.Murmur2Balancer{},
 		RequiredAcks: kafkago.RequireAll, BatchTimeout: 2 * time.Millisecond,
-		BatchBytes: int64(run.Contract.Topics.MaxMessageBytes),
+		BatchBytes: int64(run.Contract.Topics.MaxMessageBytes), Transport: tr,
 	}
 	defer w.Close()
 	out := make([]kafkago.Message, len(msgs))

@@ -89,8 +89,10 @@ func rawCopy(b *testing.B, addr string, n int) time.Duration {
 		ReadBackoffMin: 10 * time.Millisecond, ReadBackoffMax: 200 * time.Millisecond,
 		HeartbeatInterval: time.Second, SessionTimeout: 10 * time.Second})
 	defer r.Close()
+	tr := &kafka.Transport{}
+	defer tr.CloseIdleConnections()
 	w := &kafka.Writer{Addr: kafka.TCP(addr), Topic: "raw-out", Async: true, RequiredAcks: kafka.RequireAll,
-		BatchTimeout: 2 * time.Millisecond, BatchBytes: 1 << 20, BatchSize: 256}
+		BatchTimeout: 2 * time.Millisecond, BatchBytes: 1 << 20, BatchSize: 256, Transport: tr}
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	start := time.Now()

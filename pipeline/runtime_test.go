@@ -34,7 +34,9 @@ func startCluster(t testing.TB, topics ...string) string {
 
 func produce(t testing.TB, addr, topic string, vals ...[]byte) {
 	t.Helper()
-	w := &kafka.Writer{Addr: kafka.TCP(addr), Topic: topic, RequiredAcks: kafka.RequireAll, Balancer: &kafka.Murmur2Balancer{}, BatchTimeout: time.Millisecond}
+	tr := &kafka.Transport{} // not DefaultTransport, whose pools outlive the writer
+	defer tr.CloseIdleConnections()
+	w := &kafka.Writer{Addr: kafka.TCP(addr), Topic: topic, RequiredAcks: kafka.RequireAll, Balancer: &kafka.Murmur2Balancer{}, BatchTimeout: time.Millisecond, Transport: tr}
 	defer w.Close()
 	msgs := make([]kafka.Message, len(vals))
 	for i, v := range vals {
@@ -146,7 +148,9 @@ func lastOffsets(t testing.TB, addr, topic string) int64 {
 
 func committed(t *testing.T, addr, group, topic string) int64 {
 	t.Helper()
-	client := &kafka.Client{Addr: kafka.TCP(addr), Timeout: 10 * time.Second}
+	tr := &kafka.Transport{}
+	defer tr.CloseIdleConnections()
+	client := &kafka.Client{Addr: kafka.TCP(addr), Timeout: 10 * time.Second, Transport: tr}
 	resp, err := client.OffsetFetch(context.Background(), &kafka.OffsetFetchRequest{GroupID: group, Topics: map[string][]int{topic: {0, 1}}})
 	if err != nil {
 		t.Fatalf("offset fetch: %v", err)

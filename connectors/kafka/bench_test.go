@@ -21,10 +21,12 @@ func BenchmarkWriteAcksAll(b *testing.B) {
 	if err := CreateTopics(b.Context(), ClientConfig{}, []string{br.Addr()}, []TopicSpec{{Name: "bench", Partitions: 4}}); err != nil {
 		b.Fatal(err)
 	}
+	tr := &kafkago.Transport{}
+	defer tr.CloseIdleConnections()
 	w := &kafkago.Writer{
 		Addr: kafkago.TCP(br.Addr()), Topic: "bench", Balancer: &kafkago.Hash{},
 		RequiredAcks: kafkago.RequireAll, BatchTimeout: time.Millisecond, BatchSize: 32,
-		BatchBytes: WriterBatchBytes(0), Transport: &kafkago.Transport{},
+		BatchBytes: WriterBatchBytes(0), Transport: tr,
 	}
 	defer w.Close()
 	val := bytes.Repeat([]byte{'t'}, 16<<10)
@@ -54,8 +56,10 @@ func BenchmarkGroupFetchCommit(b *testing.B) {
 	if err := CreateTopics(b.Context(), ClientConfig{}, []string{br.Addr()}, []TopicSpec{{Name: "bench"}}); err != nil {
 		b.Fatal(err)
 	}
+	tr := &kafkago.Transport{}
+	defer tr.CloseIdleConnections()
 	w := &kafkago.Writer{Addr: kafkago.TCP(br.Addr()), Topic: "bench", RequiredAcks: kafkago.RequireAll,
-		BatchTimeout: time.Millisecond, BatchSize: 256, BatchBytes: WriterBatchBytes(0), Transport: &kafkago.Transport{}}
+		BatchTimeout: time.Millisecond, BatchSize: 256, BatchBytes: WriterBatchBytes(0), Transport: tr}
 	defer w.Close()
 	val := bytes.Repeat([]byte{'t'}, 16<<10)
 	msgs := make([]kafkago.Message, 256)

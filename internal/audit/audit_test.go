@@ -37,7 +37,9 @@ func TestCollectCopiesAndConflicts(t *testing.T) {
 		return b
 	}
 	write := func(vals ...[]byte) {
-		w := &kafka.Writer{Addr: kafka.TCP(addr), Topic: topics.Batches, RequiredAcks: kafka.RequireAll, BatchTimeout: time.Millisecond}
+		tr := &kafka.Transport{} // not DefaultTransport, whose pools outlive the writer
+		defer tr.CloseIdleConnections()
+		w := &kafka.Writer{Addr: kafka.TCP(addr), Topic: topics.Batches, RequiredAcks: kafka.RequireAll, BatchTimeout: time.Millisecond, Transport: tr}
 		defer w.Close()
 		for _, v := range vals {
 			if err := w.WriteMessages(context.Background(), kafka.Message{Value: v}); err != nil {

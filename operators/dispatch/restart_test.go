@@ -20,7 +20,9 @@ import (
 func TestDispatchRestart(t *testing.T) {
 	c := contract.Default()
 	run := testkit.StartRun(t, c, "")
-	w := &kafkago.Writer{Addr: kafkago.TCP(run.Addr), RequiredAcks: kafkago.RequireAll, BatchTimeout: time.Millisecond}
+	tr := &kafkago.Transport{} // not DefaultTransport, whose pools outlive the writer
+	defer tr.CloseIdleConnections()
+	w := &kafkago.Writer{Addr: kafkago.TCP(run.Addr), RequiredAcks: kafkago.RequireAll, BatchTimeout: time.Millisecond, Transport: tr}
 	defer w.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 40*time.Second)
 	defer cancel()
