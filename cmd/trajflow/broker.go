@@ -146,8 +146,9 @@ func createTopics(ctx context.Context, cc kafka.ClientConfig, c *contract.Contra
 
 // waitForBrokers lists the brokers of the cluster at cc.Brokers, retrying
 // until one answers with at least one broker or wait has passed; a broker
-// that refuses the client's credentials or certificate ends it at once
-// (kafka.Refused), since waiting does not change that answer. It says
+// that refuses the client's credentials or certificate (kafka.Refused),
+// or a server that answers in another protocol (kafka.ErrNotKafka), ends
+// it at once, since waiting does not change that answer. It says
 // on stderr that it waits, and its error names the addresses, the last
 // cause and what to check.
 func waitForBrokers(ctx context.Context, cc kafka.ClientConfig, wait time.Duration, stderr io.Writer) ([]kafka.BrokerInfo, error) {
@@ -171,6 +172,9 @@ func waitForBrokers(ctx context.Context, cc kafka.ClientConfig, wait time.Durati
 		if kafka.Refused(err) {
 			return nil, fmt.Errorf("the broker at %s refused this client: %w; check the credentials and CA of --client-config", addrs, err)
 		}
+		if errors.Is(err, kafka.ErrNotKafka) {
+			return nil, brokerUnreachable(addrs, 0, err)
+		}
 		if ctx.Err() != nil {
 			return nil, fmt.Errorf("waiting for a broker at %s: %w (last: %w)", addrs, ctx.Err(), err)
 		}
@@ -190,11 +194,19 @@ func waitForBrokers(ctx context.Context, cc kafka.ClientConfig, wait time.Durati
 }
 
 // brokerUnreachable is the error of a cluster that did not answer within
-// wait: the addresses, the cause and what to check.
+// wait (0: at once, without waiting): the addresses, the cause and what to
+// check.
 func brokerUnreachable(addrs string, wait time.Duration, err error) error {
 	hint := "is a broker running there (trajflow broker --port N, or your cluster)? Check --brokers, or wait longer with --wait"
-	if strings.Contains(err.Error(), "ApiVersions") {
+	switch {
+	case errors.Is(err, kafka.ErrNotKafka):
+		hint = "a server of another protocol listens there: check the port in --brokers"
+	case strings.Contains(err.Error(), "ApiVersions"):
 		hint = "something accepts connections there but does not answer the Kafka protocol: check the port in --brokers"
 	}
-	return fmt.Errorf("no Kafka broker answered at %s within %s: %w; %s", addrs, wait, err, hint)
+	within := ""
+	if wait > 0 {
+		within = " within " + wait.String()
+	}
+	return fmt.Errorf("no Kafka broker answered at %s%s: %w; %s", addrs, within, err, hint)
 }

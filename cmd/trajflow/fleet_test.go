@@ -224,6 +224,35 @@ func TestTopicsCreateWaitsForTheBroker(t *testing.T) {
 	if code != 1 || !strings.Contains(e2.String(), "at "+sink.Addr().String()) || !strings.Contains(e2.String(), "does not answer the Kafka protocol") {
 		t.Errorf("non-Kafka port: exit %d: %s", code, e2.String())
 	}
+
+	// A server of another protocol that answers (an SSH server speaks
+	// first): no waiting, at once the address and what to check.
+	ssh, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ssh.Close()
+	go func() {
+		for {
+			c, err := ssh.Accept()
+			if err != nil {
+				return
+			}
+			_, _ = c.Write([]byte("SSH-2.0-OpenSSH_9.2p1\r\n"))
+			defer c.Close()
+		}
+	}()
+	sshAddr := ssh.Addr().String()
+	e2.Reset()
+	start = time.Now()
+	code = run(ctx, []string{"topics", "create", "--brokers", sshAddr, "--wait", "30s"}, &o2, &e2)
+	if code != 1 || !strings.Contains(e2.String(), "no Kafka broker answered at "+sshAddr+":") ||
+		!strings.Contains(e2.String(), "a server of another protocol listens there") {
+		t.Errorf("SSH server: exit %d: %s", code, e2.String())
+	}
+	if d := time.Since(start); d > 10*time.Second {
+		t.Errorf("SSH server: gave up after %s, want at once (not --wait 30s)", d)
+	}
 }
 
 // TestFleetGate: a fleet with the eval and gate operators (trajflow up)

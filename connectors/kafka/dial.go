@@ -262,7 +262,7 @@ func probe(ctx context.Context, conn net.Conn, deadline time.Time) error {
 	}
 	size := binary.BigEndian.Uint32(head[:4])
 	if got := binary.BigEndian.Uint32(head[4:]); got != correlation || size < 4 || size > 1<<20 {
-		return fmt.Errorf("unexpected ApiVersions response (size %d, correlation id %#x)", size, got)
+		return fmt.Errorf("unexpected ApiVersions response (size %d, correlation id %#x): %w", size, got, ErrNotKafka)
 	}
 	if _, err := io.CopyN(io.Discard, conn, int64(size-4)); err != nil {
 		return err
@@ -272,6 +272,13 @@ func probe(ctx context.Context, conn net.Conn, deadline time.Time) error {
 	}
 	return conn.SetDeadline(time.Time{})
 }
+
+// ErrNotKafka is the error of a probe answered with bytes that are not a
+// Kafka response (another protocol's greeting, an HTTP reply): the
+// address is wrong, and waiting does not change that answer. A server
+// that accepts and never answers is not this error (it may be a hung
+// broker): that is a timeout.
+var ErrNotKafka = errors.New("the server answered, but not in the Kafka protocol")
 
 // Refused reports whether err is the broker or the TLS handshake refusing
 // this client's credentials or trust settings: a failed SASL

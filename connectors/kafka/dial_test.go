@@ -292,21 +292,22 @@ func TestRefused(t *testing.T) {
 	}
 }
 
-// TestOtherProtocolRefused: an address where another protocol answers (a
-// ZeroMQ socket, whose greeting begins 0xFF then eight bytes that, read as
-// a Kafka response size, are negative; an HTTP server) fails the dial with
-// an error naming the address, and a writer of the project's transport
-// returns that error. kafka-go alone reads such a size and panics in its
-// own goroutine.
+// TestOtherProtocolRefused: an address where a server of another
+// protocol speaks first (a ZeroMQ socket, whose greeting begins 0xFF then
+// eight bytes that, read as a Kafka response size, are negative; an SSH
+// server's banner, 1.4 GB as a size) fails the dial with ErrNotKafka and an
+// error naming the address, and a writer of the project's transport
+// returns that error. kafka-go alone reads the ZeroMQ greeting's size and
+// panics in its own goroutine.
 func TestOtherProtocolRefused(t *testing.T) {
 	zmtp := append([]byte{0xff, 0, 0, 0, 0, 0, 0, 0, 1, 0x7f}, make([]byte, 54)...)
-	httpReply := []byte("HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n")
-	for name, greeting := range map[string][]byte{"zeromq": zmtp, "http": httpReply} {
+	banner := []byte("SSH-2.0-OpenSSH_9.2p1\r\n")
+	for name, greeting := range map[string][]byte{"zeromq": zmtp, "ssh": banner} {
 		t.Run(name, func(t *testing.T) {
 			addr := greetingAddr(t, greeting)
 			ctx := testCtx(t, 20*time.Second)
 			_, err := ProbingDial(ctx, "tcp", addr)
-			if err == nil || !strings.Contains(err.Error(), addr) || !strings.Contains(err.Error(), "unexpected ApiVersions response") {
+			if !errors.Is(err, ErrNotKafka) || !strings.Contains(err.Error(), addr) || !strings.Contains(err.Error(), "unexpected ApiVersions response") {
 				t.Fatalf("ProbingDial to a %s server: %v, want an unexpected ApiVersions response from %s", name, err, addr)
 			}
 			cc := ClientConfig{Brokers: []string{addr}}
