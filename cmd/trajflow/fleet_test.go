@@ -205,44 +205,16 @@ func TestTopicsCreateWaitsForTheBroker(t *testing.T) {
 	}
 
 	// A listener that never answers the Kafka protocol.
-	sink, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer sink.Close()
-	go func() {
-		for {
-			c, err := sink.Accept()
-			if err != nil {
-				return
-			}
-			defer c.Close()
-		}
-	}()
+	sink := greeter(t, nil)
 	e2.Reset()
-	code = run(ctx, []string{"topics", "create", "--brokers", sink.Addr().String(), "--wait", "1s"}, &o2, &e2)
-	if code != 1 || !strings.Contains(e2.String(), "at "+sink.Addr().String()) || !strings.Contains(e2.String(), "does not answer the Kafka protocol") {
+	code = run(ctx, []string{"topics", "create", "--brokers", sink, "--wait", "1s"}, &o2, &e2)
+	if code != 1 || !strings.Contains(e2.String(), "at "+sink) || !strings.Contains(e2.String(), "does not answer the Kafka protocol") {
 		t.Errorf("non-Kafka port: exit %d: %s", code, e2.String())
 	}
 
 	// A server of another protocol that answers (an SSH server speaks
 	// first): no waiting, at once the address and what to check.
-	ssh, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ssh.Close()
-	go func() {
-		for {
-			c, err := ssh.Accept()
-			if err != nil {
-				return
-			}
-			_, _ = c.Write([]byte("SSH-2.0-OpenSSH_9.2p1\r\n"))
-			defer c.Close()
-		}
-	}()
-	sshAddr := ssh.Addr().String()
+	sshAddr := greeter(t, []byte("SSH-2.0-OpenSSH_9.2p1\r\n"))
 	e2.Reset()
 	start = time.Now()
 	code = run(ctx, []string{"topics", "create", "--brokers", sshAddr, "--wait", "30s"}, &o2, &e2)
@@ -253,6 +225,29 @@ func TestTopicsCreateWaitsForTheBroker(t *testing.T) {
 	if d := time.Since(start); d > 10*time.Second {
 		t.Errorf("SSH server: gave up after %s, want at once (not --wait 30s)", d)
 	}
+}
+
+// greeter listens on 127.0.0.1 until the test ends and returns its
+// address: it writes greeting (if any) to each connection and then holds
+// it open, reading and answering nothing.
+func greeter(t *testing.T, greeting []byte) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			_, _ = c.Write(greeting)
+			defer c.Close()
+		}
+	}()
+	return ln.Addr().String()
 }
 
 // TestFleetGate: a fleet with the eval and gate operators (trajflow up)
