@@ -1,13 +1,17 @@
 package testkit
 
 import (
+	"encoding/binary"
+	"fmt"
+	"io"
 	"net"
 	"testing"
 	"time"
 )
 
 // NoDials listens on addr (a broker's address, its broker closed) for d and
-// fails t if anything connects: a kafka-go transport left open refreshes
+// fails t if anything of this process connects (on Linux; elsewhere
+// anything): a kafka-go transport left open refreshes
 // its metadata for the life of the process, dialing the address of a
 // broker long gone. Whatever listens there next gets those connections,
 // and a reply that is not Kafka's (a ZeroMQ greeting reads as a negative
@@ -29,7 +33,15 @@ func NoDials(t testing.TB, addr string, d time.Duration) {
 				accepted <- from
 				return
 			}
-			from = append(from, c.RemoteAddr().String())
+			here, err := dialedHere(c)
+			switch {
+			case err != nil:
+				from = append(from, fmt.Sprintf("%s (whose: %v) %s", c.RemoteAddr(), err, requestOf(c)))
+			case here:
+				from = append(from, c.RemoteAddr().String()+" "+requestOf(c))
+			default:
+				t.Logf("NoDials: %s connected from another process %s", addr, requestOf(c))
+			}
 			c.Close()
 		}
 	}()
@@ -38,4 +50,20 @@ func NoDials(t testing.TB, addr string, d time.Duration) {
 	if from := <-accepted; len(from) > 0 {
 		t.Fatalf("%d connections to %s in the %v after the run ended (from %v): a kafka-go transport was not closed", len(from), addr, d, from)
 	}
+}
+
+// requestOf reads the head of the first Kafka request on c (within
+// 500 ms) and names its API key and client id: who dialed.
+func requestOf(c net.Conn) string {
+	_ = c.SetReadDeadline(time.Now().Add(500 * time.Millisecond))
+	var head [14]byte // size, api key, version, correlation id, client id length
+	if _, err := io.ReadFull(c, head[:]); err != nil {
+		return fmt.Sprintf("(no request: %v)", err)
+	}
+	key, n := binary.BigEndian.Uint16(head[4:]), int(int16(binary.BigEndian.Uint16(head[12:])))
+	id := make([]byte, max(0, min(n, 256)))
+	if _, err := io.ReadFull(c, id); err != nil {
+		return fmt.Sprintf("(api key %d, client id unread: %v)", key, err)
+	}
+	return fmt.Sprintf("(api key %d, client id %q)", key, id)
 }
