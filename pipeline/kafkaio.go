@@ -39,12 +39,16 @@ func dialAny(ctx context.Context, d *kafka.Dialer, brokers []string) (*kafka.Con
 // by itself (a leader or coordinator moving, a broker restarting, a
 // connection reset): the runtime retries it in place, keeping the stage's
 // state and its group membership, instead of stopping the operator.
+// A refused credential or certificate (connectors/kafka.Refused) and a
+// server that answers in another protocol (connectors/kafka.ErrNotKafka)
+// are not transient: waiting does not change those answers, so the
+// operator stops and says why.
 // Every caller checks its own context first, so a context error here is
 // kafka-go's own: a deadline, or the cancelled dial that a partition
 // reader of an ended generation hands to the next fetch (its send races
 // its context's end in one select).
 func transient(err error) bool {
-	if err == nil || tfkafka.Refused(err) {
+	if err == nil || tfkafka.Refused(err) || errors.Is(err, tfkafka.ErrNotKafka) {
 		return false
 	}
 	var ke kafka.Error

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -15,6 +16,8 @@ import (
 	"github.com/segmentio/kafka-go"
 	"github.com/segmentio/kafka-go/protocol"
 	produceapi "github.com/segmentio/kafka-go/protocol/produce"
+
+	tfkafka "github.com/trajflow/trajflow/connectors/kafka"
 )
 
 // queuedFailures is a group reader whose first fetches return the
@@ -256,9 +259,43 @@ func TestTransient(t *testing.T) {
 		{"sasl refused", fmt.Errorf("dial: %w", kafka.SASLAuthenticationFailed), false},
 		{"untrusted certificate", &net.OpError{Op: "dial", Err: &tls.CertificateVerificationError{Err: x509.UnknownAuthorityError{Cert: cert}}}, false},
 		{"message too large", kafka.MessageSizeTooLarge, false},
+		{"another protocol", fmt.Errorf("pipeline: kafka: no broker answered (1 addresses): a: %w", tfkafka.ErrNotKafka), false},
 	} {
 		if got := transient(tc.err); got != tc.want {
 			t.Errorf("%s: transient(%v) = %v, want %v", tc.name, tc.err, got, tc.want)
 		}
+	}
+}
+
+// TestOperatorStopsOnAnotherProtocol: an operator whose broker address
+// is a server of another protocol (here an SSH server's banner) stops at
+// once with an error that says so and names the address, instead of
+// waiting for a broker that will never answer there.
+func TestOperatorStopsOnAnotherProtocol(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			_, _ = c.Write([]byte("SSH-2.0-OpenSSH_9.2p1\r\n"))
+			defer c.Close()
+		}
+	}()
+	addr := ln.Addr().String()
+	op, err := NewOperator(testConfig(addr), upper{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	err = op.Run(ctx)
+	if !errors.Is(err, tfkafka.ErrNotKafka) || !strings.Contains(err.Error(), addr) || ctx.Err() != nil {
+		t.Fatalf("Run against a server of another protocol at %s: %v (context %v), want ErrNotKafka at once", addr, err, ctx.Err())
 	}
 }
