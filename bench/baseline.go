@@ -97,6 +97,10 @@ func (r *run) baseline(ctx context.Context, topic string, d time.Duration, rate 
 		StartOffset: kafkago.FirstOffset, SessionTimeout: 10 * time.Second, HeartbeatInterval: time.Second,
 		JoinGroupBackoff: 200 * time.Millisecond,
 	})
+	// Closed on every return, after the goroutines below have stopped: an
+	// open group reader keeps its membership and dials the coordinator.
+	defer rd.Close()
+	defer w.Close()
 
 	var consumed, consumedMsgs, consumedTok atomic.Int64
 	var last sync.Map // partition -> kafkago.Message (offset only)
@@ -216,8 +220,6 @@ func (r *run) baseline(ctx context.Context, topic string, d time.Duration, rate 
 	b1, m1, k1, secs, cpu := consumed.Load(), consumedMsgs.Load(), consumedTok.Load(), time.Since(t0).Seconds(), (r.cpu() - c0).Seconds()
 	stop()
 	wg.Wait()
-	w.Close()
-	rd.Close()
 	if err != nil {
 		return nil, err
 	}

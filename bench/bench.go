@@ -548,21 +548,30 @@ func (r *run) pipeline(ctx context.Context, rep *Report) error {
 		return errors.New("bench: pack did not read the policy release within 60s")
 	}
 	r.inflight = make(chan struct{}, cfg.InFlightGroups)
+	// The sink and the source are waited for on every return: the sink's
+	// reader leaves its group as it closes (a dial of the coordinator),
+	// and the run's transports are closed after this returns.
 	sinkCtx, stopSink := context.WithCancel(context.Background())
-	defer stopSink()
-	sinkErr := make(chan error, 1)
+	sinkErr, sinkDone := make(chan error, 1), make(chan struct{})
+	defer func() { stopSink(); <-sinkDone }()
 	r.acct = newAccounting()
 	sinkReady := make(chan struct{})
-	go pprof.Do(sinkCtx, pprof.Labels("role", "sink"), func(ctx context.Context) { sinkErr <- r.sink(ctx, sinkReady) })
+	go pprof.Do(sinkCtx, pprof.Labels("role", "sink"), func(ctx context.Context) {
+		defer close(sinkDone)
+		sinkErr <- r.sink(ctx, sinkReady)
+	})
 	select {
 	case <-sinkReady:
 	case err := <-sinkErr:
 		return err
 	}
 	srcCtx, stopSrc := context.WithCancel(ctx)
-	defer stopSrc()
-	srcErr := make(chan error, 1)
-	go pprof.Do(srcCtx, pprof.Labels("role", "source"), func(ctx context.Context) { srcErr <- r.source(ctx) })
+	srcErr, srcDone := make(chan error, 1), make(chan struct{})
+	defer func() { stopSrc(); <-srcDone }()
+	go pprof.Do(srcCtx, pprof.Labels("role", "source"), func(ctx context.Context) {
+		defer close(srcDone)
+		srcErr <- r.source(ctx)
+	})
 
 	fail := func() error {
 		select {
@@ -673,6 +682,7 @@ func (r *run) pipeline(ctx context.Context, rep *Report) error {
 		rep.DuplicateCensus = r.censusOf(ctx, rep.Duplicates)
 	}
 	stopSink()
+	<-sinkDone
 	stopOps()
 	opWG.Wait()
 	for _, p := range r.procs {

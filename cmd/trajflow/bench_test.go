@@ -113,8 +113,10 @@ func TestBenchRejectsPackInstances(t *testing.T) {
 // the report says so.
 //
 // The bench runs on a broker of the test's own (--brokers); once the bench
-// has returned and that broker is closed, nothing of the bench dials its
-// address again (testkit.NoDials: every client's transport was closed).
+// has returned none of its goroutines runs (the sink's reader, closing,
+// left its group with a dial of the broker after the bench had returned),
+// and once that broker is closed nothing of the bench dials its address
+// again (testkit.NoDials: every client's transport was closed).
 func TestBenchPacedBaseline(t *testing.T) {
 	const rate = 40
 	b, err := kafka.StartBroker(context.Background(), kafka.BrokerConfig{})
@@ -129,6 +131,7 @@ func TestBenchPacedBaseline(t *testing.T) {
 	if code != 0 {
 		t.Fatalf("exit %d: %s", code, stderr.String())
 	}
+	testkit.NoGoroutines(t, "github.com/trajflow/trajflow/bench.")
 	testkit.NoDials(t, b.Addr(), 3*kafka.MetadataTTL)
 	var rep struct {
 		Baseline struct {

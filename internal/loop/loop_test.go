@@ -651,8 +651,9 @@ func TestNoGate(t *testing.T) {
 	}
 }
 
-// TestRunLeavesNoDialer: once Run has returned, nothing of the run dials
-// its brokers again (testkit.NoDials says why that matters). The broker
+// TestRunLeavesNoDialer: once Run has returned, none of its goroutines
+// (the loop's, the operators') runs, and nothing of the run dials its
+// brokers again (testkit.NoDials says why that matters). The broker
 // is closed after a run that wrote a gate decision and a listener takes
 // its address for 8 s, longer than kafka-go's default metadata refresh
 // (6 s).
@@ -670,6 +671,9 @@ func TestRunLeavesNoDialer(t *testing.T) {
 	}
 	if s.Gate == nil || len(s.Gate.Decisions) == 0 {
 		t.Fatal("no gate decision: the run wrote none with the writer this test watches")
+	}
+	for _, fn := range []string{"github.com/trajflow/trajflow/internal/loop.", "github.com/trajflow/trajflow/pipeline."} {
+		testkit.NoGoroutines(t, fn)
 	}
 	testkit.NoDials(t, b.Addr(), 8*time.Second)
 }

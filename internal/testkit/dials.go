@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"runtime"
+	"strings"
 	"testing"
 	"time"
 )
@@ -66,4 +68,30 @@ func requestOf(c net.Conn) string {
 		return fmt.Sprintf("(api key %d, client id unread: %v)", key, err)
 	}
 	return fmt.Sprintf("(api key %d, client id %q)", key, id)
+}
+
+// NoGoroutines fails t if a goroutine whose stack contains fn (a function
+// name, "github.com/trajflow/trajflow/bench.(*run)") still runs: call it
+// when the code that started them has returned, which must have waited
+// for every goroutine it owns.
+func NoGoroutines(t testing.TB, fn string) {
+	t.Helper()
+	buf := make([]byte, 1<<20)
+	for {
+		n := runtime.Stack(buf, true)
+		if n < len(buf) {
+			buf = buf[:n]
+			break
+		}
+		buf = make([]byte, 2*len(buf))
+	}
+	var left []string
+	for _, g := range strings.Split(string(buf), "\n\n") {
+		if strings.Contains(g, fn) {
+			left = append(left, g)
+		}
+	}
+	if len(left) > 0 {
+		t.Fatalf("%d goroutines of %s still run after it returned:\n%s", len(left), fn, strings.Join(left, "\n\n"))
+	}
 }
