@@ -70,8 +70,9 @@ func cmdDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error
 			return fmt.Errorf("%w: --health: %w", errUsage, err)
 		}
 		hctx, stop := context.WithCancel(ctx)
-		defer stop()
-		go func() { _ = hs.Serve(hctx) }()
+		served := make(chan struct{})
+		go func() { defer close(served); _ = hs.Serve(hctx) }()
+		defer func() { stop(); <-served }()
 		fmt.Fprintf(stdout, "demo metrics on http://%s/metrics\n", hs.Addr())
 	}
 	s, err := loop.Run(ctx, o, stdout)

@@ -199,8 +199,9 @@ func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		env.cfg.Logger.Warn("health address taken; serving on a free port", "taken", taken, "addr", hs.Addr())
 	}
 	hctx, stopHealth := context.WithCancel(context.Background())
-	defer stopHealth()
-	go func() { _ = hs.Serve(hctx) }()
+	healthDone := make(chan struct{})
+	go func() { defer close(healthDone); _ = hs.Serve(hctx) }()
+	defer func() { stopHealth(); <-healthDone }()
 	fmt.Fprintf(stdout, "operator %s (%s) health on http://%s\n", name, env.cfg.Instance, hs.Addr())
 	defer hs.SetDraining()
 	if env.deps.Env, err = of.envSvc.dial(ctx, name, env.deps.Contract, env.cfg.Logger.With("stage", name)); err != nil {
@@ -216,8 +217,10 @@ func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 			return err
 		}
 		wctx, stopRun := context.WithCancel(ctx)
-		defer stopRun()
-		go watch.run(wctx, stopRun)
+		watchDone := make(chan struct{})
+		go func() { defer close(watchDone); watch.run(wctx, stopRun) }()
+		// Waited for before the transport its checks use is closed.
+		defer func() { stopRun(); <-watchDone }()
 		ctx = wctx
 	}
 	err = operators.RunRestarting(ctx, policy, func(ctx context.Context) error {
