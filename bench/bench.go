@@ -251,6 +251,19 @@ func ParseInstances(s string) (map[string]int, error) {
 	return out, nil
 }
 
+// trans gives a client of the run (an operator, the source, the
+// baseline) a transport of its own, as a separate process would have; all
+// are closed when Run returns (closeTransports): a kafka-go transport's
+// pools keep dialing the brokers' addresses until closed. The client
+// configuration was checked by Run (its Dialer), so Transport cannot fail.
+func (r *run) trans() *kafkago.Transport {
+	t, _ := r.cfg.Client.Transport()
+	r.transMu.Lock()
+	defer r.transMu.Unlock()
+	r.transports = append(r.transports, t)
+	return t
+}
+
 // closeTransports closes every transport trans gave out.
 func (r *run) closeTransports() {
 	r.transMu.Lock()
@@ -268,11 +281,7 @@ type run struct {
 	topics pipeline.Topics
 	addr   []string
 	dialer *kafkago.Dialer
-	// trans gives each client of the run (operators, source, baseline)
-	// its own transport, as separate processes would have; all are closed
-	// when Run returns (a kafka-go transport's pools keep dialing the
-	// brokers' addresses until then).
-	trans      func() *kafkago.Transport
+	// transports are those trans gave out, closed when Run returns.
 	transMu    sync.Mutex
 	transports []*kafkago.Transport
 	gen        *synth.Generator
@@ -317,13 +326,6 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	r.dialer, err = cfg.Client.Dialer()
 	if err != nil {
 		return nil, fmt.Errorf("bench: client: %w", err)
-	}
-	r.trans = func() *kafkago.Transport {
-		t, _ := cfg.Client.Transport()
-		r.transMu.Lock()
-		defer r.transMu.Unlock()
-		r.transports = append(r.transports, t)
-		return t
 	}
 	defer r.closeTransports()
 	rep := &Report{Contract: c.RunID, ContractHash: c.Hash(), Started: time.Now().UTC(), GOMAXPROCS: runtime.GOMAXPROCS(0)}

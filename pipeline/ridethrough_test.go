@@ -18,6 +18,7 @@ import (
 	produceapi "github.com/segmentio/kafka-go/protocol/produce"
 
 	tfkafka "github.com/trajflow/trajflow/connectors/kafka"
+	"github.com/trajflow/trajflow/internal/nettest"
 )
 
 // queuedFailures is a group reader whose first fetches return the
@@ -272,22 +273,7 @@ func TestTransient(t *testing.T) {
 // once with an error that says so and names the address, instead of
 // waiting for a broker that will never answer there.
 func TestOperatorStopsOnAnotherProtocol(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			_, _ = c.Write([]byte("SSH-2.0-OpenSSH_9.2p1\r\n"))
-			defer c.Close()
-		}
-	}()
-	addr := ln.Addr().String()
+	addr := nettest.Greeter(t, []byte("SSH-2.0-OpenSSH_9.2p1\r\n"))
 	op, err := NewOperator(testConfig(addr), upper{})
 	if err != nil {
 		t.Fatal(err)

@@ -20,6 +20,7 @@ import (
 
 	"github.com/trajflow/trajflow/connectors/kafka"
 	"github.com/trajflow/trajflow/internal/loop"
+	"github.com/trajflow/trajflow/internal/nettest"
 	"github.com/trajflow/trajflow/internal/testkit"
 	"github.com/trajflow/trajflow/pipeline"
 	"github.com/trajflow/trajflow/pipeline/contract"
@@ -205,7 +206,7 @@ func TestTopicsCreateWaitsForTheBroker(t *testing.T) {
 	}
 
 	// A listener that never answers the Kafka protocol.
-	sink := greeter(t, nil)
+	sink := nettest.Greeter(t, nil)
 	e2.Reset()
 	code = run(ctx, []string{"topics", "create", "--brokers", sink, "--wait", "1s"}, &o2, &e2)
 	if code != 1 || !strings.Contains(e2.String(), "at "+sink) || !strings.Contains(e2.String(), "does not answer the Kafka protocol") {
@@ -214,7 +215,7 @@ func TestTopicsCreateWaitsForTheBroker(t *testing.T) {
 
 	// A server of another protocol that answers (an SSH server speaks
 	// first): no waiting, at once the address and what to check.
-	sshAddr := greeter(t, []byte("SSH-2.0-OpenSSH_9.2p1\r\n"))
+	sshAddr := nettest.Greeter(t, []byte("SSH-2.0-OpenSSH_9.2p1\r\n"))
 	e2.Reset()
 	start = time.Now()
 	code = run(ctx, []string{"topics", "create", "--brokers", sshAddr, "--wait", "30s"}, &o2, &e2)
@@ -225,29 +226,6 @@ func TestTopicsCreateWaitsForTheBroker(t *testing.T) {
 	if d := time.Since(start); d > 10*time.Second {
 		t.Errorf("SSH server: gave up after %s, want at once (not --wait 30s)", d)
 	}
-}
-
-// greeter listens on 127.0.0.1 until the test ends and returns its
-// address: it writes greeting (if any) to each connection and then holds
-// it open, reading and answering nothing.
-func greeter(t *testing.T, greeting []byte) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			_, _ = c.Write(greeting)
-			defer c.Close()
-		}
-	}()
-	return ln.Addr().String()
 }
 
 // TestFleetGate: a fleet with the eval and gate operators (trajflow up)

@@ -8,12 +8,13 @@ import (
 	"fmt"
 	"net"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
 
 	kafkago "github.com/segmentio/kafka-go"
+
+	"github.com/trajflow/trajflow/internal/nettest"
 )
 
 // closedAddr is a 127.0.0.1 address nothing listens on.
@@ -32,46 +33,7 @@ func closedAddr(t *testing.T) string {
 // with SIGSTOP.
 func silentAddr(t *testing.T) string {
 	t.Helper()
-	return greetingAddr(t, nil)
-}
-
-// greetingAddr accepts connections, writes greeting on each (if any) and
-// then reads nothing and answers nothing more: a server of another
-// protocol that speaks first.
-func greetingAddr(t *testing.T, greeting []byte) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var mu sync.Mutex
-	var conns []net.Conn
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			if len(greeting) > 0 {
-				_, _ = c.Write(greeting)
-			}
-			mu.Lock()
-			conns = append(conns, c)
-			mu.Unlock()
-		}
-	}()
-	t.Cleanup(func() {
-		ln.Close()
-		<-done
-		mu.Lock()
-		for _, c := range conns {
-			c.Close()
-		}
-		mu.Unlock()
-	})
-	return ln.Addr().String()
+	return nettest.Greeter(t, nil)
 }
 
 func TestDialFirstSkipsUnreachable(t *testing.T) {
@@ -304,7 +266,7 @@ func TestOtherProtocolRefused(t *testing.T) {
 	banner := []byte("SSH-2.0-OpenSSH_9.2p1\r\n")
 	for name, greeting := range map[string][]byte{"zeromq": zmtp, "ssh": banner} {
 		t.Run(name, func(t *testing.T) {
-			addr := greetingAddr(t, greeting)
+			addr := nettest.Greeter(t, greeting)
 			ctx := testCtx(t, 20*time.Second)
 			_, err := ProbingDial(ctx, "tcp", addr)
 			if !errors.Is(err, ErrNotKafka) || !strings.Contains(err.Error(), addr) || !strings.Contains(err.Error(), "unexpected ApiVersions response") {

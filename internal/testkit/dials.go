@@ -13,9 +13,8 @@ import (
 
 // NoDials listens on addr (a broker's address, its broker closed) for d and
 // fails t if anything of this process connects (on Linux; elsewhere
-// anything): a kafka-go transport left open refreshes
-// its metadata for the life of the process, dialing the address of a
-// broker long gone. Whatever listens there next gets those connections,
+// anything): a kafka-go transport left open refreshes its metadata for
+// the life of the process, dialing the address of a broker long gone. Whatever listens there next gets those connections,
 // and a reply that is not Kafka's (a ZeroMQ greeting reads as a negative
 // size) panics in kafka-go's own goroutine, where no caller can recover
 // it. d must exceed the refresh interval of the transports checked
