@@ -592,6 +592,9 @@ func (r *run) pipeline(ctx context.Context, rep *Report) error {
 		return nil
 	}
 	rss := &rssSampler{}
+	if len(r.procs) > 0 {
+		rss.procs = r.procsRSSMB
+	}
 	wait := func(phase string, d time.Duration, stop func() bool) error {
 		start := time.Now()
 		tick := time.NewTicker(250 * time.Millisecond)
@@ -627,7 +630,7 @@ func (r *run) pipeline(ctx context.Context, rep *Report) error {
 		return err
 	}
 	// Measurement window.
-	snapStart := r.snapshot()
+	snapStart := r.snapshot(ctx)
 	r.mu.Lock()
 	r.acct = newAccounting()
 	r.mu.Unlock()
@@ -644,7 +647,7 @@ func (r *run) pipeline(ctx context.Context, rep *Report) error {
 		inner := stopAt
 		stopAt = func() bool {
 			if rep.Kill == nil && time.Since(t0) >= cfg.KillAt {
-				rep.Kill = r.kill(cfg.Kill, time.Since(t0), opErr)
+				rep.Kill = r.kill(ctx, cfg.Kill, time.Since(t0), opErr)
 			}
 			return inner != nil && inner()
 		}
@@ -653,7 +656,7 @@ func (r *run) pipeline(ctx context.Context, rep *Report) error {
 		return err
 	}
 	window := time.Since(t0)
-	snapEnd := r.snapshot()
+	snapEnd := r.snapshot(ctx)
 	if cfg.Measured != nil {
 		cfg.Measured()
 	}
@@ -792,12 +795,12 @@ func (r *run) source(ctx context.Context) error {
 
 // kill kills the first instance of stage and restarts it; a failure to
 // restart is reported through opErr.
-func (r *run) kill(stage string, at time.Duration, opErr chan error) *KillReport {
+func (r *run) kill(ctx context.Context, stage string, at time.Duration, opErr chan error) *KillReport {
 	for _, p := range r.procs {
 		if p.stage != stage {
 			continue
 		}
-		down, err := r.killProc(p, opErr)
+		down, err := r.killProc(ctx, p, opErr)
 		if err != nil {
 			select {
 			case opErr <- err:
@@ -890,7 +893,9 @@ type snapshot struct {
 	cpu      time.Duration
 }
 
-func (r *run) snapshot() snapshot {
+// snapshot reads the counters; those of operator processes from their
+// /metrics (stages in processes: no rows or tokens).
+func (r *run) snapshot(ctx context.Context) snapshot {
 	s := snapshot{
 		at: time.Now(), produced: r.produced.Load(), genNanos: r.genNanos.Load(), genToks: r.genTokens.Load(),
 		genBytes: r.genBytes.Load(), sinkB: r.sinkBytes.Load(), sinkNs: r.sinkNanos.Load(),
@@ -898,6 +903,9 @@ func (r *run) snapshot() snapshot {
 	}
 	for _, in := range r.stages {
 		s.stages[in.id] = in.load()
+	}
+	for _, p := range r.procs {
+		s.stages[p.id] = p.counters(ctx)
 	}
 	return s
 }

@@ -1,9 +1,14 @@
 package bench
 
 import (
+	"bufio"
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"math"
+	"net/http"
 	"os"
 	"os/exec"
 	"strconv"
@@ -33,6 +38,12 @@ type proc struct {
 	done             chan struct{}
 	killed           bool
 	err              error
+	// health is the address of the running process's /metrics, read from
+	// its standard output (empty until it has printed it); last is what
+	// was read there most recently, and base the counters of the process's
+	// earlier lives (a restarted process counts from zero).
+	health     string
+	last, base instanceStats
 }
 
 // TrajflowRun returns a Config.Processes that runs each operator as
@@ -52,7 +63,7 @@ func TrajflowRun(binary, contractPath string, partialGroupTimeout, windowMaxWait
 // startProc starts (or restarts) p's command.
 func (r *run) startProc(p *proc, opErr chan<- error) error {
 	cmd := r.cfg.Processes(p.stage, p.id, p.state, r.addr)
-	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
+	cmd.Stdout, cmd.Stderr = &stdoutWatch{p: p, w: os.Stderr}, os.Stderr
 	if err := cmd.Start(); err != nil {
 		return fmt.Errorf("bench: start %s: %w", p.id, err)
 	}
@@ -96,8 +107,10 @@ func stopProc(p *proc) {
 }
 
 // killProc sends SIGKILL to p, waits for it to die, and starts it again
-// with the same state directory.
-func (r *run) killProc(p *proc, opErr chan<- error) (time.Duration, error) {
+// with the same state directory. p's counters are read just before the
+// kill and carried over to the new process's.
+func (r *run) killProc(ctx context.Context, p *proc, opErr chan<- error) (time.Duration, error) {
+	p.counters(ctx)
 	t0 := time.Now()
 	p.mu.Lock()
 	cmd, done := p.cmd, p.done
@@ -105,6 +118,9 @@ func (r *run) killProc(p *proc, opErr chan<- error) (time.Duration, error) {
 	p.mu.Unlock()
 	_ = cmd.Process.Signal(syscall.SIGKILL)
 	<-done
+	p.mu.Lock()
+	p.base, p.last, p.health = p.base.add(p.last), instanceStats{}, ""
+	p.mu.Unlock()
 	if err := r.startProc(p, opErr); err != nil {
 		return 0, err
 	}
@@ -141,6 +157,21 @@ func (r *run) childrenCPU() time.Duration {
 		}
 	}
 	return total
+}
+
+// procsRSSMB is the resident memory of the running operator processes,
+// summed.
+func (r *run) procsRSSMB() float64 {
+	var mb float64
+	for _, p := range r.procs {
+		p.mu.Lock()
+		cmd := p.cmd
+		p.mu.Unlock()
+		if cmd != nil && cmd.Process != nil {
+			mb += statusMB(strconv.Itoa(cmd.Process.Pid), "VmRSS:")
+		}
+	}
+	return mb
 }
 
 // ProcCPU is a running process's user+system time from /proc/PID/stat
@@ -204,4 +235,137 @@ func ParsePids(s string) ([]int, error) {
 		out = append(out, pid)
 	}
 	return out, nil
+}
+
+// healthPrefix precedes the address in the line `trajflow run` prints on
+// its standard output once its health server listens.
+const healthPrefix = " health on http://"
+
+// stdoutWatch forwards an operator process's standard output to w and
+// records, from the line `trajflow run` prints, the address of its
+// /metrics. A process that prints no such line (a Config.Processes of
+// another command) leaves its stage's rows empty.
+type stdoutWatch struct {
+	p    *proc
+	w    io.Writer
+	line []byte
+}
+
+func (s *stdoutWatch) Write(b []byte) (int, error) {
+	rest := b
+	for len(rest) > 0 {
+		i := bytes.IndexByte(rest, '\n')
+		if i < 0 {
+			if len(s.line) < 4096 {
+				s.line = append(s.line, rest...)
+			}
+			break
+		}
+		s.line = append(s.line, rest[:i]...)
+		if _, addr, ok := strings.Cut(string(s.line), healthPrefix); ok && addr != "" {
+			s.p.mu.Lock()
+			s.p.health = strings.TrimSpace(addr)
+			s.p.mu.Unlock()
+		}
+		s.line, rest = s.line[:0], rest[i+1:]
+	}
+	return s.w.Write(b)
+}
+
+// counters reads p's /metrics and returns the counters of all its lives
+// so far. When the read fails (the process is starting or just died) the
+// last counters read stand in for the current ones.
+func (p *proc) counters(ctx context.Context) instanceStats {
+	p.mu.Lock()
+	addr := p.health
+	p.mu.Unlock()
+	if addr != "" {
+		if cur, err := operatorCounters(ctx, addr); err == nil {
+			p.mu.Lock()
+			if p.health == addr {
+				p.last = cur
+			}
+			p.mu.Unlock()
+		}
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.base.add(p.last)
+}
+
+// scrapeClient reads the operators' /metrics on 127.0.0.1; without
+// keep-alives no connection outlives its read.
+var scrapeClient = &http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
+
+// operatorCounters reads the counters of an operator process's /metrics
+// at addr that a stage's row needs.
+func operatorCounters(ctx context.Context, addr string) (instanceStats, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr+"/metrics", nil)
+	if err != nil {
+		return instanceStats{}, err
+	}
+	resp, err := scrapeClient.Do(req)
+	if err != nil {
+		return instanceStats{}, fmt.Errorf("bench: read metrics of %s: %w", addr, err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return instanceStats{}, fmt.Errorf("bench: read metrics of %s: %s", addr, resp.Status)
+	}
+	s, err := parseCounters(resp.Body)
+	if err != nil {
+		return instanceStats{}, fmt.Errorf("bench: metrics of %s: %w", addr, err)
+	}
+	return s, nil
+}
+
+// parseCounters reads, from Prometheus text exposition, the operator
+// counters a stage's row is made of, summed over their series: records
+// and value bytes consumed (trajflow_records_in_total,
+// trajflow_in_bytes_total), bytes produced (trajflow_out_bytes_total) and
+// the time in the stage's code (trajflow_stage_busy_seconds_total). Rows
+// and tokens are not among them: the process's rows leave them empty.
+func parseCounters(r io.Reader) (instanceStats, error) {
+	var s instanceStats
+	seen := 0
+	sc := bufio.NewScanner(r)
+	sc.Buffer(make([]byte, 0, 64<<10), 1<<20)
+	for sc.Scan() {
+		line := sc.Text()
+		i := strings.IndexAny(line, "{ ")
+		if i <= 0 || line[0] == '#' {
+			continue
+		}
+		var dst *int64
+		scale := 1.0
+		switch line[:i] {
+		case "trajflow_records_in_total":
+			dst = &s.msgs
+		case "trajflow_in_bytes_total":
+			dst = &s.bytesIn
+		case "trajflow_out_bytes_total":
+			dst = &s.bytesOut
+		case "trajflow_stage_busy_seconds_total":
+			dst, scale = &s.procNanos, 1e9
+		default:
+			continue
+		}
+		v, err := strconv.ParseFloat(line[strings.LastIndexByte(line, ' ')+1:], 64)
+		if err != nil || !(v >= 0 && v*scale < 1<<62) {
+			return instanceStats{}, fmt.Errorf("counter line %q: not a count", line)
+		}
+		n := int64(v * scale)
+		if *dst > math.MaxInt64-n {
+			return instanceStats{}, fmt.Errorf("counter %s: sum out of range", line[:i])
+		}
+		*dst += n
+		seen++
+	}
+	if err := sc.Err(); err != nil {
+		return instanceStats{}, err
+	}
+	if seen == 0 {
+		return instanceStats{}, errors.New("no trajflow operator counters")
+	}
+	return s, nil
 }

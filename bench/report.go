@@ -166,6 +166,10 @@ type RSSSample struct {
 	Phase string  `json:"phase"`
 	AtS   float64 `json:"at_s"`
 	MB    float64 `json:"mb"`
+	// OperatorsMB is the resident memory of the operator processes at the
+	// same moment, summed (Config.Processes; pages they share count once
+	// per process).
+	OperatorsMB float64 `json:"operators_mb,omitempty"`
 	// Go heap at the same moment (runtime/metrics): live objects, the
 	// collector's goal, and free heap not yet returned to the OS.
 	HeapObjectsMB float64 `json:"heap_objects_mb"`
@@ -377,7 +381,11 @@ func (rep *Report) WriteTable(w io.Writer) error {
 		rep.Run, rep.Broker, rep.Partitions, rep.GOMAXPROCS, rep.WindowS)
 	p("%-14s %12s %12s %10s %10s %10s %10s %7s\n", "stage", "tokens/s", "records/s", "in MB/s", "out MB/s", "msgs", "proc µs", "busy")
 	row := func(name string, r InstanceReport) {
-		p("%-14s %12s %12.0f %10.1f %10.1f %10d %10.0f %6.0f%%\n", name, human(r.TokensPerS), r.RecordsPerS,
+		toks, rows := human(r.TokensPerS), fmt.Sprintf("%.0f", r.RecordsPerS)
+		if rep.Processes {
+			toks, rows = "—", "—" // an operator process's metrics count messages, not rows
+		}
+		p("%-14s %12s %12s %10.1f %10.1f %10d %10.0f %6.0f%%\n", name, toks, rows,
 			r.InMBPerS, r.OutMBPerS, r.Messages, r.MeanProcUS, 100*r.BusyShare)
 	}
 	p("%-14s %12s %12s %10s %10.1f %10d %10s %6.0f%%\n", "source", human(rep.Source.TokensPerS), "", "", rep.Source.TokensPerS*rep.Source.BytesPerToken/1e6,
@@ -409,7 +417,7 @@ func (rep *Report) WriteTable(w io.Writer) error {
 		rep.LatencyMS.P50, rep.LatencyMS.P90, rep.LatencyMS.P99, rep.LatencyMS.Max, rep.LatencyMS.Count)
 	p("hops (ms)        p50/p99 ")
 	for _, s := range rep.Stages {
-		if s.HopMS != nil {
+		if s.HopMS != nil && s.HopMS.Count > 0 {
 			p(" %s %.1f/%.1f", s.Name, s.HopMS.P50, s.HopMS.P99)
 		}
 	}
@@ -443,7 +451,13 @@ func (rep *Report) WriteTable(w io.Writer) error {
 		p("kill             %s (%s) SIGKILLed %.1fs into the window, running again after %.2fs\n", k.Stage, k.Instance, k.AtS, k.DownS)
 	}
 	if rep.Processes {
-		p("                 operators ran as child processes: the per-stage rows are empty, CPU adds theirs\n")
+		var opsMB float64
+		for _, smp := range rep.RSS {
+			opsMB = max(opsMB, smp.OperatorsMB)
+		}
+		p("                 operators ran as child processes: their rows and the pipeline's bytes come from each\n"+
+			"                 process's /metrics (value bytes, no rows or tokens, no hop latency); CPU adds theirs;\n"+
+			"                 their resident memory peaked at %.0f MB together (sampled once a second)\n", opsMB)
 	}
 	c := rep.Accounting
 	verdict := "OK"
@@ -571,11 +585,13 @@ func (h *histogram) brief() *Latency {
 	return &l
 }
 
-// rssSampler records the resident set size over the run.
+// rssSampler records the resident set size over the run; procs, when
+// set, is the operator processes' (Config.Processes).
 type rssSampler struct {
 	start   time.Time
 	last    time.Time
 	samples []RSSSample
+	procs   func() float64
 }
 
 func (s *rssSampler) sample(phase string, tokensPerS float64) {
@@ -595,15 +611,21 @@ func (s *rssSampler) sample(phase string, tokensPerS float64) {
 		}
 		return float64(ms[i].Value.Uint64()) / (1 << 20)
 	}
-	s.samples = append(s.samples, RSSSample{Phase: phase, AtS: now.Sub(s.start).Seconds(), MB: statusMB("VmRSS:"),
-		HeapObjectsMB: mb(0), HeapGoalMB: mb(1), HeapFreeMB: mb(2), TokensPerS: tokensPerS})
+	smp := RSSSample{Phase: phase, AtS: now.Sub(s.start).Seconds(), MB: statusMB("self", "VmRSS:"),
+		HeapObjectsMB: mb(0), HeapGoalMB: mb(1), HeapFreeMB: mb(2), TokensPerS: tokensPerS}
+	if s.procs != nil {
+		smp.OperatorsMB = s.procs()
+	}
+	s.samples = append(s.samples, smp)
 }
 
 // peakRSSMB is the process's peak resident set size (VmHWM).
-func peakRSSMB() float64 { return statusMB("VmHWM:") }
+func peakRSSMB() float64 { return statusMB("self", "VmHWM:") }
 
-func statusMB(field string) float64 {
-	b, err := os.ReadFile("/proc/self/status")
+// statusMB is a memory field of /proc/PID/status in MB (0 when it cannot
+// be read); pid "self" is this process.
+func statusMB(pid, field string) float64 {
+	b, err := os.ReadFile("/proc/" + pid + "/status")
 	if err != nil {
 		return 0
 	}

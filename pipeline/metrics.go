@@ -25,6 +25,7 @@ type Metrics struct {
 	inBytes       *prometheus.CounterVec
 	out           *prometheus.CounterVec
 	outBytes      *prometheus.CounterVec
+	busy          *prometheus.CounterVec
 	quarantined   *prometheus.CounterVec
 	lag           *prometheus.GaugeVec
 	inFlight      *prometheus.GaugeVec
@@ -65,6 +66,8 @@ func NewMetrics(reg *prometheus.Registry) *Metrics {
 			Name: "trajflow_records_out_total", Help: "Records produced and acknowledged."}, append(lbl, "topic")),
 		outBytes: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "trajflow_out_bytes_total", Help: "Record bytes (key and value) produced and acknowledged."}, lbl),
+		busy: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "trajflow_stage_busy_seconds_total", Help: "Time spent in the stage's own code (Process, Tick and Flush); its rate is the share of one core the stage keeps busy, the Kafka client's work excluded."}, lbl),
 		quarantined: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "trajflow_records_quarantined_total", Help: "Records sent to quarantine, by reason."}, append(lbl, "reason")),
 		lag: prometheus.NewGaugeVec(prometheus.GaugeOpts{
@@ -82,7 +85,7 @@ func NewMetrics(reg *prometheus.Registry) *Metrics {
 			Name: "trajflow_duplicates_dropped_total", Help: "Input records a stage dropped as redelivered or re-produced duplicates of records it had already decided (pack: a trajectory already admitted; advantage: a member of a group already scored; train: a batch already trained)."}, lbl),
 	}
 	m.domain = newDomainVecs(reg, lbl)
-	reg.MustRegister(m.in, m.inBytes, m.out, m.outBytes, m.quarantined, m.lag, m.inFlight, m.commitLatency, m.retries, m.commits, m.duplicates)
+	reg.MustRegister(m.in, m.inBytes, m.out, m.outBytes, m.busy, m.quarantined, m.lag, m.inFlight, m.commitLatency, m.retries, m.commits, m.duplicates)
 	return m
 }
 
@@ -113,6 +116,7 @@ func RegisterProcessCollectors(reg prometheus.Registerer) {
 
 type stageMetrics struct {
 	in, inBytes, outBytes prometheus.Counter
+	busy                  prometheus.Counter
 	out                   *prometheus.CounterVec
 	quarantined           *prometheus.CounterVec
 	lag                   *prometheus.GaugeVec
@@ -130,6 +134,7 @@ func (m *Metrics) forStage(stage, instance string) *stageMetrics {
 		in:            m.in.With(l),
 		inBytes:       m.inBytes.With(l),
 		outBytes:      m.outBytes.With(l),
+		busy:          m.busy.With(l),
 		out:           m.out.MustCurryWith(l),
 		quarantined:   m.quarantined.MustCurryWith(l),
 		lag:           m.lag.MustCurryWith(l),

@@ -19,6 +19,7 @@ func TestMetricsPassPromlint(t *testing.T) {
 	sm.in.Inc()
 	sm.inBytes.Add(10)
 	sm.outBytes.Add(10)
+	sm.busy.Add(0.5)
 	sm.out.WithLabelValues("batches").Inc()
 	sm.quarantined.WithLabelValues("bad_input").Inc()
 	sm.lag.WithLabelValues("scored", "0").Set(3)
@@ -56,7 +57,8 @@ func TestMetricsPassPromlint(t *testing.T) {
 		}
 	}
 	for _, want := range []string{"go_goroutines", "go_build_info", "trajflow_build_info",
-		"trajflow_duplicates_dropped_total", "trajflow_consumer_lag_records", "trajflow_in_bytes_total"} {
+		"trajflow_duplicates_dropped_total", "trajflow_consumer_lag_records", "trajflow_in_bytes_total",
+		"trajflow_stage_busy_seconds_total"} {
 		if !have[want] {
 			t.Errorf("no %s family", want)
 		}

@@ -455,7 +455,10 @@ func closeStage(st Stage, env *Env) error {
 	return errors.Join(errs...)
 }
 
+// observe records took, the time of one call of the stage's code (m nil
+// for Tick and Flush), and hands the call to the process hooks.
 func (o *Operator) observe(m *Message, res *Result, err error, took time.Duration) {
+	o.m.busy.Add(took.Seconds())
 	for _, h := range o.process {
 		h.OnProcess(o.stage.Name(), m, res, err, took)
 	}
@@ -521,9 +524,7 @@ func (o *Operator) fetchLoop(fetchCtx context.Context, log *slog.Logger) error {
 		sctx, span := o.startSpan(fetchCtx, tr, &m)
 		res, err := o.stage.Process(sctx, m)
 		endSpan(span, &res, err)
-		if len(o.process) > 0 {
-			o.observe(&m, &res, err, time.Since(t0))
-		}
+		o.observe(&m, &res, err, time.Since(t0))
 		o.stageMu.Unlock()
 		res, self, err := o.outcome(&m, res, err, log)
 		if err != nil {
@@ -574,9 +575,7 @@ func (o *Operator) tickLoop(ctx context.Context, tk Ticker) {
 			o.stageMu.Lock()
 			t0 := time.Now()
 			res, err := tk.Tick(o.withProvider(ctx), now)
-			if len(o.process) > 0 {
-				o.observe(nil, &res, err, time.Since(t0))
-			}
+			o.observe(nil, &res, err, time.Since(t0))
 			o.stageMu.Unlock()
 			if err == nil {
 				err = o.submit(ctx, res, nil)

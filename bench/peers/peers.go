@@ -333,8 +333,7 @@ func runTrajflow(ctx context.Context, cfg *Config, sys string, kill bool, out st
 		Duplicated: int64(rep.Accounting.Duplicated), Launched: int64(rep.Accounting.Launched)}
 	r.fillCPU()
 	if kill && rep.Kill != nil {
-		r.Note = fmt.Sprintf("%s SIGKILLed at %.1fs, back after %.2fs; per-stage bytes not counted in process mode", rep.Kill.Stage, rep.Kill.AtS, rep.Kill.DownS)
-		r.MBPerS, r.MBPerCPUS = 0, 0
+		r.Note = fmt.Sprintf("%s SIGKILLed at %.1fs, back after %.2fs; bytes from each process's /metrics", rep.Kill.Stage, rep.Kill.AtS, rep.Kill.DownS)
 	}
 	rows := []Row{r}
 	for _, bl := range rep.Baselines {
@@ -355,13 +354,14 @@ func (r *Row) fillCPU() {
 	}
 }
 
-// peakInWindow is the largest RSS sample of the measurement window (the
-// process's VmHWM also covers the baselines before it).
+// peakInWindow is the largest RSS sample of the measurement window, the
+// operator processes' included (the process's VmHWM also covers the
+// baselines before it).
 func peakInWindow(rep *bench.Report) float64 {
 	peak := 0.0
 	for _, s := range rep.RSS {
 		if s.Phase == "measure" {
-			peak = max(peak, s.MB)
+			peak = max(peak, s.MB+s.OperatorsMB)
 		}
 	}
 	if peak == 0 {

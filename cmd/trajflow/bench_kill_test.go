@@ -44,4 +44,26 @@ func TestBenchKillPackLosesNothing(t *testing.T) {
 	if a.Lost != 0 || a.Duplicated != 0 || a.Admitted+a.Filtered+a.Quarantined+a.Excluded != a.Launched {
 		t.Fatalf("accounting after the kill: %+v\n%s", a, b)
 	}
+	// The stages' rows and the pipeline's bytes come from the processes'
+	// /metrics, pack's across its kill: every stage consumed and produced
+	// in the window, and the pipeline moved more than its last hop.
+	for _, st := range rep.Stages {
+		if st.Messages == 0 || st.InMBPerS <= 0 || st.OutMBPerS <= 0 || st.BusyShare <= 0 {
+			t.Errorf("stage %s: empty row %+v", st.Name, st.InstanceReport)
+		}
+	}
+	var last float64
+	if n := len(rep.Stages); n > 0 {
+		last = rep.Stages[n-1].InMBPerS
+	}
+	if rep.PipelineMBPerS <= last || rep.PipelineMBPerCPUS <= 0 {
+		t.Errorf("pipeline %.1f MB/s (%.1f per CPU-s), pack alone reads %.1f", rep.PipelineMBPerS, rep.PipelineMBPerCPUS, last)
+	}
+	var opsMB float64
+	for _, smp := range rep.RSS {
+		opsMB = max(opsMB, smp.OperatorsMB)
+	}
+	if opsMB < 10 {
+		t.Errorf("operator processes' resident memory %.0f MB", opsMB)
+	}
 }

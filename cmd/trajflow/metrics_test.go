@@ -96,6 +96,8 @@ func TestDemoDomainMetrics(t *testing.T) {
 		{"trajflow_pack_efficiency_ratio", map[string]string{"stage": "pack"}, func(v float64) bool { return v > 0 && v <= 1 }, "an efficiency"},
 		{"trajflow_trajectories_rewarded_total", map[string]string{"stage": "reward"}, func(v float64) bool { return v == float64(s.AttemptsLaunched) }, "every launched attempt"},
 		{"trajflow_trajectories_filtered_total", map[string]string{"stage": "pack"}, func(v float64) bool { return v == float64(s.TrajectoriesFiltered) }, "the filtered"},
+		{"trajflow_stage_busy_seconds_total", map[string]string{"stage": "reward"}, func(v float64) bool { return v > 0 }, "time in reward's code"},
+		{"trajflow_stage_busy_seconds_total", map[string]string{"stage": "train"}, func(v float64) bool { return v > 0 }, "time in the trainer's code"},
 	}
 	for _, c := range checks {
 		v, ok := value(c.name, c.want)
