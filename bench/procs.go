@@ -272,17 +272,24 @@ func (s *stdoutWatch) Write(b []byte) (int, error) {
 	return s.w.Write(b)
 }
 
-// counters reads p's /metrics and returns the counters of all its lives
-// so far. When the read fails (the process is starting or just died) the
-// last counters read stand in for the current ones.
+// counters reads p's /metrics and CPU time and returns the counters of
+// all its lives so far. When the read fails (the process is starting or
+// just died) the last counters read stand in for the current ones.
 func (p *proc) counters(ctx context.Context) instanceStats {
 	p.mu.Lock()
-	addr := p.health
+	addr, cmd := p.health, p.cmd
 	p.mu.Unlock()
+	cpu := int64(-1)
+	if cmd != nil && cmd.Process != nil {
+		if t := ProcCPU(cmd.Process.Pid); t > 0 {
+			cpu = int64(t)
+		}
+	}
 	if addr != "" {
 		if cur, err := operatorCounters(ctx, addr); err == nil {
 			p.mu.Lock()
 			if p.health == addr {
+				cur.cpuNanos = p.last.cpuNanos
 				p.last = cur
 			}
 			p.mu.Unlock()
@@ -290,6 +297,9 @@ func (p *proc) counters(ctx context.Context) instanceStats {
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	if cpu >= 0 && p.cmd == cmd {
+		p.last.cpuNanos = cpu
+	}
 	return p.base.add(p.last)
 }
 

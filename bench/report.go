@@ -144,6 +144,10 @@ type InstanceReport struct {
 	MBPerS      float64 `json:"mb_s"`
 	MeanProcUS  float64 `json:"mean_process_us"`
 	BusyShare   float64 `json:"busy_share"`
+	// CPUCores is the CPU time of the instance's process over the window
+	// (operators in processes: its Kafka client, runtime and collector
+	// included).
+	CPUCores float64 `json:"cpu_cores,omitempty"`
 	// HopMS is the latency from a message's production to the stage's
 	// Process call (the broker hop plus the queue in front of the stage).
 	HopMS *Latency `json:"hop_ms,omitempty"`
@@ -359,7 +363,7 @@ func instReport(id string, d instanceStats, w float64) InstanceReport {
 	ir := InstanceReport{
 		ID: id, Messages: d.msgs, TokensPerS: float64(d.tokens) / w, RecordsPerS: float64(d.rows) / w,
 		InMBPerS: float64(d.bytesIn) / w / 1e6, OutMBPerS: float64(d.bytesOut) / w / 1e6,
-		BusyShare: float64(d.procNanos) / 1e9 / w,
+		BusyShare: float64(d.procNanos) / 1e9 / w, CPUCores: float64(d.cpuNanos) / 1e9 / w,
 	}
 	ir.MBPerS = ir.InMBPerS + ir.OutMBPerS
 	if d.msgs > 0 {
@@ -455,6 +459,11 @@ func (rep *Report) WriteTable(w io.Writer) error {
 		for _, smp := range rep.RSS {
 			opsMB = max(opsMB, smp.OperatorsMB)
 		}
+		p("operator cores  ")
+		for _, s := range rep.Stages {
+			p(" %s %.2f", s.Name, s.CPUCores)
+		}
+		p("  (CPU of each stage's processes over the window)\n")
 		p("                 operators ran as child processes: their rows and the pipeline's bytes come from each\n"+
 			"                 process's /metrics (value bytes, no rows or tokens, no hop latency); CPU adds theirs;\n"+
 			"                 their resident memory peaked at %.0f MB together (sampled once a second)\n", opsMB)

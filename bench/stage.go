@@ -30,6 +30,9 @@ type instance struct {
 
 type instanceStats struct {
 	msgs, rows, tokens, bytesIn, bytesOut, procNanos int64
+	// cpuNanos is the CPU time of the instance's process (operators in
+	// processes only: in process they share one).
+	cpuNanos int64
 }
 
 func (in *instance) load() instanceStats {
@@ -40,11 +43,11 @@ func (in *instance) load() instanceStats {
 }
 
 func (s instanceStats) sub(o instanceStats) instanceStats {
-	return instanceStats{s.msgs - o.msgs, s.rows - o.rows, s.tokens - o.tokens, s.bytesIn - o.bytesIn, s.bytesOut - o.bytesOut, s.procNanos - o.procNanos}
+	return instanceStats{s.msgs - o.msgs, s.rows - o.rows, s.tokens - o.tokens, s.bytesIn - o.bytesIn, s.bytesOut - o.bytesOut, s.procNanos - o.procNanos, s.cpuNanos - o.cpuNanos}
 }
 
 func (s instanceStats) add(o instanceStats) instanceStats {
-	return instanceStats{s.msgs + o.msgs, s.rows + o.rows, s.tokens + o.tokens, s.bytesIn + o.bytesIn, s.bytesOut + o.bytesOut, s.procNanos + o.procNanos}
+	return instanceStats{s.msgs + o.msgs, s.rows + o.rows, s.tokens + o.tokens, s.bytesIn + o.bytesIn, s.bytesOut + o.bytesOut, s.procNanos + o.procNanos, s.cpuNanos + o.cpuNanos}
 }
 
 // hook returns the instance as the operator's process hook (pipeline.Hook).

@@ -45,10 +45,11 @@ func TestBenchKillPackLosesNothing(t *testing.T) {
 		t.Fatalf("accounting after the kill: %+v\n%s", a, b)
 	}
 	// The stages' rows and the pipeline's bytes come from the processes'
-	// /metrics, pack's across its kill: every stage consumed and produced
-	// in the window, and the pipeline moved more than its last hop.
+	// /metrics and CPU times, pack's across its kill: every stage consumed,
+	// produced and used CPU in the window, and the pipeline moved more than
+	// its last hop.
 	for _, st := range rep.Stages {
-		if st.Messages == 0 || st.InMBPerS <= 0 || st.OutMBPerS <= 0 || st.BusyShare <= 0 {
+		if st.Messages == 0 || st.InMBPerS <= 0 || st.OutMBPerS <= 0 || st.BusyShare <= 0 || st.CPUCores <= 0 {
 			t.Errorf("stage %s: empty row %+v", st.Name, st.InstanceReport)
 		}
 	}
