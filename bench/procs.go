@@ -18,6 +18,8 @@ import (
 	"time"
 
 	kafkago "github.com/segmentio/kafka-go"
+
+	"github.com/trajflow/trajflow/pipeline"
 )
 
 // KillReport is what Config.Kill did: the stage instance killed (SIGKILL)
@@ -237,13 +239,9 @@ func ParsePids(s string) ([]int, error) {
 	return out, nil
 }
 
-// healthPrefix precedes the address in the line `trajflow run` prints on
-// its standard output once its health server listens.
-const healthPrefix = " health on http://"
-
 // stdoutWatch forwards an operator process's standard output to w and
-// records, from the line `trajflow run` prints, the address of its
-// /metrics. A process that prints no such line (a Config.Processes of
+// records, from the line `trajflow run` prints (pipeline.HealthLine), the
+// address of its /metrics. A process that prints no such line (a Config.Processes of
 // another command) leaves its stage's rows empty.
 type stdoutWatch struct {
 	p    *proc
@@ -262,9 +260,9 @@ func (s *stdoutWatch) Write(b []byte) (int, error) {
 			break
 		}
 		s.line = append(s.line, rest[:i]...)
-		if _, addr, ok := strings.Cut(string(s.line), healthPrefix); ok && addr != "" {
+		if addr, ok := pipeline.HealthAddrOf(string(s.line)); ok {
 			s.p.mu.Lock()
-			s.p.health = strings.TrimSpace(addr)
+			s.p.health = addr
 			s.p.mu.Unlock()
 		}
 		s.line, rest = s.line[:0], rest[i+1:]
@@ -279,26 +277,26 @@ func (p *proc) counters(ctx context.Context) instanceStats {
 	p.mu.Lock()
 	addr, cmd := p.health, p.cmd
 	p.mu.Unlock()
-	cpu := int64(-1)
-	if cmd != nil && cmd.Process != nil {
-		if t := ProcCPU(cmd.Process.Pid); t > 0 {
-			cpu = int64(t)
-		}
+	var cur instanceStats
+	read := addr != ""
+	if read {
+		var err error
+		cur, err = operatorCounters(ctx, addr)
+		read = err == nil
 	}
-	if addr != "" {
-		if cur, err := operatorCounters(ctx, addr); err == nil {
-			p.mu.Lock()
-			if p.health == addr {
-				cur.cpuNanos = p.last.cpuNanos
-				p.last = cur
-			}
-			p.mu.Unlock()
-		}
+	var cpu time.Duration
+	if cmd != nil && cmd.Process != nil {
+		cpu = ProcCPU(cmd.Process.Pid)
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if cpu >= 0 && p.cmd == cmd {
-		p.last.cpuNanos = cpu
+	if p.cmd == cmd { // the process read is still p's current one
+		if read {
+			cur.cpuNanos, p.last = p.last.cpuNanos, cur
+		}
+		if cpu > 0 {
+			p.last.cpuNanos = int64(cpu)
+		}
 	}
 	return p.base.add(p.last)
 }

@@ -3,6 +3,8 @@ package bench
 import (
 	"strings"
 	"testing"
+
+	"github.com/trajflow/trajflow/pipeline"
 )
 
 // parseCounters sums the four operator counters over their series and
@@ -76,7 +78,7 @@ func FuzzParseCounters(f *testing.F) {
 // The address `trajflow run` prints is found whatever the writes' split,
 // and everything written is passed on unchanged.
 func TestStdoutWatchFindsHealthAddress(t *testing.T) {
-	out := "starting\noperator pack (pack-0) health on http://127.0.0.1:40123\nmore output\n"
+	out := "starting\n" + pipeline.HealthLine("pack", "pack-0", "127.0.0.1:40123") + "\nmore output\n"
 	for _, chunk := range []int{1, 3, 7, 20, len(out)} {
 		p := &proc{}
 		var fwd strings.Builder
@@ -96,7 +98,7 @@ func TestStdoutWatchFindsHealthAddress(t *testing.T) {
 	// No line, no address.
 	p := &proc{}
 	w := &stdoutWatch{p: p, w: &strings.Builder{}}
-	w.Write([]byte("operator pack (pack-0) health on http://127.0.0.1:1")) // no newline yet
+	w.Write([]byte(pipeline.HealthLine("pack", "pack-0", "127.0.0.1:1"))) // no newline yet
 	if p.health != "" {
 		t.Errorf("address %q taken from an unfinished line", p.health)
 	}

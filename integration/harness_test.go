@@ -305,8 +305,8 @@ func healthAddr(p *proc, timeout time.Duration) (string, error) {
 		data, _ := os.ReadFile(p.log)
 		sc := bufio.NewScanner(strings.NewReader(string(data)))
 		for sc.Scan() {
-			if i := strings.Index(sc.Text(), "health on http://"); i >= 0 {
-				return strings.TrimSpace(sc.Text()[i+len("health on http://"):]), nil
+			if addr, ok := pipeline.HealthAddrOf(sc.Text()); ok {
+				return addr, nil
 			}
 		}
 		select {

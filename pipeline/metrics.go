@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/http"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -159,6 +160,23 @@ type HealthServer struct {
 	srv      *http.Server
 	ln       net.Listener
 	taken    string
+}
+
+// healthMark precedes the address in a HealthLine.
+const healthMark = " health on http://"
+
+// HealthLine is the line an operator process (`trajflow run`) prints on
+// its standard output once its health server listens at addr, without
+// the newline; HealthAddrOf reads the address back.
+func HealthLine(stage, instance, addr string) string {
+	return "operator " + stage + " (" + instance + ")" + healthMark + addr
+}
+
+// HealthAddrOf is the address of a HealthLine; false for any other line.
+func HealthAddrOf(line string) (string, bool) {
+	_, addr, ok := strings.Cut(line, healthMark)
+	addr = strings.TrimSpace(addr)
+	return addr, ok && addr != ""
 }
 
 // NewHealthServer listens on addr ("127.0.0.1:0" picks a port). When the

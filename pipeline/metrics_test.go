@@ -103,3 +103,17 @@ func TestInputTopicsIncludeReadBack(t *testing.T) {
 		t.Errorf("a stage outside the topology waits for %v, want [in]", got)
 	}
 }
+
+// The health line an operator prints gives its address back; other lines
+// give none.
+func TestHealthLineRoundTrip(t *testing.T) {
+	line := HealthLine("pack", "host-7", "127.0.0.1:9400")
+	if addr, ok := HealthAddrOf(line + "\n"); !ok || addr != "127.0.0.1:9400" {
+		t.Fatalf("HealthAddrOf(%q) = %q, %v", line, addr, ok)
+	}
+	for _, other := range []string{"", "operator pack (x) health on http://", "demo metrics on http://127.0.0.1:1/metrics"} {
+		if addr, ok := HealthAddrOf(other); ok {
+			t.Errorf("HealthAddrOf(%q) = %q", other, addr)
+		}
+	}
+}

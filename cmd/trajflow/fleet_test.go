@@ -128,11 +128,10 @@ func TestRunHealthPortTaken(t *testing.T) {
 	if err != nil {
 		t.Fatalf("no health line: %v; stderr: %s", err, stderr.String())
 	}
-	i := strings.Index(line, "health on http://")
-	if i < 0 {
+	used, ok := pipeline.HealthAddrOf(line)
+	if !ok {
 		t.Fatalf("line %q has no health address", line)
 	}
-	used := strings.TrimSpace(line[i+len("health on http://"):])
 	if used == taken || !strings.HasPrefix(used, "127.0.0.1:") {
 		t.Fatalf("serving on %s, want another port of 127.0.0.1 than the taken %s", used, taken)
 	}

@@ -202,7 +202,7 @@ func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	healthDone := make(chan struct{})
 	go func() { defer close(healthDone); _ = hs.Serve(hctx) }()
 	defer func() { stopHealth(); <-healthDone }()
-	fmt.Fprintf(stdout, "operator %s (%s) health on http://%s\n", name, env.cfg.Instance, hs.Addr())
+	fmt.Fprintln(stdout, pipeline.HealthLine(name, env.cfg.Instance, hs.Addr()))
 	defer hs.SetDraining()
 	if env.deps.Env, err = of.envSvc.dial(ctx, name, env.deps.Contract, env.cfg.Logger.With("stage", name)); err != nil {
 		return err

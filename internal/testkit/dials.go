@@ -14,11 +14,12 @@ import (
 // NoDials listens on addr (a broker's address, its broker closed) for d and
 // fails t if anything of this process connects (on Linux; elsewhere
 // anything): a kafka-go transport left open refreshes its metadata for
-// the life of the process, dialing the address of a broker long gone. Whatever listens there next gets those connections,
-// and a reply that is not Kafka's (a ZeroMQ greeting reads as a negative
-// size) panics in kafka-go's own goroutine, where no caller can recover
-// it. d must exceed the refresh interval of the transports checked
-// (kafka-go's default 6 s, the project's connectors/kafka.MetadataTTL).
+// the life of the process, dialing the address of a broker long gone.
+// Whatever listens there next gets those connections, and a reply that
+// is not Kafka's (a ZeroMQ greeting reads as a negative size) panics in
+// kafka-go's own goroutine, where no caller can recover it. d must exceed
+// the refresh interval of the transports checked (kafka-go's default 6 s,
+// the project's connectors/kafka.MetadataTTL).
 func NoDials(t testing.TB, addr string, d time.Duration) {
 	t.Helper()
 	ln, err := net.Listen("tcp", addr)
