@@ -19,9 +19,19 @@ const (
 	ClientFranzGo = "franz-go"
 )
 
+// franzProducerOpts are the franz-go baseline producer's options: acks=all,
+// linger 2 ms and no compression, as the operators' kafka-go writer
+// (franz-go compresses with snappy unless told otherwise, which made its
+// row measure snappy's CPU beside the clients' and the broker's).
+func franzProducerOpts(addr []string, topic string, maxBytes int32) []kgo.Opt {
+	return []kgo.Opt{kgo.SeedBrokers(addr...), kgo.DefaultProduceTopic(topic),
+		kgo.RequiredAcks(kgo.AllISRAcks()), kgo.ProducerLinger(2 * time.Millisecond), kgo.ProducerBatchMaxBytes(maxBytes),
+		kgo.BrokerMaxWriteBytes(2 * maxBytes), kgo.ProducerBatchCompression(kgo.NoCompression())}
+}
+
 // baselineFranz measures franz-go produce→consume of the same pre-encoded
 // messages as the kafka-go baseline, on topic for d: one producing client
-// (acks=all, linger 2 ms as the operators' writer), one consumer-group
+// (franzProducerOpts), one consumer-group
 // client (auto-commit every 200 ms, as the kafka-go baseline's commit
 // loop), the same bound on produced-but-unconsumed bytes, no operator work.
 func (r *run) baselineFranz(ctx context.Context, topic string, d time.Duration) (*Baseline, error) {
@@ -34,9 +44,7 @@ func (r *run) baselineFranz(ctx context.Context, topic string, d time.Duration) 
 	}
 	maxBytes := int32(kafka.WriterBatchBytes(r.cfg.Contract.Topics.MaxMessageBytes))
 	fetchBytes := int32(r.cfg.Contract.Topics.MaxMessageBytes + (1 << 20))
-	prod, err := kgo.NewClient(kgo.SeedBrokers(r.addr...), kgo.DefaultProduceTopic(topic),
-		kgo.RequiredAcks(kgo.AllISRAcks()), kgo.ProducerLinger(2*time.Millisecond), kgo.ProducerBatchMaxBytes(maxBytes),
-		kgo.BrokerMaxWriteBytes(2*maxBytes))
+	prod, err := kgo.NewClient(franzProducerOpts(r.addr, topic, maxBytes)...)
 	if err != nil {
 		return nil, fmt.Errorf("bench: franz-go producer: %w", err)
 	}
