@@ -3,7 +3,7 @@ GO      ?= go
 BIN     ?= bin/trajflow
 PKGS    ?= ./...
 
-.PHONY: build test test-short lint bench fuzz demo clean tidy-check kafka-up kafka-down test-integration cluster-up cluster-down test-cluster test-faults test-faults-ci llama-build llama-up llama-down test-llama cuda-headers cuda-ptx cuda-build image test-image test-rolling test-k8s
+.PHONY: build test test-short lint bench fuzz demo clean tidy-check kafka-up kafka-down test-integration cluster-up cluster-down test-cluster test-faults test-faults-ci llama-build llama-up llama-down test-llama cuda-headers cuda-ptx cuda-build image test-image test-rolling test-k8s test-libzmq
 
 build:
 	$(GO) build -o $(BIN) ./cmd/trajflow
@@ -24,6 +24,14 @@ lint:
 
 bench:
 	$(GO) test -run '^$$' -bench . -benchmem $(PKGS)
+
+# The Go ZeroMQ peer of `trajflow bench peers` on libzmq (build tag
+# libzmq, cgo; needs libzmq's headers and pkg-config, Debian's libzmq3-dev):
+# vet, its sockets, and the peer's runs and rows on both implementations.
+test-libzmq:
+	$(GO) vet -tags libzmq ./bench/peers/... ./cmd/trajflow/
+	$(GO) test -count=1 -tags libzmq -run 'TestImplOf|TestSocketsCarryFrames' ./bench/peers/zmqpeer/
+	$(GO) test -count=1 -tags libzmq -run 'TestBenchPeersZmq|TestBenchPeersGoZmqRows' ./cmd/trajflow/
 
 # Bounded fuzzing of every decoder and the contract parser (scripts/fuzz.sh).
 FUZZTIME ?= 10s

@@ -8,6 +8,7 @@ require (
 	github.com/go-zeromq/zmq4 v0.17.0
 	github.com/google/flatbuffers v25.12.19+incompatible
 	github.com/parquet-go/parquet-go v0.32.0
+	github.com/pebbe/zmq4 v1.4.0
 	github.com/prometheus/client_golang v1.25.0
 	github.com/prometheus/client_model v0.6.3
 	github.com/segmentio/kafka-go v0.4.51

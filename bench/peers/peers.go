@@ -27,11 +27,12 @@ const (
 	SysTrajflowKafka = "trajflow-kafka" // trajflow on Apache Kafka (+ raw kafka-go and franz-go on it)
 	SysRay           = "ray"
 	SysZeroMQ        = "zeromq"
-	SysZeroMQGo      = "zeromq-go" // the Go ZeroMQ peer (package zmqpeer)
+	SysZeroMQGo      = "zeromq-go"     // the Go ZeroMQ peer (package zmqpeer) on the pure-Go zmq4
+	SysZeroMQLibzmq  = "zeromq-libzmq" // the same peer on libzmq (a trajflow built with -tags libzmq)
 )
 
 // AllSystems is every system, in the order a round runs them.
-var AllSystems = []string{SysTrajflow, SysTrajflowKafka, SysRay, SysZeroMQ, SysZeroMQGo}
+var AllSystems = []string{SysTrajflow, SysTrajflowKafka, SysRay, SysZeroMQ, SysZeroMQGo, SysZeroMQLibzmq}
 
 // NeedsPython reports whether any of systems runs in the Python peers'
 // virtual environment.
@@ -56,6 +57,9 @@ type Config struct {
 	// this machine (its CPU time is added to that run's figures).
 	Kafka    string
 	KafkaPid int
+	// Libzmq says whether Binary has libzmq compiled in (build tag libzmq,
+	// zmqpeer.LibzmqBuilt), which zeromq-libzmq needs.
+	Libzmq bool
 	// KafkaScript and KafkaHome start the broker when Kafka is KafkaAuto
 	// (StartLocalKafka); Run stops it before it returns.
 	KafkaScript, KafkaHome string
@@ -102,7 +106,12 @@ func (c *Config) defaults() error {
 		c.RayGroupsPerCall = 8
 	}
 	if len(c.Systems) == 0 {
-		c.Systems = AllSystems
+		// Every system this binary and configuration can run.
+		for _, s := range AllSystems {
+			if (s != SysTrajflowKafka || c.Kafka != "") && (s != SysZeroMQLibzmq || c.Libzmq) {
+				c.Systems = append(c.Systems, s)
+			}
+		}
 	}
 	if c.Log == nil {
 		c.Log = io.Discard
@@ -110,6 +119,10 @@ func (c *Config) defaults() error {
 	for _, s := range c.Systems {
 		switch s {
 		case SysTrajflow, SysRay, SysZeroMQ, SysZeroMQGo:
+		case SysZeroMQLibzmq:
+			if !c.Libzmq {
+				return errors.New("peers: zeromq-libzmq needs a trajflow built with libzmq: go build -tags libzmq -o bin/trajflow ./cmd/trajflow (cgo and libzmq's headers, Debian's libzmq3-dev)")
+			}
 		case SysTrajflowKafka:
 			if c.Kafka == "" {
 				return errors.New("peers: trajflow-kafka needs --kafka (bootstrap address of an Apache Kafka, e.g. deploy/local/kafka.sh up)")
@@ -259,8 +272,8 @@ func runOne(ctx context.Context, cfg *Config, sys string, round int, kill bool, 
 	switch sys {
 	case SysTrajflow, SysTrajflowKafka:
 		rows, err = runTrajflow(ctx, cfg, sys, kill, out, actionShare)
-	case SysZeroMQGo:
-		rows, err = runZmqGo(ctx, cfg, kill, corpusPath, out)
+	case SysZeroMQGo, SysZeroMQLibzmq:
+		rows, err = runZmqGo(ctx, cfg, sys, kill, corpusPath, out)
 	default:
 		rows, err = runPython(ctx, cfg, sys, kill, corpusPath, out)
 	}
@@ -442,21 +455,29 @@ func runPython(ctx context.Context, cfg *Config, sys string, kill bool, corpusPa
 	return []Row{peerRow(cfg, name, p, kill)}, nil
 }
 
-// ZeroMQGoName is the Go ZeroMQ peer's row.
-const ZeroMQGoName = "ZeroMQ in Go (zmq4 frames, processes)"
+// The Go ZeroMQ peer's rows, on each implementation.
+const (
+	ZeroMQGoName     = "ZeroMQ in Go (zmq4 frames, processes)"
+	ZeroMQLibzmqName = "ZeroMQ in Go on libzmq (pebbe/zmq4 frames, processes)"
+)
 
-// runZmqGo runs the Go ZeroMQ peer (trajflow bench peers-zmq).
-func runZmqGo(ctx context.Context, cfg *Config, kill bool, corpusPath, out string) ([]Row, error) {
-	args := []string{"bench", "peers-zmq", "--corpus", corpusPath, "--duration", cfg.Duration.String(), "--warmup", cfg.Warmup.String(),
-		"--inflight-groups", strconv.Itoa(cfg.InFlight)}
+// runZmqGo runs the Go ZeroMQ peer (trajflow bench peers-zmq) of sys on
+// its ZeroMQ implementation.
+func runZmqGo(ctx context.Context, cfg *Config, sys string, kill bool, corpusPath, out string) ([]Row, error) {
+	impl, name := "zmq4", ZeroMQGoName
+	if sys == SysZeroMQLibzmq {
+		impl, name = "libzmq", ZeroMQLibzmqName
+	}
+	args := []string{"bench", "peers-zmq", "--impl", impl, "--corpus", corpusPath, "--duration", cfg.Duration.String(),
+		"--warmup", cfg.Warmup.String(), "--inflight-groups", strconv.Itoa(cfg.InFlight)}
 	if kill {
 		args = append(args, "--kill", cfg.Kill)
 	}
-	p, err := runPeer(exec.CommandContext(ctx, cfg.Binary, args...), SysZeroMQGo, out)
+	p, err := runPeer(exec.CommandContext(ctx, cfg.Binary, args...), sys, out)
 	if err != nil {
 		return nil, err
 	}
-	return []Row{peerRow(cfg, ZeroMQGoName, p, kill)}, nil
+	return []Row{peerRow(cfg, name, p, kill)}, nil
 }
 
 // runPeer runs one in-memory peer's command, keeps its output in out and

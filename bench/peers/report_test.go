@@ -3,8 +3,11 @@ package peers
 import (
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
+
+	"github.com/trajflow/trajflow/pipeline/contract"
 )
 
 // TestTableAndRatios: the table holds every row and the ratios compare
@@ -18,6 +21,7 @@ func TestTableAndRatios(t *testing.T) {
 		{System: "Ray (actors, object store, 8 groups/call)", Round: 1, Hops: 5, PolicyTokensPerS: 2e6, CPUCores: 1, PeakMB: 900, P50MS: 300, P99MS: 600},
 		{System: "ZeroMQ + msgpack (processes)", Round: 1, Hops: 5, PolicyTokensPerS: 2e6, CPUCores: 0.5, PeakMB: 300},
 		{System: ZeroMQGoName, Round: 1, Hops: 5, PolicyTokensPerS: 16e6, CPUCores: 2, PeakMB: 450},
+		{System: ZeroMQLibzmqName, Round: 1, Hops: 5, PolicyTokensPerS: 10e6, CPUCores: 2, PeakMB: 600},
 		{System: "ZeroMQ + msgpack (processes)", Kill: true, Hops: 5, Lost: 1248, Launched: 30000, Note: "pack SIGKILLed at 7.5s and restarted"},
 	}}
 	for i := range res.Rows {
@@ -33,6 +37,7 @@ func TestTableAndRatios(t *testing.T) {
 		"trajflow / Ray  policy tokens per CPU-s 2.00, per wall second 4.00, peak RSS 2.00",
 		"trajflow / ZeroMQ  policy tokens per CPU-s 1.00",
 		"trajflow / ZeroMQ in Go  policy tokens per CPU-s 0.50, per wall second 0.50, peak RSS 4.00",
+		"trajflow / ZeroMQ in Go on libzmq  policy tokens per CPU-s 0.80, per wall second 0.80, peak RSS 3.00",
 		"| kill | ZeroMQ + msgpack (processes) | 5 |", "1248 / 30000",
 		"kill run, ZeroMQ + msgpack (processes): pack SIGKILLed",
 	} {
@@ -40,8 +45,8 @@ func TestTableAndRatios(t *testing.T) {
 			t.Errorf("table lacks %q:\n%s", want, out)
 		}
 	}
-	if strings.Count(out, "\n| ") != 8 {
-		t.Errorf("want a header and 7 rows:\n%s", out)
+	if strings.Count(out, "\n| ") != 9 {
+		t.Errorf("want a header and 8 rows:\n%s", out)
 	}
 	png := filepath.Join(t.TempDir(), "peers.png")
 	if err := res.WritePlot(png); err != nil {
@@ -55,21 +60,48 @@ func TestTableAndRatios(t *testing.T) {
 	}
 }
 
-// TestConfigRefuses: unknown systems and stages, and trajflow-kafka
-// without a broker, are refused naming the flag.
+// TestConfigRefuses: unknown systems and stages, trajflow-kafka without a
+// broker and zeromq-libzmq in a binary without libzmq are refused naming
+// what is missing.
 func TestConfigRefuses(t *testing.T) {
 	for _, c := range []struct {
 		cfg  Config
 		want string
 	}{
 		{Config{Systems: []string{"flink"}}, `--systems: no system "flink"`},
-		{Config{Systems: []string{"zeromq-rust"}}, `--systems: no system "zeromq-rust" (have trajflow, trajflow-kafka, ray, zeromq, zeromq-go)`},
+		{Config{Systems: []string{"zeromq-rust"}}, `--systems: no system "zeromq-rust" (have trajflow, trajflow-kafka, ray, zeromq, zeromq-go, zeromq-libzmq)`},
 		{Config{Systems: []string{SysTrajflowKafka}}, "trajflow-kafka needs --kafka"},
+		{Config{Systems: []string{SysZeroMQLibzmq}}, "zeromq-libzmq needs a trajflow built with libzmq: go build -tags libzmq"},
 		{Config{Systems: []string{SysRay}, Kill: "dispatch"}, `--kill: no stage "dispatch"`},
 	} {
 		err := c.cfg.defaults()
 		if err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("%+v: err %v, want %q", c.cfg.Systems, err, c.want)
+		}
+	}
+}
+
+// TestDefaultSystems: without --systems a run takes every system its
+// configuration can run: trajflow-kafka only with a broker, zeromq-libzmq
+// only in a binary with libzmq.
+func TestDefaultSystems(t *testing.T) {
+	base := []string{SysTrajflow, SysRay, SysZeroMQ, SysZeroMQGo}
+	for _, c := range []struct {
+		kafka  string
+		libzmq bool
+		want   []string
+	}{
+		{"", false, base},
+		{"127.0.0.1:19092", false, []string{SysTrajflow, SysTrajflowKafka, SysRay, SysZeroMQ, SysZeroMQGo}},
+		{"", true, append(slices.Clone(base), SysZeroMQLibzmq)},
+	} {
+		cfg := Config{Kafka: c.kafka, Libzmq: c.libzmq, KafkaScript: "s", KafkaHome: "h", Binary: "b", ContractPath: "c",
+			Contract: &contract.Contract{}, OutDir: "o"}
+		if err := cfg.defaults(); err != nil {
+			t.Fatal(err)
+		}
+		if !slices.Equal(cfg.Systems, c.want) {
+			t.Errorf("kafka %q libzmq %v: systems %v, want %v", c.kafka, c.libzmq, cfg.Systems, c.want)
 		}
 	}
 }

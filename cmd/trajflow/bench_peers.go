@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/trajflow/trajflow/bench/peers"
+	"github.com/trajflow/trajflow/bench/peers/zmqpeer"
 	"github.com/trajflow/trajflow/bench/synth"
 	"github.com/trajflow/trajflow/pipeline/contract"
 )
@@ -71,8 +72,9 @@ func cmdBenchPeers(ctx context.Context, args []string, stdout, stderr io.Writer)
 	if *f.kafka == peers.KafkaAuto && *f.kafkaPid != 0 {
 		return fmt.Errorf("%w: bench peers: --kafka-pid: --kafka %s counts the CPU of the broker it starts; give an address with --kafka-pid", errUsage, peers.KafkaAuto)
 	}
-	// The default systems leave trajflow-kafka out without --kafka; named
-	// in --systems, it needs --kafka (peers.Run says so).
+	// The default systems leave trajflow-kafka out without --kafka, and
+	// zeromq-libzmq out of a trajflow built without libzmq; named in
+	// --systems, they need them (peers.Run says so).
 	named := false
 	fs.Visit(func(fl *flag.Flag) { named = named || fl.Name == "systems" })
 	c, err := contract.Load(*f.contract)
@@ -96,10 +98,13 @@ func cmdBenchPeers(ctx context.Context, args []string, stdout, stderr io.Writer)
 	cfg := peers.Config{Binary: bin, ContractPath: *f.contract, Contract: c, Python: *f.python, PythonPath: *f.pythonPath,
 		Kafka: *f.kafka, KafkaPid: *f.kafkaPid, KafkaWarmup: *f.kafkaWarmup, KafkaScript: *f.kafkaScript, KafkaHome: *f.kafkaHome, Rounds: *f.rounds, Duration: *f.duration, Warmup: *f.warmup, Baseline: *f.baseline,
 		Kill: *f.kill, CorpusGroups: *f.groups, InFlight: *f.inflight, RayGroupsPerCall: *f.perCall, OutDir: *f.out, Log: stderr}
+	cfg.Libzmq = zmqpeer.LibzmqBuilt
 	for _, s := range strings.Split(*f.systems, ",") {
-		if s = strings.TrimSpace(s); s != "" && (s != peers.SysTrajflowKafka || cfg.Kafka != "" || named) {
-			cfg.Systems = append(cfg.Systems, s)
+		s = strings.TrimSpace(s)
+		if s == "" || !named && (s == peers.SysTrajflowKafka && cfg.Kafka == "" || s == peers.SysZeroMQLibzmq && !cfg.Libzmq) {
+			continue
 		}
+		cfg.Systems = append(cfg.Systems, s)
 	}
 	if cfg.PythonPath, err = filepath.Abs(cfg.PythonPath); err != nil {
 		return err

@@ -13,11 +13,13 @@ import (
 
 // cmdBenchPeersZmq is `trajflow bench peers-zmq`: one run of the Go
 // ZeroMQ peer of bench peers (the driver, which prints its report as one
-// JSON line), or with --stage one of its stage processes.
+// JSON line), or with --stage one of its stage processes; --impl picks the
+// ZeroMQ implementation.
 func cmdBenchPeersZmq(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := newFlags("bench peers-zmq", stderr)
 	var (
 		corpus   = fs.String("corpus", "", "corpus file exported by trajflow bench peers --export-corpus")
+		impl     = fs.String("impl", zmqpeer.ImplPure, "ZeroMQ implementation: zmq4 (pure Go) or libzmq (the C library through cgo, in a trajflow built with -tags libzmq)")
 		stage    = fs.String("stage", "", "run this stage process instead of the driver (bench peers starts them)")
 		pull     = fs.String("pull", "", "with --stage: the address its PULL socket binds (tcp://127.0.0.1:PORT)")
 		push     = fs.String("push", "", "with --stage: the address its PUSH socket connects to")
@@ -35,17 +37,20 @@ func cmdBenchPeersZmq(ctx context.Context, args []string, stdout, stderr io.Writ
 	if *corpus == "" {
 		return fmt.Errorf("%w: bench peers-zmq: --corpus is required", errUsage)
 	}
+	if *impl != zmqpeer.ImplPure && *impl != zmqpeer.ImplLibzmq {
+		return fmt.Errorf("%w: bench peers-zmq: --impl %q: want %s or %s", errUsage, *impl, zmqpeer.ImplPure, zmqpeer.ImplLibzmq)
+	}
 	if *stage != "" {
 		if *pull == "" || *push == "" {
 			return fmt.Errorf("%w: bench peers-zmq: --stage needs --pull and --push", errUsage)
 		}
-		return zmqpeer.RunStage(ctx, *stage, *corpus, *pull, *push)
+		return zmqpeer.RunStage(ctx, *impl, *stage, *corpus, *pull, *push)
 	}
 	bin, err := os.Executable()
 	if err != nil {
 		return err
 	}
-	rep, err := zmqpeer.Run(ctx, zmqpeer.Config{Binary: bin, Corpus: *corpus, Duration: *duration, Warmup: *warmup,
+	rep, err := zmqpeer.Run(ctx, zmqpeer.Config{Binary: bin, Corpus: *corpus, Impl: *impl, Duration: *duration, Warmup: *warmup,
 		InFlight: *inflight, Kill: *kill, KillAt: *killAt, LossTimeout: *lossTO, Drain: *drain})
 	if err != nil {
 		return err

@@ -11,6 +11,7 @@ import (
 	"testing"
 
 	"github.com/trajflow/trajflow/bench/peers"
+	"github.com/trajflow/trajflow/bench/peers/zmqpeer"
 )
 
 // runZmqPeer runs `trajflow bench peers-zmq` and reads its report.
@@ -32,10 +33,11 @@ func runZmqPeer(t *testing.T, args ...string) peers.PeerReport {
 	return r
 }
 
-// TestBenchPeersZmq: the Go ZeroMQ peer moves the corpus's bytes over
-// every hop and accounts every group it sent; a SIGKILL of its pack
-// process loses the groups pack held and those sent to it while it was
-// down, whole groups of eight attempts, and the accounting still adds up.
+// TestBenchPeersZmq: the Go ZeroMQ peer, on every ZeroMQ implementation
+// compiled in, moves the corpus's bytes over every hop and accounts every
+// group it sent; a SIGKILL of its pack process loses the groups pack held
+// (and, on the pure-Go implementation, those sent to it while it was
+// down), whole groups of eight attempts, and the accounting still adds up.
 func TestBenchPeersZmq(t *testing.T) {
 	t.Parallel()
 	corpus := filepath.Join(t.TempDir(), "corpus.bin")
@@ -43,25 +45,91 @@ func TestBenchPeersZmq(t *testing.T) {
 		"--corpus-groups", "96", "--export-corpus", corpus).CombinedOutput(); err != nil {
 		t.Fatalf("export corpus: %v\n%s", err, out)
 	}
+	for _, impl := range zmqpeer.Impls() {
+		t.Run(impl, func(t *testing.T) {
+			r := runZmqPeer(t, "--impl", impl, "--corpus", corpus, "--duration", "3s", "--warmup", "1s", "--inflight-groups", "64")
+			if r.System != zmqpeer.SystemName(impl) || r.CorpusGroups != 96 || r.InFlightGroups != 64 {
+				t.Fatalf("report of %q over %d groups, %d in flight", r.System, r.CorpusGroups, r.InFlightGroups)
+			}
+			if r.Groups <= 0 || r.Batches <= 0 || r.MBPerS <= 0 || r.CPUS <= 0 || r.PeakMB <= 0 || r.Latency.P50 <= 0 || r.ActionTokensPerS <= 0 {
+				t.Fatalf("nothing measured: %+v", r)
+			}
+			if r.LostGroups != 0 || r.DecidedGroups != r.ProducedGroups || r.DuplicateGroups != 0 {
+				t.Fatalf("without a kill: produced %d decided %d lost %d duplicated %d", r.ProducedGroups, r.DecidedGroups, r.LostGroups, r.DuplicateGroups)
+			}
 
-	r := runZmqPeer(t, "--corpus", corpus, "--duration", "3s", "--warmup", "1s", "--inflight-groups", "64")
-	if r.System != "zeromq-go" || r.CorpusGroups != 96 || r.InFlightGroups != 64 {
-		t.Fatalf("report of %q over %d groups, %d in flight", r.System, r.CorpusGroups, r.InFlightGroups)
+			k := runZmqPeer(t, "--impl", impl, "--corpus", corpus, "--duration", "4s", "--warmup", "1s", "--inflight-groups", "64",
+				"--kill", "pack", "--loss-timeout", "2s", "--drain", "4s")
+			if k.Kill == nil || k.Kill.Stage != "pack" || k.Kill.AtS < 1.5 {
+				t.Fatalf("kill: %+v", k.Kill)
+			}
+			if k.LostGroups <= 0 || k.LostAttempts != 8*k.LostGroups || k.DecidedGroups+k.LostGroups != k.ProducedGroups {
+				t.Fatalf("kill of pack: produced %d decided %d lost %d groups (%d attempts)", k.ProducedGroups, k.DecidedGroups, k.LostGroups, k.LostAttempts)
+			}
+		})
 	}
-	if r.Groups <= 0 || r.Batches <= 0 || r.MBPerS <= 0 || r.CPUS <= 0 || r.PeakMB <= 0 || r.Latency.P50 <= 0 || r.ActionTokensPerS <= 0 {
-		t.Fatalf("nothing measured: %+v", r)
-	}
-	if r.LostGroups != 0 || r.DecidedGroups != r.ProducedGroups || r.DuplicateGroups != 0 {
-		t.Fatalf("without a kill: produced %d decided %d lost %d duplicated %d", r.ProducedGroups, r.DecidedGroups, r.LostGroups, r.DuplicateGroups)
-	}
+}
 
-	k := runZmqPeer(t, "--corpus", corpus, "--duration", "4s", "--warmup", "1s", "--inflight-groups", "64",
-		"--kill", "pack", "--loss-timeout", "2s", "--drain", "4s")
-	if k.Kill == nil || k.Kill.Stage != "pack" || k.Kill.AtS < 1.5 {
-		t.Fatalf("kill: %+v", k.Kill)
+// TestBenchPeersGoZmqRows: bench peers runs the Go ZeroMQ peer on every
+// implementation compiled in and writes a round row and a kill row for
+// each, under its own name.
+func TestBenchPeersGoZmqRows(t *testing.T) {
+	t.Parallel()
+	systems := []string{peers.SysZeroMQGo}
+	names := []string{peers.ZeroMQGoName}
+	if zmqpeer.LibzmqBuilt {
+		systems = append(systems, peers.SysZeroMQLibzmq)
+		names = append(names, peers.ZeroMQLibzmqName)
 	}
-	if k.LostGroups <= 0 || k.LostAttempts != 8*k.LostGroups || k.DecidedGroups+k.LostGroups != k.ProducedGroups {
-		t.Fatalf("kill of pack: produced %d decided %d lost %d groups (%d attempts)", k.ProducedGroups, k.DecidedGroups, k.LostGroups, k.LostAttempts)
+	out := t.TempDir()
+	js := filepath.Join(out, "peers.json")
+	cmd := exec.Command(trajflowBinary(t), "bench", "peers", "--contract", "../../testdata/contracts/bench.yaml",
+		"--systems", strings.Join(systems, ","), "--rounds", "1", "--duration", "2s", "--warmup", "1s",
+		"--corpus-groups", "96", "--inflight-groups", "64", "--out", out, "--json-out", js)
+	if b, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("bench peers: %v\n%s", err, b)
+	}
+	b, err := os.ReadFile(js)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var res peers.Result
+	if err := json.Unmarshal(b, &res); err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range names {
+		var round, kill bool
+		for _, r := range res.Rows {
+			if r.System != name {
+				continue
+			}
+			if r.Launched <= 0 || !r.Kill && r.MBPerS <= 0 || r.Kill && !strings.Contains(r.Note, "pack SIGKILLed") {
+				t.Errorf("%s: nothing measured: %+v", name, r)
+			}
+			round, kill = round || !r.Kill, kill || r.Kill
+		}
+		if !round || !kill {
+			t.Errorf("%s: round row %v, kill row %v; rows %+v", name, round, kill, res.Rows)
+		}
+	}
+}
+
+// TestBenchPeersZmqImpl: an unknown --impl is a usage error naming both
+// implementations; libzmq in a trajflow built without it is refused with
+// the build command.
+func TestBenchPeersZmqImpl(t *testing.T) {
+	var stdout, stderr bytes.Buffer
+	code := run(context.Background(), []string{"bench", "peers-zmq", "--impl", "nanomsg", "--corpus", "x"}, &stdout, &stderr)
+	if code != 2 || !strings.Contains(stderr.String(), `--impl "nanomsg": want zmq4 or libzmq`) {
+		t.Fatalf("exit %d, stderr %q", code, stderr.String())
+	}
+	if zmqpeer.LibzmqBuilt {
+		return
+	}
+	stderr.Reset()
+	code = run(context.Background(), []string{"bench", "peers-zmq", "--impl", "libzmq", "--corpus", "x"}, &stdout, &stderr)
+	if code == 0 || !strings.Contains(stderr.String(), "go build -tags libzmq") {
+		t.Fatalf("libzmq without it: exit %d, stderr %q", code, stderr.String())
 	}
 }
 

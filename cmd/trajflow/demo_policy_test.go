@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/trajflow/trajflow/bench/peers/zmqpeer"
 	"github.com/trajflow/trajflow/gpu"
 	"github.com/trajflow/trajflow/internal/loop"
 	"github.com/trajflow/trajflow/internal/testkit"
@@ -39,7 +40,11 @@ func trajflowBinary(t *testing.T) string {
 			return
 		}
 		binPath = filepath.Join(dir, "trajflow")
-		if out, err := exec.Command("go", "build", "-o", binPath, ".").CombinedOutput(); err != nil {
+		args := []string{"build", "-o", binPath}
+		if zmqpeer.LibzmqBuilt { // the binary has what the test binary has
+			args = append(args, "-tags", "libzmq")
+		}
+		if out, err := exec.Command("go", append(args, ".")...).CombinedOutput(); err != nil {
 			binErr = &buildError{err, string(out)}
 		}
 	})

@@ -70,9 +70,10 @@ var helps = map[string]commandHelp{
 	"bench peers": {synopsis: "bench peers [flags]",
 		about:    "Measures the same hop beside Ray, ZeroMQ and raw clients.",
 		examples: []string{"trajflow bench peers"}},
-	"bench peers-zmq": {synopsis: "bench peers-zmq --corpus FILE [--duration D] [--kill STAGE]",
-		about: "One run of the Go ZeroMQ peer of bench peers (pure-Go ZeroMQ PUSH/PULL, one process per hop): " +
-			"prints its figures as one JSON line. bench peers starts it; --stage runs one of its stage processes.",
+	"bench peers-zmq": {synopsis: "bench peers-zmq --corpus FILE [--impl zmq4|libzmq] [--duration D] [--kill STAGE]",
+		about: "One run of the Go ZeroMQ peer of bench peers (ZeroMQ PUSH/PULL, one process per hop; pure-Go zmq4, " +
+			"or libzmq in a trajflow built with -tags libzmq): prints its figures as one JSON line. bench peers starts it; " +
+			"--stage runs one of its stage processes.",
 		examples: []string{"trajflow bench peers --export-corpus out/corpus.bin && trajflow bench peers-zmq --corpus out/corpus.bin --duration 5s"}},
 	"serve env": {synopsis: "serve env [--port N] [--data DIR] [--key-file F]",
 		about:    "Serves the built-in task families behind the environment protocol (docs/ENV_PROTOCOL.md).",

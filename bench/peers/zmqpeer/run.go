@@ -14,14 +14,9 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/go-zeromq/zmq4"
-
 	"github.com/trajflow/trajflow/bench"
 	"github.com/trajflow/trajflow/bench/peers"
 )
-
-// SystemName is the peer's name in reports.
-const SystemName = "zeromq-go"
 
 // Config configures one run of the peer.
 type Config struct {
@@ -29,6 +24,9 @@ type Config struct {
 	// `Binary bench peers-zmq --stage ROLE ...`.
 	Binary string
 	Corpus string
+	// Impl is the ZeroMQ implementation (ImplPure, the default, or
+	// ImplLibzmq).
+	Impl string
 	// Duration is the measurement window; Warmup runs before it.
 	Duration, Warmup time.Duration
 	// InFlight bounds the groups sent and not yet acknowledged (the
@@ -65,6 +63,12 @@ func (c *Config) defaults() error {
 			c.KillAt = c.Duration / 2
 		}
 	}
+	if c.Impl == "" {
+		c.Impl = ImplPure
+	}
+	if _, err := implOf(c.Impl); err != nil {
+		return err
+	}
 	if c.Binary == "" || c.Corpus == "" {
 		return errors.New("zmqpeer: Binary and Corpus are required")
 	}
@@ -89,7 +93,8 @@ type pipelineProcs struct {
 }
 
 func (p *pipelineProcs) start(s *stageProc) error {
-	cmd := exec.Command(p.cfg.Binary, "bench", "peers-zmq", "--stage", s.role, "--corpus", p.cfg.Corpus, "--pull", s.pull, "--push", s.push)
+	cmd := exec.Command(p.cfg.Binary, "bench", "peers-zmq", "--impl", p.cfg.Impl, "--stage", s.role, "--corpus", p.cfg.Corpus,
+		"--pull", s.pull, "--push", s.push)
 	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
 	if err := cmd.Start(); err != nil {
 		return fmt.Errorf("zmqpeer: start %s: %w", s.role, err)
@@ -220,6 +225,7 @@ func Run(ctx context.Context, cfg Config) (*peers.PeerReport, error) {
 	if err := cfg.defaults(); err != nil {
 		return nil, err
 	}
+	im, _ := implOf(cfg.Impl) // defaults checked it
 	begin := time.Now()
 	cp, err := peers.ReadCorpusHops(cfg.Corpus, []int{0}, false)
 	if err != nil {
@@ -236,11 +242,13 @@ func Run(ctx context.Context, cfg Config) (*peers.PeerReport, error) {
 	defer owned.Wait()
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	acks, err := listen(ctx, addrs[len(Roles)])
+	acks, err := im.listen(ctx, addrs[len(Roles)])
 	if err != nil {
 		return nil, err
 	}
-	defer acks.Close()
+	in := make(chan [][]byte, 64)
+	owned.Add(1)
+	go func() { defer owned.Done(); receive(ctx, acks, in) }() // closes acks
 	pp := &pipelineProcs{cfg: &cfg, procs: map[string]*stageProc{}}
 	defer pp.stop()
 	for i, role := range Roles {
@@ -250,34 +258,31 @@ func Run(ctx context.Context, cfg Config) (*peers.PeerReport, error) {
 			return nil, err
 		}
 	}
-	push, err := dial(ctx, addrs[0])
+	push, err := im.dial(ctx, addrs[0])
 	if err != nil {
 		return nil, err
 	}
-	defer push.Close()
-	in := make(chan zmq4.Msg, 64)
-	owned.Add(1)
-	go func() { defer owned.Done(); receive(ctx, acks, in) }()
+	defer push.close()
 
 	groupSize := int64(cp.Header.Synth.GroupSize)
 	led := newLedger(cp, cfg.InFlight, cfg.LossTimeout)
-	rep := &peers.PeerReport{System: SystemName, GroupsPerCall: 1, InFlightGroups: cfg.InFlight, CorpusGroups: len(cp.Groups),
+	rep := &peers.PeerReport{System: SystemName(cfg.Impl), GroupsPerCall: 1, InFlightGroups: cfg.InFlight, CorpusGroups: len(cp.Groups),
 		StartupS: time.Since(begin).Seconds()} // the stages are up: the push to validate connected
 	send := func() error {
 		for led.free() > 0 {
 			g, sent := led.launch()
 			frames := append([][]byte{groupHeader{group: g, sent: sent}.append(nil)}, cp.Groups[g%int64(len(cp.Groups))].Hops[0]...)
-			if err := push.SendMulti(zmq4.NewMsgFrom(frames...)); err != nil {
+			if err := push.send(frames); err != nil {
 				return fmt.Errorf("zmqpeer: send to validate: %w", err)
 			}
 		}
 		return nil
 	}
-	onAck := func(m zmq4.Msg) error {
-		if len(m.Frames) != 1 || len(m.Frames[0]) < 16 {
-			return fmt.Errorf("zmqpeer: an acknowledgement of %d frames, want one of at least 16 bytes", len(m.Frames))
+	onAck := func(m [][]byte) error {
+		if len(m) != 1 || len(m[0]) < 16 {
+			return fmt.Errorf("zmqpeer: an acknowledgement of %d frames, want one of at least 16 bytes", len(m))
 		}
-		b := m.Frames[0]
+		b := m[0]
 		recv, size := int64(binary.LittleEndian.Uint64(b)), int64(binary.LittleEndian.Uint64(b[8:]))
 		hs, err := readHeaders(b[16:], (len(b)-16)/headerSize)
 		if err != nil {

@@ -1,14 +1,15 @@
 // Package zmqpeer is the Go ZeroMQ peer of `trajflow bench peers`: the
 // same corpus bytes over the same hops (rollout → validate → reward →
 // advantage → pack → trainer) as the other systems, one Go process per
-// hop, PUSH/PULL sockets of the pure-Go ZeroMQ implementation
-// (github.com/go-zeromq/zmq4) on 127.0.0.1, and the bytes carried as
-// ZeroMQ frames with no serialization around them. It is what a Go team
-// would build in memory instead of a durable log: nothing is written
-// anywhere, so what a killed stage had received and not yet sent on is
-// gone, and so is what its upstream sends while it is down (a PUSH socket
-// of this implementation with no connected peer drops the message; libzmq
-// would queue it up to the high-water mark).
+// hop, PUSH/PULL sockets on 127.0.0.1, and the bytes carried as ZeroMQ
+// frames with no serialization around them. It is what a Go team would
+// build in memory instead of a durable log: nothing is written anywhere,
+// so what a killed stage had received and not yet sent on is gone. The
+// sockets are those of one of two implementations (socket.go): the pure-Go
+// github.com/go-zeromq/zmq4, whose PUSH socket also drops what its
+// upstream sends while the stage is down, or libzmq through
+// github.com/pebbe/zmq4 (build tag libzmq), which queues that up to the
+// high-water mark and loses only what was on the wire.
 //
 // Like the Python peers (bench/peers/README.md), the stages re-implement
 // only the data movement: stage h answers group g with the corpus's hop
@@ -31,8 +32,6 @@ import (
 	"slices"
 	"sync"
 	"time"
-
-	"github.com/go-zeromq/zmq4"
 
 	"github.com/trajflow/trajflow/bench/peers"
 )
@@ -77,32 +76,13 @@ func readHeaders(b []byte, count int) ([]groupHeader, error) {
 	return hs, nil
 }
 
-// dial connects a PUSH socket to addr, reconnecting when the peer
-// restarts.
-func dial(ctx context.Context, addr string) (zmq4.Socket, error) {
-	push := zmq4.NewPush(ctx, zmq4.WithAutomaticReconnect(true), zmq4.WithDialerMaxRetries(-1), zmq4.WithDialerRetry(50*time.Millisecond))
-	if err := push.Dial(addr); err != nil {
-		push.Close()
-		return nil, fmt.Errorf("zmqpeer: dial %s: %w", addr, err)
-	}
-	return push, nil
-}
-
-// listen binds a PULL socket to addr.
-func listen(ctx context.Context, addr string) (zmq4.Socket, error) {
-	pull := zmq4.NewPull(ctx)
-	if err := pull.Listen(addr); err != nil {
-		pull.Close()
-		return nil, fmt.Errorf("zmqpeer: listen %s: %w", addr, err)
-	}
-	return pull, nil
-}
-
-// receive hands every message of pull to out until ctx ends; it runs in
-// its own goroutine, which the caller owns and ends by cancelling ctx.
-func receive(ctx context.Context, pull zmq4.Socket, out chan<- zmq4.Msg) {
+// receive hands every message of pull to out until ctx ends, then closes
+// pull; it runs in its own goroutine, which the caller owns and ends by
+// cancelling ctx.
+func receive(ctx context.Context, pull puller, out chan<- [][]byte) {
+	defer pull.close()
 	for {
-		m, err := pull.Recv()
+		m, err := pull.recv()
 		if err != nil {
 			if ctx.Err() != nil {
 				return
@@ -118,7 +98,7 @@ func receive(ctx context.Context, pull zmq4.Socket, out chan<- zmq4.Msg) {
 }
 
 // next is the next message of in; ok is false once ctx has ended.
-func next(ctx context.Context, in <-chan zmq4.Msg) (m zmq4.Msg, ok bool) {
+func next(ctx context.Context, in <-chan [][]byte) (m [][]byte, ok bool) {
 	select {
 	case <-ctx.Done():
 		return m, false
@@ -127,10 +107,15 @@ func next(ctx context.Context, in <-chan zmq4.Msg) (m zmq4.Msg, ok bool) {
 	}
 }
 
-// RunStage runs one stage process until ctx ends: it pulls on pullAddr
-// and pushes to pushAddr (the next stage, or the driver for the trainer).
-// It reads from the corpus only what it sends.
-func RunStage(ctx context.Context, role, corpusPath, pullAddr, pushAddr string) error {
+// RunStage runs one stage process on the ZeroMQ implementation named
+// (ImplPure or ImplLibzmq) until ctx ends: it pulls on pullAddr and pushes
+// to pushAddr (the next stage, or the driver for the trainer). It reads
+// from the corpus only what it sends.
+func RunStage(ctx context.Context, implName, role, corpusPath, pullAddr, pushAddr string) error {
+	im, err := implOf(implName)
+	if err != nil {
+		return err
+	}
 	idx := slices.Index(Roles, role)
 	if idx < 0 {
 		return fmt.Errorf("zmqpeer: no stage %q (have %v)", role, Roles)
@@ -152,19 +137,18 @@ func RunStage(ctx context.Context, role, corpusPath, pullAddr, pushAddr string) 
 	defer owned.Wait()
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	pull, err := listen(ctx, pullAddr)
+	push, err := im.dial(ctx, pushAddr)
 	if err != nil {
 		return err
 	}
-	defer pull.Close()
-	push, err := dial(ctx, pushAddr)
+	defer push.close()
+	pull, err := im.listen(ctx, pullAddr)
 	if err != nil {
 		return err
 	}
-	defer push.Close()
-	in := make(chan zmq4.Msg, 64)
+	in := make(chan [][]byte, 64)
 	owned.Add(1)
-	go func() { defer owned.Done(); receive(ctx, pull, in) }()
+	go func() { defer owned.Done(); receive(ctx, pull, in) }() // closes pull
 	switch role {
 	case "pack":
 		return runPack(ctx, cp, in, push)
@@ -177,21 +161,21 @@ func RunStage(ctx context.Context, role, corpusPath, pullAddr, pushAddr string) 
 		if !ok {
 			return nil
 		}
-		if len(m.Frames) == 0 {
+		if len(m) == 0 {
 			continue
 		}
-		h, err := readHeader(m.Frames[0])
+		h, err := readHeader(m[0])
 		if err != nil {
 			return err
 		}
-		frames := append([][]byte{m.Frames[0]}, cp.Groups[h.group%n].Hops[idx+1]...)
-		_ = push.SendMulti(zmq4.NewMsgFrom(frames...)) // a send to a dead peer is lost, as in any in-memory hop
+		frames := append([][]byte{m[0]}, cp.Groups[h.group%n].Hops[idx+1]...)
+		_ = push.send(frames) // a send to a dead peer is lost, as in any in-memory hop
 	}
 }
 
 // runPack holds the groups of the open window and emits the corpus's
 // batch when it comes due, or batch 0 after PackMaxWait.
-func runPack(ctx context.Context, cp *peers.Corpus, in <-chan zmq4.Msg, push zmq4.Socket) error {
+func runPack(ctx context.Context, cp *peers.Corpus, in <-chan [][]byte, push pusher) error {
 	var (
 		packed  int64
 		pending []byte // group headers of the open window
@@ -201,7 +185,7 @@ func runPack(ctx context.Context, cp *peers.Corpus, in <-chan zmq4.Msg, push zmq
 	emit := func(k int) {
 		head := binary.LittleEndian.AppendUint32(nil, uint32(count))
 		head = append(head, pending...)
-		_ = push.SendMulti(zmq4.NewMsgFrom(head, cp.Batches[k].Value))
+		_ = push.send([][]byte{head, cp.Batches[k].Value})
 		pending, count = pending[:0], 0
 	}
 	tick := time.NewTicker(100 * time.Millisecond)
@@ -215,10 +199,10 @@ func runPack(ctx context.Context, cp *peers.Corpus, in <-chan zmq4.Msg, push zmq
 				emit(0)
 			}
 		case m := <-in:
-			if len(m.Frames) == 0 {
+			if len(m) == 0 {
 				continue
 			}
-			h, err := readHeader(m.Frames[0])
+			h, err := readHeader(m[0])
 			if err != nil {
 				return err
 			}
@@ -237,23 +221,23 @@ func runPack(ctx context.Context, cp *peers.Corpus, in <-chan zmq4.Msg, push zmq
 
 // runTrainer acknowledges every batch to the driver: receive time, size,
 // and the batch's group headers.
-func runTrainer(ctx context.Context, in <-chan zmq4.Msg, push zmq4.Socket) error {
+func runTrainer(ctx context.Context, in <-chan [][]byte, push pusher) error {
 	for {
 		m, ok := next(ctx, in)
 		if !ok {
 			return nil
 		}
 		now := time.Now().UnixNano()
-		if len(m.Frames) != 2 || len(m.Frames[0]) < 4 {
-			return fmt.Errorf("zmqpeer: trainer: a batch of %d frames, want 2 (header, batch)", len(m.Frames))
+		if len(m) != 2 || len(m[0]) < 4 {
+			return fmt.Errorf("zmqpeer: trainer: a batch of %d frames, want 2 (header, batch)", len(m))
 		}
-		count := int(binary.LittleEndian.Uint32(m.Frames[0]))
-		if _, err := readHeaders(m.Frames[0][4:], count); err != nil {
+		count := int(binary.LittleEndian.Uint32(m[0]))
+		if _, err := readHeaders(m[0][4:], count); err != nil {
 			return err
 		}
 		ack := binary.LittleEndian.AppendUint64(nil, uint64(now))
-		ack = binary.LittleEndian.AppendUint64(ack, uint64(len(m.Frames[1])))
-		ack = append(ack, m.Frames[0][4:]...)
-		_ = push.Send(zmq4.NewMsg(ack))
+		ack = binary.LittleEndian.AppendUint64(ack, uint64(len(m[1])))
+		ack = append(ack, m[0][4:]...)
+		_ = push.send([][]byte{ack})
 	}
 }
