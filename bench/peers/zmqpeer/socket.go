@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"sort"
 	"strings"
+
+	"github.com/trajflow/trajflow/bench/peers"
 )
 
 // The ZeroMQ implementations a peer can run on.
@@ -56,12 +58,13 @@ func Impls() []string {
 	return names
 }
 
-// SystemName is the peer's name in reports on the implementation name.
+// SystemName is the peer's system name (bench peers --systems) on the
+// implementation named.
 func SystemName(name string) string {
 	if name == ImplLibzmq {
-		return "zeromq-libzmq"
+		return peers.SysZeroMQLibzmq
 	}
-	return "zeromq-go"
+	return peers.SysZeroMQGo
 }
 
 func implOf(name string) (impl, error) {

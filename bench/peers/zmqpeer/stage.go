@@ -137,15 +137,16 @@ func RunStage(ctx context.Context, implName, role, corpusPath, pullAddr, pushAdd
 	defer owned.Wait()
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
+	pull, err := im.listen(ctx, pullAddr) // bound first: the upstream stage may be waiting for it
+	if err != nil {
+		return err
+	}
 	push, err := im.dial(ctx, pushAddr)
 	if err != nil {
+		pull.close()
 		return err
 	}
 	defer push.close()
-	pull, err := im.listen(ctx, pullAddr)
-	if err != nil {
-		return err
-	}
 	in := make(chan [][]byte, 64)
 	owned.Add(1)
 	go func() { defer owned.Done(); receive(ctx, pull, in) }() // closes pull
