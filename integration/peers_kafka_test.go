@@ -3,7 +3,6 @@
 package integration
 
 import (
-	"encoding/json"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -11,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/trajflow/trajflow/bench/peers"
+	"github.com/trajflow/trajflow/internal/testkit"
 )
 
 // TestBenchPeersKafkaAuto runs `trajflow bench peers --kafka auto`: the
@@ -39,14 +39,8 @@ func TestBenchPeersKafkaAuto(t *testing.T) {
 			t.Errorf("output lacks %q:\n%s", want, log)
 		}
 	}
-	raw, err := os.ReadFile(out)
-	if err != nil {
-		t.Fatal(err)
-	}
 	var res peers.Result
-	if err := json.Unmarshal(raw, &res); err != nil {
-		t.Fatal(err)
-	}
+	testkit.ReadJSON(t, out, &res)
 	systems := map[string]peers.Row{}
 	for _, r := range res.Rows {
 		if r.Round != 1 {

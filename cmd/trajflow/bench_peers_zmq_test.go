@@ -12,6 +12,7 @@ import (
 
 	"github.com/trajflow/trajflow/bench/peers"
 	"github.com/trajflow/trajflow/bench/peers/zmqpeer"
+	"github.com/trajflow/trajflow/internal/testkit"
 )
 
 // runZmqPeer runs `trajflow bench peers-zmq` and reads its report.
@@ -89,14 +90,8 @@ func TestBenchPeersGoZmqRows(t *testing.T) {
 	if b, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("bench peers: %v\n%s", err, b)
 	}
-	b, err := os.ReadFile(js)
-	if err != nil {
-		t.Fatal(err)
-	}
 	var res peers.Result
-	if err := json.Unmarshal(b, &res); err != nil {
-		t.Fatal(err)
-	}
+	testkit.ReadJSON(t, js, &res)
 	for _, name := range names {
 		var round, kill bool
 		for _, r := range res.Rows {
