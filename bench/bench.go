@@ -593,7 +593,7 @@ func (r *run) pipeline(ctx context.Context, rep *Report) error {
 	}
 	rss := &rssSampler{}
 	if len(r.procs) > 0 {
-		rss.procs = r.procsRSSMB
+		rss.procs = r.procsPSSMB
 	}
 	wait := func(phase string, d time.Duration, stop func() bool) error {
 		start := time.Now()

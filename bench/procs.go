@@ -161,19 +161,32 @@ func (r *run) childrenCPU() time.Duration {
 	return total
 }
 
-// procsRSSMB is the resident memory of the running operator processes,
-// summed.
-func (r *run) procsRSSMB() float64 {
+// procsPSSMB is the memory of the running operator processes, summed as
+// proportional set sizes (ProcPSSMB): the pages they share with each other
+// and with this process, the binary's among them, count once.
+func (r *run) procsPSSMB() float64 {
 	var mb float64
 	for _, p := range r.procs {
 		p.mu.Lock()
 		cmd := p.cmd
 		p.mu.Unlock()
 		if cmd != nil && cmd.Process != nil {
-			mb += statusMB(strconv.Itoa(cmd.Process.Pid), "VmRSS:")
+			mb += ProcPSSMB(cmd.Process.Pid)
 		}
 	}
 	return mb
+}
+
+// ProcPSSMB is a process's proportional set size in MB, Pss of
+// /proc/PID/smaps_rollup: its resident pages, each shared one divided by
+// the number of processes that map it, so that a sum over processes counts
+// every page once (0 when it cannot be read).
+func ProcPSSMB(pid int) float64 {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/smaps_rollup")
+	if err != nil {
+		return 0
+	}
+	return fieldMB(string(b), "Pss:")
 }
 
 // ProcCPU is a running process's user+system time from /proc/PID/stat

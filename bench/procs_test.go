@@ -1,6 +1,7 @@
 package bench
 
 import (
+	"os"
 	"strings"
 	"testing"
 
@@ -101,5 +102,37 @@ func TestStdoutWatchFindsHealthAddress(t *testing.T) {
 	w.Write([]byte(pipeline.HealthLine("pack", "pack-0", "127.0.0.1:1"))) // no newline yet
 	if p.health != "" {
 		t.Errorf("address %q taken from an unfinished line", p.health)
+	}
+}
+
+// TestFieldMB reads a kB field of /proc text as MB, by its exact prefix,
+// and 0 for a field that is not there.
+func TestFieldMB(t *testing.T) {
+	rollup := "55d0c0000000-7ffd4d9ff000 ---p 00000000 00:00 0 [rollup]\n" +
+		"Rss:              204800 kB\nPss:              153600 kB\nPss_Anon:         102400 kB\n"
+	for _, c := range []struct {
+		field string
+		want  float64
+	}{
+		{"Rss:", 200},
+		{"Pss:", 150},
+		{"Pss_Anon:", 100},
+		{"Swap:", 0},
+	} {
+		if got := fieldMB(rollup, c.field); got != c.want {
+			t.Errorf("fieldMB(%q) = %v, want %v", c.field, got, c.want)
+		}
+	}
+}
+
+// TestProcPSSMB: this process has a proportional set size, and no more
+// than its resident size; a process that does not exist has none.
+func TestProcPSSMB(t *testing.T) {
+	pss, rss := ProcPSSMB(os.Getpid()), statusMB("self", "VmRSS:")
+	if pss <= 0 || pss > 1.5*rss {
+		t.Fatalf("PSS %.1f MB, RSS %.1f MB", pss, rss)
+	}
+	if got := ProcPSSMB(1 << 30); got != 0 {
+		t.Fatalf("PSS of no process: %v", got)
 	}
 }

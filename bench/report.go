@@ -170,10 +170,13 @@ type RSSSample struct {
 	Phase string  `json:"phase"`
 	AtS   float64 `json:"at_s"`
 	MB    float64 `json:"mb"`
-	// OperatorsMB is the resident memory of the operator processes at the
-	// same moment, summed (Config.Processes; pages they share count once
-	// per process).
+	// OperatorsMB is the memory of the operator processes at the same
+	// moment (Config.Processes), and PSSMB this process's, both as
+	// proportional set sizes (ProcPSSMB): PSSMB + OperatorsMB counts every
+	// page of the process tree once, where adding up resident sizes would
+	// count the binary's pages once per process.
 	OperatorsMB float64 `json:"operators_mb,omitempty"`
+	PSSMB       float64 `json:"pss_mb,omitempty"`
 	// Go heap at the same moment (runtime/metrics): live objects, the
 	// collector's goal, and free heap not yet returned to the OS.
 	HeapObjectsMB float64 `json:"heap_objects_mb"`
@@ -466,7 +469,7 @@ func (rep *Report) WriteTable(w io.Writer) error {
 		p("  (CPU of each stage's processes over the window)\n")
 		p("                 operators ran as child processes: their rows and the pipeline's bytes come from each\n"+
 			"                 process's /metrics (value bytes, no rows or tokens, no hop latency); CPU adds theirs;\n"+
-			"                 their resident memory peaked at %.0f MB together (sampled once a second)\n", opsMB)
+			"                 their memory (proportional set sizes) peaked at %.0f MB together (sampled once a second)\n", opsMB)
 	}
 	c := rep.Accounting
 	verdict := "OK"
@@ -624,6 +627,7 @@ func (s *rssSampler) sample(phase string, tokensPerS float64) {
 		HeapObjectsMB: mb(0), HeapGoalMB: mb(1), HeapFreeMB: mb(2), TokensPerS: tokensPerS}
 	if s.procs != nil {
 		smp.OperatorsMB = s.procs()
+		smp.PSSMB = ProcPSSMB(os.Getpid())
 	}
 	s.samples = append(s.samples, smp)
 }
@@ -638,7 +642,13 @@ func statusMB(pid, field string) float64 {
 	if err != nil {
 		return 0
 	}
-	for _, line := range strings.Split(string(b), "\n") {
+	return fieldMB(string(b), field)
+}
+
+// fieldMB is the value in kB of the line of a /proc file that starts with
+// field, in MB (0 without one).
+func fieldMB(text, field string) float64 {
+	for _, line := range strings.Split(text, "\n") {
 		if strings.HasPrefix(line, field) {
 			f := strings.Fields(line[len(field):])
 			if len(f) > 0 {

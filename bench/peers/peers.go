@@ -367,14 +367,20 @@ func (r *Row) fillCPU() {
 	}
 }
 
-// peakInWindow is the largest RSS sample of the measurement window, the
-// operator processes' included (the process's VmHWM also covers the
-// baselines before it).
+// peakInWindow is the largest memory sample of the measurement window (the
+// process's VmHWM also covers the baselines before it): the process's RSS,
+// or with operator processes the proportional set sizes of all of them, as
+// the in-memory peers' trees are measured.
 func peakInWindow(rep *bench.Report) float64 {
 	peak := 0.0
 	for _, s := range rep.RSS {
-		if s.Phase == "measure" {
-			peak = max(peak, s.MB+s.OperatorsMB)
+		if s.Phase != "measure" {
+			continue
+		}
+		if s.PSSMB > 0 {
+			peak = max(peak, s.PSSMB+s.OperatorsMB)
+		} else {
+			peak = max(peak, s.MB)
 		}
 	}
 	if peak == 0 {

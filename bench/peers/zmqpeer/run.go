@@ -182,25 +182,9 @@ func (p *pipelineProcs) cpu() time.Duration {
 func (p *pipelineProcs) memoryMB() float64 {
 	mb := 0.0
 	for _, pid := range p.alive() {
-		mb += pssMB(pid)
+		mb += bench.ProcPSSMB(pid)
 	}
 	return mb
-}
-
-// pssMB reads a process's Pss from /proc/PID/smaps_rollup (0 when it
-// cannot): shared pages count once over the processes that map them.
-func pssMB(pid int) float64 {
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/smaps_rollup")
-	if err != nil {
-		return 0
-	}
-	for _, line := range strings.Split(string(b), "\n") {
-		if f := strings.Fields(line); len(f) >= 2 && f[0] == "Pss:" {
-			kb, _ := strconv.ParseFloat(f[1], 64)
-			return kb / 1024
-		}
-	}
-	return 0
 }
 
 // freeAddrs picks k free TCP ports on 127.0.0.1 as ZeroMQ endpoints
