@@ -9,6 +9,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/trajflow/trajflow/connectors/kafka"
+	"github.com/trajflow/trajflow/internal/testkit"
 )
 
 // The franz-go baseline writes uncompressed batches, as the operators'
@@ -17,17 +18,13 @@ import (
 func TestFranzBaselineProducesUncompressed(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	b, err := kafka.StartBroker(ctx, kafka.BrokerConfig{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer b.Close()
+	addr := testkit.StartBroker(t)
 	const topic = "franz-baseline"
-	if err := kafka.CreateTopics(ctx, kafka.ClientConfig{}, []string{b.Addr()},
+	if err := kafka.CreateTopics(ctx, kafka.ClientConfig{}, []string{addr},
 		[]kafka.TopicSpec{{Name: topic, Partitions: 1}}); err != nil {
 		t.Fatal(err)
 	}
-	prod, err := kgo.NewClient(franzProducerOpts([]string{b.Addr()}, topic, 1<<20)...)
+	prod, err := kgo.NewClient(franzProducerOpts([]string{addr}, topic, 1<<20)...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -36,7 +33,7 @@ func TestFranzBaselineProducesUncompressed(t *testing.T) {
 	if err := prod.ProduceSync(ctx, &kgo.Record{Key: []byte("k"), Value: value}).FirstErr(); err != nil {
 		t.Fatal(err)
 	}
-	cons, err := kgo.NewClient(kgo.SeedBrokers(b.Addr()), kgo.ConsumeTopics(topic),
+	cons, err := kgo.NewClient(kgo.SeedBrokers(addr), kgo.ConsumeTopics(topic),
 		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
 	if err != nil {
 		t.Fatal(err)

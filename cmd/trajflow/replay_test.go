@@ -13,7 +13,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/trajflow/trajflow/connectors/kafka"
 	"github.com/trajflow/trajflow/connectors/parquet"
 	"github.com/trajflow/trajflow/internal/testkit"
 	"github.com/trajflow/trajflow/pipeline"
@@ -56,20 +55,16 @@ func TestReplaySyntheticRun(t *testing.T) {
 	t.Run("to-brokers", func(t *testing.T) {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
-		b, err := kafka.StartBroker(ctx, kafka.BrokerConfig{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer b.Close()
+		addr := testkit.StartBroker(t)
 		var out, errb bytes.Buffer
-		if code := run(ctx, []string{"replay", dir, "--to-brokers", b.Addr()}, &out, &errb); code != 0 {
+		if code := run(ctx, []string{"replay", dir, "--to-brokers", addr}, &out, &errb); code != 0 {
 			t.Fatalf("replay --to-brokers: exit %d: %s", code, errb.String())
 		}
 		snap, err := parquet.ReadRun(mustRunDir(t, dir), []string{"batches"}, parquet.ReadOptions{})
 		if err != nil {
 			t.Fatal(err)
 		}
-		cfg := pipeline.Config{Brokers: []string{b.Addr()}}
+		cfg := pipeline.Config{Brokers: []string{addr}}
 		var got []pipeline.Message
 		err = pipeline.ScanTail(ctx, &cfg, snap.FullTopics["batches"], 1<<20, func(m pipeline.Message) error {
 			got = append(got, m)

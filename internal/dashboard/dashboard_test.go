@@ -15,7 +15,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/trajflow/trajflow/connectors/kafka"
 	"github.com/trajflow/trajflow/connectors/parquet"
 	"github.com/trajflow/trajflow/gpu"
 	"github.com/trajflow/trajflow/internal/loop"
@@ -421,12 +420,7 @@ func TestIntegrityRecords(t *testing.T) {
 func TestLiveWaitsForTopics(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	br, err := kafka.StartBroker(ctx, kafka.BrokerConfig{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer br.Close()
-	d, err := New(ctx, Config{Brokers: []string{br.Addr()}, Run: "not-yet", EvalSamples: 0})
+	d, err := New(ctx, Config{Brokers: []string{testkit.StartBroker(t)}, Run: "not-yet", EvalSamples: 0})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -47,6 +47,20 @@ func LoadContract(t testing.TB, path string) *contract.Contract {
 	return c
 }
 
+// StartBroker starts an in-memory embedded broker on 127.0.0.1, closed
+// when the test ends, and returns its address.
+func StartBroker(t testing.TB) string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	b, err := kafka.StartBroker(ctx, kafka.BrokerConfig{})
+	if err != nil {
+		t.Fatalf("start broker: %v", err)
+	}
+	t.Cleanup(func() { b.Close() })
+	return b.Addr()
+}
+
 // StartRun starts an in-memory embedded broker (unless addr is given) and
 // creates the run's topics.
 func StartRun(t testing.TB, c *contract.Contract, addr string) *Run {
@@ -54,12 +68,7 @@ func StartRun(t testing.TB, c *contract.Contract, addr string) *Run {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	if addr == "" {
-		b, err := kafka.StartBroker(ctx, kafka.BrokerConfig{})
-		if err != nil {
-			t.Fatalf("start broker: %v", err)
-		}
-		t.Cleanup(func() { b.Close() })
-		addr = b.Addr()
+		addr = StartBroker(t)
 	}
 	topics, err := pipeline.TopicsFor(c.RunID)
 	if err != nil {
