@@ -34,6 +34,16 @@ const (
 // AllSystems is every system, in the order a round runs them.
 var AllSystems = []string{SysTrajflow, SysTrajflowKafka, SysRay, SysZeroMQ, SysZeroMQGo, SysZeroMQLibzmq}
 
+// ErrConfig marks a Config that Run refuses before it runs anything: an
+// unknown system or stage, or a system that this binary or configuration
+// cannot run.
+var ErrConfig = errors.New("peers: configuration refused")
+
+// configError is an error of ErrConfig with its own message.
+type configError struct{ error }
+
+func (configError) Is(target error) bool { return target == ErrConfig }
+
 // NeedsPython reports whether any of systems runs in the Python peers'
 // virtual environment.
 func NeedsPython(systems []string) bool {
@@ -121,21 +131,21 @@ func (c *Config) defaults() error {
 		case SysTrajflow, SysRay, SysZeroMQ, SysZeroMQGo:
 		case SysZeroMQLibzmq:
 			if !c.Libzmq {
-				return errors.New("peers: zeromq-libzmq needs a trajflow built with libzmq: go build -tags libzmq -o bin/trajflow ./cmd/trajflow (cgo and libzmq's headers, Debian's libzmq3-dev)")
+				return configError{errors.New("peers: zeromq-libzmq needs a trajflow built with libzmq: go build -tags libzmq -o bin/trajflow ./cmd/trajflow (cgo and libzmq's headers, Debian's libzmq3-dev)")}
 			}
 		case SysTrajflowKafka:
 			if c.Kafka == "" {
-				return errors.New("peers: trajflow-kafka needs --kafka (bootstrap address of an Apache Kafka, e.g. deploy/local/kafka.sh up)")
+				return configError{errors.New("peers: trajflow-kafka needs --kafka (bootstrap address of an Apache Kafka, e.g. deploy/local/kafka.sh up)")}
 			}
 			if c.Kafka == KafkaAuto && (c.KafkaScript == "" || c.KafkaHome == "") {
-				return errors.New("peers: --kafka auto needs the script that starts Apache Kafka and the broker's home (--kafka-script, --kafka-home)")
+				return configError{errors.New("peers: --kafka auto needs the script that starts Apache Kafka and the broker's home (--kafka-script, --kafka-home)")}
 			}
 		default:
-			return fmt.Errorf("peers: --systems: no system %q (have %s)", s, strings.Join(AllSystems, ", "))
+			return configError{fmt.Errorf("peers: --systems: no system %q (have %s)", s, strings.Join(AllSystems, ", "))}
 		}
 	}
 	if c.Kill != "" && !slices.Contains(bench.Stages, c.Kill) {
-		return fmt.Errorf("peers: --kill: no stage %q (have %s)", c.Kill, strings.Join(bench.Stages, ", "))
+		return configError{fmt.Errorf("peers: --kill: no stage %q (have %s)", c.Kill, strings.Join(bench.Stages, ", "))}
 	}
 	if c.Binary == "" || c.ContractPath == "" || c.Contract == nil || c.OutDir == "" {
 		return errors.New("peers: Binary, ContractPath, Contract and OutDir are required")

@@ -1,6 +1,7 @@
 package peers
 
 import (
+	"errors"
 	"os"
 	"path/filepath"
 	"slices"
@@ -75,8 +76,8 @@ func TestConfigRefuses(t *testing.T) {
 		{Config{Systems: []string{SysRay}, Kill: "dispatch"}, `--kill: no stage "dispatch"`},
 	} {
 		err := c.cfg.defaults()
-		if err == nil || !strings.Contains(err.Error(), c.want) {
-			t.Errorf("%+v: err %v, want %q", c.cfg.Systems, err, c.want)
+		if err == nil || !strings.Contains(err.Error(), c.want) || !errors.Is(err, ErrConfig) {
+			t.Errorf("%+v: err %v, want %q (ErrConfig)", c.cfg.Systems, err, c.want)
 		}
 	}
 }

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -118,6 +119,9 @@ func cmdBenchPeers(ctx context.Context, args []string, stdout, stderr io.Writer)
 		cfg.Python = lines[len(lines)-1]
 	}
 	res, err := peers.Run(ctx, cfg)
+	if errors.Is(err, peers.ErrConfig) {
+		return fmt.Errorf("%w: %w", errUsage, err)
+	}
 	if err != nil {
 		return err
 	}

@@ -40,6 +40,9 @@ func cmdBenchPeersZmq(ctx context.Context, args []string, stdout, stderr io.Writ
 	if *impl != zmqpeer.ImplPure && *impl != zmqpeer.ImplLibzmq {
 		return fmt.Errorf("%w: bench peers-zmq: --impl %q: want %s or %s", errUsage, *impl, zmqpeer.ImplPure, zmqpeer.ImplLibzmq)
 	}
+	if err := zmqpeer.Available(*impl); err != nil {
+		return fmt.Errorf("%w: bench peers-zmq: --impl %s: %v", errUsage, *impl, err)
+	}
 	if *stage != "" {
 		if *pull == "" || *push == "" {
 			return fmt.Errorf("%w: bench peers-zmq: --stage needs --pull and --push", errUsage)

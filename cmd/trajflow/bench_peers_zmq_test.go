@@ -123,7 +123,7 @@ func TestBenchPeersZmqImpl(t *testing.T) {
 	}
 	stderr.Reset()
 	code = run(context.Background(), []string{"bench", "peers-zmq", "--impl", "libzmq", "--corpus", "x"}, &stdout, &stderr)
-	if code == 0 || !strings.Contains(stderr.String(), "go build -tags libzmq") {
+	if code != 2 || !strings.Contains(stderr.String(), "go build -tags libzmq") {
 		t.Fatalf("libzmq without it: exit %d, stderr %q", code, stderr.String())
 	}
 }
@@ -138,6 +138,28 @@ func TestBenchPeersKafkaAutoRefusesPid(t *testing.T) {
 		"--out", t.TempDir()}, &stdout, &stderr)
 	if code != 2 || !strings.Contains(stderr.String(), "--kafka-pid") || !strings.Contains(stderr.String(), "--kafka auto") {
 		t.Fatalf("exit %d, stderr %q", code, stderr.String())
+	}
+}
+
+// TestBenchPeersRefusesSystems: an unknown system, and zeromq-libzmq in a
+// trajflow built without libzmq, are configuration errors (exit 2) that
+// name the system, refused before a corpus is exported.
+func TestBenchPeersRefusesSystems(t *testing.T) {
+	cases := []struct{ systems, want string }{{"flink", `no system "flink"`}}
+	if !zmqpeer.LibzmqBuilt {
+		cases = append(cases, struct{ systems, want string }{"zeromq-libzmq", "zeromq-libzmq needs a trajflow built with libzmq"})
+	}
+	for _, c := range cases {
+		var stdout, stderr bytes.Buffer
+		out := t.TempDir()
+		code := run(context.Background(), []string{"bench", "peers", "--contract", "../../testdata/contracts/bench.yaml",
+			"--systems", c.systems, "--out", out}, &stdout, &stderr)
+		if code != 2 || !strings.Contains(stderr.String(), c.want) {
+			t.Errorf("--systems %s: exit %d, stderr %q", c.systems, code, stderr.String())
+		}
+		if _, err := os.Stat(filepath.Join(out, "corpus.bin")); !os.IsNotExist(err) {
+			t.Errorf("--systems %s: a corpus was exported before the refusal (stat: %v)", c.systems, err)
+		}
 	}
 }
 

@@ -67,6 +67,13 @@ func SystemName(name string) string {
 	return peers.SysZeroMQGo
 }
 
+// Available says whether the implementation named is compiled into this
+// binary, and if not why (how to build it in, or which there are).
+func Available(name string) error {
+	_, err := implOf(name)
+	return err
+}
+
 func implOf(name string) (impl, error) {
 	if name == "" {
 		name = ImplPure
