@@ -34,6 +34,19 @@ const (
 // AllSystems is every system, in the order a round runs them.
 var AllSystems = []string{SysTrajflow, SysTrajflowKafka, SysRay, SysZeroMQ, SysZeroMQGo, SysZeroMQLibzmq}
 
+// DefaultSystems is every system a run can measure with the Apache Kafka
+// at kafka ("" for none) and with libzmq compiled in or not: trajflow-kafka
+// needs the one, zeromq-libzmq the other.
+func DefaultSystems(kafka string, libzmq bool) []string {
+	var out []string
+	for _, s := range AllSystems {
+		if (s != SysTrajflowKafka || kafka != "") && (s != SysZeroMQLibzmq || libzmq) {
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
 // ErrConfig marks a Config that Run refuses before it runs anything: an
 // unknown system or stage, or a system that this binary or configuration
 // cannot run.
@@ -116,12 +129,7 @@ func (c *Config) defaults() error {
 		c.RayGroupsPerCall = 8
 	}
 	if len(c.Systems) == 0 {
-		// Every system this binary and configuration can run.
-		for _, s := range AllSystems {
-			if (s != SysTrajflowKafka || c.Kafka != "") && (s != SysZeroMQLibzmq || c.Libzmq) {
-				c.Systems = append(c.Systems, s)
-			}
-		}
+		c.Systems = DefaultSystems(c.Kafka, c.Libzmq)
 	}
 	if c.Log == nil {
 		c.Log = io.Discard

@@ -100,12 +100,9 @@ func cmdBenchPeers(ctx context.Context, args []string, stdout, stderr io.Writer)
 		Kafka: *f.kafka, KafkaPid: *f.kafkaPid, KafkaWarmup: *f.kafkaWarmup, KafkaScript: *f.kafkaScript, KafkaHome: *f.kafkaHome, Rounds: *f.rounds, Duration: *f.duration, Warmup: *f.warmup, Baseline: *f.baseline,
 		Kill: *f.kill, CorpusGroups: *f.groups, InFlight: *f.inflight, RayGroupsPerCall: *f.perCall, OutDir: *f.out, Log: stderr}
 	cfg.Libzmq = zmqpeer.LibzmqBuilt
-	for _, s := range strings.Split(*f.systems, ",") {
-		s = strings.TrimSpace(s)
-		if s == "" || !named && (s == peers.SysTrajflowKafka && cfg.Kafka == "" || s == peers.SysZeroMQLibzmq && !cfg.Libzmq) {
-			continue
-		}
-		cfg.Systems = append(cfg.Systems, s)
+	cfg.Systems = peers.DefaultSystems(cfg.Kafka, cfg.Libzmq)
+	if named {
+		cfg.Systems = splitList(*f.systems)
 	}
 	if cfg.PythonPath, err = filepath.Abs(cfg.PythonPath); err != nil {
 		return err
