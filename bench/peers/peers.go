@@ -31,6 +31,14 @@ const (
 	SysZeroMQLibzmq  = "zeromq-libzmq" // the same peer on libzmq (a trajflow built with -tags libzmq)
 )
 
+// The ZeroMQ implementations the Go ZeroMQ peer runs on (bench peers-zmq
+// --impl; package zmqpeer): SysZeroMQGo on ZmqImplPure, SysZeroMQLibzmq on
+// ZmqImplLibzmq.
+const (
+	ZmqImplPure   = "zmq4"
+	ZmqImplLibzmq = "libzmq"
+)
+
 // AllSystems is every system, in the order a round runs them.
 var AllSystems = []string{SysTrajflow, SysTrajflowKafka, SysRay, SysZeroMQ, SysZeroMQGo, SysZeroMQLibzmq}
 
@@ -488,9 +496,9 @@ const (
 // runZmqGo runs the Go ZeroMQ peer (trajflow bench peers-zmq) of sys on
 // its ZeroMQ implementation.
 func runZmqGo(ctx context.Context, cfg *Config, sys string, kill bool, corpusPath, out string) ([]Row, error) {
-	impl, name := "zmq4", ZeroMQGoName
+	impl, name := ZmqImplPure, ZeroMQGoName
 	if sys == SysZeroMQLibzmq {
-		impl, name = "libzmq", ZeroMQLibzmqName
+		impl, name = ZmqImplLibzmq, ZeroMQLibzmqName
 	}
 	args := []string{"bench", "peers-zmq", "--impl", impl, "--corpus", corpusPath, "--duration", cfg.Duration.String(),
 		"--warmup", cfg.Warmup.String(), "--inflight-groups", strconv.Itoa(cfg.InFlight)}

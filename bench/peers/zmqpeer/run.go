@@ -66,9 +66,6 @@ func (c *Config) defaults() error {
 	if c.Impl == "" {
 		c.Impl = ImplPure
 	}
-	if _, err := implOf(c.Impl); err != nil {
-		return err
-	}
 	if c.Binary == "" || c.Corpus == "" {
 		return errors.New("zmqpeer: Binary and Corpus are required")
 	}
@@ -209,7 +206,10 @@ func Run(ctx context.Context, cfg Config) (*peers.PeerReport, error) {
 	if err := cfg.defaults(); err != nil {
 		return nil, err
 	}
-	im, _ := implOf(cfg.Impl) // defaults checked it
+	im, err := implOf(cfg.Impl)
+	if err != nil {
+		return nil, err
+	}
 	begin := time.Now()
 	cp, err := peers.ReadCorpusHops(cfg.Corpus, []int{0}, false)
 	if err != nil {

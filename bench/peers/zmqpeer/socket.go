@@ -14,13 +14,13 @@ const (
 	// ImplPure is github.com/go-zeromq/zmq4, ZeroMQ written in Go: it
 	// builds from the module proxy alone, and its PUSH socket drops a
 	// message it has no connected peer for.
-	ImplPure = "zmq4"
+	ImplPure = peers.ZmqImplPure
 	// ImplLibzmq is libzmq, the C library every other ZeroMQ binding
 	// wraps, through github.com/pebbe/zmq4 (cgo). It is compiled in only
 	// with the build tag libzmq and libzmq's headers (Debian:
 	// libzmq3-dev); its PUSH socket queues up to the high-water mark while
 	// its peer is away.
-	ImplLibzmq = "libzmq"
+	ImplLibzmq = peers.ZmqImplLibzmq
 )
 
 // pusher sends multipart messages to the one PULL socket it connects to,
