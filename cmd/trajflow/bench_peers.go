@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -35,7 +34,8 @@ func addPeersFlags(fs interface {
 }) peersFlags {
 	return peersFlags{
 		contract: fs.String("contract", "testdata/contracts/bench.yaml", "learning contract (sized for throughput)"),
-		systems:  fs.String("systems", strings.Join(peers.AllSystems, ","), "systems to run in each round, in order: "+strings.Join(peers.AllSystems, ", ")),
+		systems: fs.String("systems", "", "systems to run in each round, in order, of "+strings.Join(peers.AllSystems, ", ")+
+			" (default: every one this binary and --kafka can run: trajflow-kafka needs --kafka, zeromq-libzmq a trajflow built with -tags libzmq)"),
 		kafka: fs.String("kafka", "", "bootstrap address of an Apache Kafka for trajflow-kafka (deploy/local/kafka.sh up), or "+peers.KafkaAuto+
 			": start one with --kafka-script for this command and stop it at the end (java 17+ and mvn); empty: the default systems leave trajflow-kafka out"),
 		kafkaPid:    fs.Int("kafka-pid", 0, "process id of that broker when it runs on this machine (its CPU is counted; --kafka "+peers.KafkaAuto+" knows its own)"),
@@ -73,11 +73,6 @@ func cmdBenchPeers(ctx context.Context, args []string, stdout, stderr io.Writer)
 	if *f.kafka == peers.KafkaAuto && *f.kafkaPid != 0 {
 		return fmt.Errorf("%w: bench peers: --kafka-pid: --kafka %s counts the CPU of the broker it starts; give an address with --kafka-pid", errUsage, peers.KafkaAuto)
 	}
-	// The default systems leave trajflow-kafka out without --kafka, and
-	// zeromq-libzmq out of a trajflow built without libzmq; named in
-	// --systems, they need them (peers.Run says so).
-	named := false
-	fs.Visit(func(fl *flag.Flag) { named = named || fl.Name == "systems" })
 	c, err := contract.Load(*f.contract)
 	if err != nil {
 		return err
@@ -100,8 +95,11 @@ func cmdBenchPeers(ctx context.Context, args []string, stdout, stderr io.Writer)
 		Kafka: *f.kafka, KafkaPid: *f.kafkaPid, KafkaWarmup: *f.kafkaWarmup, KafkaScript: *f.kafkaScript, KafkaHome: *f.kafkaHome, Rounds: *f.rounds, Duration: *f.duration, Warmup: *f.warmup, Baseline: *f.baseline,
 		Kill: *f.kill, CorpusGroups: *f.groups, InFlight: *f.inflight, RayGroupsPerCall: *f.perCall, OutDir: *f.out, Log: stderr}
 	cfg.Libzmq = zmqpeer.LibzmqBuilt
+	// The default systems leave trajflow-kafka out without --kafka, and
+	// zeromq-libzmq out of a trajflow built without libzmq; named in
+	// --systems, they need them (peers.Run says so).
 	cfg.Systems = peers.DefaultSystems(cfg.Kafka, cfg.Libzmq)
-	if named {
+	if *f.systems != "" {
 		cfg.Systems = splitList(*f.systems)
 	}
 	if cfg.PythonPath, err = filepath.Abs(cfg.PythonPath); err != nil {
