@@ -98,9 +98,8 @@ func cmdBenchPeers(ctx context.Context, args []string, stdout, stderr io.Writer)
 	// The default systems leave trajflow-kafka out without --kafka, and
 	// zeromq-libzmq out of a trajflow built without libzmq; named in
 	// --systems, they need them (peers.Run says so).
-	cfg.Systems = peers.DefaultSystems(cfg.Kafka, cfg.Libzmq)
-	if *f.systems != "" {
-		cfg.Systems = splitList(*f.systems)
+	if cfg.Systems = splitList(*f.systems); len(cfg.Systems) == 0 {
+		cfg.Systems = peers.DefaultSystems(cfg.Kafka, cfg.Libzmq)
 	}
 	if cfg.PythonPath, err = filepath.Abs(cfg.PythonPath); err != nil {
 		return err
