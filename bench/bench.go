@@ -92,6 +92,10 @@ type Config struct {
 	// leaves them out. It must not hold a log already (a fresh run).
 	// Empty: the broker keeps its log in memory.
 	DataDir string
+	// TCPOnly starts the embedded broker without its local socket
+	// (kafka.BrokerConfig.TCPOnly): the clients reach it over loopback
+	// TCP, as they reach a broker of another host.
+	TCPOnly bool
 	// InFlightGroups bounds the groups produced but not yet decided
 	// (the source waits): a closed loop, so the broker's backlog and the
 	// process's memory stay bounded however long the run.
@@ -360,7 +364,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		var err error
 		pprof.Do(ctx, pprof.Labels("role", "broker"), func(ctx context.Context) {
 			b, err = kafka.StartBroker(ctx, kafka.BrokerConfig{
-				MaxMessageBytes: c.Topics.MaxMessageBytes, DataDir: cfg.DataDir,
+				MaxMessageBytes: c.Topics.MaxMessageBytes, DataDir: cfg.DataDir, TCPOnly: cfg.TCPOnly,
 				Retention: kafka.RetentionPolicy{Bytes: retention, CheckInterval: 250 * time.Millisecond, SegmentBytes: segmentBytes},
 			})
 		})

@@ -24,7 +24,7 @@ const (
 // (franz-go compresses with snappy unless told otherwise, which made its
 // row measure snappy's CPU beside the clients' and the broker's).
 func franzProducerOpts(addr []string, topic string, maxBytes int32) []kgo.Opt {
-	return []kgo.Opt{kgo.SeedBrokers(addr...), kgo.DefaultProduceTopic(topic),
+	return []kgo.Opt{kgo.SeedBrokers(addr...), kgo.Dialer(kafka.Dial), kgo.DefaultProduceTopic(topic),
 		kgo.RequiredAcks(kgo.AllISRAcks()), kgo.ProducerLinger(2 * time.Millisecond), kgo.ProducerBatchMaxBytes(maxBytes),
 		kgo.BrokerMaxWriteBytes(2 * maxBytes), kgo.ProducerBatchCompression(kgo.NoCompression())}
 }
@@ -49,7 +49,7 @@ func (r *run) baselineFranz(ctx context.Context, topic string, d time.Duration) 
 		return nil, fmt.Errorf("bench: franz-go producer: %w", err)
 	}
 	defer prod.Close()
-	cons, err := kgo.NewClient(kgo.SeedBrokers(r.addr...), kgo.ConsumerGroup(topic+".franz"), kgo.ConsumeTopics(topic),
+	cons, err := kgo.NewClient(kgo.SeedBrokers(r.addr...), kgo.Dialer(kafka.Dial), kgo.ConsumerGroup(topic+".franz"), kgo.ConsumeTopics(topic),
 		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchMaxWait(kafka.FetchMaxWait),
 		kgo.FetchMaxBytes(fetchBytes), kgo.FetchMaxPartitionBytes(fetchBytes), kgo.BrokerMaxReadBytes(2*fetchBytes),
 		kgo.AutoCommitInterval(200*time.Millisecond))

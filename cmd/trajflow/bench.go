@@ -31,6 +31,7 @@ type benchFlags struct {
 	baselineRate, meanTokens                   *float64
 	instances, jsonOut, plot, cpuProf, memProf *string
 	dataDir                                    *string
+	tcpOnly                                    *bool
 	inflight, maxTokens                        *int
 	asJSON, processes                          *bool
 	cpuPids                                    *string
@@ -65,6 +66,7 @@ func addBenchFlags(fs *flag.FlagSet) benchFlags {
 		kill:         fs.String("kill", "", "with --processes: SIGKILL this stage's process once in the window and restart it (the accounting shows what it cost)"),
 		killAt:       fs.Duration("kill-at", 0, "when --kill strikes, into the window (0: half of --duration)"),
 		dataDir:      fs.String("data-dir", "", "persist the embedded broker's log to this empty directory (as trajflow broker --data): its segments live in files, not in the bench process's heap"),
+		tcpOnly:      fs.Bool("tcp-only", false, "start the embedded broker without its local socket: clients reach it over loopback TCP (as trajflow broker --tcp-only)"),
 		cpuPids:      fs.String("cpu-pids", "", "comma-separated pids of other local processes whose CPU time the CPU figures add (a broker's JVM)"),
 	}
 }
@@ -91,7 +93,7 @@ func (f benchFlags) config(stderr io.Writer) (bench.Config, error) {
 	}
 	cfg := bench.Config{
 		Contract: c, Warmup: *f.warmup, Duration: *f.duration, Tokens: *f.tokens, Baseline: *f.baseline, BaselineRate: *f.baselineRate,
-		Instances: inst, InFlightGroups: *f.inflight, MemoryLimit: limit, DataDir: *f.dataDir, Logger: newLogger(stderr, *f.logLevel), BatchTimeout: *f.linger,
+		Instances: inst, InFlightGroups: *f.inflight, MemoryLimit: limit, DataDir: *f.dataDir, TCPOnly: *f.tcpOnly, Logger: newLogger(stderr, *f.logLevel), BatchTimeout: *f.linger,
 	}
 	for _, b := range strings.Split(*f.baselines, ",") {
 		if b = strings.TrimSpace(b); b != "" {

@@ -36,18 +36,22 @@ func cmdBroker(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	retAge := fs.Duration("retention", 7*24*time.Hour, "retention age")
 	maxMsg := fs.Int("max-message-bytes", kafka.DefaultMaxMessageBytes, "largest record batch accepted")
 	level := fs.String("log-level", "info", "log level")
+	tcpOnly := fs.Bool("tcp-only", false, "listen on TCP alone: no local socket beside a loopback address (trajflow's clients of this host then use TCP too)")
 	if _, err := parseFlags(fs, args); err != nil {
 		return err
 	}
 	log := newLogger(stderr, *level)
 	b, err := kafka.StartBroker(ctx, kafka.BrokerConfig{
 		Addr: fmt.Sprintf("%s:%d", *host, *port), DataDir: *data, MaxMessageBytes: *maxMsg,
-		Retention: kafka.RetentionPolicy{Bytes: *retBytes, Age: *retAge}, Logger: log,
+		Retention: kafka.RetentionPolicy{Bytes: *retBytes, Age: *retAge}, Logger: log, TCPOnly: *tcpOnly,
 	})
 	if err != nil {
 		return err
 	}
 	fmt.Fprintf(stdout, "broker listening on %s\n", b.Addr())
+	if s := b.LocalSocket(); s != "" {
+		fmt.Fprintf(stdout, "local socket %s (trajflow's clients of this host connect there)\n", s)
+	}
 	<-ctx.Done()
 	return b.Close()
 }

@@ -137,8 +137,12 @@ type BrokerConfig struct {
 	// record batch a produce may carry for topics without their own
 	// max.message.bytes. 0 means DefaultMaxMessageBytes.
 	MaxMessageBytes int
-	// TLS, when set, makes the listener TLS-only.
+	// TLS, when set, makes the listener TLS-only (and TCP only).
 	TLS *tls.Config
+	// TCPOnly listens on TCP alone. By default a broker on a loopback
+	// address also listens on its local socket (LocalSocketName), where
+	// Dial and ProbingDial connect the clients of this host.
+	TCPOnly bool
 	// Users, when non-empty, enables SASL: every connection must
 	// authenticate as one of them (all are superusers).
 	Users []BrokerUser
@@ -149,13 +153,16 @@ type BrokerConfig struct {
 
 // Broker is an in-process single-node Kafka-protocol broker
 // (github.com/twmb/franz-go/pkg/kfake) that kafka-go, franz-go and
-// librdkafka clients talk to over TCP. Topics are not auto-created. A
+// librdkafka clients talk to over TCP, and this module's clients on the
+// same host over its local socket (see TCPOnly). Topics are not
+// auto-created. A
 // consumer-group member that sends nothing for its session timeout is
 // removed from its group, as Kafka does, also when it died in the middle
 // of a rebalance (see groupliveness.go).
 type Broker struct {
 	cluster   *kfake.Cluster
 	addr      string
+	tcpOnly   bool
 	retention RetentionPolicy
 	log       *slog.Logger
 	unlock    func()
@@ -224,15 +231,19 @@ func StartBroker(ctx context.Context, cfg BrokerConfig) (*Broker, error) {
 			"default.replication.factor": "1",
 		}),
 	}
-	if host != "127.0.0.1" {
-		opts = append(opts, kfake.ListenFn(func(network, a string) (net.Listener, error) {
-			_, p, err := net.SplitHostPort(a)
-			if err != nil {
-				return nil, err
-			}
-			return net.Listen(network, net.JoinHostPort(host, p))
-		}))
+	listen := listenLocal
+	if cfg.TCPOnly || cfg.TLS != nil {
+		// A TLS client dials TCP (ConnectDial): TLS is for traffic that
+		// leaves the host.
+		listen = net.Listen
 	}
+	opts = append(opts, kfake.ListenFn(func(network, a string) (net.Listener, error) {
+		_, p, err := net.SplitHostPort(a)
+		if err != nil {
+			return nil, err
+		}
+		return listen(network, net.JoinHostPort(host, p))
+	}))
 	if cfg.DataDir != "" {
 		opts = append(opts, kfake.DataDir(cfg.DataDir))
 		if cfg.SyncWrites {
@@ -273,6 +284,7 @@ func StartBroker(ctx context.Context, cfg BrokerConfig) (*Broker, error) {
 	b := &Broker{
 		cluster:   c,
 		addr:      addrs[0],
+		tcpOnly:   cfg.TCPOnly || cfg.TLS != nil,
 		retention: ret,
 		log:       log,
 		unlock:    unlock,
@@ -285,7 +297,7 @@ func StartBroker(ctx context.Context, cfg BrokerConfig) (*Broker, error) {
 		defer b.wg.Done()
 		watch.run(b.stop)
 	}()
-	log.Info("embedded kafka broker started", "addr", b.addr, "data_dir", cfg.DataDir,
+	log.Info("embedded kafka broker started", "addr", b.addr, "local_socket", b.LocalSocket(), "data_dir", cfg.DataDir,
 		"max_message_bytes", maxMsg, "retention_bytes", ret.retentionBytes(),
 		"retention_ms", ret.retentionMs(), "segment_bytes", ret.segmentBytes())
 	return b, nil
@@ -293,6 +305,17 @@ func StartBroker(ctx context.Context, cfg BrokerConfig) (*Broker, error) {
 
 // Addr is the broker's host:port, for ClientConfig.Brokers.
 func (b *Broker) Addr() string { return b.addr }
+
+// LocalSocket is the name of the local socket the broker listens on
+// beside Addr, or "" when it listens on TCP alone (TCPOnly, TLS, not a
+// loopback address, not Linux).
+func (b *Broker) LocalSocket() string {
+	if b.tcpOnly {
+		return ""
+	}
+	name, _ := LocalSocketName(b.addr)
+	return name
+}
 
 // ApplyRetention runs one retention pass over every partition now (the
 // background pass runs every RetentionPolicy.CheckInterval). It returns

@@ -90,7 +90,8 @@ func dialOne(ctx context.Context, d *kafkago.Dialer, addr string, per time.Durat
 const ProbeTimeout = 2 * time.Second
 
 // ProbingDial is a kafka-go Dialer.DialFunc and Transport.Dial for
-// plaintext listeners (SASL included): it connects and completes one
+// plaintext listeners (SASL included): it connects (as Dial does: to an
+// embedded broker of this host through its local socket) and completes one
 // ApiVersions round trip before it hands the connection over, all within
 // ProbeTimeout and ctx (the Dialer's Timeout).
 //
@@ -124,7 +125,7 @@ func ProbingDial(ctx context.Context, network, address string) (net.Conn, error)
 		return nil, fmt.Errorf("%s: %w (not probed again before %s)", address, ErrUnresponsive, until.Format("15:04:05.000"))
 	}
 	deadline, own := dialDeadline(ctx)
-	conn, err := (&net.Dialer{Deadline: deadline}).DialContext(ctx, network, address)
+	conn, err := dialDeadlined(ctx, network, address, deadline)
 	if err == nil {
 		if err = probe(ctx, conn, deadline); err != nil {
 			conn.Close()

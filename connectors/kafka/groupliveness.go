@@ -320,6 +320,8 @@ func (w *groupWatch) clientOnce() (*kgo.Client, error) {
 		// The broker's own listener, from its own process: the
 		// certificate is the one it serves.
 		opts = append(opts, kgo.DialTLSConfig(&tls.Config{InsecureSkipVerify: true}))
+	} else {
+		opts = append(opts, kgo.Dialer(Dial))
 	}
 	if u := w.user; u != nil {
 		switch u.Mechanism {
