@@ -39,6 +39,14 @@ const (
 	ZmqImplLibzmq = "libzmq"
 )
 
+// The ZeroMQ transports of the ZeroMQ peers (bench peers --zmq-transport):
+// TCP on 127.0.0.1, or Unix sockets (ipc://, in Linux's abstract
+// namespace), the counterpart of the embedded broker's local socket.
+const (
+	ZmqTCP = "tcp"
+	ZmqIPC = "ipc"
+)
+
 // AllSystems is every system, in the order a round runs them.
 var AllSystems = []string{SysTrajflow, SysTrajflowKafka, SysRay, SysZeroMQ, SysZeroMQGo, SysZeroMQLibzmq}
 
@@ -91,6 +99,9 @@ type Config struct {
 	// Libzmq says whether Binary has libzmq compiled in (build tag libzmq,
 	// zmqpeer.LibzmqBuilt), which zeromq-libzmq needs.
 	Libzmq bool
+	// ZmqTransport is the ZeroMQ peers' transport, ZmqTCP (the default)
+	// or ZmqIPC; their rows name it when it is ZmqIPC.
+	ZmqTransport string
 	// KafkaScript and KafkaHome start the broker when Kafka is KafkaAuto
 	// (StartLocalKafka); Run stops it before it returns.
 	KafkaScript, KafkaHome string
@@ -141,6 +152,12 @@ func (c *Config) defaults() error {
 	}
 	if c.Log == nil {
 		c.Log = io.Discard
+	}
+	if c.ZmqTransport == "" {
+		c.ZmqTransport = ZmqTCP
+	}
+	if c.ZmqTransport != ZmqTCP && c.ZmqTransport != ZmqIPC {
+		return configError{fmt.Errorf("peers: --zmq-transport %q: want %s or %s", c.ZmqTransport, ZmqTCP, ZmqIPC)}
 	}
 	for _, s := range c.Systems {
 		switch s {
@@ -474,13 +491,16 @@ func runPython(ctx context.Context, cfg *Config, sys string, kill bool, corpusPa
 	if kill {
 		args = append(args, "--kill", cfg.Kill)
 	}
+	if sys == SysZeroMQ {
+		args = append(args, "--zmq-transport", cfg.ZmqTransport)
+	}
 	cmd := exec.CommandContext(ctx, cfg.Python, args...)
 	cmd.Env = append(os.Environ(), "PYTHONPATH="+cfg.PythonPath)
 	p, err := runPeer(cmd, sys, out)
 	if err != nil {
 		return nil, err
 	}
-	name := "ZeroMQ + msgpack (processes)"
+	name := "ZeroMQ + msgpack (processes)" + cfg.zmqSuffix()
 	if sys == SysRay {
 		name = fmt.Sprintf("Ray (actors, object store, %d groups/call)", p.GroupsPerCall)
 	}
@@ -500,8 +520,8 @@ func runZmqGo(ctx context.Context, cfg *Config, sys string, kill bool, corpusPat
 	if sys == SysZeroMQLibzmq {
 		impl, name = ZmqImplLibzmq, ZeroMQLibzmqName
 	}
-	args := []string{"bench", "peers-zmq", "--impl", impl, "--corpus", corpusPath, "--duration", cfg.Duration.String(),
-		"--warmup", cfg.Warmup.String(), "--inflight-groups", strconv.Itoa(cfg.InFlight)}
+	args := []string{"bench", "peers-zmq", "--impl", impl, "--transport", cfg.ZmqTransport, "--corpus", corpusPath,
+		"--duration", cfg.Duration.String(), "--warmup", cfg.Warmup.String(), "--inflight-groups", strconv.Itoa(cfg.InFlight)}
 	if kill {
 		args = append(args, "--kill", cfg.Kill)
 	}
@@ -509,7 +529,15 @@ func runZmqGo(ctx context.Context, cfg *Config, sys string, kill bool, corpusPat
 	if err != nil {
 		return nil, err
 	}
-	return []Row{peerRow(cfg, name, p, kill)}, nil
+	return []Row{peerRow(cfg, name+cfg.zmqSuffix(), p, kill)}, nil
+}
+
+// zmqSuffix ends the name of a ZeroMQ row that does not run over TCP.
+func (c *Config) zmqSuffix() string {
+	if c.ZmqTransport == ZmqIPC {
+		return " over ipc"
+	}
+	return ""
 }
 
 // runPeer runs one in-memory peer's command, keeps its output in out and

@@ -21,7 +21,7 @@ import (
 // peersFlags are the flags of trajflow bench peers.
 type peersFlags struct {
 	contract, systems, kafka, kill, python, pythonPath *string
-	kafkaScript, kafkaHome                             *string
+	kafkaScript, kafkaHome, zmqTrans                   *string
 	out, plot, jsonOut, export, fromJSON               *string
 	duration, warmup, baseline, kafkaWarmup            *time.Duration
 	rounds, kafkaPid, groups, inflight, perCall        *int
@@ -57,6 +57,7 @@ func addPeersFlags(fs interface {
 		groups:      fs.Int("corpus-groups", 256, "groups of the synthetic source exported through the stages"),
 		inflight:    fs.Int("inflight-groups", 192, "groups produced and not yet decided, for every system"),
 		perCall:     fs.Int("ray-groups-per-call", 8, "groups per Ray actor call (one DataProto)"),
+		zmqTrans:    fs.String("zmq-transport", peers.ZmqTCP, "the ZeroMQ peers' transport: tcp (127.0.0.1) or ipc (Unix sockets, as trajflow's clients reach the embedded broker)"),
 	}
 }
 
@@ -93,7 +94,7 @@ func cmdBenchPeers(ctx context.Context, args []string, stdout, stderr io.Writer)
 	}
 	cfg := peers.Config{Binary: bin, ContractPath: *f.contract, Contract: c, Python: *f.python, PythonPath: *f.pythonPath,
 		Kafka: *f.kafka, KafkaPid: *f.kafkaPid, KafkaWarmup: *f.kafkaWarmup, KafkaScript: *f.kafkaScript, KafkaHome: *f.kafkaHome, Rounds: *f.rounds, Duration: *f.duration, Warmup: *f.warmup, Baseline: *f.baseline,
-		Kill: *f.kill, CorpusGroups: *f.groups, InFlight: *f.inflight, RayGroupsPerCall: *f.perCall, OutDir: *f.out, Log: stderr}
+		Kill: *f.kill, CorpusGroups: *f.groups, InFlight: *f.inflight, RayGroupsPerCall: *f.perCall, ZmqTransport: *f.zmqTrans, OutDir: *f.out, Log: stderr}
 	cfg.Libzmq = zmqpeer.LibzmqBuilt
 	// The default systems leave trajflow-kafka out without --kafka, and
 	// zeromq-libzmq out of a trajflow built without libzmq; named in

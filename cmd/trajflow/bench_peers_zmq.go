@@ -8,6 +8,7 @@ import (
 	"os"
 	"time"
 
+	"github.com/trajflow/trajflow/bench/peers"
 	"github.com/trajflow/trajflow/bench/peers/zmqpeer"
 )
 
@@ -20,8 +21,9 @@ func cmdBenchPeersZmq(ctx context.Context, args []string, stdout, stderr io.Writ
 	var (
 		corpus   = fs.String("corpus", "", "corpus file exported by trajflow bench peers --export-corpus")
 		impl     = fs.String("impl", zmqpeer.ImplPure, "ZeroMQ implementation: zmq4 (pure Go) or libzmq (the C library through cgo, in a trajflow built with -tags libzmq)")
+		trans    = fs.String("transport", peers.ZmqTCP, "ZeroMQ transport between the processes: tcp (127.0.0.1) or ipc (Unix sockets)")
 		stage    = fs.String("stage", "", "run this stage process instead of the driver (bench peers starts them)")
-		pull     = fs.String("pull", "", "with --stage: the address its PULL socket binds (tcp://127.0.0.1:PORT)")
+		pull     = fs.String("pull", "", "with --stage: the address its PULL socket binds (tcp://127.0.0.1:PORT or ipc://@NAME)")
 		push     = fs.String("push", "", "with --stage: the address its PUSH socket connects to")
 		duration = fs.Duration("duration", 15*time.Second, "measurement window")
 		warmup   = fs.Duration("warmup", 3*time.Second, "warm-up before the window")
@@ -40,6 +42,9 @@ func cmdBenchPeersZmq(ctx context.Context, args []string, stdout, stderr io.Writ
 	if *impl != zmqpeer.ImplPure && *impl != zmqpeer.ImplLibzmq {
 		return fmt.Errorf("%w: bench peers-zmq: --impl %q: want %s or %s", errUsage, *impl, zmqpeer.ImplPure, zmqpeer.ImplLibzmq)
 	}
+	if *trans != peers.ZmqTCP && *trans != peers.ZmqIPC {
+		return fmt.Errorf("%w: bench peers-zmq: --transport %q: want %s or %s", errUsage, *trans, peers.ZmqTCP, peers.ZmqIPC)
+	}
 	if err := zmqpeer.Available(*impl); err != nil {
 		return fmt.Errorf("%w: bench peers-zmq: --impl %s: %v", errUsage, *impl, err)
 	}
@@ -53,7 +58,7 @@ func cmdBenchPeersZmq(ctx context.Context, args []string, stdout, stderr io.Writ
 	if err != nil {
 		return err
 	}
-	rep, err := zmqpeer.Run(ctx, zmqpeer.Config{Binary: bin, Corpus: *corpus, Impl: *impl, Duration: *duration, Warmup: *warmup,
+	rep, err := zmqpeer.Run(ctx, zmqpeer.Config{Binary: bin, Corpus: *corpus, Impl: *impl, Transport: *trans, Duration: *duration, Warmup: *warmup,
 		InFlight: *inflight, Kill: *kill, KillAt: *killAt, LossTimeout: *lossTO, Drain: *drain})
 	if err != nil {
 		return err

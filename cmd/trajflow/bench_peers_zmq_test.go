@@ -58,6 +58,10 @@ func TestBenchPeersZmq(t *testing.T) {
 			if r.LostGroups != 0 || r.DecidedGroups != r.ProducedGroups || r.DuplicateGroups != 0 {
 				t.Fatalf("without a kill: produced %d decided %d lost %d duplicated %d", r.ProducedGroups, r.DecidedGroups, r.LostGroups, r.DuplicateGroups)
 			}
+			ipc := runZmqPeer(t, "--impl", impl, "--transport", peers.ZmqIPC, "--corpus", corpus, "--duration", "2s", "--warmup", "1s", "--inflight-groups", "64")
+			if ipc.Groups <= 0 || ipc.MBPerS <= 0 || ipc.LostGroups != 0 || ipc.DecidedGroups != ipc.ProducedGroups {
+				t.Fatalf("over ipc: %+v", ipc)
+			}
 
 			k := runZmqPeer(t, "--impl", impl, "--corpus", corpus, "--duration", "4s", "--warmup", "1s", "--inflight-groups", "64",
 				"--kill", "pack", "--loss-timeout", "2s", "--drain", "4s")
@@ -109,14 +113,25 @@ func TestBenchPeersGoZmqRows(t *testing.T) {
 	}
 }
 
-// TestBenchPeersZmqImpl: an unknown --impl is a usage error naming both
-// implementations; libzmq in a trajflow built without it is refused with
+// TestBenchPeersZmqImpl: an unknown --impl or --transport is a usage
+// error naming what there is; libzmq in a trajflow built without it is refused with
 // the build command.
 func TestBenchPeersZmqImpl(t *testing.T) {
 	var stdout, stderr bytes.Buffer
 	code := run(context.Background(), []string{"bench", "peers-zmq", "--impl", "nanomsg", "--corpus", "x"}, &stdout, &stderr)
 	if code != 2 || !strings.Contains(stderr.String(), `--impl "nanomsg": want zmq4 or libzmq`) {
 		t.Fatalf("exit %d, stderr %q", code, stderr.String())
+	}
+	stderr.Reset()
+	code = run(context.Background(), []string{"bench", "peers-zmq", "--transport", "udp", "--corpus", "x"}, &stdout, &stderr)
+	if code != 2 || !strings.Contains(stderr.String(), `--transport "udp": want tcp or ipc`) {
+		t.Fatalf("--transport udp: exit %d, stderr %q", code, stderr.String())
+	}
+	stderr.Reset()
+	code = run(context.Background(), []string{"bench", "peers", "--contract", "../../testdata/contracts/bench.yaml", "--systems", "zeromq-go",
+		"--zmq-transport", "udp", "--out", t.TempDir()}, &stdout, &stderr)
+	if code != 2 || !strings.Contains(stderr.String(), `--zmq-transport "udp": want tcp or ipc`) {
+		t.Fatalf("bench peers --zmq-transport udp: exit %d, stderr %q", code, stderr.String())
 	}
 	if zmqpeer.LibzmqBuilt {
 		return

@@ -27,6 +27,10 @@ type Config struct {
 	// Impl is the ZeroMQ implementation (ImplPure, the default, or
 	// ImplLibzmq).
 	Impl string
+	// Transport is the ZeroMQ transport between the processes:
+	// peers.ZmqTCP (the default: tcp://127.0.0.1) or peers.ZmqIPC
+	// (ipc://, Unix sockets of Linux's abstract namespace).
+	Transport string
 	// Duration is the measurement window; Warmup runs before it.
 	Duration, Warmup time.Duration
 	// InFlight bounds the groups sent and not yet acknowledged (the
@@ -65,6 +69,12 @@ func (c *Config) defaults() error {
 	}
 	if c.Impl == "" {
 		c.Impl = ImplPure
+	}
+	if c.Transport == "" {
+		c.Transport = peers.ZmqTCP
+	}
+	if c.Transport != peers.ZmqTCP && c.Transport != peers.ZmqIPC {
+		return fmt.Errorf("zmqpeer: transport %q: want %s or %s", c.Transport, peers.ZmqTCP, peers.ZmqIPC)
 	}
 	if c.Binary == "" || c.Corpus == "" {
 		return errors.New("zmqpeer: Binary and Corpus are required")
@@ -184,10 +194,17 @@ func (p *pipelineProcs) memoryMB() float64 {
 	return mb
 }
 
-// freeAddrs picks k free TCP ports on 127.0.0.1 as ZeroMQ endpoints
-// (closed again: a stage binds its own, and a restarted stage binds the
-// same one).
-func freeAddrs(k int) ([]string, error) {
+// freeAddrs picks k ZeroMQ endpoints of transport: free TCP ports on
+// 127.0.0.1 (closed again: a stage binds its own, and a restarted stage
+// binds the same one), or abstract Unix socket names of this process.
+func freeAddrs(k int, transport string) ([]string, error) {
+	if transport == peers.ZmqIPC {
+		addrs := make([]string, k)
+		for i := range addrs {
+			addrs[i] = fmt.Sprintf("ipc://@trajflow-zmq-%d-%d", os.Getpid(), i)
+		}
+		return addrs, nil
+	}
 	ports, err := peers.FreePorts(k)
 	if err != nil {
 		return nil, err
@@ -218,7 +235,7 @@ func Run(ctx context.Context, cfg Config) (*peers.PeerReport, error) {
 	if len(cp.Groups) == 0 {
 		return nil, errors.New("zmqpeer: the corpus holds no group")
 	}
-	addrs, err := freeAddrs(len(Roles) + 1) // the stages' PULL sockets, then the driver's
+	addrs, err := freeAddrs(len(Roles)+1, cfg.Transport) // the stages' PULL sockets, then the driver's
 	if err != nil {
 		return nil, err
 	}

@@ -6,6 +6,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/trajflow/trajflow/bench/peers"
 )
 
 // TestImplOf: the pure-Go implementation is the default; libzmq is there
@@ -35,10 +37,10 @@ func TestImplOf(t *testing.T) {
 // an empty frame and a 1 MiB one included, and a blocked receive ends when
 // its context does.
 func TestSocketsCarryFrames(t *testing.T) {
-	for _, name := range Impls() {
-		t.Run(name, func(t *testing.T) {
-			im, _ := implOf(name)
-			addrs, err := freeAddrs(1)
+	for _, run := range transportRuns() {
+		t.Run(run.name, func(t *testing.T) {
+			im, _ := implOf(run.impl)
+			addrs, err := freeAddrs(1, run.transport)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -92,4 +94,15 @@ func TestSocketsCarryFrames(t *testing.T) {
 			}
 		})
 	}
+}
+
+// transportRuns is every implementation compiled in on every transport.
+func transportRuns() []struct{ name, impl, transport string } {
+	var runs []struct{ name, impl, transport string }
+	for _, impl := range Impls() {
+		for _, tr := range []string{peers.ZmqTCP, peers.ZmqIPC} {
+			runs = append(runs, struct{ name, impl, transport string }{impl + "/" + tr, impl, tr})
+		}
+	}
+	return runs
 }

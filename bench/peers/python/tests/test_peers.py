@@ -58,6 +58,12 @@ def test_zeromq_accounts_every_group(corpus_path):
     assert r["latency_ms"]["p50"] > 0 and r["peak_mb"] > 0
 
 
+def test_zeromq_over_ipc_accounts_every_group(corpus_path):
+    r = run_peer(corpus_path, "--system", "zeromq", "--zmq-transport", "ipc", "--duration", "2", "--warmup", "1", "--inflight", "64")
+    assert r["groups"] > 0 and r["mb_s"] > 0
+    assert r["lost_groups"] == 0 and r["decided_groups"] == r["produced_groups"]
+
+
 def test_zeromq_kill_of_pack_loses_its_window(corpus_path):
     r = run_peer(corpus_path, "--system", "zeromq", "--duration", "4", "--warmup", "1", "--inflight", "64",
                  "--kill", "pack", "--loss-timeout", "3", "--drain", "5")

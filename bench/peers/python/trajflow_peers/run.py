@@ -20,11 +20,11 @@ from .ledger import Ledger
 from .measure import TreeSampler
 
 
-def make(system: str, corpus_path: str, cp, groups_per_call: int):
+def make(system: str, corpus_path: str, cp, groups_per_call: int, zmq_transport: str = "tcp"):
     if system == "zeromq":
         from .zmqpipe import ZmqPipeline
 
-        return ZmqPipeline(corpus_path, cp)
+        return ZmqPipeline(corpus_path, cp, zmq_transport)
     if system == "ray":
         from .raypipe import RayPipeline
 
@@ -36,7 +36,7 @@ def run(args) -> dict:
     cp = corpus_mod.load(args.corpus, hops=(0,), batches=False)
     sampler = TreeSampler().start()
     t_start = time.monotonic()
-    sysm = make(args.system, args.corpus, cp, args.groups_per_call)
+    sysm = make(args.system, args.corpus, cp, args.groups_per_call, args.zmq_transport)
     out: dict = {"system": sysm.name, "groups_per_call": args.groups_per_call if args.system == "ray" else 1,
                  "inflight_groups": args.inflight, "corpus_groups": cp.groups}
     try:
@@ -101,6 +101,8 @@ def main(argv=None) -> int:
     ap.add_argument("--loss-timeout", type=float, default=5.0,
                     help="a group in flight this long is presumed lost and its slot freed")
     ap.add_argument("--drain", type=float, default=10.0)
+    ap.add_argument("--zmq-transport", default="tcp", choices=["tcp", "ipc"],
+                    help="ZeroMQ: tcp (127.0.0.1) or ipc (Unix sockets of the abstract namespace)")
     args = ap.parse_args(argv)
     if args.kill and args.kill_at <= 0:
         args.kill_at = args.duration / 2

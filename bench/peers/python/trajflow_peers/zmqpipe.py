@@ -90,12 +90,19 @@ class ZmqPipeline:
 
     name = "zeromq"
 
-    def __init__(self, corpus_path: str, cp: corpus_mod.Corpus):
+    def __init__(self, corpus_path: str, cp: corpus_mod.Corpus, transport: str = "tcp"):
         self.corpus_path = corpus_path
         self.cp = cp
         roles = corpus_mod.STAGES + ["trainer"]
-        ports = _free_ports(len(roles) + 1)
-        self.addr = {r: f"tcp://127.0.0.1:{p}" for r, p in zip(roles + ["driver"], ports)}
+        if transport == "ipc":
+            # Unix sockets of Linux's abstract namespace: no file to remove,
+            # gone with the process that bound them.
+            self.addr = {r: f"ipc://@trajflow-zmqpy-{os.getpid()}-{r}" for r in roles + ["driver"]}
+        elif transport == "tcp":
+            ports = _free_ports(len(roles) + 1)
+            self.addr = {r: f"tcp://127.0.0.1:{p}" for r, p in zip(roles + ["driver"], ports)}
+        else:
+            raise ValueError(f"zeromq transport {transport!r}: want tcp or ipc")
         self.roles = roles
         self.procs: dict[str, subprocess.Popen] = {}
         self.ctx = zmq.Context()
