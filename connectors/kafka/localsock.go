@@ -26,7 +26,10 @@ import (
 // another namespace (a container with its own network) cannot reach it,
 // as it cannot reach the host's 127.0.0.1. A client falls back to TCP when
 // nothing listens on the name (a remote broker, Apache Kafka on this host,
-// an embedded broker started with TCPOnly).
+// an embedded broker started with TCPOnly), and when the process that does
+// runs as another user than the client (and not as root): any user of the
+// namespace may bind a name, so a socket is only trusted as far as its
+// owner (peerTrusted).
 
 // localSocketPrefix starts the abstract socket name of a broker address.
 const localSocketPrefix = "@trajflow-kafka/"
@@ -70,12 +73,20 @@ func dialDeadlined(ctx context.Context, network, address string, deadline time.T
 		c, err := d.DialContext(ctx, "unix", name)
 		switch {
 		case err == nil:
-			return localConn{c, address}, nil
+			trusted, err := peerTrusted(c)
+			if err != nil {
+				c.Close()
+				return nil, fmt.Errorf("%s: local socket %s: %w", address, name, err)
+			}
+			if trusted {
+				return localConn{c, address}, nil
+			}
+			c.Close() // another user's socket: TCP, as below
 		case !errors.Is(err, syscall.ECONNREFUSED) && !errors.Is(err, syscall.ENOENT):
 			return nil, fmt.Errorf("%s: local socket %s: %w", address, name, err)
 		}
-		// Nothing listens on the name: the broker is not an embedded one
-		// of this host, or runs TCP only.
+		// Nothing listens on the name (the broker is not an embedded one
+		// of this host, or runs TCP only), or another user does.
 	}
 	return d.DialContext(ctx, network, address)
 }

@@ -1,9 +1,14 @@
 package kafka
 
 import (
+	"bufio"
 	"context"
 	"errors"
+	"fmt"
 	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
@@ -227,4 +232,103 @@ func TestDualListenerClose(t *testing.T) {
 			t.Errorf("%s %s still answers after Close", d[0], d[1])
 		}
 	}
+}
+
+// TestLocalSocketOfAnotherUser: another user binds the local socket name
+// of a loopback address where Apache Kafka would listen (here a TCP-only
+// embedded broker); the dials do not use that user's socket and reach the
+// broker over TCP. Changing user needs root, as CI runs the tests.
+func TestLocalSocketOfAnotherUser(t *testing.T) {
+	if os.Getuid() != 0 {
+		t.Skip("starting a process as another user needs root")
+	}
+	b := startTestBroker(t, BrokerConfig{TCPOnly: true})
+	name, _ := LocalSocketName(b.Addr())
+	// This test binary binds it, copied where the other user may run it.
+	dir, err := os.MkdirTemp("", "trajflow-squat-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	exe := filepath.Join(dir, "squat")
+	if err := copyExecutable(exe); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(exe, "-test.run=^$")
+	cmd.Env = append(os.Environ(), squatEnv+"="+name)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 65534, Gid: 65534}}
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	if line, err := bufio.NewReader(out).ReadString('\n'); err != nil || line != "ready\n" {
+		t.Fatalf("squatter as uid 65534: %q, %v", line, err)
+	}
+	ctx := testCtx(t, 20*time.Second)
+	for label, dial := range map[string]func(context.Context, string, string) (net.Conn, error){"ProbingDial": ProbingDial, "Dial": Dial} {
+		conn, err := dial(ctx, "tcp", b.Addr())
+		if err != nil {
+			t.Fatalf("%s with another user on %s: %v", label, name, err)
+		}
+		if _, ok := conn.(*net.TCPConn); !ok {
+			t.Errorf("%s with another user on %s: %T, want TCP to the broker", label, name, conn)
+		}
+		conn.Close()
+	}
+	// The same name bound by this user is used: the check is on the owner.
+	own := startTestBroker(t, BrokerConfig{})
+	conn, err := Dial(ctx, "tcp", own.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := conn.(localConn); !ok {
+		t.Errorf("Dial of this user's broker: %T, want its local socket", conn)
+	}
+	conn.Close()
+}
+
+// squatEnv makes the test binary a process that binds the abstract socket
+// name it holds, prints "ready" and holds what connects, answering
+// nothing (TestLocalSocketOfAnotherUser).
+const squatEnv = "TRAJFLOW_TEST_SQUAT_LOCAL_SOCKET"
+
+func TestMain(m *testing.M) {
+	if name := os.Getenv(squatEnv); name != "" {
+		ln, err := net.Listen("unix", name)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
+		}
+		fmt.Println("ready")
+		var held []net.Conn
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				os.Exit(0)
+			}
+			held = append(held, c)
+		}
+	}
+	os.Exit(m.Run())
+}
+
+// copyExecutable copies the running test binary to path, executable by
+// every user.
+func copyExecutable(path string) error {
+	self, err := os.Executable()
+	if err != nil {
+		return err
+	}
+	b, err := os.ReadFile(self)
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(path, b, 0o755)
 }
