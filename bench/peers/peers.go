@@ -47,6 +47,15 @@ const (
 	ZmqIPC = "ipc"
 )
 
+// CheckZmqTransport fails for a transport other than ZmqTCP and ZmqIPC,
+// naming both.
+func CheckZmqTransport(t string) error {
+	if t != ZmqTCP && t != ZmqIPC {
+		return fmt.Errorf("%q: want %s or %s", t, ZmqTCP, ZmqIPC)
+	}
+	return nil
+}
+
 // AllSystems is every system, in the order a round runs them.
 var AllSystems = []string{SysTrajflow, SysTrajflowKafka, SysRay, SysZeroMQ, SysZeroMQGo, SysZeroMQLibzmq}
 
@@ -156,8 +165,8 @@ func (c *Config) defaults() error {
 	if c.ZmqTransport == "" {
 		c.ZmqTransport = ZmqTCP
 	}
-	if c.ZmqTransport != ZmqTCP && c.ZmqTransport != ZmqIPC {
-		return configError{fmt.Errorf("peers: --zmq-transport %q: want %s or %s", c.ZmqTransport, ZmqTCP, ZmqIPC)}
+	if err := CheckZmqTransport(c.ZmqTransport); err != nil {
+		return configError{fmt.Errorf("peers: --zmq-transport %w", err)}
 	}
 	for _, s := range c.Systems {
 		switch s {
@@ -500,9 +509,9 @@ func runPython(ctx context.Context, cfg *Config, sys string, kill bool, corpusPa
 	if err != nil {
 		return nil, err
 	}
-	name := "ZeroMQ + msgpack (processes)" + cfg.zmqSuffix()
-	if sys == SysRay {
-		name = fmt.Sprintf("Ray (actors, object store, %d groups/call)", p.GroupsPerCall)
+	name := fmt.Sprintf("Ray (actors, object store, %d groups/call)", p.GroupsPerCall)
+	if sys == SysZeroMQ {
+		name = "ZeroMQ + msgpack (processes)" + cfg.zmqSuffix()
 	}
 	return []Row{peerRow(cfg, name, p, kill)}, nil
 }

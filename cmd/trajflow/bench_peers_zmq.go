@@ -42,8 +42,8 @@ func cmdBenchPeersZmq(ctx context.Context, args []string, stdout, stderr io.Writ
 	if *impl != zmqpeer.ImplPure && *impl != zmqpeer.ImplLibzmq {
 		return fmt.Errorf("%w: bench peers-zmq: --impl %q: want %s or %s", errUsage, *impl, zmqpeer.ImplPure, zmqpeer.ImplLibzmq)
 	}
-	if *trans != peers.ZmqTCP && *trans != peers.ZmqIPC {
-		return fmt.Errorf("%w: bench peers-zmq: --transport %q: want %s or %s", errUsage, *trans, peers.ZmqTCP, peers.ZmqIPC)
+	if err := peers.CheckZmqTransport(*trans); err != nil {
+		return fmt.Errorf("%w: bench peers-zmq: --transport %v", errUsage, err)
 	}
 	if err := zmqpeer.Available(*impl); err != nil {
 		return fmt.Errorf("%w: bench peers-zmq: --impl %s: %v", errUsage, *impl, err)

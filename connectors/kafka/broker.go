@@ -155,10 +155,9 @@ type BrokerConfig struct {
 // (github.com/twmb/franz-go/pkg/kfake) that kafka-go, franz-go and
 // librdkafka clients talk to over TCP, and this module's clients on the
 // same host over its local socket (see TCPOnly). Topics are not
-// auto-created. A
-// consumer-group member that sends nothing for its session timeout is
-// removed from its group, as Kafka does, also when it died in the middle
-// of a rebalance (see groupliveness.go).
+// auto-created. A consumer-group member that sends nothing for its
+// session timeout is removed from its group, as Kafka does, also when it
+// died in the middle of a rebalance (see groupliveness.go).
 type Broker struct {
 	cluster   *kfake.Cluster
 	addr      string
@@ -231,10 +230,11 @@ func StartBroker(ctx context.Context, cfg BrokerConfig) (*Broker, error) {
 			"default.replication.factor": "1",
 		}),
 	}
+	// A TLS client dials TCP (ConnectDial): TLS is for traffic that
+	// leaves the host.
+	tcpOnly := cfg.TCPOnly || cfg.TLS != nil
 	listen := listenLocal
-	if cfg.TCPOnly || cfg.TLS != nil {
-		// A TLS client dials TCP (ConnectDial): TLS is for traffic that
-		// leaves the host.
+	if tcpOnly {
 		listen = net.Listen
 	}
 	opts = append(opts, kfake.ListenFn(func(network, a string) (net.Listener, error) {
@@ -284,7 +284,7 @@ func StartBroker(ctx context.Context, cfg BrokerConfig) (*Broker, error) {
 	b := &Broker{
 		cluster:   c,
 		addr:      addrs[0],
-		tcpOnly:   cfg.TCPOnly || cfg.TLS != nil,
+		tcpOnly:   tcpOnly,
 		retention: ret,
 		log:       log,
 		unlock:    unlock,

@@ -15,9 +15,9 @@ import (
 // socket"): an embedded broker listening on a loopback address also
 // listens on a Unix stream socket in Linux's abstract namespace named
 // after that address (LocalSocketName), and Dial connects a client of the
-// same host there instead of to the loopback TCP port. Both carry the same Kafka protocol;
-// the socket skips the TCP/IP stack that loopback traffic crosses on
-// every produce and fetch, which is a large part of the kernel's work per
+// same host there instead of to the loopback TCP port. Both carry the
+// same Kafka protocol; the socket skips the TCP/IP stack that loopback
+// traffic crosses on every produce and fetch, which is a large part of the kernel's work per
 // hop when the operators share a host with the broker (bench/RESULTS.md
 // "The broker's local socket").
 //
@@ -79,7 +79,7 @@ func dialDeadlined(ctx context.Context, network, address string, deadline time.T
 				return nil, fmt.Errorf("%s: local socket %s: %w", address, name, err)
 			}
 			if trusted {
-				return localConn{c, address}, nil
+				return localConn{c, tcpAddr(address)}, nil
 			}
 			c.Close() // another user's socket: TCP, as below
 		case !errors.Is(err, syscall.ECONNREFUSED) && !errors.Is(err, syscall.ENOENT):
@@ -96,11 +96,11 @@ func dialDeadlined(ctx context.Context, network, address string, deadline time.T
 // host:port (kafka-go's Conn.Broker does).
 type localConn struct {
 	net.Conn
-	addr string
+	remote net.Addr
 }
 
 // RemoteAddr is the broker's TCP address the connection stands in for.
-func (c localConn) RemoteAddr() net.Addr { return tcpAddr(c.addr) }
+func (c localConn) RemoteAddr() net.Addr { return c.remote }
 
 // LocalAddr is 127.0.0.1 with no port.
 func (c localConn) LocalAddr() net.Addr { return loopback }
@@ -121,7 +121,8 @@ func (c acceptedConn) LocalAddr() net.Addr { return c.local }
 
 var loopback = &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1)}
 
-// tcpAddr is the host:port s (an IP address) as a *net.TCPAddr.
+// tcpAddr is the host:port s (an IP address, or localhost) as a
+// *net.TCPAddr; 127.0.0.1 when it is neither.
 func tcpAddr(s string) net.Addr {
 	if ap, err := net.ResolveTCPAddr("tcp", s); err == nil {
 		return ap

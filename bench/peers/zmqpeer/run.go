@@ -73,8 +73,8 @@ func (c *Config) defaults() error {
 	if c.Transport == "" {
 		c.Transport = peers.ZmqTCP
 	}
-	if c.Transport != peers.ZmqTCP && c.Transport != peers.ZmqIPC {
-		return fmt.Errorf("zmqpeer: transport %q: want %s or %s", c.Transport, peers.ZmqTCP, peers.ZmqIPC)
+	if err := peers.CheckZmqTransport(c.Transport); err != nil {
+		return fmt.Errorf("zmqpeer: transport %w", err)
 	}
 	if c.Binary == "" || c.Corpus == "" {
 		return errors.New("zmqpeer: Binary and Corpus are required")
