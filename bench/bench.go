@@ -714,7 +714,8 @@ func (r *run) publishPolicy(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("bench: encode policy release: %w", err)
 	}
-	w := &kafkago.Writer{Addr: kafkago.TCP(r.addr...), Topic: r.topics.Policy, RequiredAcks: kafkago.RequireAll, Transport: r.trans()}
+	w := &kafkago.Writer{Addr: kafkago.TCP(r.addr...), Topic: r.topics.Policy, RequiredAcks: kafkago.RequireAll, Transport: r.trans(),
+		Compression: kafka.CompressionOf(r.cfg.Contract.Topics.Compression, "policy")}
 	defer w.Close()
 	cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
@@ -731,6 +732,7 @@ func (r *run) source(ctx context.Context) error {
 		Addr: kafkago.TCP(r.addr...), Topic: r.topics.Trajectories, Balancer: &kafkago.Murmur2Balancer{},
 		RequiredAcks: kafkago.RequireAll, Async: true, BatchSize: 64, BatchTimeout: 2 * time.Millisecond,
 		BatchBytes: kafka.WriterBatchBytes(r.cfg.Contract.Topics.MaxMessageBytes), Transport: r.trans(),
+		Compression: kafka.CompressionOf(r.cfg.Contract.Topics.Compression, "trajectories"),
 	}
 	var werr atomic.Value
 	w.Completion = func(msgs []kafkago.Message, err error) {

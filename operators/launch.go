@@ -7,15 +7,19 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/segmentio/kafka-go"
+
+	tfkafka "github.com/trajflow/trajflow/connectors/kafka"
 	"github.com/trajflow/trajflow/pipeline"
+	"github.com/trajflow/trajflow/pipeline/contract"
 )
 
 // NewOperator is the one way to start an operator of a run — `trajflow
 // run`, the demo, the fleet launcher, the bench and the tests all call it:
 // it builds the stage registered under name and its runtime, filling what
 // the run determines when rc leaves it empty: the consumer group
-// "<run>.<name>", the quarantine topic, the topics' record size limit, and
-// the release store of d.ReleaseDir. Every error it returns wraps
+// "<run>.<name>", the quarantine topic, the topics' record size limit and
+// compression, and the release store of d.ReleaseDir. Every error it returns wraps
 // ErrConfig.
 func NewOperator(name string, d Deps, rc pipeline.Config) (*pipeline.Operator, error) {
 	st, err := New(name, d)
@@ -32,6 +36,11 @@ func NewOperator(name string, d Deps, rc pipeline.Config) (*pipeline.Operator, e
 	if rc.MaxMessageBytes == 0 {
 		rc.MaxMessageBytes = c.Topics.MaxMessageBytes
 	}
+	if rc.Compression == nil {
+		if rc.Compression, err = Compression(c, d.Topics); err != nil {
+			return nil, fmt.Errorf("%w: operators: %s: %w", ErrConfig, name, err)
+		}
+	}
 	if rc.Releases == nil && d.ReleaseDir != "" {
 		if rc.Releases, err = pipeline.NewDirReleases(d.ReleaseDir); err != nil {
 			return nil, fmt.Errorf("%w: operators: %s: %w", ErrConfig, name, err)
@@ -42,6 +51,13 @@ func NewOperator(name string, d Deps, rc pipeline.Config) (*pipeline.Operator, e
 		return nil, fmt.Errorf("%w: operators: %s: %w", ErrConfig, name, err)
 	}
 	return op, nil
+}
+
+// Compression is the producer codec of the run's topics (full name ->
+// codec) that c's topics.compression declares: what every operator's
+// writers use.
+func Compression(c *contract.Contract, t pipeline.Topics) (map[string]kafka.Compression, error) {
+	return tfkafka.TopicCompression(c.Topics.Compression, t.Name)
 }
 
 // Restarts is the restart policy of RunRestarting.

@@ -47,9 +47,13 @@ type Config struct {
 	// MaxMessageBytes is the largest record the topics accept; a larger
 	// output sends its input to quarantine with reason "output_oversize".
 	MaxMessageBytes int
-	CommitInterval  time.Duration
-	BatchTimeout    time.Duration
-	TickInterval    time.Duration
+	// Compression is the producer codec of topics (full name -> codec);
+	// records of other topics go uncompressed. Each codec gets its own
+	// writer, so a topic's records keep their order.
+	Compression    map[string]kafka.Compression
+	CommitInterval time.Duration
+	BatchTimeout   time.Duration
+	TickInterval   time.Duration
 	// DrainTimeout bounds a graceful shutdown (the stage's Flush included).
 	DrainTimeout time.Duration
 	// ProduceRetryWindow is how long the producer retries a transient
@@ -154,7 +158,7 @@ type Operator struct {
 	stage   Stage
 	env     *Env
 	reader  groupReader
-	writer  *kafka.Writer
+	writer  producers
 	track   *tracker
 	flow    *flowControl
 	m       *stageMetrics
@@ -323,32 +327,13 @@ func (o *Operator) Run(ctx context.Context) (err error) {
 		ReadBackoffMax:    200 * time.Millisecond,
 		MaxAttempts:       3,
 	})
-	const writeBackoffMax = time.Second
-	o.writer = &kafka.Writer{
-		Addr:            kafka.TCP(cfg.Brokers...),
-		Balancer:        pinnedBalancer{},
-		RequiredAcks:    kafka.RequireAll,
-		Async:           true,
-		BatchSize:       256,
-		BatchBytes:      tfkafka.WriterBatchBytes(cfg.MaxMessageBytes),
-		BatchTimeout:    cfg.BatchTimeout,
-		WriteBackoffMin: 100 * time.Millisecond,
-		WriteBackoffMax: writeBackoffMax,
-		WriteTimeout:    tfkafka.ProduceTimeout,
-		ReadTimeout:     tfkafka.ProduceTimeout,
-		// kafka-go retries a failed batch in place, in order, while the
-		// error is temporary: enough attempts to ride through a leader
-		// election (about the broker session timeout) and a broker restart.
-		MaxAttempts: max(10, int(cfg.ProduceRetryWindow/writeBackoffMax)+4),
-		Completion:  o.completion,
-	}
 	base := o.transport
 	if base == nil {
 		own := &kafka.Transport{MetadataTTL: tfkafka.MetadataTTL, Dial: tfkafka.ProbingDial}
 		defer own.CloseIdleConnections()
 		base = own
 	}
-	o.writer.Transport = produceRetry{base}
+	o.writer = newProducers(cfg.Compression, func(codec kafka.Compression) *kafka.Writer { return o.newWriter(codec, produceRetry{base}) })
 
 	fetchCtx, stopFetch := context.WithCancel(context.Background())
 	defer stopFetch()
@@ -410,8 +395,8 @@ func (o *Operator) Run(ctx context.Context) (err error) {
 			}
 		}
 	}
-	// Close flushes the async writer and waits for every Completion call.
-	werr := o.writer.Close()
+	// Close flushes the async writers and waits for every Completion call.
+	werr := o.writer.close()
 	close(commitDone)
 	wg.Wait()
 	if graceful && werr == nil {
@@ -675,9 +660,13 @@ func (o *Operator) write(ctx context.Context, outs []Output, refs []Ref, wait bo
 		return err
 	}
 	o.m.inFlight.Add(float64(len(outs)))
-	if err := o.writer.WriteMessages(ctx, msgs...); err != nil {
-		o.flow.release(len(outs), g.bytes)
-		o.m.inFlight.Sub(float64(len(outs)))
+	if unsent, err := o.writer.write(ctx, msgs); err != nil {
+		var n int64
+		for _, m := range unsent {
+			n += int64(len(m.Value) + len(m.Key))
+		}
+		o.flow.release(len(unsent), n)
+		o.m.inFlight.Sub(float64(len(unsent)))
 		return fmt.Errorf("pipeline: produce: %w", err)
 	}
 	if !wait {

@@ -55,6 +55,7 @@ func consumerView(t *testing.T, c *contract.Contract) map[string]any {
 		"advantage":        c.Estimator,
 		"pack":             c.Packing,
 		"topic specs":      operators.TopicSpecs(c, d.Topics),
+		"producers":        compressionView(t, c, d),
 		"policy gateway":   c.Policy,
 		"gate":             gate.PolicyOf(c),
 		"evaluation plane": []any{c.Dispatch.EvalEvery, c.Seed},
@@ -75,6 +76,16 @@ func consumerView(t *testing.T, c *contract.Contract) map[string]any {
 	return v
 }
 
+// compressionView is the codec of every topic the operators' writers use.
+func compressionView(t *testing.T, c *contract.Contract, d operators.Deps) any {
+	t.Helper()
+	m, err := operators.Compression(c, d.Topics)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m
+}
+
 // validateView is validate's options without the hash and the denylist
 // function (reflect.DeepEqual never equates two non-nil functions).
 func validateView(d operators.Deps) any {
@@ -84,10 +95,13 @@ func validateView(d operators.Deps) any {
 }
 
 // leaves lists the dotted key paths of every scalar (and list of
-// scalars) of a YAML document.
+// scalars, and empty mapping) of a YAML document.
 func leaves(prefix string, node any, out *[]string) {
 	switch n := node.(type) {
 	case map[string]any:
+		if len(n) == 0 && prefix != "" {
+			*out = append(*out, prefix)
+		}
 		for k, v := range n {
 			p := k
 			if prefix != "" {
@@ -179,6 +193,7 @@ func alternatives(path string, v any) []any {
 		"objective.primary_metric":                      {"eval_success_rate"},
 		"objective.constraints":                         {map[string]any{"p95_turns": 4}},
 		"objective.regression_floors":                   {map[string]any{"eval_success_rate": 0.5}},
+		"topics.compression":                            {map[string]any{"batches": "lz4"}},
 	}
 	if s, ok := special[path]; ok {
 		return s

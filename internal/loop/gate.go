@@ -7,6 +7,7 @@ import (
 
 	kafkago "github.com/segmentio/kafka-go"
 
+	"github.com/trajflow/trajflow/connectors/kafka"
 	"github.com/trajflow/trajflow/gpu"
 	"github.com/trajflow/trajflow/gpu/model"
 	"github.com/trajflow/trajflow/internal/evaluation"
@@ -57,7 +58,7 @@ func (r *runner) prepareGate(reg *rollout.Registry) error {
 		return err
 	}
 	w := &kafkago.Writer{Addr: kafkago.TCP(r.brokers...), Topic: r.topics.Decisions, RequiredAcks: kafkago.RequireAll, BatchTimeout: time.Millisecond,
-		Transport: r.transport}
+		Transport: r.transport, Compression: kafka.CompressionOf(r.c.Topics.Compression, "decisions")}
 	r.closers = append(r.closers, w.Close)
 	r.g = &gating{plane: plane, pol: gate.PolicyOf(r.c), w: w, sum: &GateSummary{}, seen: map[string]bool{}}
 	r.sum.Gate = r.g.sum

@@ -15,6 +15,7 @@ import (
 
 	kafkago "github.com/segmentio/kafka-go"
 
+	"github.com/trajflow/trajflow/connectors/kafka"
 	"github.com/trajflow/trajflow/gpu"
 	"github.com/trajflow/trajflow/gpu/objective"
 	"github.com/trajflow/trajflow/operators"
@@ -290,7 +291,7 @@ func (r *runner) publishInitial(ctx context.Context) error {
 	id := schemas.DerivedID("release", r.c.RunID+"/0")
 	hs := stagekit.Headers(schemas.KindPolicyRelease, id)
 	w := &kafkago.Writer{Addr: kafkago.TCP(r.brokers...), Topic: r.topics.Policy, RequiredAcks: kafkago.RequireAll,
-		BatchTimeout: time.Millisecond, Transport: r.transport}
+		BatchTimeout: time.Millisecond, Transport: r.transport, Compression: kafka.CompressionOf(r.c.Topics.Compression, "policy")}
 	defer w.Close()
 	msg := kafkago.Message{Key: []byte(r.c.RunID), Value: b}
 	for _, h := range hs {

@@ -46,18 +46,36 @@ func Reemit(ctx context.Context, runDir, contractPath string, cc kafka.ClientCon
 	if err := refuseUsed(ctx, cc, transport, snap); err != nil {
 		return 0, err
 	}
-	w := &kafkago.Writer{
-		Addr: kafkago.TCP(cc.Brokers...), RequiredAcks: kafkago.RequireAll, BatchTimeout: 5 * time.Millisecond,
-		BatchBytes: kafka.WriterBatchBytes(c.Topics.MaxMessageBytes),
-		Balancer: kafkago.BalancerFunc(func(m kafkago.Message, parts ...int) int {
-			if p, ok := m.WriterData.(int); ok && slices.Contains(parts, p) {
-				return p
-			}
-			return parts[0]
-		}),
+	codecs, err := kafka.TopicCompression(c.Topics.Compression, topics.Name)
+	if err != nil {
+		return 0, err
 	}
-	w.Transport = transport
-	defer w.Close()
+	// One writer per compression codec, as the operators produce.
+	writers := map[kafkago.Compression]*kafkago.Writer{}
+	writerOf := func(topic string) *kafkago.Writer {
+		codec := codecs[topic]
+		if w, ok := writers[codec]; ok {
+			return w
+		}
+		w := &kafkago.Writer{
+			Addr: kafkago.TCP(cc.Brokers...), RequiredAcks: kafkago.RequireAll, BatchTimeout: 5 * time.Millisecond,
+			BatchBytes: kafka.WriterBatchBytes(c.Topics.MaxMessageBytes), Compression: codec,
+			Balancer: kafkago.BalancerFunc(func(m kafkago.Message, parts ...int) int {
+				if p, ok := m.WriterData.(int); ok && slices.Contains(parts, p) {
+					return p
+				}
+				return parts[0]
+			}),
+			Transport: transport,
+		}
+		writers[codec] = w
+		return w
+	}
+	defer func() {
+		for _, w := range writers {
+			w.Close()
+		}
+	}()
 	shorts := make([]string, 0, len(snap.Topics))
 	for s := range snap.Topics {
 		shorts = append(shorts, s)
@@ -65,7 +83,7 @@ func Reemit(ctx context.Context, runDir, contractPath string, cc kafka.ClientCon
 	slices.Sort(shorts)
 	n := 0
 	for _, s := range shorts {
-		k, err := produce(ctx, w, snap.FullTopics[s], snap.Topics[s])
+		k, err := produce(ctx, writerOf(snap.FullTopics[s]), snap.FullTopics[s], snap.Topics[s])
 		n += k
 		if err != nil {
 			return n, err

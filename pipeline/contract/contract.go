@@ -266,6 +266,17 @@ type Topics struct {
 	// MaxMessageBytes is the topic's max.message.bytes, large enough for
 	// long trajectories; > 0, default 16777216 (16 MiB).
 	MaxMessageBytes int `yaml:"max_message_bytes"`
+	// Compression is the producer compression of topics: short topic name
+	// (batches, census, ...) -> none, gzip, snappy, lz4 or zstd; a topic
+	// left out is not compressed. Default {} (none): packed batches
+	// shrink about 4.6x with snappy or lz4, which takes most of the load
+	// off the broker and the network, but kafka-go consumers hold about
+	// twice a batch's size per partition to decompress it; trajectories
+	// shrink only 1.1-1.2x, too little to pay for the codec
+	// (docs/ARCHITECTURE.md "Compressed topics"). Consumers read the same
+	// value bytes whatever the codec, so it is not part of the contract
+	// hash: it says how records travel, not what they are.
+	Compression map[string]string `yaml:"compression" contract:"unhashed"`
 }
 
 // Dispatch declares what the dispatcher launches per update (docs/PIPELINE.md §6).

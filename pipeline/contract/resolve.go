@@ -9,9 +9,11 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/trajflow/trajflow/connectors/kafka"
 	"github.com/trajflow/trajflow/gpu/objective"
 	"github.com/trajflow/trajflow/operators/advantage"
 	"github.com/trajflow/trajflow/operators/pack"
+	"github.com/trajflow/trajflow/pipeline"
 	"github.com/trajflow/trajflow/schemas"
 )
 
@@ -502,6 +504,13 @@ func (c *Contract) validateTopics(v *validator) {
 		v.add("topics.retention_ms", "must be > 0 or -1 (unlimited), got %d", t.RetentionMS)
 	}
 	v.minInt("topics.max_message_bytes", int64(t.MaxMessageBytes), 1)
+	for _, short := range sortedKeys(t.Compression) {
+		p := "topics.compression." + short
+		if _, ok := pipeline.TopicInfoOf(short); !ok {
+			v.add(p, "no topic %q in the topology (trajflow schemas lists them)", short)
+		}
+		v.oneOf(p, t.Compression[short], kafka.CompressionCodecs...)
+	}
 }
 
 func (c *Contract) validateDispatch(v *validator) {

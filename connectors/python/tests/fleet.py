@@ -58,8 +58,9 @@ class Procs:
                 p.wait()
 
 
-def start_broker(procs: Procs, tf: str) -> str:
-    procs.start("broker", [tf, "broker", "--port", "0"])
+def start_broker(procs: Procs, tf: str, *args: str) -> str:
+    """Starts `trajflow broker --port 0 ARGS...` and returns its address."""
+    procs.start("broker", [tf, "broker", "--port", "0", *args])
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         m = re.search(r"listening on (\S+)", procs.log("broker", "out"))

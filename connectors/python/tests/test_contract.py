@@ -62,3 +62,18 @@ def test_release_identities_match_go():
     assert BUILTIN_TOKENIZER_HASH == "sha256:541a29279762fd8b5351ba226be3126141c43ebdcd34912f12187e63a4b2d339"
     assert settings_id(Behavior(1.0, 0, 1.0, KVGrammar(4, 8)), 3, [9]) == \
         "sha256:a0ad44e090427738a1ba4d91557943e151ea3a4e1c3b144549ebc4f19d66bc34"
+
+
+def test_topic_compression_is_read_and_unhashed(tf_bin):
+    text = resolved(tf_bin, "demo")
+    c = C.parse(text)
+    assert c["topics"]["compression"] == {}
+    # Another codec map keeps the hash (the # hash: header still holds), as
+    # pipeline/contract leaves topics.compression out of it.
+    edited = C.parse(text.replace("  compression: {}\n", "  compression: {batches: zstd, census: lz4}\n"))
+    assert edited["topics"]["compression"] == {"batches": "zstd", "census": "lz4"}
+    assert edited.hash == c.hash
+    cfg = config_from_contract(edited, "127.0.0.1:1", "/tmp/x", None)
+    assert cfg.compression == {"demo.batches": "zstd", "demo.census": "lz4"}
+    with pytest.raises(C.ContractError, match="topics.compression.batches"):
+        C.parse(text.replace("  compression: {}\n", "  compression: {batches: [zstd]}\n"))

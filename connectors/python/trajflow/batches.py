@@ -430,13 +430,18 @@ class BatchReader:
     only by the caller (commit), after its own outputs are durable; the
     reader hands out one batch at a time (next raises until the previous
     one is committed), so a quarantine commit never moves the group's offset
-    past a batch the caller has not finished."""
+    past a batch the caller has not finished.
+
+    compression, when given, maps full topic names to the producer codec of
+    the contract's topics.compression (the quarantine records follow it);
+    the batches themselves are decompressed by confluent-kafka, whatever
+    codec pack used."""
 
     def __init__(self, brokers: str, topic: str, quarantine_topic: str, group: str, stage: str = "train",
-                 extra: Optional[dict] = None):
+                 extra: Optional[dict] = None, compression: Optional[dict] = None):
         from .kafka import AckProducer, AssignedConsumer
         self.consumer = AssignedConsumer(brokers, group, topic, extra)
-        self.producer = AckProducer(brokers, extra)
+        self.producer = AckProducer(brokers, extra, compression=compression)
         self.quarantine_topic, self.stage = quarantine_topic, stage
         self.refused: list = []
         self.pending = None

@@ -24,7 +24,7 @@ import yaml
 from .gostr import format_float_g, quote
 
 S, I, F, B = "str", "int", "float", "bool"
-FLOOR, MAPF, LISTS, LISTI, LISTF = "floor", "map_float", "list_str", "list_int", "list_float"
+FLOOR, MAPF, MAPS, LISTS, LISTI, LISTF = "floor", "map_float", "map_str", "list_str", "list_int", "list_float"
 
 REWARD = [("name", S), ("version", S), ("weight", F), ("transform", S), ("clip_min", F), ("clip_max", F), ("scope", S), ("raw_range", LISTF)]
 
@@ -50,7 +50,8 @@ SCHEMA: list = [
     ("packing", [("token_budget", I), ("batch_tokens", I), ("batch_groups", I), ("overflow", S), ("max_lag", I),
                  ("stale_policy", S), ("multi_policy", S)]),
     ("rewards", ("list", REWARD)),
-    ("topics", [("partitions", I), ("replication", I), ("retention_ms", I), ("max_message_bytes", I)]),
+    ("topics", [("partitions", I), ("replication", I), ("retention_ms", I), ("max_message_bytes", I),
+                ("compression", MAPS)]),
     ("dispatch", [("tasks_per_update", I), ("groups_per_update", I), ("domain_quotas", MAPF), ("eval_every", I),
                   ("mode", S), ("partial_rollouts", S)]),
     ("latency", [("tool_median_ms", F), ("tool_sigma", F), ("token_median_ms", F), ("token_sigma", F)]),
@@ -58,8 +59,9 @@ SCHEMA: list = [
                 ("router", B)]),
 ]
 
-# Sections that are not part of the contract hash (Go tag contract:"unhashed").
-UNHASHED = {"policy"}
+# Keys that are not part of the contract hash (Go tag contract:"unhashed"),
+# by path.
+UNHASHED = {"policy", "topics.compression"}
 
 
 class ContractError(ValueError):
@@ -106,10 +108,12 @@ def _parse(path: str, schema, doc) -> Any:
         if not isinstance(doc, list):
             raise ContractError(f"{path}: want a list")
         return [_parse(f"{path}[{i}]", schema[1], d) for i, d in enumerate(doc)]
-    if schema in (MAPF, FLOOR):
+    if schema in (MAPF, MAPS, FLOOR):
         doc = doc or {}
         if not isinstance(doc, dict):
             raise ContractError(f"{path}: want a mapping")
+        if schema == MAPS:
+            return {str(k): _scalar(f"{path}.{k}", S, v) for k, v in doc.items()}
         if schema == MAPF:
             return {str(k): _scalar(f"{path}.{k}", F, v) for k, v in doc.items()}
         return {str(k): str(v) for k, v in doc.items()}
@@ -130,21 +134,25 @@ def _floor_text(s: str) -> str:
     return format_float_g(float(s))
 
 
-def _canon(schema, v, out: list) -> None:
+def _join(path: str, k: str) -> str:
+    return f"{path}.{k}" if path else k
+
+
+def _canon(schema, v, out: list, path: str = "") -> None:
     if isinstance(schema, list):
         out.append("{")
-        for i, (k, t) in enumerate([(k, t) for k, t in schema if k not in UNHASHED]):
+        for i, (k, t) in enumerate([(k, t) for k, t in schema if _join(path, k) not in UNHASHED]):
             if i:
                 out.append(",")
             out.append(quote(k) + ":")
-            _canon(t, v[k], out)
+            _canon(t, v[k], out, _join(path, k))
         out.append("}")
     elif isinstance(schema, tuple):
         out.append("[")
         for i, x in enumerate(v):
             if i:
                 out.append(",")
-            _canon(schema[1], x, out)
+            _canon(schema[1], x, out, path)
         out.append("]")
     elif schema in (MAPF, FLOOR):
         out.append("{")

@@ -44,16 +44,40 @@ def base_config(brokers: str, extra: Optional[dict] = None) -> dict:
     return c
 
 
+# The producer compression codecs (Kafka's compression.type names), as
+# connectors/kafka CompressionCodecs.
+CODECS = ("none", "gzip", "snappy", "lz4", "zstd")
+
+
 class AckProducer:
     """Producer whose send waits for the broker's acknowledgement (acks=all);
-    librdkafka retries transient failures until message.timeout.ms."""
+    librdkafka retries transient failures until message.timeout.ms.
 
-    def __init__(self, brokers: str, extra: Optional[dict] = None, timeout_s: float = 60.0):
-        cfg = base_config(brokers, extra)
-        cfg.update({"acks": "all", "linger.ms": 1, "message.max.bytes": MAX_MESSAGE_BYTES,
-                    "message.timeout.ms": int(timeout_s * 1000), "enable.idempotence": False})
-        self.p = Producer(cfg)
+    compression maps full topic names to a codec (none, gzip, snappy, lz4,
+    zstd: the contract's topics.compression); other topics go uncompressed.
+    librdkafka compresses per producer, so each codec gets its own."""
+
+    def __init__(self, brokers: str, extra: Optional[dict] = None, timeout_s: float = 60.0,
+                 compression: Optional[dict] = None):
+        self.cfg = base_config(brokers, extra)
+        self.cfg.update({"acks": "all", "linger.ms": 1, "message.max.bytes": MAX_MESSAGE_BYTES,
+                         "message.timeout.ms": int(timeout_s * 1000), "enable.idempotence": False})
+        self.compression = dict(compression or {})
+        for topic, codec in self.compression.items():
+            if codec not in CODECS:
+                raise ValueError(f"compression of {topic}: {codec!r} is not one of {', '.join(CODECS)}")
+        self.producers: dict = {}
+        self.p = self._producer(self.cfg.get("compression.type", "none"))
         self.timeout_s = timeout_s
+
+    def _producer(self, codec: str) -> Producer:
+        if codec not in self.producers:
+            self.producers[codec] = Producer(dict(self.cfg, **{"compression.type": codec}))
+        return self.producers[codec]
+
+    def _of(self, topic: str) -> Producer:
+        codec = self.compression.get(topic)
+        return self.p if codec is None else self._producer(codec)
 
     def send(self, records: Iterable[tuple[str, Optional[bytes], bytes, list]]) -> None:
         """Produces every (topic, key, value, headers) and returns once all
@@ -66,24 +90,30 @@ class AckProducer:
             if err is not None:
                 errors.append(f"{msg.topic()}: {err}")
 
+        used = []
         for topic, key, value, hdrs in records:
+            p = self._of(topic)
+            if p not in used:
+                used.append(p)
             while True:
                 try:
-                    self.p.produce(topic, value=value, key=key, headers=hdrs, on_delivery=done)
+                    p.produce(topic, value=value, key=key, headers=hdrs, on_delivery=done)
                     pending[0] += 1
                     break
                 except BufferError:
-                    self.p.poll(0.1)
+                    p.poll(0.1)
         deadline = time.monotonic() + self.timeout_s + 5
         while pending[0] > 0:
             if time.monotonic() > deadline:
                 raise DeliveryError(f"{pending[0]} records not acknowledged")
-            self.p.flush(0.5)
+            for p in used:
+                p.flush(0.5 / len(used))
         if errors:
             raise DeliveryError("; ".join(errors))
 
     def close(self) -> None:
-        self.p.flush(10)
+        for p in self.producers.values():
+            p.flush(10)
 
 
 def scan(brokers: str, topic: str, fn: Callable[[Message], None], extra: Optional[dict] = None,

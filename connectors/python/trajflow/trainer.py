@@ -123,6 +123,8 @@ class TrainConfig:
     state_dir: Optional[str] = None
     init_checkpoint: Optional[bytes] = None
     kafka: dict = field(default_factory=dict)
+    # Producer codec per full topic name (the contract's topics.compression).
+    compression: dict = field(default_factory=dict)
     stage: str = "train"
     # The trained policy: MLPBackend (default) or trajflow.llm_backend.LLMBackend.
     backend: object = None
@@ -149,7 +151,7 @@ class TrainStage:
         cfg.adam.validate()
         self.cfg = cfg
         self.backend = cfg.backend if cfg.backend is not None else MLPBackend()
-        self.producer = producer or AckProducer(cfg.brokers, cfg.kafka)
+        self.producer = producer or AckProducer(cfg.brokers, cfg.kafka, compression=cfg.compression)
         self.trainer: Optional[Trainer] = None
         self.last_index = -1
         self.batches: set[str] = set()
