@@ -269,7 +269,7 @@ type Topics struct {
 	// Compression is the producer compression of topics: short topic name
 	// (batches, census, ...) -> none, gzip, snappy, lz4 or zstd; a topic
 	// left out is not compressed. Default {} (none): packed batches
-	// shrink about 4.6x with snappy or lz4, which takes most of the load
+	// shrink about 4.6x with snappy or lz4, which takes much of the load
 	// off the broker and the network, but kafka-go consumers hold about
 	// twice a batch's size per partition to decompress it; trajectories
 	// shrink only 1.1-1.2x, too little to pay for the codec
