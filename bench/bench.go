@@ -53,9 +53,12 @@ var Stages = []string{"validate", "reward", "advantage", "pack"}
 type Config struct {
 	// Contract is the resolved learning contract of the run.
 	Contract *contract.Contract
-	// Brokers of a real cluster; empty starts an embedded broker.
-	Brokers []string
-	Client  kafka.ClientConfig
+	// Brokers of a real cluster; empty starts an embedded broker. On a
+	// cluster the run creates topics of its own ("<run>-bench-<time>.*")
+	// and deletes them when it ends, unless KeepTopics.
+	Brokers    []string
+	KeepTopics bool
+	Client     kafka.ClientConfig
 	// Warmup runs before the measurement starts; Duration is the
 	// measurement window. Tokens, when > 0, ends the measurement once
 	// that many generated tokens are decided (or Duration passes).
@@ -407,6 +410,14 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	cancel()
 	if err != nil {
 		return nil, fmt.Errorf("bench: create topics: %w", err)
+	}
+	if len(cfg.Brokers) > 0 {
+		rep.Topics = "kept: " + runID + ".* (--keep-topics)"
+		if !cfg.KeepTopics {
+			// A run moves gigabytes: on a shared cluster its topics would
+			// hold them for their whole retention (7 days by default).
+			defer func() { rep.Topics = r.deleteTopics(ctx, specs) }()
+		}
 	}
 	rep.Partitions = base.Partitions
 	if len(cfg.Brokers) == 0 {
@@ -1020,6 +1031,38 @@ func (r *run) setRetentionBytes(ctx context.Context, topic string, n int64) erro
 		}
 	}
 	return nil
+}
+
+// deleteTopics deletes the run's topics from the cluster (those already
+// gone are no error), within 30 s even when ctx has ended, and says what
+// it did for the report.
+func (r *run) deleteTopics(ctx context.Context, specs []kafka.TopicSpec) string {
+	names := make([]string, len(specs))
+	for i, s := range specs {
+		names[i] = s.Name
+	}
+	dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+	defer cancel()
+	cl := &kafkago.Client{Addr: kafkago.TCP(r.addr...), Transport: r.trans(), Timeout: 30 * time.Second}
+	resp, err := cl.DeleteTopics(dctx, &kafkago.DeleteTopicsRequest{Topics: names})
+	if err != nil {
+		return fmt.Sprintf("not deleted: %v", err)
+	}
+	deleted := 0
+	var failed []string
+	for _, n := range names {
+		switch e := resp.Errors[n]; {
+		case e == nil:
+			deleted++
+		case errors.Is(e, kafkago.UnknownTopicOrPartition): // a baseline's, deleted after it ran
+		default:
+			failed = append(failed, fmt.Sprintf("%s: %v", n, e))
+		}
+	}
+	if len(failed) > 0 {
+		return fmt.Sprintf("%d deleted, not deleted: %s", deleted, strings.Join(failed, "; "))
+	}
+	return fmt.Sprintf("deleted (%d)", deleted)
 }
 
 func (r *run) deleteTopic(ctx context.Context, topic string) error {

@@ -85,14 +85,18 @@ type Report struct {
 	// CPUCores is process CPU time / wall time over the window;
 	// E2ETokensPerCPUS the end-to-end tokens per second of process CPU
 	// time (the rate per fully available core, on a shared machine).
-	CPUCores         float64      `json:"cpu_cores"`
-	E2ETokensPerCPUS float64      `json:"e2e_tokens_per_cpu_s"`
-	PeakRSSMB        float64      `json:"peak_rss_mb"`
-	MemoryLimitMB    float64      `json:"memory_limit_mb"` // Go soft memory limit (0: none)
-	RetentionMB      float64      `json:"retention_mb"`    // embedded broker's retention per partition
-	RSS              []RSSSample  `json:"rss"`
-	DrainS           float64      `json:"drain_s"`
-	Accounting       audit.Counts `json:"accounting"`
+	CPUCores         float64 `json:"cpu_cores"`
+	E2ETokensPerCPUS float64 `json:"e2e_tokens_per_cpu_s"`
+	PeakRSSMB        float64 `json:"peak_rss_mb"`
+	MemoryLimitMB    float64 `json:"memory_limit_mb"` // Go soft memory limit (0: none)
+	RetentionMB      float64 `json:"retention_mb"`    // embedded broker's retention per partition
+	// Topics says what became of the run's topics on a cluster
+	// (Config.Brokers): "deleted (N)", "kept: <run>.* (--keep-topics)", or
+	// why they were not deleted. Empty on the embedded broker.
+	Topics     string       `json:"topics,omitempty"`
+	RSS        []RSSSample  `json:"rss"`
+	DrainS     float64      `json:"drain_s"`
+	Accounting audit.Counts `json:"accounting"`
 	// Undecided, when attempts were lost, names the topics each lost
 	// attempt's group was last seen in (its messages are keyed by group id).
 	Undecided map[string][]string `json:"undecided,omitempty"`
@@ -453,6 +457,9 @@ func (rep *Report) WriteTable(w io.Writer) error {
 	p("process          %.2f cores (%s end-to-end tokens per CPU-second), peak RSS %.0f MB (Go memory limit %s)\n", rep.CPUCores, human(rep.E2ETokensPerCPUS), rep.PeakRSSMB, limit)
 	if rep.RetentionMB > 0 {
 		p("                 embedded broker retention %.0f MB per partition\n", rep.RetentionMB)
+	}
+	if rep.Topics != "" {
+		p("topics           %s\n", rep.Topics)
 	}
 	if k := rep.Kill; k != nil {
 		p("kill             %s (%s) SIGKILLed %.1fs into the window, running again after %.2fs\n", k.Stage, k.Instance, k.AtS, k.DownS)

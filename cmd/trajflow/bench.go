@@ -31,7 +31,7 @@ type benchFlags struct {
 	baselineRate, meanTokens                   *float64
 	instances, jsonOut, plot, cpuProf, memProf *string
 	dataDir                                    *string
-	tcpOnly                                    *bool
+	tcpOnly, keepTopics                        *bool
 	inflight, maxTokens                        *int
 	asJSON, processes                          *bool
 	cpuPids                                    *string
@@ -42,7 +42,8 @@ type benchFlags struct {
 func addBenchFlags(fs *flag.FlagSet) benchFlags {
 	return benchFlags{
 		contract:     fs.String("contract", "testdata/contracts/bench.yaml", "learning contract (sized for throughput)"),
-		brokers:      fs.String("brokers", "", "comma-separated brokers of a real cluster (empty: embedded broker)"),
+		brokers:      fs.String("brokers", "", "comma-separated brokers of a real cluster (empty: embedded broker); the run's own topics are deleted when it ends"),
+		keepTopics:   fs.Bool("keep-topics", false, "with --brokers: leave the run's topics on the cluster (they hold gigabytes until their retention ends)"),
 		clientConfig: fs.String("client-config", "", "YAML file with TLS/SASL client settings"),
 		duration:     fs.Duration("duration", 10*time.Second, "measurement window"),
 		warmup:       fs.Duration("warmup", 3*time.Second, "warm-up before the measurement"),
@@ -101,6 +102,10 @@ func (f benchFlags) config(stderr io.Writer) (bench.Config, error) {
 		}
 	}
 	cfg.Kill, cfg.KillAt = *f.kill, *f.killAt
+	if *f.keepTopics && *f.brokers == "" {
+		return bench.Config{}, fmt.Errorf("%w: --keep-topics goes with --brokers (the embedded broker ends with the run)", errUsage)
+	}
+	cfg.KeepTopics = *f.keepTopics
 	if cfg.CPUPids, err = bench.ParsePids(*f.cpuPids); err != nil {
 		return bench.Config{}, fmt.Errorf("%w: --cpu-pids: %v", errUsage, err)
 	}

@@ -7,7 +7,9 @@ import (
 	"os"
 	"path/filepath"
 	"runtime/debug"
+	"strings"
 	"testing"
+	"time"
 
 	"github.com/trajflow/trajflow/connectors/kafka"
 	"github.com/trajflow/trajflow/internal/testkit"
@@ -116,7 +118,8 @@ func TestBenchRejectsPackInstances(t *testing.T) {
 // has returned none of its goroutines runs (the sink's reader, closing,
 // left its group with a dial of the broker after the bench had returned),
 // and once that broker is closed nothing of the bench dials its address
-// again (testkit.NoDials: every client's transport was closed).
+// again (testkit.NoDials: every client's transport was closed). On such a
+// cluster the bench deletes the topics it created.
 func TestBenchPacedBaseline(t *testing.T) {
 	const rate = 40
 	b, err := kafka.StartBroker(context.Background(), kafka.BrokerConfig{})
@@ -127,13 +130,18 @@ func TestBenchPacedBaseline(t *testing.T) {
 		"--baseline", "2s", "--baseline-rate", "40", "--mean-tokens", "400", "--max-tokens", "8000", "--json", "--brokers", b.Addr()}
 	var stdout, stderr bytes.Buffer
 	code := run(context.Background(), args, &stdout, &stderr)
+	left := runTopics(t, b.Addr(), stdout.Bytes())
 	b.Close()
 	if code != 0 {
 		t.Fatalf("exit %d: %s", code, stderr.String())
 	}
+	if len(left) > 0 {
+		t.Errorf("the bench left its topics on the cluster: %v", left)
+	}
 	testkit.NoGoroutines(t, "github.com/trajflow/trajflow/bench.")
 	testkit.NoDials(t, b.Addr(), 3*kafka.MetadataTTL)
 	var rep struct {
+		Topics   string `json:"topics"`
 		Baseline struct {
 			RecordsPerS float64 `json:"records_per_s"`
 			PacedRate   float64 `json:"paced_msgs_per_s"`
@@ -142,11 +150,65 @@ func TestBenchPacedBaseline(t *testing.T) {
 	if err := json.Unmarshal(stdout.Bytes(), &rep); err != nil {
 		t.Fatalf("report is not JSON: %v\n%s", err, stdout.String())
 	}
+	if !strings.HasPrefix(rep.Topics, "deleted (") {
+		t.Errorf("report says topics %q, want them deleted", rep.Topics)
+	}
 	if rep.Baseline.PacedRate != rate {
 		t.Errorf("paced_msgs_per_s = %v, want %d", rep.Baseline.PacedRate, rate)
 	}
 	// Unpaced, the same broker moves thousands of these messages a second.
 	if r := rep.Baseline.RecordsPerS; r <= 0 || r > rate*1.25 {
 		t.Errorf("baseline read %.1f messages/s, want at most the pace of %d (+25%%)", r, rate)
+	}
+}
+
+// runTopics lists the topics of the cluster at addr that belong to the run
+// of the bench report rep (JSON).
+func runTopics(t *testing.T, addr string, rep []byte) []string {
+	t.Helper()
+	var r struct {
+		Run string `json:"run"`
+	}
+	if err := json.Unmarshal(rep, &r); err != nil || r.Run == "" {
+		t.Fatalf("report without a run id (%v):\n%s", err, rep)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	specs, err := kafka.ListTopics(ctx, kafka.ClientConfig{}, []string{addr})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, s := range specs {
+		if strings.HasPrefix(s.Name, r.Run+".") {
+			out = append(out, s.Name)
+		}
+	}
+	return out
+}
+
+// TestBenchKeepTopics: with --keep-topics the run's topics stay on the
+// cluster, and the report says so.
+func TestBenchKeepTopics(t *testing.T) {
+	b, err := kafka.StartBroker(context.Background(), kafka.BrokerConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	args := []string{"bench", "--contract", "../../testdata/contracts/bench.yaml", "--duration", "1s", "--warmup", "0s",
+		"--baseline", "-1s", "--mean-tokens", "400", "--max-tokens", "8000", "--json", "--brokers", b.Addr(), "--keep-topics"}
+	var stdout, stderr bytes.Buffer
+	if code := run(context.Background(), args, &stdout, &stderr); code != 0 {
+		t.Fatalf("exit %d: %s", code, stderr.String())
+	}
+	left := runTopics(t, b.Addr(), stdout.Bytes())
+	if len(left) < 10 {
+		t.Fatalf("with --keep-topics the cluster holds %d of the run's topics (%v), want all of them", len(left), left)
+	}
+	var rep struct {
+		Topics string `json:"topics"`
+	}
+	if err := json.Unmarshal(stdout.Bytes(), &rep); err != nil || !strings.HasPrefix(rep.Topics, "kept: ") {
+		t.Fatalf("report says topics %q (%v), want kept", rep.Topics, err)
 	}
 }
