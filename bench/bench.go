@@ -411,13 +411,14 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	if err != nil {
 		return nil, fmt.Errorf("bench: create topics: %w", err)
 	}
-	if len(cfg.Brokers) > 0 {
+	switch {
+	case len(cfg.Brokers) == 0:
+	case cfg.KeepTopics:
 		rep.Topics = "kept: " + runID + ".* (--keep-topics)"
-		if !cfg.KeepTopics {
-			// A run moves gigabytes: on a shared cluster its topics would
-			// hold them for their whole retention (7 days by default).
-			defer func() { rep.Topics = r.deleteTopics(ctx, specs) }()
-		}
+	default:
+		// A run moves gigabytes: on a shared cluster its topics would hold
+		// them for their whole retention (7 days by default).
+		defer func() { rep.Topics = r.cleanUp(ctx, specs) }()
 	}
 	rep.Partitions = base.Partitions
 	if len(cfg.Brokers) == 0 {
@@ -456,7 +457,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 				rep.Baseline = bl
 			}
 			// Free the baseline's data before the pipeline runs.
-			if err := r.deleteTopic(ctx, topic); err != nil {
+			if _, err := r.deleteTopics(ctx, topic); err != nil {
 				return nil, err
 			}
 		}
@@ -1033,50 +1034,42 @@ func (r *run) setRetentionBytes(ctx context.Context, topic string, n int64) erro
 	return nil
 }
 
-// deleteTopics deletes the run's topics from the cluster (those already
-// gone are no error), within 30 s even when ctx has ended, and says what
-// it did for the report.
-func (r *run) deleteTopics(ctx context.Context, specs []kafka.TopicSpec) string {
+// cleanUp deletes the run's topics from the cluster, within 30 s even
+// when ctx has ended, and says what it did for the report.
+func (r *run) cleanUp(ctx context.Context, specs []kafka.TopicSpec) string {
 	names := make([]string, len(specs))
 	for i, s := range specs {
 		names[i] = s.Name
 	}
 	dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 	defer cancel()
-	cl := &kafkago.Client{Addr: kafkago.TCP(r.addr...), Transport: r.trans(), Timeout: 30 * time.Second}
-	resp, err := cl.DeleteTopics(dctx, &kafkago.DeleteTopicsRequest{Topics: names})
+	n, err := r.deleteTopics(dctx, names...)
 	if err != nil {
-		return fmt.Sprintf("not deleted: %v", err)
+		return fmt.Sprintf("%d deleted, not deleted: %v", n, err)
 	}
-	deleted := 0
-	var failed []string
-	for _, n := range names {
-		switch e := resp.Errors[n]; {
-		case e == nil:
-			deleted++
-		case errors.Is(e, kafkago.UnknownTopicOrPartition): // a baseline's, deleted after it ran
-		default:
-			failed = append(failed, fmt.Sprintf("%s: %v", n, e))
-		}
-	}
-	if len(failed) > 0 {
-		return fmt.Sprintf("%d deleted, not deleted: %s", deleted, strings.Join(failed, "; "))
-	}
-	return fmt.Sprintf("deleted (%d)", deleted)
+	return fmt.Sprintf("deleted (%d)", n)
 }
 
-func (r *run) deleteTopic(ctx context.Context, topic string) error {
+// deleteTopics deletes topics (those already gone, as a baseline's after
+// it ran, are no error) and returns how many it deleted.
+func (r *run) deleteTopics(ctx context.Context, topics ...string) (int, error) {
 	cl := &kafkago.Client{Addr: kafkago.TCP(r.addr...), Transport: r.trans(), Timeout: 30 * time.Second}
-	resp, err := cl.DeleteTopics(ctx, &kafkago.DeleteTopicsRequest{Topics: []string{topic}})
+	resp, err := cl.DeleteTopics(ctx, &kafkago.DeleteTopicsRequest{Topics: topics})
 	if err != nil {
-		return fmt.Errorf("bench: delete %s: %w", topic, err)
+		return 0, fmt.Errorf("bench: delete topics: %w", err)
 	}
-	for _, e := range resp.Errors {
-		if e != nil {
-			return fmt.Errorf("bench: delete %s: %w", topic, e)
+	deleted := 0
+	var errs []error
+	for _, t := range topics {
+		switch e := resp.Errors[t]; {
+		case e == nil:
+			deleted++
+		case errors.Is(e, kafkago.UnknownTopicOrPartition):
+		default:
+			errs = append(errs, fmt.Errorf("bench: delete %s: %w", t, e))
 		}
 	}
-	return nil
+	return deleted, errors.Join(errs...)
 }
 
 // locate finds, for up to 8 undecided groups, the topics holding a message

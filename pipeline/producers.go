@@ -41,73 +41,57 @@ func (o *Operator) newWriter(codec kafka.Compression, transport kafka.RoundTripp
 // different topics have no order to keep.
 type producers struct {
 	writers []*kafka.Writer
-	byTopic map[string]*kafka.Writer // compressed topics
+	byTopic map[string]int // compressed topics: index in writers
 }
 
 // newProducers builds the writers of codecs with build.
 func newProducers(codecs map[string]kafka.Compression, build func(kafka.Compression) *kafka.Writer) producers {
-	p := producers{writers: []*kafka.Writer{build(0)}, byTopic: map[string]*kafka.Writer{}}
-	of := map[kafka.Compression]*kafka.Writer{0: p.writers[0]}
+	p := producers{writers: []*kafka.Writer{build(0)}, byTopic: map[string]int{}}
+	of := map[kafka.Compression]int{0: 0}
 	for topic, c := range codecs {
-		w, ok := of[c]
+		i, ok := of[c]
 		if !ok {
-			w = build(c)
-			of[c] = w
-			p.writers = append(p.writers, w)
+			i = len(p.writers)
+			of[c] = i
+			p.writers = append(p.writers, build(c))
 		}
-		p.byTopic[topic] = w
+		p.byTopic[topic] = i
 	}
 	return p
 }
 
 // of is the writer of topic.
-func (p producers) of(topic string) *kafka.Writer {
-	if w, ok := p.byTopic[topic]; ok {
-		return w
-	}
-	return p.writers[0]
-}
+func (p producers) of(topic string) *kafka.Writer { return p.writers[p.byTopic[topic]] }
 
 // write hands msgs to their writers (async: it returns once they are
 // queued). On an error it returns the records no writer took.
 func (p producers) write(ctx context.Context, msgs []kafka.Message) ([]kafka.Message, error) {
-	first := p.of(msgs[0].Topic)
-	same := true
-	for i := range msgs[1:] {
-		if p.of(msgs[i+1].Topic) != first {
-			same = false
-			break
-		}
-	}
-	if same {
-		if err := first.WriteMessages(ctx, msgs...); err != nil {
+	if len(p.writers) == 1 { // nothing compressed
+		if err := p.writers[0].WriteMessages(ctx, msgs...); err != nil {
 			return msgs, err
 		}
 		return nil, nil
 	}
 	// Split by writer, each part in the order of msgs.
+	parts := make([][]kafka.Message, len(p.writers))
+	for _, m := range msgs {
+		i := p.byTopic[m.Topic]
+		parts[i] = append(parts[i], m)
+	}
 	var unsent []kafka.Message
-	var errs []error
-	for _, w := range p.writers {
-		var part []kafka.Message
-		for _, m := range msgs {
-			if p.of(m.Topic) == w {
-				part = append(part, m)
-			}
-		}
+	var err error
+	for i, part := range parts {
 		if len(part) == 0 {
 			continue
 		}
-		if len(errs) > 0 {
-			unsent = append(unsent, part...)
-			continue
+		if err == nil {
+			err = p.writers[i].WriteMessages(ctx, part...)
 		}
-		if err := w.WriteMessages(ctx, part...); err != nil {
+		if err != nil {
 			unsent = append(unsent, part...)
-			errs = append(errs, err)
 		}
 	}
-	return unsent, errors.Join(errs...)
+	return unsent, err
 }
 
 // close flushes every writer and waits for their Completion calls.
