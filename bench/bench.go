@@ -368,7 +368,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		pprof.Do(ctx, pprof.Labels("role", "broker"), func(ctx context.Context) {
 			b, err = kafka.StartBroker(ctx, kafka.BrokerConfig{
 				MaxMessageBytes: c.Topics.MaxMessageBytes, DataDir: cfg.DataDir, TCPOnly: cfg.TCPOnly,
-				Retention: kafka.RetentionPolicy{Bytes: retention, CheckInterval: 250 * time.Millisecond, SegmentBytes: segmentBytes},
+				Retention: kafka.RetentionPolicy{Bytes: retention, CheckInterval: 250 * time.Millisecond, SegmentBytes: r.segmentSize()},
 			})
 		})
 		if err != nil {
@@ -940,8 +940,17 @@ func (r *run) instances(stage string) []*instance {
 	return out
 }
 
-// segmentBytes is the embedded broker's log segment size.
+// segmentBytes is the embedded broker's log segment size when its log is
+// in memory, where a segment is heap; on disk (Config.DataDir) it is
+// onDisk times this, as every retention is. Each segment is a file and
+// its index, created when the segment opens and removed with it: at the
+// pipeline's ~330 MB/s, 2 MiB segments meant ~160 files opened and
+// removed per second, and 16 MiB ones raised the pipeline's and the raw
+// baseline's bytes per CPU-second by 5-10% alike (bench/RESULTS.md).
 const segmentBytes = 2 << 20
+
+// segmentSize is the embedded broker's log segment size for this run.
+func (r *run) segmentSize() int64 { return r.onDisk() * segmentBytes }
 
 // retentionBytes is the embedded broker's retention per partition. The
 // closed loop keeps at most InFlightGroups group messages unread on a

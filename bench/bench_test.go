@@ -164,13 +164,20 @@ func TestRetentionFollowsInFlight(t *testing.T) {
 		if got := r.brokerBound(tc.retention); got != want {
 			t.Errorf("inflight %d: broker bound %d, want %d", tc.inflight, got, want)
 		}
-		// A log on disk keeps eight times as much of every topic.
+		if got := r.segmentSize(); got != 2<<20 {
+			t.Errorf("inflight %d: segment %d bytes, want 2 MiB", tc.inflight, got)
+		}
+		// A log on disk keeps eight times as much of every topic, in segments
+		// eight times as large.
 		r.cfg.DataDir = t.TempDir()
 		if got := r.retentionBytes(); got != 8*tc.retention {
 			t.Errorf("inflight %d on disk: retention %d, want %d", tc.inflight, got, 8*tc.retention)
 		}
 		if got := r.batchesRetention(); got != 8*tc.batches*batch {
 			t.Errorf("inflight %d on disk: batches retention %d, want %d", tc.inflight, got, 8*tc.batches*batch)
+		}
+		if got := r.segmentSize(); got != 16<<20 {
+			t.Errorf("inflight %d on disk: segment %d bytes, want 16 MiB", tc.inflight, got)
 		}
 		if got := r.lowRateRetention()[0].bytes; got != 64<<20 {
 			t.Errorf("inflight %d on disk: census retention %d, want 64 MiB", tc.inflight, got)
