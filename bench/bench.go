@@ -413,6 +413,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	}
 	switch {
 	case len(cfg.Brokers) == 0:
+		// The embedded broker, and its topics, end with the run.
 	case cfg.KeepTopics:
 		rep.Topics = "kept: " + runID + ".* (--keep-topics)"
 	default:
@@ -945,8 +946,8 @@ func (r *run) instances(stage string) []*instance {
 // onDisk times this, as every retention is. Each segment is a file and
 // its index, created when the segment opens and removed with it: at the
 // pipeline's ~330 MB/s, 2 MiB segments meant ~160 files opened and
-// removed per second, and 16 MiB ones raised the pipeline's and the raw
-// baseline's bytes per CPU-second by 5-10% alike (bench/RESULTS.md).
+// removed per second; 16 MiB ones raised the pipeline's bytes per
+// CPU-second by 3-8% and the raw baseline's by 7-10% (bench/RESULTS.md).
 const segmentBytes = 2 << 20
 
 // segmentSize is the embedded broker's log segment size for this run.
