@@ -16,7 +16,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"math/rand/v2"
 	"os"
 	"os/exec"
@@ -325,42 +324,7 @@ func startBrokerProcess(t testing.TB) string { return startBrokerProcessOn(t, 0)
 // startBrokerProcessOn runs `trajflow broker --port port`.
 func startBrokerProcessOn(t testing.TB, port int) string {
 	t.Helper()
-	cmd := exec.Command(binPath, "broker", "--port", fmt.Sprint(port), "--log-level", "warn")
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd.Stderr = io.Discard
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan struct{})
-	go func() { _ = cmd.Wait(); close(done) }()
-	t.Cleanup(func() {
-		_ = cmd.Process.Signal(syscall.SIGTERM)
-		select {
-		case <-done:
-		case <-time.After(20 * time.Second):
-			_ = cmd.Process.Kill()
-			<-done
-		}
-	})
-	addrCh := make(chan string, 1)
-	go func() {
-		sc := bufio.NewScanner(out)
-		for sc.Scan() {
-			if a, ok := strings.CutPrefix(sc.Text(), "broker listening on "); ok {
-				addrCh <- strings.TrimSpace(a)
-			}
-		}
-	}()
-	select {
-	case a := <-addrCh:
-		return a
-	case <-time.After(30 * time.Second):
-		t.Fatal("trajflow broker printed no address")
-	}
-	return ""
+	return testkit.StartBrokerProcess(t, binPath, port)
 }
 
 // producer feeds groups [0, n) in chunks over time, so that kills land

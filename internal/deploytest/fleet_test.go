@@ -22,6 +22,7 @@ import (
 	"github.com/trajflow/trajflow/deploy/k8s"
 	"github.com/trajflow/trajflow/internal/audit"
 	"github.com/trajflow/trajflow/internal/loop"
+	"github.com/trajflow/trajflow/internal/testkit"
 	"github.com/trajflow/trajflow/pipeline"
 	"github.com/trajflow/trajflow/schemas"
 )
@@ -489,42 +490,7 @@ func writeContract(t testing.TB, dir, runID string) {
 // startBrokerProcess runs `trajflow broker --port 0` and returns its address.
 func startBrokerProcess(t testing.TB, bin string) string {
 	t.Helper()
-	cmd := exec.Command(bin, "broker", "--port", "0", "--log-level", "warn")
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd.Stderr = io.Discard
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan struct{})
-	go func() { _ = cmd.Wait(); close(done) }()
-	t.Cleanup(func() {
-		_ = cmd.Process.Signal(syscall.SIGTERM)
-		select {
-		case <-done:
-		case <-time.After(20 * time.Second):
-			_ = cmd.Process.Kill()
-			<-done
-		}
-	})
-	addr := make(chan string, 1)
-	go func() {
-		sc := bufio.NewScanner(out)
-		for sc.Scan() {
-			if a, ok := strings.CutPrefix(sc.Text(), "broker listening on "); ok {
-				addr <- strings.TrimSpace(a)
-			}
-		}
-	}()
-	select {
-	case a := <-addr:
-		return a
-	case <-time.After(30 * time.Second):
-		t.Fatal("trajflow broker printed no address")
-	}
-	return ""
+	return testkit.StartBrokerProcess(t, bin, 0)
 }
 
 // clusterBrokers is TRAJFLOW_KAFKA_CLUSTER (deploy/local/cluster.sh env), or "".
