@@ -27,29 +27,10 @@ import (
 	"github.com/trajflow/trajflow/schemas"
 )
 
-// demo runs the loop in process and returns its summary.
+// demo runs the loop in process with testkit.Demo's checks.
 func demo(t *testing.T, o loop.Options) *loop.Summary {
 	t.Helper()
-	if o.Out == "" {
-		o.Out = t.TempDir()
-	}
-	if o.EvalSamples == 0 {
-		o.EvalSamples = 1
-	}
-	o.Quiet = true
-	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
-	defer cancel()
-	s, err := loop.Run(ctx, o, io.Discard)
-	if err != nil {
-		t.Fatalf("demo: %v", err)
-	}
-	if s.Lost != 0 || s.DuplicatesAdmitted != 0 {
-		t.Fatalf("lost %d, duplicates %d", s.Lost, s.DuplicatesAdmitted)
-	}
-	if s.AttemptsLaunched != o.Updates*16*16 || len(s.BatchHashes) != s.Updates {
-		t.Fatalf("%d attempts launched, %d batches for %d updates", s.AttemptsLaunched, len(s.BatchHashes), s.Updates)
-	}
-	return s
+	return testkit.Demo(t, o)
 }
 
 // TestDemoDeterministic: in stop-and-synchronize mode the same seed gives
