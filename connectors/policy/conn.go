@@ -215,3 +215,19 @@ func (f Float) MarshalJSON() ([]byte, error) {
 	}
 	return strconv.AppendFloat(nil, f.V, 'g', -1, 64), nil
 }
+
+// Tokenize is the /tokenize call SGLang and vLLM share: POST /tokenize
+// {prompt: text, add_special_tokens: false} answered by {tokens: [...]}. An
+// answer without tokens is an *InfraError (bad_response).
+func (c *Conn) Tokenize(ctx context.Context, text string) ([]int32, error) {
+	var resp struct {
+		Tokens *[]int32 `json:"tokens"`
+	}
+	if err := c.Call(ctx, "POST", "/tokenize", map[string]any{"prompt": text, "add_special_tokens": false}, &resp); err != nil {
+		return nil, err
+	}
+	if resp.Tokens == nil {
+		return nil, Infra(ReasonBadResponse, c.Addr, "POST /tokenize: missing tokens")
+	}
+	return *resp.Tokens, nil
+}

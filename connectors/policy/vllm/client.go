@@ -355,16 +355,7 @@ func (c *Client) ApplyTemplate(ctx context.Context, msgs []rollout.ChatMessage, 
 // Tokenize implements rollout.Tokenizer (POST /tokenize, no special tokens
 // added).
 func (c *Client) Tokenize(ctx context.Context, text string) ([]int32, error) {
-	var resp struct {
-		Tokens *[]int32 `json:"tokens"`
-	}
-	if err := c.conn.Call(ctx, "POST", "/tokenize", map[string]any{"prompt": text, "add_special_tokens": false}, &resp); err != nil {
-		return nil, err
-	}
-	if resp.Tokens == nil {
-		return nil, policy.Infra(policy.ReasonBadResponse, c.conn.Addr, "POST /tokenize: missing tokens")
-	}
-	return *resp.Tokens, nil
+	return c.conn.Tokenize(ctx, text)
 }
 
 // Detokenize implements rollout.Tokenizer (POST /detokenize).
