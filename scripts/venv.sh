@@ -1,5 +1,5 @@
-# Sourced by the project's Python setup scripts (connectors/python/setup.sh,
-# bench/peers/python/setup.sh); defines venv_ensure.
+# Sourced by the project's Python setup and test scripts (connectors/python/,
+# bench/peers/python/); defines venv_ensure and run_pytest.
 #
 #   venv_ensure PREFIX REQUIREMENTS MODULE...
 #
@@ -45,4 +45,19 @@ venv_ensure() {
   "$VENV/bin/python" -c "import ${modules%, }" >&2
   echo "trajflow venv $prefix: installed in $(($(date +%s) - start)) s, $(du -sh "$VENV" | cut -f1) at $VENV" >&2
   touch "$VENV/.complete"
+}
+
+# run_pytest PYTHON DIR [PYTEST ARGS...] runs pytest with PYTHON in DIR, DIR
+# on PYTHONPATH (so the checkout's code is what runs), and returns its exit
+# status, except that status 5 ("no tests collected") is a failure (1): a
+# selection that matches nothing must not pass.
+run_pytest() {
+  local py=$1 dir=$2 rc=0
+  shift 2
+  (cd "$dir" && PYTHONPATH="$dir${PYTHONPATH:+:$PYTHONPATH}" "$py" -m pytest -p no:cacheprovider "$@") || rc=$?
+  if [ "$rc" -eq 5 ]; then
+    echo "$dir: pytest collected no tests (exit 5): failing" >&2
+    return 1
+  fi
+  return "$rc"
 }

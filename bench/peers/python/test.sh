@@ -8,14 +8,7 @@
 # unless TRAJFLOW_BIN names one.
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
+# shellcheck source=scripts/venv.sh
+. "$here/../../../scripts/venv.sh"
 py="$("$here/setup.sh" | tail -1)"
-cd "$here"
-set +e
-PYTHONPATH="$here${PYTHONPATH:+:$PYTHONPATH}" "$py" -m pytest -p no:cacheprovider "$@"
-rc=$?
-set -e
-if [ "$rc" -eq 5 ]; then
-  echo "bench/peers/python/test.sh: pytest collected no tests (exit 5): failing" >&2
-  exit 1
-fi
-exit "$rc"
+run_pytest "$py" "$here" "$@"
