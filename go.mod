@@ -7,6 +7,7 @@ require (
 	github.com/dgraph-io/badger/v4 v4.9.6
 	github.com/go-zeromq/zmq4 v0.17.0
 	github.com/google/flatbuffers v25.12.19+incompatible
+	github.com/google/pprof v0.0.0-20261105003125-4bf881d7fb0b
 	github.com/parquet-go/parquet-go v0.32.0
 	github.com/pebbe/zmq4 v1.4.0
 	github.com/prometheus/client_golang v1.25.0

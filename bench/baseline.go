@@ -35,6 +35,9 @@ type Baseline struct {
 	PacedRate float64 `json:"paced_msgs_per_s,omitempty"`
 	// Client is the Kafka client library: kafka-go or franz-go.
 	Client string `json:"client"`
+	// CPUByRole is the window's CPU by role (Config.CPURoles), its MSPerMB
+	// over Bytes: the broker, the raw client ("baseline") and the rest.
+	CPUByRole []RoleCPU `json:"cpu_by_role,omitempty"`
 }
 
 // baselineMsg is one pre-encoded message of the baselines.
@@ -215,12 +218,19 @@ func (r *run) baseline(ctx context.Context, topic string, d time.Duration, rate 
 			return nil, err
 		}
 	}
+	prof, err := startWindowProfile(r.cfg.CPURoles)
+	if err != nil {
+		stop()
+		wg.Wait()
+		return nil, err
+	}
 	b0, m0, k0, t0, c0 := consumed.Load(), consumedMsgs.Load(), consumedTok.Load(), time.Now(), r.cpu()
 	err = progress("baseline", d)
 	b1, m1, k1, secs, cpu := consumed.Load(), consumedMsgs.Load(), consumedTok.Load(), time.Since(t0).Seconds(), (r.cpu() - c0).Seconds()
+	roles, profErr := prof.stop()
 	stop()
 	wg.Wait()
-	if err != nil {
+	if err = errors.Join(err, profErr); err != nil {
 		return nil, err
 	}
 	if m1 == m0 {
@@ -231,6 +241,7 @@ func (r *run) baseline(ctx context.Context, topic string, d time.Duration, rate 
 		MBPerS: float64(b1-b0) / secs / 1e6, RecordsPerS: float64(m1-m0) / secs,
 		MeanMsgBytes: mean, TokensPerS: float64(k1-k0) / secs,
 		CPUCores: cpu / secs, MBPerCPUS: float64(b1-b0) / max(cpu, 1e-9) / 1e6, PacedRate: rate, Client: "kafka-go",
+		CPUByRole: roleTable(roles, b1-b0),
 	}, nil
 }
 

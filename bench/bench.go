@@ -126,6 +126,13 @@ type Config struct {
 	// broker on this machine, e.g. Apache Kafka's JVM, so the pipeline and
 	// the baselines both pay for it).
 	CPUPids []int
+	// CPURoles profiles this process's CPU over each measured window (the
+	// pipeline's and every baseline's) and reports it by role
+	// (Report.CPUByRole, Baseline.CPUByRole): where the CPU per byte goes.
+	// It runs the process's one CPU profile, so it excludes a profile of
+	// the whole run, and it needs the operators in this process (not
+	// Processes).
+	CPURoles bool
 	// Drain bounds the wait for in-flight attempts after the measurement
 	// (default 30 s).
 	Drain time.Duration
@@ -199,6 +206,9 @@ func (c *Config) defaults() error {
 		if c.KillAt >= c.Duration {
 			return fmt.Errorf("bench: --kill-at %v: must be inside the window (--duration %v)", c.KillAt, c.Duration)
 		}
+	}
+	if c.CPURoles && c.Processes != nil {
+		return errors.New("bench: --cpu-roles profiles this process, and with --processes the operators run in others")
 	}
 	if len(c.Baselines) == 0 {
 		c.Baselines = []string{ClientKafkaGo}
@@ -654,6 +664,10 @@ func (r *run) pipeline(ctx context.Context, rep *Report) error {
 	for _, in := range r.stages {
 		in.resetWait()
 	}
+	prof, err := startWindowProfile(cfg.CPURoles)
+	if err != nil {
+		return err
+	}
 	t0 := time.Now()
 	var stopAt func() bool
 	if cfg.Tokens > 0 {
@@ -670,10 +684,15 @@ func (r *run) pipeline(ctx context.Context, rep *Report) error {
 		}
 	}
 	if err := wait("measure", cfg.Duration, stopAt); err != nil {
+		prof.stop()
 		return err
 	}
 	window := time.Since(t0)
 	snapEnd := r.snapshot(ctx)
+	roles, err := prof.stop()
+	if err != nil {
+		return err
+	}
 	if cfg.Measured != nil {
 		cfg.Measured()
 	}
@@ -682,6 +701,7 @@ func (r *run) pipeline(ctx context.Context, rep *Report) error {
 	r.acct = newAccounting() // the drain's decisions count for correctness only
 	r.mu.Unlock()
 	rep.fill(measured, snapStart, snapEnd, window, r)
+	rep.CPUByRole = roleTable(roles, rep.hopBytes)
 	rep.RSS = rss.samples
 
 	// Drain: stop the source, wait for every launched attempt's fate.

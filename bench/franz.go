@@ -134,12 +134,17 @@ func (r *run) baselineFranz(ctx context.Context, topic string, d time.Duration) 
 			return finish(err)
 		}
 	}
+	prof, err := startWindowProfile(r.cfg.CPURoles)
+	if err != nil {
+		return finish(err)
+	}
 	b0, m0, k0, t0, c0 := consumed.Load(), consumedMsgs.Load(), consumedTok.Load(), time.Now(), r.cpu()
 	err = wait(d)
 	b1, m1, k1, secs, cpu := consumed.Load(), consumedMsgs.Load(), consumedTok.Load(), time.Since(t0).Seconds(), (r.cpu() - c0).Seconds()
+	roles, profErr := prof.stop()
 	stop()
 	wg.Wait()
-	if err != nil {
+	if err = errors.Join(err, profErr); err != nil {
 		return nil, err
 	}
 	if m1 == m0 {
@@ -150,5 +155,6 @@ func (r *run) baselineFranz(ctx context.Context, topic string, d time.Duration) 
 		MBPerS: float64(b1-b0) / secs / 1e6, RecordsPerS: float64(m1-m0) / secs,
 		MeanMsgBytes: mean, TokensPerS: float64(k1-k0) / secs,
 		CPUCores: cpu / secs, MBPerCPUS: float64(b1-b0) / max(cpu, 1e-9) / 1e6, Client: ClientFranzGo,
+		CPUByRole: roleTable(roles, b1-b0),
 	}, nil
 }

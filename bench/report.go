@@ -58,6 +58,10 @@ type Report struct {
 	// Baselines are every raw baseline of the run (Config.Baselines), in
 	// the order they ran; Baseline is the kafka-go one among them.
 	Baselines []*Baseline `json:"baselines,omitempty"`
+	// CPUByRole is the window's CPU by role, most first (Config.CPURoles;
+	// its MSPerMB over the pipeline's hop bytes, PipelineMBPerS's).
+	CPUByRole []RoleCPU `json:"cpu_by_role,omitempty"`
+	hopBytes  int64     // moved on the pipeline's hops in the window
 
 	PackingEfficiency float64 `json:"packing_efficiency"`
 	// Yield is valid action tokens admitted / action tokens generated;
@@ -331,6 +335,7 @@ func (rep *Report) fill(a *accounting, s0, s1 snapshot, window time.Duration, r 
 		rep.Stages = append(rep.Stages, sr)
 	}
 	hops += s1.sinkB - s0.sinkB // the trainer side's hop: batches
+	rep.hopBytes = hops
 	rep.PipelineMBPerS = float64(hops) / w / 1e6
 	if rep.Baseline != nil {
 		rep.BaselineMBPerS = rep.Baseline.MBPerS
@@ -424,6 +429,7 @@ func (rep *Report) WriteTable(w io.Writer) error {
 			p("raw %-12s %.1f MB/s, %.1f MB per CPU-second, %.0f msgs/s, %.2f cores\n", b.Client, b.MBPerS, b.MBPerCPUS, b.RecordsPerS, b.CPUCores)
 		}
 	}
+	printRoles(p, rep)
 	p("latency (ms)     p50 %.1f  p90 %.1f  p99 %.1f  max %.1f  (production → batch, %d records)\n",
 		rep.LatencyMS.P50, rep.LatencyMS.P90, rep.LatencyMS.P99, rep.LatencyMS.Max, rep.LatencyMS.Count)
 	p("hops (ms)        p50/p99 ")
@@ -674,4 +680,35 @@ func processCPU() time.Duration {
 		return 0
 	}
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// printRoles prints the windows' CPU by role (Config.CPURoles) in
+// milliseconds per MB moved, the pipeline's then each baseline's, and the
+// broker's part and the rest's against raw kafka-go's.
+func printRoles(p func(string, ...any), rep *Report) {
+	line := func(head string, rows []RoleCPU) {
+		var total float64
+		p("%-16s", head)
+		for _, r := range rows {
+			p(" %s %.2f", r.Role, r.MSPerMB)
+			total += r.MSPerMB
+		}
+		p("  = %.2f\n", total)
+	}
+	if len(rep.CPUByRole) > 0 {
+		line("CPU ms per MB    pipeline:", rep.CPUByRole)
+	}
+	for _, b := range rep.Baselines {
+		if len(b.CPUByRole) > 0 {
+			line("                 raw "+b.Client+":", b.CPUByRole)
+		}
+	}
+	if rep.Baseline == nil {
+		return
+	}
+	pb, pr, ok1 := splitBroker(rep.CPUByRole)
+	bb, br, ok2 := splitBroker(rep.Baseline.CPUByRole)
+	if ok1 && ok2 && bb > 0 && br > 0 {
+		p("                 pipeline / raw kafka-go: broker %.2f×, the rest %.2f× (CPU per byte; from profiles of the windows)\n", pb/bb, pr/br)
+	}
 }

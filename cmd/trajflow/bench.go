@@ -33,7 +33,7 @@ type benchFlags struct {
 	dataDir                                    *string
 	tcpOnly, keepTopics                        *bool
 	inflight, maxTokens                        *int
-	asJSON, processes                          *bool
+	asJSON, processes, cpuRoles                *bool
 	cpuPids                                    *string
 	logLevel, baselines, kill                  *string
 	killAt                                     *time.Duration
@@ -59,6 +59,7 @@ func addBenchFlags(fs *flag.FlagSet) benchFlags {
 		jsonOut:      fs.String("json-out", "", "also write the JSON report to this file"),
 		plot:         fs.String("plot", "", "write throughput per stage and the latency distribution to this PNG"),
 		cpuProf:      fs.String("cpuprofile", "", "write a CPU profile of the whole run to this file"),
+		cpuRoles:     fs.Bool("cpu-roles", false, "profile the CPU of each measured window (pipeline, baselines) and report it by role (broker, each stage, source, sink, raw client) in ms per MB moved; not with --cpuprofile or --processes"),
 		memProf:      fs.String("memprofile", "", "write a heap profile taken at the end of the measurement window to this file"),
 		memLimit:     fs.Int64("memory-limit-mib", 0, "Go soft memory limit of the bench process in MiB (broker, operators, source and sink share one heap); 0: derived from the embedded broker's retention unless GOMEMLIMIT is set; -1: leave it as it is"),
 		logLevel:     fs.String("log-level", "error", "operator log level (logs go to stderr)"),
@@ -102,6 +103,10 @@ func (f benchFlags) config(stderr io.Writer) (bench.Config, error) {
 		}
 	}
 	cfg.Kill, cfg.KillAt = *f.kill, *f.killAt
+	if *f.cpuRoles && *f.cpuProf != "" {
+		return bench.Config{}, fmt.Errorf("%w: --cpu-roles profiles each measured window, --cpuprofile the whole run: Go runs one CPU profile at a time, give one of them", errUsage)
+	}
+	cfg.CPURoles = *f.cpuRoles
 	if *f.keepTopics && *f.brokers == "" {
 		return bench.Config{}, fmt.Errorf("%w: --keep-topics goes with --brokers (the embedded broker ends with the run)", errUsage)
 	}

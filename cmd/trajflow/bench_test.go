@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"math"
 	"os"
 	"path/filepath"
 	"runtime/debug"
@@ -25,7 +26,7 @@ func TestBenchCommand(t *testing.T) {
 	png := filepath.Join(dir, "bench.png")
 	args := []string{"bench", "--contract", "../../testdata/contracts/bench.yaml", "--duration", "3s", "--warmup", "3s", // past the first batches, on a loaded machine too
 		"--baseline", "1s", "--instances", "validate=2", "--mean-tokens", "400", "--max-tokens", "8000",
-		"--json", "--plot", png}
+		"--json", "--plot", png, "--cpu-roles"}
 	var stdout, stderr bytes.Buffer
 	limit := debug.SetMemoryLimit(-1)
 	if code := run(context.Background(), args, &stdout, &stderr); code != 0 {
@@ -84,6 +85,12 @@ func TestBenchCommand(t *testing.T) {
 			t.Errorf("validate reports %d instances, want 2", len(insts))
 		}
 	}
+	checkRoles(t, "pipeline", rep["cpu_by_role"], rep["pipeline_mb_per_cpu_s"], "broker", "validate", "reward", "advantage", "pack", "source", "sink")
+	if bl, ok := rep["baseline"].(map[string]any); ok {
+		checkRoles(t, "baseline", bl["cpu_by_role"], bl["mb_per_cpu_s"], "broker", "baseline")
+	} else {
+		t.Errorf("no baseline in the report")
+	}
 	acct := rep["accounting"].(map[string]any)
 	if acct["Lost"].(float64) != 0 || acct["Duplicated"].(float64) != 0 || acct["Launched"].(float64) == 0 {
 		t.Errorf("accounting %v: want launched > 0, lost 0, duplicated 0", acct)
@@ -97,6 +104,52 @@ func TestBenchCommand(t *testing.T) {
 	}
 	if !bytes.HasPrefix(b, []byte("\x89PNG")) {
 		t.Errorf("%s is not a PNG", png)
+	}
+}
+
+// checkRoles checks a window's CPU by role (--cpu-roles): every role of
+// want there with CPU time, shares summing to 1, and the milliseconds per
+// MB summing to the window's CPU per MB (1000 / MB per CPU-second).
+func checkRoles(t *testing.T, window string, v, mbPerCPUS any, want ...string) {
+	t.Helper()
+	rows, _ := v.([]any)
+	cpu := map[string]float64{}
+	var share, msPerMB float64
+	for _, r := range rows {
+		m := r.(map[string]any)
+		cpu[m["role"].(string)] = m["cpu_s"].(float64)
+		share += m["share"].(float64)
+		msPerMB += m["ms_per_mb"].(float64)
+	}
+	for _, role := range want {
+		if cpu[role] <= 0 {
+			t.Errorf("%s cpu_by_role %v: no CPU for %s", window, rows, role)
+		}
+	}
+	if math.Abs(share-1) > 1e-6 {
+		t.Errorf("%s cpu_by_role shares sum to %v, want 1", window, share)
+	}
+	if mb, _ := mbPerCPUS.(float64); mb <= 0 || math.Abs(msPerMB-1000/mb) > 0.05*1000/mb {
+		t.Errorf("%s cpu_by_role: %.3f ms per MB in all, want about 1000 / %.1f MB per CPU-second", window, msPerMB, mb)
+	}
+}
+
+// TestBenchCPURolesRefusals: --cpu-roles runs the process's one CPU
+// profile (so not beside --cpuprofile) and profiles this process (so not
+// with the operators in others).
+func TestBenchCPURolesRefusals(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--cpuprofile", filepath.Join(t.TempDir(), "cpu.prof")}, "one CPU profile at a time"},
+		{[]string{"--processes"}, "operators run in others"},
+	} {
+		var stdout, stderr bytes.Buffer
+		args := append([]string{"bench", "--contract", "../../testdata/contracts/bench.yaml", "--cpu-roles"}, tc.args...)
+		if code := run(context.Background(), args, &stdout, &stderr); code == 0 || !strings.Contains(stderr.String(), tc.want) {
+			t.Errorf("%v: exit %d, stderr %q: want a refusal saying %q", tc.args, code, stderr.String(), tc.want)
+		}
 	}
 }
 
