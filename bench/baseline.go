@@ -86,7 +86,9 @@ func (r *run) baseline(ctx context.Context, topic string, d time.Duration, rate 
 	w := &kafkago.Writer{
 		Addr: kafkago.TCP(r.addr...), Topic: topic, Balancer: &kafkago.Murmur2Balancer{},
 		RequiredAcks: kafkago.RequireAll, Async: true, BatchSize: 256, BatchTimeout: 2 * time.Millisecond,
-		BatchBytes: kafka.WriterBatchBytes(r.cfg.Contract.Topics.MaxMessageBytes), Transport: r.trans(),
+		BatchBytes: kafka.WriterBatchBytes(r.cfg.Contract.Topics.MaxMessageBytes),
+		// Its requests are charged to the role of ctx in CPU profiles.
+		Transport: kafka.ProfileLabels{Next: r.trans(), Labels: kafka.ContextLabels(ctx)},
 	}
 	var werr atomic.Value
 	w.Completion = func(_ []kafkago.Message, err error) {

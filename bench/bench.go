@@ -764,7 +764,9 @@ func (r *run) source(ctx context.Context) error {
 	w := &kafkago.Writer{
 		Addr: kafkago.TCP(r.addr...), Topic: r.topics.Trajectories, Balancer: &kafkago.Murmur2Balancer{},
 		RequiredAcks: kafkago.RequireAll, Async: true, BatchSize: 64, BatchTimeout: 2 * time.Millisecond,
-		BatchBytes: kafka.WriterBatchBytes(r.cfg.Contract.Topics.MaxMessageBytes), Transport: r.trans(),
+		BatchBytes: kafka.WriterBatchBytes(r.cfg.Contract.Topics.MaxMessageBytes),
+		// Its requests are charged to the role of ctx in CPU profiles.
+		Transport:   kafka.ProfileLabels{Next: r.trans(), Labels: kafka.ContextLabels(ctx)},
 		Compression: kafka.CompressionOf(r.cfg.Contract.Topics.Compression, "trajectories"),
 	}
 	var werr atomic.Value

@@ -12,10 +12,10 @@ import (
 	"github.com/google/pprof/profile"
 )
 
-// Unlabelled is the role of the CPU samples of goroutines the bench did
-// not label: the kafka-go writers' connection goroutines (the operators'
-// in the pipeline, the raw producer's in a baseline), the Go runtime's
-// collector and scheduler.
+// Unlabelled is the role of the CPU samples of goroutines without a role
+// label: mostly the Go runtime's collector and scheduler. (The kafka-go
+// writers' connection goroutines take the label of the producer whose
+// request they send: kafka.ProfileLabels.)
 const Unlabelled = "unlabelled"
 
 // RoleCPU is the CPU one role spent in a measured window, from a CPU

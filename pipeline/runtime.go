@@ -333,7 +333,12 @@ func (o *Operator) Run(ctx context.Context) (err error) {
 		defer own.CloseIdleConnections()
 		base = own
 	}
-	o.writer = newProducers(cfg.Compression, func(codec kafka.Compression) *kafka.Writer { return o.newWriter(codec, produceRetry{base}) })
+	// The produce requests carry the profiler labels of the context the
+	// operator runs in (tfkafka.ProfileLabels says why).
+	labelled := tfkafka.ProfileLabels{Next: base, Labels: tfkafka.ContextLabels(ctx)}
+	o.writer = newProducers(cfg.Compression, func(codec kafka.Compression) *kafka.Writer {
+		return o.newWriter(codec, produceRetry{labelled})
+	})
 
 	fetchCtx, stopFetch := context.WithCancel(context.Background())
 	defer stopFetch()
