@@ -88,7 +88,7 @@ func (r *run) baseline(ctx context.Context, topic string, d time.Duration, rate 
 		RequiredAcks: kafkago.RequireAll, Async: true, BatchSize: 256, BatchTimeout: 2 * time.Millisecond,
 		BatchBytes: kafka.WriterBatchBytes(r.cfg.Contract.Topics.MaxMessageBytes),
 		// Its requests are charged to the role of ctx in CPU profiles.
-		Transport: kafka.ProfileLabels{Next: r.trans(), Labels: kafka.ContextLabels(ctx)},
+		Transport: kafka.LabelRequests(ctx, r.trans()),
 	}
 	var werr atomic.Value
 	w.Completion = func(_ []kafkago.Message, err error) {

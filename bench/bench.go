@@ -766,7 +766,7 @@ func (r *run) source(ctx context.Context) error {
 		RequiredAcks: kafkago.RequireAll, Async: true, BatchSize: 64, BatchTimeout: 2 * time.Millisecond,
 		BatchBytes: kafka.WriterBatchBytes(r.cfg.Contract.Topics.MaxMessageBytes),
 		// Its requests are charged to the role of ctx in CPU profiles.
-		Transport:   kafka.ProfileLabels{Next: r.trans(), Labels: kafka.ContextLabels(ctx)},
+		Transport:   kafka.LabelRequests(ctx, r.trans()),
 		Compression: kafka.CompressionOf(r.cfg.Contract.Topics.Compression, "trajectories"),
 	}
 	var werr atomic.Value

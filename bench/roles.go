@@ -15,7 +15,7 @@ import (
 // Unlabelled is the role of the CPU samples of goroutines without a role
 // label: mostly the Go runtime's collector and scheduler. (The kafka-go
 // writers' connection goroutines take the label of the producer whose
-// request they send: kafka.ProfileLabels.)
+// request they send: kafka.LabelRequests.)
 const Unlabelled = "unlabelled"
 
 // RoleCPU is the CPU one role spent in a measured window, from a CPU

@@ -334,8 +334,8 @@ func (o *Operator) Run(ctx context.Context) (err error) {
 		base = own
 	}
 	// The produce requests carry the profiler labels of the context the
-	// operator runs in (tfkafka.ProfileLabels says why).
-	labelled := tfkafka.ProfileLabels{Next: base, Labels: tfkafka.ContextLabels(ctx)}
+	// operator runs in (tfkafka.LabelRequests says why).
+	labelled := tfkafka.LabelRequests(ctx, base)
 	o.writer = newProducers(cfg.Compression, func(codec kafka.Compression) *kafka.Writer {
 		return o.newWriter(codec, produceRetry{labelled})
 	})

@@ -98,7 +98,7 @@ func servePolicy(t *testing.T, protocol, dir string) string {
 // tokens and float32 log-probs).
 func TestDemoOnPolicyServers(t *testing.T) {
 	const updates = 3
-	want := demo(t, loop.Options{Updates: updates, Seed: 1})
+	want := testkit.Demo(t, loop.Options{Updates: updates, Seed: 1})
 	for _, tc := range []struct {
 		protocol string
 		replicas int

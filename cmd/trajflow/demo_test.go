@@ -24,12 +24,6 @@ import (
 	"github.com/trajflow/trajflow/schemas"
 )
 
-// demo runs the in-process demo (internal/loop) with testkit.Demo's checks.
-func demo(t *testing.T, o loop.Options) *loop.Summary {
-	t.Helper()
-	return testkit.Demo(t, o)
-}
-
 // TestDemoEndToEnd is the demo with its default settings, through the
 // command line: the hidden-eval success at the end is at least 0.6 and
 // twice the initial one, with nothing lost or admitted twice.
@@ -169,7 +163,7 @@ func fleet(t *testing.T, rounds int, crashAt int64, protocol string, rolloutArgs
 // with the in-process run's.
 func fleetRun(t *testing.T, rounds int, crashAt int64, crash []string, protocol string, rolloutArgs ...string) {
 	wantOut := t.TempDir()
-	want := demo(t, loop.Options{Updates: rounds, Seed: 1, Out: wantOut})
+	want := testkit.Demo(t, loop.Options{Updates: rounds, Seed: 1, Out: wantOut})
 
 	dir := t.TempDir()
 	bin := trajflowBinary(t)

@@ -23,7 +23,7 @@ func TestDemoDomainMetrics(t *testing.T) {
 	m := pipeline.NewMetrics(nil)
 	out := t.TempDir()
 	// Zero-variance groups dropped, so the filtered counter has series.
-	s := demo(t, loop.Options{Updates: 2, Seed: 1, Metrics: m, Out: out, Edit: testkit.DropZeroVariance})
+	s := testkit.Demo(t, loop.Options{Updates: 2, Seed: 1, Metrics: m, Out: out, Edit: testkit.DropZeroVariance})
 	// The trainer logs every update with its statistics.
 	lb, err := os.ReadFile(filepath.Join(out, "demo.log"))
 	if err != nil {

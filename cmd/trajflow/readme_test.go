@@ -17,6 +17,7 @@ import (
 	kafkago "github.com/segmentio/kafka-go"
 
 	"github.com/trajflow/trajflow/internal/loop"
+	"github.com/trajflow/trajflow/internal/testkit"
 	"github.com/trajflow/trajflow/pipeline/contract"
 )
 
@@ -109,7 +110,7 @@ func TestReadmeFleet(t *testing.T) {
 	if err := json.Unmarshal(b, &got); err != nil {
 		t.Fatal(err)
 	}
-	want := demo(t, loop.Options{Updates: rounds, Seed: 1, EvalSamples: 4})
+	want := testkit.Demo(t, loop.Options{Updates: rounds, Seed: 1, EvalSamples: 4})
 	type counts struct {
 		Launched, Admitted, Filtered, Quarantined, Duplicates, Lost, Updates int
 		EvalInitial, EvalFinal, Packing                                      float64

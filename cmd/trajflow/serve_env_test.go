@@ -25,6 +25,7 @@ import (
 	"github.com/trajflow/trajflow/connectors/envsvc"
 	"github.com/trajflow/trajflow/gpu/model"
 	"github.com/trajflow/trajflow/internal/loop"
+	"github.com/trajflow/trajflow/internal/testkit"
 	"github.com/trajflow/trajflow/operators/rollout"
 	"github.com/trajflow/trajflow/schemas"
 )
@@ -358,7 +359,7 @@ func servedActions(t *testing.T, url, family string) float64 {
 // seed, byte for byte, and the same hidden-eval success; both services
 // ran episodes (least-loaded routing) and the client retried nothing.
 func TestDemoEnv(t *testing.T) {
-	want := demo(t, loop.Options{Updates: 4, Seed: 1})
+	want := testkit.Demo(t, loop.Options{Updates: 4, Seed: 1})
 	procs, key := twoEnvProcesses(t)
 	out := t.TempDir()
 	var stdout, stderr bytes.Buffer

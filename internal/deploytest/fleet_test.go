@@ -22,7 +22,6 @@ import (
 	"github.com/trajflow/trajflow/deploy/k8s"
 	"github.com/trajflow/trajflow/internal/audit"
 	"github.com/trajflow/trajflow/internal/loop"
-	"github.com/trajflow/trajflow/internal/testkit"
 	"github.com/trajflow/trajflow/pipeline"
 	"github.com/trajflow/trajflow/schemas"
 )
@@ -485,12 +484,6 @@ func writeContract(t testing.TB, dir, runID string) {
 	if err := os.WriteFile(filepath.Join(dir, "contract.yaml"), []byte(s), 0o644); err != nil {
 		t.Fatal(err)
 	}
-}
-
-// startBrokerProcess runs `trajflow broker --port 0` and returns its address.
-func startBrokerProcess(t testing.TB, bin string) string {
-	t.Helper()
-	return testkit.StartBrokerProcess(t, bin, 0)
 }
 
 // clusterBrokers is TRAJFLOW_KAFKA_CLUSTER (deploy/local/cluster.sh env), or "".

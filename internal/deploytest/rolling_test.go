@@ -5,6 +5,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/trajflow/trajflow/internal/testkit"
 )
 
 // TestRollingRestart is an upgrade of a running fleet: every operator of
@@ -25,7 +27,7 @@ func TestRollingRestart(t *testing.T) {
 	brokers := clusterBrokers(t)
 	onCluster := brokers != ""
 	if !onCluster {
-		brokers = startBrokerProcess(t, bin)
+		brokers = testkit.StartBrokerProcess(t, bin, 0)
 	}
 	runID := uniqueRun("rolling")
 	cdir := filepath.Join(t.TempDir(), "contract")

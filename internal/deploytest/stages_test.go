@@ -36,7 +36,7 @@ func BenchmarkStages(b *testing.B) {
 	brokers := clusterBrokers(b)
 	onCluster := brokers != ""
 	if !onCluster {
-		brokers = startBrokerProcess(b, bin)
+		brokers = testkit.StartBrokerProcess(b, bin, 0)
 	}
 	runID := uniqueRun("stages")
 	cdir := filepath.Join(b.TempDir(), "contract")

@@ -27,25 +27,19 @@ import (
 	"github.com/trajflow/trajflow/schemas"
 )
 
-// demo runs the loop in process with testkit.Demo's checks.
-func demo(t *testing.T, o loop.Options) *loop.Summary {
-	t.Helper()
-	return testkit.Demo(t, o)
-}
-
 // TestDemoDeterministic: in stop-and-synchronize mode the same seed gives
 // the same batches, bit for bit, although every operator runs
 // concurrently over Kafka; another seed gives other batches.
 func TestDemoDeterministic(t *testing.T) {
-	a := demo(t, loop.Options{Updates: 6, Seed: 1})
-	b := demo(t, loop.Options{Updates: 6, Seed: 1})
+	a := testkit.Demo(t, loop.Options{Updates: 6, Seed: 1})
+	b := testkit.Demo(t, loop.Options{Updates: 6, Seed: 1})
 	if !reflect.DeepEqual(a.BatchHashes, b.BatchHashes) || len(a.BatchHashes) == 0 {
 		t.Fatalf("same seed, different batches:\n%v\n%v", a.BatchHashes, b.BatchHashes)
 	}
 	if a.EvalSuccessFinal != b.EvalSuccessFinal {
 		t.Fatalf("same seed, eval %v vs %v", a.EvalSuccessFinal, b.EvalSuccessFinal)
 	}
-	c := demo(t, loop.Options{Updates: 2, Seed: 2})
+	c := testkit.Demo(t, loop.Options{Updates: 2, Seed: 2})
 	if c.BatchHashes[0] == a.BatchHashes[0] {
 		t.Fatal("another seed gave the same first batch")
 	}
@@ -56,8 +50,8 @@ func TestDemoDeterministic(t *testing.T) {
 // bit, with every data-plane hop and the census compressed (each codec
 // once) as without, and nothing lost.
 func TestCompressedTopicsSameBatches(t *testing.T) {
-	plain := demo(t, loop.Options{Updates: 2, Seed: 1})
-	compressed := demo(t, loop.Options{Updates: 2, Seed: 1, Edit: func(c *contract.Contract) {
+	plain := testkit.Demo(t, loop.Options{Updates: 2, Seed: 1})
+	compressed := testkit.Demo(t, loop.Options{Updates: 2, Seed: 1, Edit: func(c *contract.Contract) {
 		c.Topics.Compression = map[string]string{"tasks": "gzip", "trajectories": "zstd", "valid": "lz4",
 			"rewarded": "snappy", "scored": "lz4", "batches": "snappy", "census": "zstd", "policy": "gzip"}
 	}})
@@ -75,7 +69,7 @@ func TestCompressedTopicsSameBatches(t *testing.T) {
 func TestCostLedger(t *testing.T) {
 	out := t.TempDir()
 	o := loop.Options{Updates: 3, Seed: 4, Out: out}
-	s := demo(t, o)
+	s := testkit.Demo(t, o)
 	files, err := pipeline.NewDirReleases(filepath.Join(out, "releases"))
 	if err != nil {
 		t.Fatal(err)
@@ -119,7 +113,7 @@ func TestCostLedger(t *testing.T) {
 // exactly 0 (docs/PIPELINE.md §21, "Ratio is not one before first update").
 func TestRatioOneThroughKafka(t *testing.T) {
 	out := t.TempDir()
-	demo(t, loop.Options{Updates: 1, Seed: 3, Out: out})
+	testkit.Demo(t, loop.Options{Updates: 1, Seed: 3, Out: out})
 	files, err := pipeline.NewDirReleases(filepath.Join(out, "releases"))
 	if err != nil {
 		t.Fatal(err)
@@ -148,7 +142,7 @@ func TestRatioOneThroughKafka(t *testing.T) {
 // lag distributions), and what the rule excluded is counted.
 func TestDemoAsync(t *testing.T) {
 	out := t.TempDir()
-	s := demo(t, loop.Options{Updates: 6, Seed: 1, Async: true, MaxLag: 1, Out: out})
+	s := testkit.Demo(t, loop.Options{Updates: 6, Seed: 1, Async: true, MaxLag: 1, Out: out})
 	if s.Mode != "async" || s.Updates == 0 || s.TrajectoriesAdmitted == 0 || s.GeneratedTokens == 0 {
 		t.Fatalf("summary %+v", s)
 	}
@@ -393,7 +387,7 @@ func TestBudgetStop(t *testing.T) {
 // epoch in two seeded minibatches, and the update record holds the order.
 func TestMinibatchesRecorded(t *testing.T) {
 	out := t.TempDir()
-	demo(t, loop.Options{Updates: 2, Seed: 1, Out: out, Edit: func(c *contract.Contract) { c.Loss.Optimizer.Minibatches = 2 }})
+	testkit.Demo(t, loop.Options{Updates: 2, Seed: 1, Out: out, Edit: func(c *contract.Contract) { c.Loss.Optimizer.Minibatches = 2 }})
 	files, err := pipeline.NewDirReleases(filepath.Join(out, "releases"))
 	if err != nil {
 		t.Fatal(err)

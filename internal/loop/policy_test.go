@@ -18,6 +18,7 @@ import (
 
 	"github.com/trajflow/trajflow/connectors/policy/serve"
 	"github.com/trajflow/trajflow/internal/loop"
+	"github.com/trajflow/trajflow/internal/testkit"
 	"github.com/trajflow/trajflow/operators/rollout"
 	"github.com/trajflow/trajflow/pipeline/contract"
 )
@@ -201,7 +202,7 @@ func TestPolicyFaultsRetried(t *testing.T) {
 // same seeds, so the batches are still those of the in-process demo.
 func TestPolicyReplicaKilled(t *testing.T) {
 	const updates = 2
-	want := demo(t, loop.Options{Updates: updates, Seed: 1})
+	want := testkit.Demo(t, loop.Options{Updates: updates, Seed: 1})
 	out := t.TempDir()
 	var served atomic.Int64
 	var once sync.Once
