@@ -4,13 +4,13 @@
 // prime-rl does), and raw Kafka clients with no operator work (kafka-go and
 // franz-go: the broker's own limit for each client).
 //
-// The in-memory peers (bench/peers/python) move the same bytes over the same
-// hops as trajflow — rollout → validate → reward → advantage → pack →
-// trainer — without doing the stages' work: every hop's message is the one
-// trajflow's own stage produced for that group, exported once into a corpus
-// (WriteCorpus) from the same synthetic rollouts (bench/synth, same seed,
-// same heavy-tailed lengths and groups). Run alternates every system in one
-// session and writes one table.
+// The peers (bench/peers/python, bench/peers/zmqpeer) move the same bytes
+// over the same hops as trajflow — rollout → validate → reward → advantage →
+// pack → trainer — without doing the stages' work: every hop's message is the
+// one trajflow's own stage produced for that group, exported once into a
+// corpus (WriteCorpus) from the same synthetic rollouts (bench/synth, same
+// seed, same heavy-tailed lengths and groups). Run alternates every system
+// in one command and writes one table.
 package peers
 
 import (

@@ -29,6 +29,7 @@ const (
 	SysZeroMQ        = "zeromq"
 	SysZeroMQGo      = "zeromq-go"     // the Go ZeroMQ peer (package zmqpeer) on the pure-Go zmq4
 	SysZeroMQLibzmq  = "zeromq-libzmq" // the same peer on libzmq (a trajflow built with -tags libzmq)
+	SysFiles         = "files"         // files renamed into the next stage's directory, as prime-rl's filesystem transport
 )
 
 // The ZeroMQ implementations the Go ZeroMQ peer runs on (bench peers-zmq
@@ -57,7 +58,7 @@ func CheckZmqTransport(t string) error {
 }
 
 // AllSystems is every system, in the order a round runs them.
-var AllSystems = []string{SysTrajflow, SysTrajflowKafka, SysRay, SysZeroMQ, SysZeroMQGo, SysZeroMQLibzmq}
+var AllSystems = []string{SysTrajflow, SysTrajflowKafka, SysRay, SysZeroMQ, SysZeroMQGo, SysZeroMQLibzmq, SysFiles}
 
 // DefaultSystems is every system a run can measure with the Apache Kafka
 // at kafka ("" for none) and with libzmq compiled in or not: trajflow-kafka
@@ -85,7 +86,7 @@ func (configError) Is(target error) bool { return target == ErrConfig }
 // NeedsPython reports whether any of systems runs in the Python peers'
 // virtual environment.
 func NeedsPython(systems []string) bool {
-	return slices.Contains(systems, SysRay) || slices.Contains(systems, SysZeroMQ)
+	return slices.Contains(systems, SysRay) || slices.Contains(systems, SysZeroMQ) || slices.Contains(systems, SysFiles)
 }
 
 // Config configures Run.
@@ -170,7 +171,7 @@ func (c *Config) defaults() error {
 	}
 	for _, s := range c.Systems {
 		switch s {
-		case SysTrajflow, SysRay, SysZeroMQ, SysZeroMQGo:
+		case SysTrajflow, SysRay, SysZeroMQ, SysZeroMQGo, SysFiles:
 		case SysZeroMQLibzmq:
 			if !c.Libzmq {
 				return configError{errors.New("peers: zeromq-libzmq needs a trajflow built with libzmq: go build -tags libzmq -o bin/trajflow ./cmd/trajflow (cgo and libzmq's headers, Debian's libzmq3-dev)")}
@@ -422,7 +423,7 @@ func (r *Row) fillCPU() {
 // peakInWindow is the largest memory sample of the measurement window (the
 // process's VmHWM also covers the baselines before it): the process's RSS,
 // or with operator processes the proportional set sizes of all of them, as
-// the in-memory peers' trees are measured.
+// the peers' trees are measured.
 func peakInWindow(rep *bench.Report) float64 {
 	peak := 0.0
 	for _, s := range rep.RSS {
@@ -441,7 +442,7 @@ func peakInWindow(rep *bench.Report) float64 {
 	return peak
 }
 
-// PeerReport is what one run of an in-memory peer prints as JSON: the
+// PeerReport is what one run of a peer prints as JSON: the
 // Python peers (python -m trajflow_peers.run) and the Go ZeroMQ peer
 // (trajflow bench peers-zmq, package zmqpeer) alike.
 type PeerReport struct {
@@ -510,11 +511,18 @@ func runPython(ctx context.Context, cfg *Config, sys string, kill bool, corpusPa
 		return nil, err
 	}
 	name := fmt.Sprintf("Ray (actors, object store, %d groups/call)", p.GroupsPerCall)
-	if sys == SysZeroMQ {
+	switch sys {
+	case SysZeroMQ:
 		name = "ZeroMQ + msgpack (processes)" + cfg.zmqSuffix()
+	case SysFiles:
+		name = FilesName
 	}
 	return []Row{peerRow(cfg, name, p, kill)}, nil
 }
+
+// FilesName is the files peer's row: msgpack files renamed into the next
+// stage's directory on the local disk, one process per hop.
+const FilesName = "files + msgpack (processes, local disk)"
 
 // The Go ZeroMQ peer's rows, on each implementation.
 const (
@@ -549,7 +557,7 @@ func (c *Config) zmqSuffix() string {
 	return ""
 }
 
-// runPeer runs one in-memory peer's command, keeps its output in out and
+// runPeer runs one peer's command, keeps its output in out and
 // reads its report: the last line of its standard output (Ray may print
 // notices before it).
 func runPeer(cmd *exec.Cmd, sys, out string) (*PeerReport, error) {
@@ -569,7 +577,7 @@ func runPeer(cmd *exec.Cmd, sys, out string) (*PeerReport, error) {
 	return &p, nil
 }
 
-// peerRow is the row of an in-memory peer's report.
+// peerRow is the row of a peer's report.
 func peerRow(cfg *Config, name string, p *PeerReport, kill bool) Row {
 	r := Row{System: name, Hops: len(bench.Stages) + 1, PolicyTokensPerS: p.ActionTokensPerS, TokensPerS: p.TokensPerS,
 		MBPerS: p.MBPerS, P50MS: p.Latency.P50, P99MS: p.Latency.P99, CPUCores: p.CPUCores, MBPerCPUS: p.MBPerCPUS,

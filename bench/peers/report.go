@@ -102,7 +102,7 @@ func (res *Result) Ratios() []string {
 			out = append(out, line)
 		}
 		tf := find(rows, "trajflow (embedded")
-		for _, peer := range []struct{ prefix, label string }{{"Ray", "Ray"}, {"ZeroMQ + msgpack", "ZeroMQ"}, {ZeroMQGoName, "ZeroMQ in Go"}, {ZeroMQLibzmqName, "ZeroMQ in Go on libzmq"}} {
+		for _, peer := range []struct{ prefix, label string }{{"Ray", "Ray"}, {"ZeroMQ + msgpack", "ZeroMQ"}, {ZeroMQGoName, "ZeroMQ in Go"}, {ZeroMQLibzmqName, "ZeroMQ in Go on libzmq"}, {FilesName, "files"}} {
 			pr := find(rows, peer.prefix)
 			if tf == nil || pr == nil || pr.PolicyTokensPerCPUS == 0 {
 				continue
@@ -215,6 +215,6 @@ func (res *Result) WritePlot(path string) error {
 // shortName is a system's label on the chart.
 func shortName(s string) string {
 	r := strings.NewReplacer("embedded broker", "embedded", "Apache Kafka", "Kafka", " (its JVM's CPU counted)", "",
-		"actors, object store, ", "", "ZeroMQ + msgpack (processes)", "ZeroMQ+msgpack", ZeroMQGoName, "ZeroMQ Go", ZeroMQLibzmqName, "ZeroMQ libzmq")
+		"actors, object store, ", "", "ZeroMQ + msgpack (processes)", "ZeroMQ+msgpack", ZeroMQGoName, "ZeroMQ Go", ZeroMQLibzmqName, "ZeroMQ libzmq", FilesName, "files+msgpack")
 	return r.Replace(s)
 }

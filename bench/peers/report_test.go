@@ -70,7 +70,7 @@ func TestConfigRefuses(t *testing.T) {
 		want string
 	}{
 		{Config{Systems: []string{"flink"}}, `--systems: no system "flink"`},
-		{Config{Systems: []string{"zeromq-rust"}}, `--systems: no system "zeromq-rust" (have trajflow, trajflow-kafka, ray, zeromq, zeromq-go, zeromq-libzmq)`},
+		{Config{Systems: []string{"zeromq-rust"}}, `--systems: no system "zeromq-rust" (have trajflow, trajflow-kafka, ray, zeromq, zeromq-go, zeromq-libzmq, files)`},
 		{Config{Systems: []string{SysTrajflowKafka}}, "trajflow-kafka needs --kafka"},
 		{Config{Systems: []string{SysZeroMQLibzmq}}, "zeromq-libzmq needs a trajflow built with libzmq: go build -tags libzmq"},
 		{Config{Systems: []string{SysRay}, Kill: "dispatch"}, `--kill: no stage "dispatch"`},
@@ -86,15 +86,15 @@ func TestConfigRefuses(t *testing.T) {
 // configuration can run: trajflow-kafka only with a broker, zeromq-libzmq
 // only in a binary with libzmq.
 func TestDefaultSystems(t *testing.T) {
-	base := []string{SysTrajflow, SysRay, SysZeroMQ, SysZeroMQGo}
+	base := []string{SysTrajflow, SysRay, SysZeroMQ, SysZeroMQGo, SysFiles}
 	for _, c := range []struct {
 		kafka  string
 		libzmq bool
 		want   []string
 	}{
 		{"", false, base},
-		{"127.0.0.1:19092", false, []string{SysTrajflow, SysTrajflowKafka, SysRay, SysZeroMQ, SysZeroMQGo}},
-		{"", true, append(slices.Clone(base), SysZeroMQLibzmq)},
+		{"127.0.0.1:19092", false, []string{SysTrajflow, SysTrajflowKafka, SysRay, SysZeroMQ, SysZeroMQGo, SysFiles}},
+		{"", true, []string{SysTrajflow, SysRay, SysZeroMQ, SysZeroMQGo, SysZeroMQLibzmq, SysFiles}},
 	} {
 		cfg := Config{Kafka: c.kafka, Libzmq: c.libzmq, KafkaScript: "s", KafkaHome: "h", Binary: "b", ContractPath: "c",
 			Contract: &contract.Contract{}, OutDir: "o"}
@@ -107,7 +107,8 @@ func TestDefaultSystems(t *testing.T) {
 	}
 }
 
-// TestNeedsPython: only Ray and the Python ZeroMQ peer need the venv.
+// TestNeedsPython: only the Python peers (Ray, ZeroMQ, files) need the
+// venv.
 func TestNeedsPython(t *testing.T) {
 	for _, c := range []struct {
 		systems []string
@@ -116,6 +117,7 @@ func TestNeedsPython(t *testing.T) {
 		{[]string{SysTrajflow, SysZeroMQGo}, false},
 		{[]string{SysTrajflow, SysZeroMQ}, true},
 		{[]string{SysRay}, true},
+		{[]string{SysZeroMQGo, SysFiles}, true},
 		{nil, false},
 	} {
 		if got := NeedsPython(c.systems); got != c.want {

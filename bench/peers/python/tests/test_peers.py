@@ -79,3 +79,62 @@ def test_ray_kill_of_pack_loses_its_window(corpus_path):
     assert r["groups"] > 0 and r["batches"] > 0
     assert r["lost_groups"] > 0, r
     assert r["decided_groups"] + r["lost_groups"] == r["produced_groups"]
+
+
+def test_files_accounts_every_group(corpus_path):
+    r = run_peer(corpus_path, "--system", "files", "--duration", "3", "--warmup", "1", "--inflight", "64")
+    assert r["system"] == "files"
+    assert r["groups"] > 0 and r["batches"] > 0 and r["mb_s"] > 0 and r["cpu_s"] > 0
+    assert r["lost_groups"] == 0 and r["decided_groups"] == r["produced_groups"]
+    assert r["latency_ms"]["p50"] > 0 and r["peak_mb"] > 0
+    # The hop directories live beside the corpus and go with the run.
+    assert not [p for p in os.listdir(os.path.dirname(corpus_path)) if p.startswith("files-peer-")]
+
+
+def test_files_kill_of_pack_loses_nothing(corpus_path):
+    # Pack removes its inputs only with the batch that holds them: the
+    # restarted stage finds its open window in its directory.
+    r = run_peer(corpus_path, "--system", "files", "--duration", "4", "--warmup", "1", "--inflight", "64",
+                 "--kill", "pack", "--loss-timeout", "8", "--drain", "8")
+    assert r["kill"]["stage"] == "pack"
+    assert r["lost_groups"] == 0, r
+    assert r["decided_groups"] == r["produced_groups"] > 0
+
+
+def test_files_put_is_whole_or_absent(tmp_path):
+    from trajflow_peers import filespipe
+
+    d = str(tmp_path)
+    filespipe.put(d, "000000000002", b"two")
+    filespipe.put(d, "000000000001", b"one")
+    # A temporary file left by a killed writer is not a message.
+    (tmp_path / ".000000000003.tmp").write_bytes(b"thr")
+    assert filespipe.ready_names(d) == ["000000000001", "000000000002"]
+    assert filespipe.ready_names(d, {"000000000001"}) == ["000000000002"]
+    assert (tmp_path / "000000000002").read_bytes() == b"two"
+    # Writing the same name again (a restarted stage redoing a file) replaces it.
+    filespipe.put(d, "000000000002", b"again")
+    assert (tmp_path / "000000000002").read_bytes() == b"again"
+    assert sorted(os.listdir(d)) == [".000000000003.tmp", "000000000001", "000000000002"]
+
+
+def test_bench_peers_runs_files(trajflow_bin, tmp_path):
+    # The Go command drives the Python peer: a round row and a kill row
+    # under the files peer's name, the kill row losing nothing.
+    out = tmp_path / "out"
+    js = tmp_path / "peers.json"
+    root = HERE.parents[2]
+    p = subprocess.run([trajflow_bin, "bench", "peers", "--contract", "testdata/contracts/bench.yaml", "--systems", "files",
+                        "--rounds", "1", "--duration", "3s", "--warmup", "1s", "--corpus-groups", "96",
+                        "--inflight-groups", "96", "--python", sys.executable, "--python-path", str(HERE),
+                        "--out", str(out), "--json-out", str(js)],
+                       cwd=root, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-3000:]
+    rows = json.loads(js.read_text())["rows"]
+    assert [r["kill_run"] for r in rows] == [False, True], rows
+    for r in rows:
+        assert r["system"] == "files + msgpack (processes, local disk)"
+        assert r["launched_attempts"] > 0 and r["policy_tokens_per_s"] > 0
+        assert r["lost_attempts"] == 0, r
+    assert "pack SIGKILLed" in rows[1]["note"]
+    assert "files+msgpack" in p.stdout + p.stderr or "files + msgpack" in p.stdout + p.stderr

@@ -1,4 +1,4 @@
-"""One run of an in-memory peer: `python -m trajflow_peers.run --system ray
+"""One run of a peer: `python -m trajflow_peers.run --system ray
 --corpus FILE --duration 15` prints one JSON object (the same fields for every
 system) on stdout. `trajflow bench peers` starts it once per system and round.
 
@@ -29,7 +29,11 @@ def make(system: str, corpus_path: str, cp, groups_per_call: int, zmq_transport:
         from .raypipe import RayPipeline
 
         return RayPipeline(corpus_path, cp, groups_per_call)
-    raise SystemExit(f"--system {system!r}: want ray or zeromq")
+    if system == "files":
+        from .filespipe import FilesPipeline
+
+        return FilesPipeline(corpus_path, cp)
+    raise SystemExit(f"--system {system!r}: want ray, zeromq or files")
 
 
 def run(args) -> dict:
@@ -90,7 +94,7 @@ def run(args) -> dict:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m trajflow_peers.run", description=__doc__)
-    ap.add_argument("--system", required=True, choices=["ray", "zeromq"])
+    ap.add_argument("--system", required=True, choices=["ray", "zeromq", "files"])
     ap.add_argument("--corpus", required=True)
     ap.add_argument("--duration", type=float, default=15.0)
     ap.add_argument("--warmup", type=float, default=3.0)

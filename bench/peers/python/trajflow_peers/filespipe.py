@@ -1,0 +1,193 @@
+"""Files peer: one process per hop (validate, reward, advantage, pack,
+trainer), each hop a directory on the local disk, msgpack payloads, as
+prime-rl's filesystem transport hands rollout batches from its orchestrator
+to its trainer: the sender writes a message under a temporary name and
+renames it into the receiver's directory, so the receiver never sees half a
+file; the receiver polls its directory.
+
+A stage removes an input file only after the output it made of it has been
+renamed into place (pack: after the batch holding it), so a killed stage
+loses nothing: restarted, it finds the files it had not finished and does
+them again. What it had finished and not yet removed, it does twice (the
+ledger counts the duplicates). Nothing is fsynced: the files outlive a
+process, not the machine (the page cache holds them until the kernel writes
+them back)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+import msgpack
+
+from . import corpus as corpus_mod
+
+PACK_MAX_WAIT = 2.0  # s, as trajflow's bench window_max_wait
+POLL_S = 0.002  # an empty directory is listed again after this long
+
+
+def _pack(o) -> bytes:
+    return msgpack.packb(o, use_bin_type=True)
+
+
+def put(directory: str, name: str, payload: bytes) -> None:
+    """Writes payload as directory/name whole: under a hidden temporary
+    name first (listings skip names starting with a dot), then renamed."""
+    tmp = os.path.join(directory, "." + name + ".tmp")
+    with open(tmp, "wb") as f:
+        f.write(payload)
+    os.rename(tmp, os.path.join(directory, name))
+
+
+def ready_names(directory: str, skip: set[str] | None = None) -> list[str]:
+    """The complete files of directory, oldest name first, less skip."""
+    names = [n for n in os.listdir(directory) if not n.startswith(".")]
+    if skip:
+        names = [n for n in names if n not in skip]
+    names.sort()
+    return names
+
+
+def _read(path: str):
+    with open(path, "rb") as f:
+        return msgpack.unpackb(f.read(), raw=False)
+
+
+def stage_main(role: str, corpus_path: str, root: str) -> None:
+    idx = corpus_mod.STAGES.index(role) if role in corpus_mod.STAGES else -1
+    hops: tuple[int, ...] = (idx + 1,) if 0 <= idx < 3 else ()
+    cp = corpus_mod.load(corpus_path, hops=hops, batches=(role == "pack"))
+    roles = corpus_mod.STAGES + ["trainer", "driver"]
+    inbox = os.path.join(root, role)
+    outbox = os.path.join(root, roles[roles.index(role) + 1])
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    n = cp.groups
+    if role == "trainer":
+        while True:
+            names = ready_names(inbox)
+            if not names:
+                time.sleep(POLL_S)
+                continue
+            for name in names:
+                path = os.path.join(inbox, name)
+                b = _read(path)
+                now = time.time_ns()
+                put(outbox, name, _pack({"groups": b["groups"], "n": len(b["m"]), "r": now}))
+                os.unlink(path)
+    if role == "pack":
+        packed = 0
+        taken: set[str] = set()  # read into the open window, removed with its batch
+        pending: list = []
+        first = 0.0
+        while True:
+            names = ready_names(inbox, taken)
+            k = None
+            for name in names:
+                m = _read(os.path.join(inbox, name))
+                taken.add(name)
+                packed += 1
+                if not pending:
+                    first = time.monotonic()
+                pending.append(([m["g"], m["t"]], name))
+                k = cp.batch_due(packed)
+                if k is not None:
+                    break
+            if k is None and pending and time.monotonic() - first > PACK_MAX_WAIT:
+                k = 0  # the window's maximum wait closes it
+            if k is not None and pending:
+                # Named after its last group: unique, and in order.
+                put(outbox, "b" + pending[-1][1], _pack({"groups": [g for g, _ in pending], "m": cp.batches[k]}))
+                for _, name in pending:
+                    os.unlink(os.path.join(inbox, name))
+                    taken.discard(name)
+                pending = []
+            elif not names:
+                time.sleep(POLL_S)
+    out = cp.hops[idx + 1]
+    while True:
+        names = ready_names(inbox)
+        if not names:
+            time.sleep(POLL_S)
+            continue
+        for name in names:
+            path = os.path.join(inbox, name)
+            m = _read(path)
+            g = m["g"]
+            put(outbox, name, _pack({"g": g, "t": m["t"], "m": out[g % n]}))
+            os.unlink(path)
+
+
+class FilesPipeline:
+    """Driver side: the rollout (files into validate's directory) and the
+    trainer's acknowledgements (files in the driver's)."""
+
+    name = "files"
+
+    def __init__(self, corpus_path: str, cp: corpus_mod.Corpus):
+        self.corpus_path = corpus_path
+        self.cp = cp
+        self.roles = corpus_mod.STAGES + ["trainer"]
+        # Beside the corpus: the disk trajflow's broker log is on.
+        self.root = tempfile.mkdtemp(prefix="files-peer-", dir=os.path.dirname(os.path.abspath(corpus_path)))
+        for r in self.roles + ["driver"]:
+            os.mkdir(os.path.join(self.root, r))
+        self.driver = os.path.join(self.root, "driver")
+        self.inbox = os.path.join(self.root, "validate")
+        self.procs: dict[str, subprocess.Popen] = {}
+        for r in self.roles:
+            self._start(r)
+
+    def _start(self, role: str) -> None:
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.pathsep + env.get("PYTHONPATH", "")
+        self.procs[role] = subprocess.Popen(
+            [sys.executable, "-m", "trajflow_peers.filespipe", role, self.corpus_path, self.root], env=env)
+
+    def ready(self, timeout: float = 60.0) -> None:
+        # The files wait in the directories until every stage is up.
+        time.sleep(1.0)
+
+    def send(self, ledger, g: int, t: int) -> None:
+        put(self.inbox, f"{g:012d}", _pack({"g": g, "t": t, "m": self.cp.hops[0][g % self.cp.groups]}))
+
+    def poll(self, ledger, timeout_ms: int) -> None:
+        deadline = time.monotonic() + timeout_ms / 1000
+        while True:
+            names = ready_names(self.driver)
+            for name in names:
+                path = os.path.join(self.driver, name)
+                a = _read(path)
+                ledger.batch(a["groups"], a["n"], a["r"])
+                os.unlink(path)
+            if names or time.monotonic() >= deadline:
+                return
+            time.sleep(POLL_S)
+
+    def kill(self, role: str) -> None:
+        p = self.procs[role]
+        p.send_signal(signal.SIGKILL)
+        p.wait()
+        self._start(role)
+
+    def flush(self) -> None:
+        pass
+
+    def close(self) -> None:
+        for p in self.procs.values():
+            p.terminate()
+        for p in self.procs.values():
+            try:
+                p.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+        shutil.rmtree(self.root, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    stage_main(*sys.argv[1:4])
