@@ -18,7 +18,6 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -26,6 +25,7 @@ import time
 import msgpack
 
 from . import corpus as corpus_mod
+from .stages import StageProcesses
 
 PACK_MAX_WAIT = 2.0  # s, as trajflow's bench window_max_wait
 POLL_S = 0.002  # an empty directory is listed again after this long
@@ -68,17 +68,7 @@ def stage_main(role: str, corpus_path: str, root: str) -> None:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     n = cp.groups
     if role == "trainer":
-        while True:
-            names = ready_names(inbox)
-            if not names:
-                time.sleep(POLL_S)
-                continue
-            for name in names:
-                path = os.path.join(inbox, name)
-                b = _read(path)
-                now = time.time_ns()
-                put(outbox, name, _pack({"groups": b["groups"], "n": len(b["m"]), "r": now}))
-                os.unlink(path)
+        relay(inbox, outbox, lambda b: _pack({"groups": b["groups"], "n": len(b["m"]), "r": time.time_ns()}))
     if role == "pack":
         packed = 0
         taken: set[str] = set()  # read into the open window, removed with its batch
@@ -109,6 +99,13 @@ def stage_main(role: str, corpus_path: str, root: str) -> None:
             elif not names:
                 time.sleep(POLL_S)
     out = cp.hops[idx + 1]
+    relay(inbox, outbox, lambda m: _pack({"g": m["g"], "t": m["t"], "m": out[m["g"] % n]}))
+
+
+def relay(inbox: str, outbox: str, answer) -> None:
+    """Forever: each file of inbox, oldest first, answered by a file of the
+    same name in outbox (answer maps the message read to the bytes
+    written), then removed."""
     while True:
         names = ready_names(inbox)
         if not names:
@@ -116,19 +113,19 @@ def stage_main(role: str, corpus_path: str, root: str) -> None:
             continue
         for name in names:
             path = os.path.join(inbox, name)
-            m = _read(path)
-            g = m["g"]
-            put(outbox, name, _pack({"g": g, "t": m["t"], "m": out[g % n]}))
+            put(outbox, name, answer(_read(path)))
             os.unlink(path)
 
 
-class FilesPipeline:
+class FilesPipeline(StageProcesses):
     """Driver side: the rollout (files into validate's directory) and the
     trainer's acknowledgements (files in the driver's)."""
 
     name = "files"
+    module = "trajflow_peers.filespipe"
 
     def __init__(self, corpus_path: str, cp: corpus_mod.Corpus):
+        super().__init__()
         self.corpus_path = corpus_path
         self.cp = cp
         self.roles = corpus_mod.STAGES + ["trainer"]
@@ -138,15 +135,11 @@ class FilesPipeline:
             os.mkdir(os.path.join(self.root, r))
         self.driver = os.path.join(self.root, "driver")
         self.inbox = os.path.join(self.root, "validate")
-        self.procs: dict[str, subprocess.Popen] = {}
         for r in self.roles:
-            self._start(r)
+            self.start(r)
 
-    def _start(self, role: str) -> None:
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.pathsep + env.get("PYTHONPATH", "")
-        self.procs[role] = subprocess.Popen(
-            [sys.executable, "-m", "trajflow_peers.filespipe", role, self.corpus_path, self.root], env=env)
+    def stage_args(self, role: str) -> list[str]:
+        return [self.corpus_path, self.root]
 
     def ready(self, timeout: float = 60.0) -> None:
         # The files wait in the directories until every stage is up.
@@ -168,24 +161,8 @@ class FilesPipeline:
                 return
             time.sleep(POLL_S)
 
-    def kill(self, role: str) -> None:
-        p = self.procs[role]
-        p.send_signal(signal.SIGKILL)
-        p.wait()
-        self._start(role)
-
-    def flush(self) -> None:
-        pass
-
     def close(self) -> None:
-        for p in self.procs.values():
-            p.terminate()
-        for p in self.procs.values():
-            try:
-                p.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
+        self.stop()
         shutil.rmtree(self.root, ignore_errors=True)
 
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
 import sys
 import time
 
@@ -17,6 +16,7 @@ import msgpack
 import zmq
 
 from . import corpus as corpus_mod
+from .stages import StageProcesses
 
 PACK_MAX_WAIT = 2.0  # s, as trajflow's bench window_max_wait
 
@@ -84,13 +84,15 @@ def _free_ports(k: int) -> list[int]:
     return ports
 
 
-class ZmqPipeline:
+class ZmqPipeline(StageProcesses):
     """Driver side: the rollout (PUSH into validate) and the trainer's
     acknowledgements (PULL)."""
 
     name = "zeromq"
+    module = "trajflow_peers.zmqpipe"
 
     def __init__(self, corpus_path: str, cp: corpus_mod.Corpus, transport: str = "tcp"):
+        super().__init__()
         self.corpus_path = corpus_path
         self.cp = cp
         roles = corpus_mod.STAGES + ["trainer"]
@@ -104,21 +106,17 @@ class ZmqPipeline:
         else:
             raise ValueError(f"zeromq transport {transport!r}: want tcp or ipc")
         self.roles = roles
-        self.procs: dict[str, subprocess.Popen] = {}
         self.ctx = zmq.Context()
         self.acks = self.ctx.socket(zmq.PULL)
         self.acks.bind(self.addr["driver"])
         self.push = self.ctx.socket(zmq.PUSH)
         self.push.connect(self.addr["validate"])
         for r in roles:
-            self._start(r)
+            self.start(r)
 
-    def _start(self, role: str) -> None:
+    def stage_args(self, role: str) -> list[str]:
         nxt = self.roles[self.roles.index(role) + 1] if role != "trainer" else "driver"
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.pathsep + env.get("PYTHONPATH", "")
-        self.procs[role] = subprocess.Popen(
-            [sys.executable, "-m", "trajflow_peers.zmqpipe", role, self.corpus_path, self.addr[role], self.addr[nxt]], env=env)
+        return [self.corpus_path, self.addr[role], self.addr[nxt]]
 
     def ready(self, timeout: float = 60.0) -> None:
         # PUSH/PULL connect lazily: the first messages wait in the sockets'
@@ -137,24 +135,8 @@ class ZmqPipeline:
                     break
                 ledger.batch(a["groups"], a["n"], a["r"])
 
-    def kill(self, role: str) -> None:
-        p = self.procs[role]
-        p.send_signal(signal.SIGKILL)
-        p.wait()
-        self._start(role)
-
-    def flush(self) -> None:
-        pass
-
     def close(self) -> None:
-        for p in self.procs.values():
-            p.terminate()
-        for p in self.procs.values():
-            try:
-                p.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
+        self.stop()
         self.push.close(linger=0)
         self.acks.close(linger=0)
         self.ctx.term()
