@@ -60,10 +60,10 @@ func (res *Result) WriteTable(w io.Writer) error {
 	return err
 }
 
-// Ratios are the comparisons the issue asks for, per round: trajflow's
+// Ratios are the comparisons the table ends with, per round: trajflow's
 // bytes per CPU-second over raw kafka-go's (same run, same broker), and
-// trajflow's policy tokens per CPU-second and peak RSS over each in-memory
-// peer's in the same round.
+// trajflow's policy tokens per CPU-second and peak RSS over each peer's in
+// the same round.
 func (res *Result) Ratios() []string {
 	var out []string
 	rounds := map[int][]Row{}

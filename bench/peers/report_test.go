@@ -12,8 +12,8 @@ import (
 )
 
 // TestTableAndRatios: the table holds every row and the ratios compare
-// trajflow with raw kafka-go of the same round and with each in-memory
-// peer; the plot is written.
+// trajflow with raw kafka-go of the same round and with each peer; the
+// plot is written.
 func TestTableAndRatios(t *testing.T) {
 	res := &Result{Machine: "m", Duration: 15, InFlight: 192, Rows: []Row{
 		{System: "trajflow (embedded broker)", Round: 1, Hops: 5, PolicyTokensPerS: 8e6, MBPerS: 800, CPUCores: 2, MBPerCPUS: 400, PeakMB: 1800, P50MS: 100, P99MS: 200, Launched: 80},
