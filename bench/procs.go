@@ -19,6 +19,7 @@ import (
 
 	kafkago "github.com/segmentio/kafka-go"
 
+	"github.com/trajflow/trajflow/internal/orphan"
 	"github.com/trajflow/trajflow/pipeline"
 )
 
@@ -66,6 +67,7 @@ func TrajflowRun(binary, contractPath string, partialGroupTimeout, windowMaxWait
 func (r *run) startProc(p *proc, opErr chan<- error) error {
 	cmd := r.cfg.Processes(p.stage, p.id, p.state, r.addr)
 	cmd.Stdout, cmd.Stderr = &stdoutWatch{p: p, w: os.Stderr}, os.Stderr
+	orphan.DieWithParent(cmd) // the operators of a bench run end with it, killed or not
 	if err := cmd.Start(); err != nil {
 		return fmt.Errorf("bench: start %s: %w", p.id, err)
 	}

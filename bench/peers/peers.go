@@ -18,6 +18,7 @@ import (
 
 	"github.com/trajflow/trajflow/bench"
 	"github.com/trajflow/trajflow/bench/synth"
+	"github.com/trajflow/trajflow/internal/orphan"
 	"github.com/trajflow/trajflow/pipeline/contract"
 )
 
@@ -378,6 +379,7 @@ func runTrajflow(ctx context.Context, cfg *Config, sys string, kill bool, out st
 	cmd := exec.CommandContext(ctx, cfg.Binary, args...)
 	var stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = io.Discard, &stderr
+	orphan.DieWithParent(cmd)
 	if err := cmd.Run(); err != nil {
 		return nil, fmt.Errorf("%s %s: %w: %s", cfg.Binary, strings.Join(args, " "), err, tail(stderr.String()))
 	}
@@ -563,6 +565,7 @@ func (c *Config) zmqSuffix() string {
 func runPeer(cmd *exec.Cmd, sys, out string) (*PeerReport, error) {
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	orphan.DieWithParent(cmd)
 	if err := cmd.Run(); err != nil {
 		return nil, fmt.Errorf("%s: %w: %s", strings.Join(cmd.Args, " "), err, tail(stderr.String()))
 	}

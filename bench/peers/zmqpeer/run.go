@@ -16,6 +16,7 @@ import (
 
 	"github.com/trajflow/trajflow/bench"
 	"github.com/trajflow/trajflow/bench/peers"
+	"github.com/trajflow/trajflow/internal/orphan"
 )
 
 // Config configures one run of the peer.
@@ -103,6 +104,7 @@ func (p *pipelineProcs) start(s *stageProc) error {
 	cmd := exec.Command(p.cfg.Binary, "bench", "peers-zmq", "--impl", p.cfg.Impl, "--stage", s.role, "--corpus", p.cfg.Corpus,
 		"--pull", s.pull, "--push", s.push)
 	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
+	orphan.DieWithParent(cmd) // a stage without its driver would wait on its socket for ever
 	if err := cmd.Start(); err != nil {
 		return fmt.Errorf("zmqpeer: start %s: %w", s.role, err)
 	}
