@@ -138,3 +138,39 @@ def test_bench_peers_runs_files(trajflow_bin, tmp_path):
         assert r["lost_attempts"] == 0, r
     assert "pack SIGKILLed" in rows[1]["note"]
     assert "files+msgpack" in p.stdout + p.stderr or "files + msgpack" in p.stdout + p.stderr
+
+
+@pytest.mark.parametrize("system", ["files", "zeromq"])
+def test_stages_end_with_a_killed_driver(corpus_path, system):
+    # A driver killed mid-run (SIGKILL, the OOM killer) takes its stage
+    # processes with it instead of leaving them polling for ever.
+    import signal
+    import time
+
+    import psutil
+
+    env = dict(os.environ, PYTHONPATH=str(HERE))
+    stages: list = []
+    driver = subprocess.Popen([sys.executable, "-m", "trajflow_peers.run", "--corpus", corpus_path, "--system", system,
+                               "--duration", "60", "--warmup", "1"], env=env, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and len(stages) < 5:
+            time.sleep(0.2)
+            stages = [c for c in psutil.Process(driver.pid).children() if "trajflow_peers." in " ".join(c.cmdline())]
+        assert len(stages) == 5, stages
+        time.sleep(1.0)  # past the stages' start-up
+        driver.send_signal(signal.SIGKILL)
+        driver.wait()
+        gone, alive = psutil.wait_procs(stages, timeout=10)
+        assert not alive, [p.cmdline() for p in alive]
+    finally:
+        if driver.poll() is None:
+            driver.kill()
+            driver.wait()
+        for p in stages:  # whatever a failure above left behind
+            try:
+                p.kill()
+            except psutil.NoSuchProcess:
+                pass

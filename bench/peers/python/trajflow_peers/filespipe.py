@@ -25,7 +25,7 @@ import time
 import msgpack
 
 from . import corpus as corpus_mod
-from .stages import StageProcesses
+from .stages import StageProcesses, die_with_parent
 
 PACK_MAX_WAIT = 2.0  # s, as trajflow's bench window_max_wait
 POLL_S = 0.002  # an empty directory is listed again after this long
@@ -59,6 +59,7 @@ def _read(path: str):
 
 
 def stage_main(role: str, corpus_path: str, root: str) -> None:
+    die_with_parent()
     idx = corpus_mod.STAGES.index(role) if role in corpus_mod.STAGES else -1
     hops: tuple[int, ...] = (idx + 1,) if 0 <= idx < 3 else ()
     cp = corpus_mod.load(corpus_path, hops=hops, batches=(role == "pack"))
