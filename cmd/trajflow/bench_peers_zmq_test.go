@@ -34,6 +34,18 @@ func runZmqPeer(t *testing.T, args ...string) peers.PeerReport {
 	return r
 }
 
+// exportCorpus writes the peers' corpus of 96 groups into a temporary
+// directory and returns its path.
+func exportCorpus(t *testing.T) string {
+	t.Helper()
+	corpus := filepath.Join(t.TempDir(), "corpus.bin")
+	if out, err := exec.Command(trajflowBinary(t), "bench", "peers", "--contract", "../../testdata/contracts/bench.yaml",
+		"--corpus-groups", "96", "--export-corpus", corpus).CombinedOutput(); err != nil {
+		t.Fatalf("export corpus: %v\n%s", err, out)
+	}
+	return corpus
+}
+
 // TestBenchPeersZmq: the Go ZeroMQ peer, on every ZeroMQ implementation
 // compiled in, moves the corpus's bytes over every hop and accounts every
 // group it sent; a SIGKILL of its pack process loses the groups pack held
@@ -41,11 +53,7 @@ func runZmqPeer(t *testing.T, args ...string) peers.PeerReport {
 // down), whole groups of eight attempts, and the accounting still adds up.
 func TestBenchPeersZmq(t *testing.T) {
 	t.Parallel()
-	corpus := filepath.Join(t.TempDir(), "corpus.bin")
-	if out, err := exec.Command(trajflowBinary(t), "bench", "peers", "--contract", "../../testdata/contracts/bench.yaml",
-		"--corpus-groups", "96", "--export-corpus", corpus).CombinedOutput(); err != nil {
-		t.Fatalf("export corpus: %v\n%s", err, out)
-	}
+	corpus := exportCorpus(t)
 	for _, impl := range zmqpeer.Impls() {
 		t.Run(impl, func(t *testing.T) {
 			r := runZmqPeer(t, "--impl", impl, "--corpus", corpus, "--duration", "3s", "--warmup", "1s", "--inflight-groups", "64")

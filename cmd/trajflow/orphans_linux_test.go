@@ -58,11 +58,7 @@ func running(pid int) bool {
 // retrying a broker or waiting on a socket that is gone.
 func TestBenchHelpersEndWithIt(t *testing.T) {
 	t.Parallel()
-	corpus := filepath.Join(t.TempDir(), "corpus.bin")
-	if out, err := exec.Command(trajflowBinary(t), "bench", "peers", "--contract", "../../testdata/contracts/bench.yaml",
-		"--corpus-groups", "96", "--export-corpus", corpus).CombinedOutput(); err != nil {
-		t.Fatalf("export corpus: %v\n%s", err, out)
-	}
+	corpus := exportCorpus(t)
 	for _, c := range []struct {
 		name    string
 		args    []string
