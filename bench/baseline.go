@@ -83,12 +83,18 @@ func (r *run) baseline(ctx context.Context, topic string, d time.Duration, rate 
 	// does) so retention never removes unread data.
 	slots := make(chan struct{}, max(int((32<<20)/mean), 8))
 
+	// The writer's transport goes with the baseline (closed after the
+	// writer): its connection pool refreshes the metadata in a goroutine
+	// of its own, which carries the baseline's profiler label and would be
+	// charged to the baseline inside the pipeline's window.
+	trans := r.trans()
+	defer trans.CloseIdleConnections()
 	w := &kafkago.Writer{
 		Addr: kafkago.TCP(r.addr...), Topic: topic, Balancer: &kafkago.Murmur2Balancer{},
 		RequiredAcks: kafkago.RequireAll, Async: true, BatchSize: 256, BatchTimeout: 2 * time.Millisecond,
 		BatchBytes: kafka.WriterBatchBytes(r.cfg.Contract.Topics.MaxMessageBytes),
 		// Its requests are charged to the role of ctx in CPU profiles.
-		Transport: kafka.LabelRequests(ctx, r.trans()),
+		Transport: kafka.LabelRequests(ctx, trans),
 	}
 	var werr atomic.Value
 	w.Completion = func(_ []kafkago.Message, err error) {

@@ -46,6 +46,10 @@ import (
 	"github.com/trajflow/trajflow/schemas"
 )
 
+// afterBaselines, set by tests, is called when the baselines are done and
+// before the pipeline starts.
+var afterBaselines func()
+
 // Stages are the stages a bench drives, in pipeline order.
 var Stages = []string{"validate", "reward", "advantage", "pack"}
 
@@ -472,6 +476,9 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 				return nil, err
 			}
 		}
+	}
+	if afterBaselines != nil {
+		afterBaselines()
 	}
 	if err := ctx.Err(); err != nil {
 		return nil, err
