@@ -84,10 +84,14 @@ type configError struct{ error }
 
 func (configError) Is(target error) bool { return target == ErrConfig }
 
+// pythonSystems are the systems that run in the Python peers' virtual
+// environment (python -m trajflow_peers.run).
+var pythonSystems = []string{SysRay, SysZeroMQ, SysFiles}
+
 // NeedsPython reports whether any of systems runs in the Python peers'
 // virtual environment.
 func NeedsPython(systems []string) bool {
-	return slices.Contains(systems, SysRay) || slices.Contains(systems, SysZeroMQ) || slices.Contains(systems, SysFiles)
+	return slices.ContainsFunc(systems, func(s string) bool { return slices.Contains(pythonSystems, s) })
 }
 
 // Config configures Run.

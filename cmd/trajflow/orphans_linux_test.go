@@ -1,56 +1,13 @@
 package main
 
 import (
-	"bytes"
-	"fmt"
 	"os"
 	"os/exec"
-	"path/filepath"
-	"strconv"
-	"strings"
 	"testing"
 	"time"
+
+	"github.com/trajflow/trajflow/internal/testkit"
 )
-
-// childrenOf lists the processes whose parent is pid, from /proc.
-func childrenOf(t *testing.T, pid int) []int {
-	t.Helper()
-	ents, err := os.ReadDir("/proc")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var out []int
-	for _, e := range ents {
-		p, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
-		}
-		b, err := os.ReadFile(filepath.Join("/proc", e.Name(), "stat"))
-		if err != nil {
-			continue
-		}
-		// pid (comm) state ppid ...: comm may hold spaces and parentheses.
-		i := bytes.LastIndexByte(b, ')')
-		if i < 0 {
-			continue
-		}
-		f := strings.Fields(string(b[i+1:]))
-		if len(f) > 1 && f[1] == strconv.Itoa(pid) && f[0] != "Z" {
-			out = append(out, p)
-		}
-	}
-	return out
-}
-
-// running says whether pid has not exited (a zombie counts as exited).
-func running(pid int) bool {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return false
-	}
-	i := bytes.LastIndexByte(b, ')')
-	return i < 0 || i+2 >= len(b) || b[i+2] != 'Z'
-}
 
 // TestBenchHelpersEndWithIt: the processes a bench starts — the operators
 // of `bench --processes`, the stages of the Go ZeroMQ peer — are SIGKILLed
@@ -75,7 +32,7 @@ func TestBenchHelpersEndWithIt(t *testing.T) {
 		var kids []int
 		for deadline := time.Now().Add(60 * time.Second); len(kids) < c.helpers && time.Now().Before(deadline); {
 			time.Sleep(100 * time.Millisecond)
-			kids = childrenOf(t, cmd.Process.Pid)
+			kids = testkit.Children(cmd.Process.Pid)
 		}
 		t.Cleanup(func() {
 			for _, k := range kids {
@@ -94,7 +51,7 @@ func TestBenchHelpersEndWithIt(t *testing.T) {
 		for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
 			alive := 0
 			for _, k := range kids {
-				if running(k) {
+				if testkit.Running(k) {
 					alive++
 				}
 			}
@@ -103,7 +60,7 @@ func TestBenchHelpersEndWithIt(t *testing.T) {
 			}
 		}
 		for _, k := range kids {
-			if running(k) {
+			if testkit.Running(k) {
 				t.Errorf("%s: helper %d still running 10 s after the bench's SIGKILL", c.name, k)
 			}
 		}

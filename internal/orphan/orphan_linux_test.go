@@ -9,6 +9,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/trajflow/trajflow/internal/testkit"
 )
 
 // The helper process of TestDieWithParent: it starts `sleep 60` (with
@@ -28,18 +30,6 @@ func TestMain(m *testing.M) {
 		os.Exit(0)
 	}
 	os.Exit(m.Run())
-}
-
-// alive says whether pid is a process that has not exited (a zombie
-// waiting to be reaped counts as exited).
-func alive(pid int) bool {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return false
-	}
-	s := string(b)
-	i := strings.LastIndexByte(s, ')')
-	return i < 0 || i+2 >= len(s) || s[i+2] != 'Z'
 }
 
 // startParent starts the helper parent in mode and returns it and its
@@ -76,16 +66,16 @@ func TestDieWithParent(t *testing.T) {
 	}{{"die", false, 5 * time.Second}, {"keep", true, 300 * time.Millisecond}} {
 		parent, child := startParent(t, c.mode)
 		t.Cleanup(func() { _ = killPID(child) })
-		if !alive(child) {
+		if !testkit.Running(child) {
 			t.Fatalf("%s: child %d not running before the parent's kill", c.mode, child)
 		}
 		_ = parent.Process.Kill()
 		_ = parent.Wait()
 		deadline := time.Now().Add(c.wait)
-		for alive(child) && time.Now().Before(deadline) {
+		for testkit.Running(child) && time.Now().Before(deadline) {
 			time.Sleep(20 * time.Millisecond)
 		}
-		if got := alive(child); got != c.wantAlive {
+		if got := testkit.Running(child); got != c.wantAlive {
 			t.Errorf("%s: child alive %v after its parent's SIGKILL, want %v", c.mode, got, c.wantAlive)
 		}
 	}

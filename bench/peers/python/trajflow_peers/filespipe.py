@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
 import sys
 import tempfile
 import time
@@ -25,14 +24,9 @@ import time
 import msgpack
 
 from . import corpus as corpus_mod
-from .stages import StageProcesses, die_with_parent
+from .stages import PACK_MAX_WAIT, StageProcesses, pack_msg, stage_setup, trainer_ack
 
-PACK_MAX_WAIT = 2.0  # s, as trajflow's bench window_max_wait
 POLL_S = 0.002  # an empty directory is listed again after this long
-
-
-def _pack(o) -> bytes:
-    return msgpack.packb(o, use_bin_type=True)
 
 
 def put(directory: str, name: str, payload: bytes) -> None:
@@ -59,17 +53,13 @@ def _read(path: str):
 
 
 def stage_main(role: str, corpus_path: str, root: str) -> None:
-    die_with_parent()
-    idx = corpus_mod.STAGES.index(role) if role in corpus_mod.STAGES else -1
-    hops: tuple[int, ...] = (idx + 1,) if 0 <= idx < 3 else ()
-    cp = corpus_mod.load(corpus_path, hops=hops, batches=(role == "pack"))
+    idx, cp = stage_setup(role, corpus_path)
     roles = corpus_mod.STAGES + ["trainer", "driver"]
     inbox = os.path.join(root, role)
     outbox = os.path.join(root, roles[roles.index(role) + 1])
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     n = cp.groups
     if role == "trainer":
-        relay(inbox, outbox, lambda b: _pack({"groups": b["groups"], "n": len(b["m"]), "r": time.time_ns()}))
+        relay(inbox, outbox, trainer_ack)
     if role == "pack":
         packed = 0
         taken: set[str] = set()  # read into the open window, removed with its batch
@@ -92,7 +82,7 @@ def stage_main(role: str, corpus_path: str, root: str) -> None:
                 k = 0  # the window's maximum wait closes it
             if k is not None and pending:
                 # Named after its last group: unique, and in order.
-                put(outbox, "b" + pending[-1][1], _pack({"groups": [g for g, _ in pending], "m": cp.batches[k]}))
+                put(outbox, "b" + pending[-1][1], pack_msg({"groups": [g for g, _ in pending], "m": cp.batches[k]}))
                 for _, name in pending:
                     os.unlink(os.path.join(inbox, name))
                     taken.discard(name)
@@ -100,7 +90,7 @@ def stage_main(role: str, corpus_path: str, root: str) -> None:
             elif not names:
                 time.sleep(POLL_S)
     out = cp.hops[idx + 1]
-    relay(inbox, outbox, lambda m: _pack({"g": m["g"], "t": m["t"], "m": out[m["g"] % n]}))
+    relay(inbox, outbox, lambda m: pack_msg({"g": m["g"], "t": m["t"], "m": out[m["g"] % n]}))
 
 
 def relay(inbox: str, outbox: str, answer) -> None:
@@ -147,7 +137,7 @@ class FilesPipeline(StageProcesses):
         time.sleep(1.0)
 
     def send(self, ledger, g: int, t: int) -> None:
-        put(self.inbox, f"{g:012d}", _pack({"g": g, "t": t, "m": self.cp.hops[0][g % self.cp.groups]}))
+        put(self.inbox, f"{g:012d}", pack_msg({"g": g, "t": t, "m": self.cp.hops[0][g % self.cp.groups]}))
 
     def poll(self, ledger, timeout_ms: int) -> None:
         deadline = time.monotonic() + timeout_ms / 1000

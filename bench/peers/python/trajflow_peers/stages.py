@@ -10,7 +10,13 @@ import os
 import signal
 import subprocess
 import sys
+import time
 
+import msgpack
+
+from . import corpus as corpus_mod
+
+PACK_MAX_WAIT = 2.0  # s, as trajflow's bench window_max_wait
 PARENT_ENV = "TRAJFLOW_PEERS_PARENT"  # the driver's pid, for die_with_parent
 _PR_SET_PDEATHSIG = 1
 
@@ -27,6 +33,29 @@ def die_with_parent() -> None:
             raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG)")
     if parent and os.getppid() != parent:
         sys.exit(0)  # the driver ended before the request above took effect
+
+
+def pack_msg(o) -> bytes:
+    """A message's msgpack bytes (binary values stay bytes)."""
+    return msgpack.packb(o, use_bin_type=True)
+
+
+def trainer_ack(batch: dict) -> bytes:
+    """The trainer's acknowledgement to the driver of a batch message: its
+    groups, its size and the receive time."""
+    return pack_msg({"groups": batch["groups"], "n": len(batch["m"]), "r": time.time_ns()})
+
+
+def stage_setup(role: str, corpus_path: str) -> tuple[int, corpus_mod.Corpus]:
+    """The start of a stage process: die_with_parent, SIGTERM ends it, and
+    the part of the corpus it sends (hop stages their next hop, pack the
+    batches, the trainer nothing). Returns the role's index in
+    corpus.STAGES (-1 for the trainer) and the corpus."""
+    die_with_parent()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    idx = corpus_mod.STAGES.index(role) if role in corpus_mod.STAGES else -1
+    hops: tuple[int, ...] = (idx + 1,) if 0 <= idx < 3 else ()
+    return idx, corpus_mod.load(corpus_path, hops=hops, batches=(role == "pack"))
 
 
 class StageProcesses:

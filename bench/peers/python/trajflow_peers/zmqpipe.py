@@ -8,7 +8,6 @@ had received and not yet sent on is gone."""
 from __future__ import annotations
 
 import os
-import signal
 import sys
 import time
 
@@ -16,33 +15,20 @@ import msgpack
 import zmq
 
 from . import corpus as corpus_mod
-from .stages import StageProcesses, die_with_parent
-
-PACK_MAX_WAIT = 2.0  # s, as trajflow's bench window_max_wait
-
-
-def _pack(o) -> bytes:
-    return msgpack.packb(o, use_bin_type=True)
+from .stages import PACK_MAX_WAIT, StageProcesses, pack_msg, stage_setup, trainer_ack
 
 
 def stage_main(role: str, corpus_path: str, pull_addr: str, push_addr: str) -> None:
-    die_with_parent()
-    idx = corpus_mod.STAGES.index(role) if role in corpus_mod.STAGES else -1
-    hops: tuple[int, ...] = (idx + 1,) if 0 <= idx < 3 else ()
-    cp = corpus_mod.load(corpus_path, hops=hops, batches=(role == "pack"))
+    idx, cp = stage_setup(role, corpus_path)
     ctx = zmq.Context()
     pull = ctx.socket(zmq.PULL)
     pull.bind(pull_addr)
     push = ctx.socket(zmq.PUSH)
     push.connect(push_addr)
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     n = cp.groups
     if role == "trainer":
         while True:
-            raw = pull.recv()
-            now = time.time_ns()
-            b = msgpack.unpackb(raw, raw=False)
-            push.send(_pack({"groups": b["groups"], "n": len(b["m"]), "r": now}))
+            push.send(trainer_ack(msgpack.unpackb(pull.recv(), raw=False)))
     if role == "pack":
         packed = 0
         pending: list = []
@@ -62,13 +48,13 @@ def stage_main(role: str, corpus_path: str, pull_addr: str, push_addr: str) -> N
             if k is None and pending and time.monotonic() - first > PACK_MAX_WAIT:
                 k = 0  # the window's maximum wait closes it
             if k is not None and pending:
-                push.send(_pack({"groups": pending, "m": cp.batches[k]}))
+                push.send(pack_msg({"groups": pending, "m": cp.batches[k]}))
                 pending = []
     out = cp.hops[idx + 1]
     while True:
         m = msgpack.unpackb(pull.recv(), raw=False)
         g = m["g"]
-        push.send(_pack({"g": g, "t": m["t"], "m": out[g % n]}))
+        push.send(pack_msg({"g": g, "t": m["t"], "m": out[g % n]}))
 
 
 def _free_ports(k: int) -> list[int]:
@@ -125,7 +111,7 @@ class ZmqPipeline(StageProcesses):
         time.sleep(1.0)
 
     def send(self, ledger, g: int, t: int) -> None:
-        self.push.send(_pack({"g": g, "t": t, "m": self.cp.hops[0][g % self.cp.groups]}))
+        self.push.send(pack_msg({"g": g, "t": t, "m": self.cp.hops[0][g % self.cp.groups]}))
 
     def poll(self, ledger, timeout_ms: int) -> None:
         if self.acks.poll(timeout_ms):
