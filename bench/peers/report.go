@@ -63,9 +63,12 @@ func (res *Result) WriteTable(w io.Writer) error {
 // Ratios are the comparisons the table ends with, per round: trajflow's
 // bytes per CPU-second over raw kafka-go's (same run, same broker), and
 // trajflow's policy tokens per CPU-second and peak RSS over each peer's in
-// the same round.
+// the same round. With more than one round, a line per comparison then
+// gives the per-CPU-second ratio's median and range over the rounds: on a
+// shared machine one round's ratio is one draw (bench/RESULTS.md).
 func (res *Result) Ratios() []string {
 	var out []string
+	var spread ratioSpread
 	rounds := map[int][]Row{}
 	var keys []int
 	for _, r := range res.Rows {
@@ -100,6 +103,7 @@ func (res *Result) Ratios() []string {
 				line += fmt.Sprintf("; trajflow / raw franz-go  MB per CPU-s %.2f, MB/s %.2f", tf.MBPerCPUS/fg.MBPerCPUS, tf.MBPerS/fg.MBPerS)
 			}
 			out = append(out, line)
+			spread.add("trajflow / raw kafka-go ("+where+")  MB per CPU-s", tf.MBPerCPUS/kg.MBPerCPUS)
 		}
 		tf := find(rows, "trajflow (embedded")
 		for _, peer := range []struct{ prefix, label string }{{"Ray", "Ray"}, {"ZeroMQ + msgpack", "ZeroMQ"}, {ZeroMQGoName, "ZeroMQ in Go"}, {ZeroMQLibzmqName, "ZeroMQ in Go on libzmq"}, {FilesName, "files"}} {
@@ -109,7 +113,44 @@ func (res *Result) Ratios() []string {
 			}
 			out = append(out, fmt.Sprintf("round %d: trajflow / %s  policy tokens per CPU-s %.2f, per wall second %.2f, peak RSS %.2f",
 				k, peer.label, tf.PolicyTokensPerCPUS/pr.PolicyTokensPerCPUS, tf.PolicyTokensPerS/pr.PolicyTokensPerS, tf.PeakMB/max(pr.PeakMB, 1)))
+			spread.add("trajflow / "+peer.label+"  policy tokens per CPU-s", tf.PolicyTokensPerCPUS/pr.PolicyTokensPerCPUS)
 		}
+	}
+	return append(out, spread.lines()...)
+}
+
+// ratioSpread collects one ratio per round under each label, in the order
+// the labels first come.
+type ratioSpread struct {
+	labels []string
+	values map[string][]float64
+}
+
+func (s *ratioSpread) add(label string, v float64) {
+	if s.values == nil {
+		s.values = map[string][]float64{}
+	}
+	if _, ok := s.values[label]; !ok {
+		s.labels = append(s.labels, label)
+	}
+	s.values[label] = append(s.values[label], v)
+}
+
+// lines gives "over N rounds: LABEL median M (min–max)" for every label
+// with more than one round.
+func (s *ratioSpread) lines() []string {
+	var out []string
+	for _, label := range s.labels {
+		v := slices.Clone(s.values[label])
+		if len(v) < 2 {
+			continue
+		}
+		slices.Sort(v)
+		med := v[len(v)/2]
+		if len(v)%2 == 0 {
+			med = (v[len(v)/2-1] + v[len(v)/2]) / 2
+		}
+		out = append(out, fmt.Sprintf("over %d rounds: %s median %.2f (%.2f–%.2f)", len(v), label, med, v[0], v[len(v)-1]))
 	}
 	return out
 }

@@ -49,6 +49,9 @@ func TestTableAndRatios(t *testing.T) {
 	if strings.Count(out, "\n| ") != 9 {
 		t.Errorf("want a header and 8 rows:\n%s", out)
 	}
+	if strings.Contains(out, "over ") {
+		t.Errorf("one round: no line over rounds:\n%s", out)
+	}
 	png := filepath.Join(t.TempDir(), "peers.png")
 	if err := res.WritePlot(png); err != nil {
 		t.Fatal(err)
@@ -123,5 +126,47 @@ func TestNeedsPython(t *testing.T) {
 		if got := NeedsPython(c.systems); got != c.want {
 			t.Errorf("NeedsPython(%v) = %v, want %v", c.systems, got, c.want)
 		}
+	}
+}
+
+// TestRatiosOverRounds: with several rounds, each comparison gets one
+// more line, its per-CPU-second ratio's median and range over the rounds
+// (hand-computed below); a comparison present in one round only gets none.
+func TestRatiosOverRounds(t *testing.T) {
+	row := func(sys string, round int, mbPerCPU, tokPerS, cores float64) Row {
+		r := Row{System: sys, Round: round, MBPerCPUS: mbPerCPU, MBPerS: mbPerCPU * cores, PolicyTokensPerS: tokPerS, CPUCores: cores}
+		r.fillCPU()
+		return r
+	}
+	res := &Result{Rows: []Row{
+		// trajflow / raw kafka-go: 200/400 = 0.50, 240/400 = 0.60, 220/400 = 0.55
+		row("trajflow (embedded broker)", 1, 200, 4e6, 2),
+		row("raw kafka-go (embedded broker)", 1, 400, 0, 2),
+		row("trajflow (embedded broker)", 2, 240, 3e6, 1),
+		row("raw kafka-go (embedded broker)", 2, 400, 0, 2),
+		row("trajflow (embedded broker)", 3, 220, 2e6, 1),
+		row("raw kafka-go (embedded broker)", 3, 400, 0, 2),
+		// trajflow / Ray per CPU-s: (4e6/2)/(1e6/1) = 2.00, (3e6/1)/(4e6/2) = 1.50; no Ray in round 3
+		row("Ray (actors, object store, 8 groups/call)", 1, 0, 1e6, 1),
+		row("Ray (actors, object store, 8 groups/call)", 2, 0, 4e6, 2),
+		// files in round 1 only
+		row(FilesName, 1, 0, 1e6, 1),
+	}}
+	got := res.Ratios()
+	want := []string{
+		"over 3 rounds: trajflow / raw kafka-go (embedded broker)  MB per CPU-s median 0.55 (0.50–0.60)",
+		"over 2 rounds: trajflow / Ray  policy tokens per CPU-s median 1.75 (1.50–2.00)",
+	}
+	var over []string
+	for _, l := range got {
+		if strings.HasPrefix(l, "over ") {
+			over = append(over, l)
+		}
+	}
+	if !slices.Equal(over, want) {
+		t.Errorf("lines over rounds:\n got %q\nwant %q", over, want)
+	}
+	if len(got) != 3+2+1+len(want) {
+		t.Errorf("want 6 per-round lines and %d over rounds, got %d:\n%s", len(want), len(got), strings.Join(got, "\n"))
 	}
 }
