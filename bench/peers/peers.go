@@ -120,10 +120,11 @@ type Config struct {
 	// KafkaScript and KafkaHome start the broker when Kafka is KafkaAuto
 	// (StartLocalKafka); Run stops it before it returns.
 	KafkaScript, KafkaHome string
-	// KafkaWarmup is the length of an unrecorded trajflow-kafka run before
-	// the first round: a broker JVM just started interprets its hot paths
-	// until the JIT compiler has compiled them, which would charge the
-	// first round's runs (the raw clients' baselines first) for it.
+	// KafkaWarmup is how long unrecorded trajflow-kafka runs (warmKafka)
+	// load the broker before the first round: a broker JVM just started
+	// interprets its hot paths until the JIT compiler has compiled them,
+	// which would charge the first round's runs (the raw clients'
+	// baselines first) for it.
 	KafkaWarmup time.Duration
 	Rounds      int
 	Duration    time.Duration
@@ -285,10 +286,7 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	}
 	res.ActionShare = float64(act) / float64(max(tok, 1))
 	if cfg.KafkaWarmup > 0 && onKafka {
-		w := cfg
-		w.Duration, w.Baseline = cfg.KafkaWarmup, max(cfg.KafkaWarmup/2, time.Second)
-		fmt.Fprintf(cfg.Log, "warming up Apache Kafka's JVM: a %s run, not recorded\n", cfg.KafkaWarmup)
-		if _, err := runOne(ctx, &w, SysTrajflowKafka, 0, false, corpusPath, res.ActionShare); err != nil {
+		if err := warmKafka(ctx, cfg, corpusPath, res.ActionShare); err != nil {
 			return nil, err
 		}
 	}
@@ -314,6 +312,38 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 		}
 	}
 	return res, nil
+}
+
+// warmRunMax is the longest of the unrecorded runs that warm Apache
+// Kafka's JVM. Each run deletes its topics when it ends, so the broker's
+// disk holds at most one short run's log at a time (a run moves a few
+// hundred MB a second; one 90-s run would leave over 30 GB on the
+// broker's disk until it ended).
+const warmRunMax = 30 * time.Second
+
+// warmKafka loads the broker with unrecorded trajflow-kafka runs, at most
+// warmRunMax each, until cfg.KafkaWarmup of pipeline time has passed, each
+// with the rounds' own baselines (so the raw clients' requests are
+// compiled too, at no more disk than a round takes).
+func warmKafka(ctx context.Context, cfg Config, corpusPath string, actionShare float64) error {
+	fmt.Fprintf(cfg.Log, "warming up Apache Kafka's JVM: %s of runs, not recorded\n", cfg.KafkaWarmup)
+	for _, d := range warmRuns(cfg.KafkaWarmup) {
+		w := cfg
+		w.Duration = d
+		if _, err := runOne(ctx, &w, SysTrajflowKafka, 0, false, corpusPath, actionShare); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// warmRuns splits a warm-up into runs of at most warmRunMax.
+func warmRuns(total time.Duration) []time.Duration {
+	var runs []time.Duration
+	for left := total; left > 0; left -= warmRunMax {
+		runs = append(runs, min(left, warmRunMax))
+	}
+	return runs
 }
 
 // runOne runs one system once as a child process and returns its rows.

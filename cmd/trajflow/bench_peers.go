@@ -52,7 +52,7 @@ func addPeersFlags(fs interface {
 		duration:    fs.Duration("duration", 15*time.Second, "measurement window of each run"),
 		warmup:      fs.Duration("warmup", 3*time.Second, "warm-up of each run"),
 		baseline:    fs.Duration("baseline", 6*time.Second, "window of each raw client's baseline"),
-		kafkaWarmup: fs.Duration("kafka-warmup", 90*time.Second, "with trajflow-kafka: an unrecorded run of this length before the first round, for the broker JVM's compiler (0: none)"),
+		kafkaWarmup: fs.Duration("kafka-warmup", 90*time.Second, "with trajflow-kafka: unrecorded runs (at most 30 s each) for this long before the first round, for the broker JVM's compiler (0: none)"),
 		rounds:      fs.Int("rounds", 2, "rounds: every system once per round, alternating"),
 		groups:      fs.Int("corpus-groups", 256, "groups of the synthetic source exported through the stages"),
 		inflight:    fs.Int("inflight-groups", 192, "groups produced and not yet decided, for every system"),

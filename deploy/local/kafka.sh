@@ -91,6 +91,9 @@ message.max.bytes=67108864
 replica.fetch.max.bytes=67108864
 socket.request.max.bytes=209715200
 log.segment.bytes=67108864
+# a deleted topic's files go after a second, not a minute: a bench run writes
+# gigabytes and deletes its topics when it ends
+file.delete.delay.ms=1000
 ssl.keystore.type=PKCS12
 ssl.keystore.location=$TLS/server.p12
 ssl.keystore.password=$store
