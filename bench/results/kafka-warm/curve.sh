@@ -2,13 +2,14 @@
 # The warming curve of Apache Kafka's JVM: a fresh single-node broker
 # (deploy/local/kafka.sh), then twelve `trajflow bench` runs back to back,
 # the broker JVM's CPU counted. Run from the repository root after
-# `make build`; writes run01.json … run12.json and curve.txt into $1.
+# `make build`; writes run01.json … run12.json (RUNS=N for N runs) and
+# curve.txt into $1, and deletes the broker and its data at the end.
 set -euo pipefail
 out=${1:?usage: curve.sh OUTDIR}
 mkdir -p "$out"
 deploy/local/kafka.sh clean >/dev/null; sync; sleep 5
 deploy/local/kafka.sh up >/dev/null
-trap 'deploy/local/kafka.sh down >/dev/null' EXIT
+trap 'deploy/local/kafka.sh clean >/dev/null' EXIT  # the runs' log can hold tens of GB
 jvm=$(cat build/kafka/kafka.pid)
 start=$(date +%s)
 for i in $(seq -w 1 ${RUNS:-12}); do
