@@ -324,7 +324,7 @@ const warmRunMax = 30 * time.Second
 // warmKafka loads the broker with unrecorded trajflow-kafka runs, at most
 // warmRunMax each, until cfg.KafkaWarmup of pipeline time has passed, each
 // with the rounds' own baselines (so the raw clients' requests are
-// compiled too, at no more disk than a round takes).
+// compiled too, with no more baseline data than a round writes).
 func warmKafka(ctx context.Context, cfg Config, corpusPath string, actionShare float64) error {
 	fmt.Fprintf(cfg.Log, "warming up Apache Kafka's JVM: %s of runs, not recorded\n", cfg.KafkaWarmup)
 	for _, d := range warmRuns(cfg.KafkaWarmup) {
