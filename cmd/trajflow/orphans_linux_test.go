@@ -1,8 +1,9 @@
 package main
 
 import (
-	"os"
 	"os/exec"
+	"slices"
+	"syscall"
 	"testing"
 	"time"
 
@@ -36,9 +37,7 @@ func TestBenchHelpersEndWithIt(t *testing.T) {
 		}
 		t.Cleanup(func() {
 			for _, k := range kids {
-				if p, err := os.FindProcess(k); err == nil {
-					_ = p.Kill()
-				}
+				_ = syscall.Kill(k, syscall.SIGKILL)
 			}
 		})
 		if len(kids) < c.helpers {
@@ -48,21 +47,14 @@ func TestBenchHelpersEndWithIt(t *testing.T) {
 		}
 		_ = cmd.Process.Kill()
 		_ = cmd.Wait()
-		for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
-			alive := 0
-			for _, k := range kids {
-				if testkit.Running(k) {
-					alive++
-				}
-			}
-			if alive == 0 {
-				break
-			}
+		running := func() []int {
+			return slices.DeleteFunc(slices.Clone(kids), func(k int) bool { return !testkit.Running(k) })
 		}
-		for _, k := range kids {
-			if testkit.Running(k) {
-				t.Errorf("%s: helper %d still running 10 s after the bench's SIGKILL", c.name, k)
-			}
+		for deadline := time.Now().Add(10 * time.Second); len(running()) > 0 && time.Now().Before(deadline); {
+			time.Sleep(50 * time.Millisecond)
+		}
+		if left := running(); len(left) > 0 {
+			t.Errorf("%s: helpers %v still running 10 s after the bench's SIGKILL", c.name, left)
 		}
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"os/exec"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -65,7 +66,7 @@ func TestDieWithParent(t *testing.T) {
 		wait      time.Duration // for the child to go
 	}{{"die", false, 5 * time.Second}, {"keep", true, 300 * time.Millisecond}} {
 		parent, child := startParent(t, c.mode)
-		t.Cleanup(func() { _ = killPID(child) })
+		t.Cleanup(func() { _ = syscall.Kill(child, syscall.SIGKILL) })
 		if !testkit.Running(child) {
 			t.Fatalf("%s: child %d not running before the parent's kill", c.mode, child)
 		}
@@ -79,12 +80,4 @@ func TestDieWithParent(t *testing.T) {
 			t.Errorf("%s: child alive %v after its parent's SIGKILL, want %v", c.mode, got, c.wantAlive)
 		}
 	}
-}
-
-func killPID(pid int) error {
-	p, err := os.FindProcess(pid)
-	if err != nil {
-		return err
-	}
-	return p.Kill()
 }
