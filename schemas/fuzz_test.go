@@ -289,6 +289,30 @@ func FuzzDecodeEvaluation(f *testing.F) {
 			Suites: []SuiteResult{{Suite: "heldout", Tasks: 2, PassAtK: &Estimate{Value: 0.5}}}, OptimizerTokens: 10, StepSeconds: 0.5})
 }
 
+func FuzzDecodeIncident(f *testing.F) {
+	fuzzDoc(f, EncodeIncident, DecodeIncident,
+		Incident{IncidentID: "i", RunID: "r", AttemptID: "a", TaskID: "t", Stage: "validate", Reason: "token_range",
+			Detail: "tokens[3] = 99", Source: "trajectories/1@42", At: 7},
+		Incident{})
+}
+
+func FuzzDecodeUpdate(f *testing.F) {
+	fuzzDoc(f, EncodeUpdate, DecodeUpdate,
+		UpdateRecord{Version: 3, BatchID: "b", BatchIndex: 2, Metrics: UpdateMetrics{GradNorm: 0.5, Rows: 4, Segments: 9},
+			Last: ObjectiveStats{Loss: -0.25, Tokens: 40, Sequences: 9}, Duplicates: 1, MaxLag: 2, StalePolicy: "mask",
+			StaleTokens: 5, StaleSegments: 1, NotTrained: []string{"x"}, StaleLag: []LagCount{{Lag: 3, Tokens: 5}},
+			Lag: []LagCount{{Lag: 0, Tokens: 35}}, Selection: &UpdateSelection{Segments: 9, TrainedSegments: 8},
+			StepSeconds: 0.125, MinibatchOrder: [][][]int{{{1, 0}, {2, 3}}}},
+		UpdateRecord{})
+}
+
+func FuzzDecodeWeightAck(f *testing.F) {
+	fuzzDoc(f, EncodeWeightAck, DecodeWeightAck,
+		WeightAck{RunID: "r", Replica: "http://127.0.0.1:8080", Protocol: "llamacpp", Version: 4, Loaded: true,
+			Model: "trajflow-v4", Checksum: "ab12", Unloaded: []int64{2}, At: 9},
+		WeightAck{Replica: "x", Protocol: "vllm", Error: "load failed"})
+}
+
 func FuzzDecodeGateDecision(f *testing.F) {
 	fuzzDoc(f, EncodeGateDecision, DecodeGateDecision,
 		GateDecision{RunID: "r", PolicyVersion: 5, Action: GateRollback, RollbackTo: 0, Checks: []GateCheck{{Kind: "kl", Value: 1}},

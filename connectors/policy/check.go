@@ -70,6 +70,10 @@ func Check(addr string, req model.Request, vocab int, want Want, r Raw) (model.S
 			return model.Sample{}, Infra(ReasonNaNLogprob, addr, "%s[%d] = %v", lf, i, lp)
 		case lp > 0:
 			return model.Sample{}, Infra(ReasonPositiveLogprob, addr, "%s[%d] = %v", lf, i, lp)
+		case math.IsInf(float64(float32(lp)), 0):
+			// A trajectory carries float32 log-probs: one below float32's
+			// range would arrive as -Inf, and every ratio of it too.
+			return model.Sample{}, Infra(ReasonNaNLogprob, addr, "%s[%d] = %v is below float32's range", lf, i, lp)
 		}
 		s.Logprobs[i] = float32(lp)
 		if i < len(r.Tokens)-1 && slices.Contains(stop, int32(t)) {

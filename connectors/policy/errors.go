@@ -13,7 +13,7 @@ const (
 	ReasonRejected        = "rejected"         // a 4xx status (the body names what the server refused)
 	ReasonBadResponse     = "bad_response"     // undecodable or truncated JSON, a missing or inconsistent field
 	ReasonLengthMismatch  = "length_mismatch"  // token ids and log-probs of different lengths
-	ReasonNaNLogprob      = "nan_logprob"      // a NaN or infinite log-prob (or a probability of 0)
+	ReasonNaNLogprob      = "nan_logprob"      // a NaN or infinite log-prob (or a probability of 0, or one below float32's range)
 	ReasonPositiveLogprob = "positive_logprob" // a log-prob above 0
 	ReasonTokenRange      = "token_range"      // a sampled id outside [0, vocab)
 	ReasonAfterStop       = "after_stop"       // a sampled id after a stop id

@@ -164,6 +164,10 @@ func TestFaults(t *testing.T) {
 			delete(entry(m, 0), "trajflow_logprob")
 			entry(m, 0)["prob"] = json.Number("0")
 		}, policy.ReasonNaNLogprob),
+		policytest.F("prob 0, log-prob below float32's range", func(m map[string]any) {
+			entry(m, 0)["prob"] = json.Number("0")
+			entry(m, 0)["trajflow_logprob"] = json.Number("-1e300")
+		}, policy.ReasonNaNLogprob),
 		policytest.F("raw logprob only", func(m map[string]any) {
 			e := entry(m, 0)
 			delete(e, "prob")
@@ -262,4 +266,8 @@ func TestTokenizer(t *testing.T) {
 	if _, err := c.Identity(ctx); err != nil || c.TokenizerHash() != rollout.TokenizerHash || c.ChatTemplateHash() == "" {
 		t.Fatalf("hashes %q %q %v", c.TokenizerHash(), c.ChatTemplateHash(), err)
 	}
+}
+
+func FuzzGenerate(f *testing.F) {
+	policytest.FuzzGenerate(f, policy.LlamaCpp, "/completion", single(1))
 }

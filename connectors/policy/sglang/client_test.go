@@ -38,6 +38,7 @@ func TestFaults(t *testing.T) {
 		policytest.F("positive log-prob", setLP(json.Number("0.25")), policy.ReasonPositiveLogprob),
 		policytest.F("log-prob out of range", setLP(json.Number("-1e999")), policy.ReasonNaNLogprob),
 		policytest.F("null log-prob", setLP(nil), policy.ReasonBadResponse),
+		policytest.F("log-prob below float32's range", setLP(json.Number("-1e300")), policy.ReasonNaNLogprob),
 		policytest.F("id out of range", func(m map[string]any) {
 			m["output_ids"].([]any)[0] = json.Number("99")
 			lps(m)[0].([]any)[1] = json.Number("99")
@@ -85,4 +86,8 @@ func TestTokenizer(t *testing.T) {
 	if _, err := c.Identity(ctx); err != nil || c.TokenizerHash() != rollout.TokenizerHash || c.ChatTemplateHash() == "" {
 		t.Fatalf("hashes %q %q %v", c.TokenizerHash(), c.ChatTemplateHash(), err)
 	}
+}
+
+func FuzzGenerate(f *testing.F) {
+	policytest.FuzzGenerate(f, policy.SGLang, "/generate", newClient)
 }

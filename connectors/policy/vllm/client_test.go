@@ -41,6 +41,7 @@ func TestFaults(t *testing.T) {
 		}, policy.ReasonLengthMismatch),
 		policytest.F("positive log-prob", setLP(json.Number("0.5")), policy.ReasonPositiveLogprob),
 		policytest.F("clamped log-prob", setLP(json.Number("-9999.0")), policy.ReasonNaNLogprob),
+		policytest.F("log-prob below float32's range", setLP(json.Number("-1e300")), policy.ReasonNaNLogprob),
 		policytest.F("missing log-prob", func(m map[string]any) { delete(content(m)[0].(map[string]any), "logprob") }, policy.ReasonBadResponse),
 		policytest.F("id out of range", func(m map[string]any) {
 			choice(m)["token_ids"].([]any)[0] = json.Number("64")
@@ -133,4 +134,8 @@ func TestTokenizer(t *testing.T) {
 	if _, err := c.ApplyTemplate(ctx, nil, true); !errors.Is(err, policy.ErrNotOffered) {
 		t.Fatalf("apply template: %v", err)
 	}
+}
+
+func FuzzGenerate(f *testing.F) {
+	policytest.FuzzGenerate(f, policy.VLLM, "/inference/v1/generate", newClient)
 }
