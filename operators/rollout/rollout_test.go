@@ -2,6 +2,7 @@ package rollout
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"math"
 	"slices"
@@ -138,6 +139,61 @@ func FuzzParse(f *testing.F) {
 			back = []int32{TokCall, TokKey0 + a.Key, TokEnd}
 		} else {
 			back = []int32{TokAns, TokVal0 + a.Value, TokEnd}
+		}
+		if !slices.Equal(back, ids) {
+			t.Fatalf("parsed %v as %+v", ids, a)
+		}
+	})
+}
+
+// FuzzParseLedger: every id sequence parses to one of the three actions
+// with its argument in range and re-renders to the same ids, or is an
+// error wrapping ErrParse. Ids come from the fuzzer four bytes each, the
+// whole int32 range included.
+func FuzzParseLedger(f *testing.F) {
+	le := func(ids ...int32) []byte {
+		b := make([]byte, 0, 4*len(ids))
+		for _, id := range ids {
+			b = binary.LittleEndian.AppendUint32(b, uint32(id))
+		}
+		return b
+	}
+	f.Add(le(TokXfer, TokKey0+1, TokEnd))
+	f.Add(le(TokCall, TokKey0, TokEnd))
+	f.Add(le(TokAns, TokVal0+7, TokEnd))
+	f.Add(le(TokXfer, math.MinInt32+TokKey0, TokEnd))
+	f.Add(le(TokXfer, TokVal0, TokEnd, TokEnd))
+	const keys, values = 4, 8
+	f.Fuzz(func(t *testing.T, b []byte) {
+		ids := make([]int32, len(b)/4)
+		for i := range ids {
+			ids[i] = int32(binary.LittleEndian.Uint32(b[4*i:]))
+		}
+		a, err := ParseLedger(ids, keys, values)
+		if err != nil {
+			if !errors.Is(err, ErrParse) {
+				t.Fatalf("%v: does not wrap ErrParse", err)
+			}
+			return
+		}
+		var back []int32
+		switch a.Kind {
+		case KindTransfer, KindCall:
+			if a.Account < 0 || a.Account >= keys {
+				t.Fatalf("%v parsed to account %d of %d", ids, a.Account, keys)
+			}
+			verb := int32(TokCall)
+			if a.Kind == KindTransfer {
+				verb = TokXfer
+			}
+			back = []int32{verb, TokKey0 + a.Account, TokEnd}
+		case KindAnswer:
+			if a.Value < 0 || a.Value >= values {
+				t.Fatalf("%v parsed to value %d of %d", ids, a.Value, values)
+			}
+			back = []int32{TokAns, TokVal0 + a.Value, TokEnd}
+		default:
+			t.Fatalf("%v parsed to kind %q", ids, a.Kind)
 		}
 		if !slices.Equal(back, ids) {
 			t.Fatalf("parsed %v as %+v", ids, a)
