@@ -8,6 +8,7 @@ import (
 	"io"
 	"net/http/httptest"
 	"regexp"
+	"runtime/debug"
 	"slices"
 	"strings"
 	"testing"
@@ -51,7 +52,7 @@ type chain struct {
 	msgs map[string][]pipeline.Message
 }
 
-func conformanceContract(t *testing.T) *contract.Contract {
+func conformanceContract(t testing.TB) *contract.Contract {
 	t.Helper()
 	c := contract.Default()
 	c.RunID = "conf"
@@ -65,7 +66,7 @@ func conformanceContract(t *testing.T) *contract.Contract {
 	return c
 }
 
-func newDeps(t *testing.T, c *contract.Contract) operators.Deps {
+func newDeps(t testing.TB, c *contract.Contract) operators.Deps {
 	t.Helper()
 	reg, err := rollout.NewRegistry(rollout.DefaultRegistryConfig())
 	if err != nil {
@@ -83,30 +84,30 @@ func newDeps(t *testing.T, c *contract.Contract) operators.Deps {
 }
 
 // drive runs a new instance of stage name over its inputs from ch.
-func (ch *chain) drive(t *testing.T, name string, deps operators.Deps) *pipeline.Driven {
+func (ch *chain) drive(t testing.TB, name string, deps operators.Deps) *pipeline.Driven {
 	t.Helper()
 	st, err := operators.New(name, deps)
 	if err != nil {
 		t.Fatalf("%s: %v", name, err)
 	}
-	d, err := driveStage(st, ch.inputs(name), ch.side(name), deps)
+	d, err := driveStage(context.Background(), st, ch.inputs(name), ch.side(name), deps)
 	if err != nil {
 		t.Fatalf("%s: %v", name, err)
 	}
 	return d
 }
 
-func driveStage(st pipeline.Stage, inputs, side []pipeline.Message, deps operators.Deps) (d *pipeline.Driven, err error) {
+func driveStage(ctx context.Context, st pipeline.Stage, inputs, side []pipeline.Message, deps operators.Deps) (d *pipeline.Driven, err error) {
 	defer func() {
 		if p := recover(); p != nil {
-			err = fmt.Errorf("panic: %v", p)
+			err = fmt.Errorf("panic: %v\n%s", p, debug.Stack())
 		}
 	}()
 	files, err := pipeline.NewDirReleases(deps.ReleaseDir)
 	if err != nil {
 		return nil, err
 	}
-	return pipeline.Drive(context.Background(), st, inputs, pipeline.DriveConfig{
+	return pipeline.Drive(ctx, st, inputs, pipeline.DriveConfig{
 		QuarantineTopic: deps.Topics.Quarantine, Side: side, TickAt: fixedNow().Add(time.Hour),
 		Env: pipeline.EnvConfig{Now: fixedNow, Releases: files, Scanner: pipeline.MemScanner{}},
 	})
@@ -148,7 +149,7 @@ func (ch *chain) record(d *pipeline.Driven) {
 // (the built-in policy over SGLang's protocol, connectors/policy/serve,
 // reading the chain's releases): weight sync loads version 0 into it
 // before dispatch, and rollout generates there.
-func buildChain(t *testing.T, served bool) *chain {
+func buildChain(t testing.TB, served bool) *chain {
 	t.Helper()
 	c := conformanceContract(t)
 	ch := &chain{deps: newDeps(t, c), msgs: map[string][]pipeline.Message{}}
@@ -265,7 +266,7 @@ func conformance(t *testing.T, ch *chain) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				d, err := driveStage(st, ch.inputs(spec.Name), ch.side(spec.Name), deps)
+				d, err := driveStage(context.Background(), st, ch.inputs(spec.Name), ch.side(spec.Name), deps)
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -296,7 +297,7 @@ func conformance(t *testing.T, ch *chain) {
 						if err != nil {
 							t.Fatal(err)
 						}
-						d, err := driveStage(st, []pipeline.Message{bad.m}, ch.side(spec.Name), deps)
+						d, err := driveStage(context.Background(), st, []pipeline.Message{bad.m}, ch.side(spec.Name), deps)
 						if err != nil {
 							t.Fatal(err)
 						}

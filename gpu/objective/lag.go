@@ -10,8 +10,22 @@ import (
 
 // LagStat summarizes the masked tokens sampled Lag policy versions before
 // the trainer's version (docs/PIPELINE.md §13: "log ... the ratio distribution by
-// policy lag"). The ratio is r = exp(cur - old), unclamped.
+// policy lag"). The ratio is r = exp(cur - old), unclamped below
+// exp(MaxReportedLogRatio), where it saturates.
 type LagStat = schemas.LagStat
+
+// MaxReportedLogRatio is where the ratios LagStats reports saturate: a
+// log ratio above 600 counts as 600 in RatioMean, RatioMin, RatioMax and
+// K3 (ApproxKL keeps the log ratio itself: float32 log-probs bound its
+// square far inside float64). exp(600) is about 4e260, so the sums and
+// means stay finite for any count of tokens below 1e47, and an update
+// record (JSON, which has no infinity) carries them; an unclamped log
+// ratio of 710 would make a ratio of +Inf. Such a ratio means a behavior
+// log-prob hundreds of nats below the current policy's (a corrupted or
+// clamped log-prob, or a token the behavior policy all but excluded); the
+// loss clamps far lower (Options.MaxLogRatio, 20 by default) and counts
+// the tokens it clamped.
+const MaxReportedLogRatio = 600
 
 // LagStats groups the masked tokens of one row (or of Concat'ed rows) by
 // policy lag = trainerVersion - versions[i] and returns one LagStat per lag
@@ -56,11 +70,12 @@ func LagStats(curLogprobs, old []float32, versions []int32, mask []uint8, traine
 			a = &acc{rMin: math.Inf(1), rMax: math.Inf(-1)}
 			byLag[trainerVersion-v] = a
 		}
-		r := math.Exp(lr)
+		sat := min(lr, MaxReportedLogRatio)
+		r := math.Exp(sat)
 		a.n++
 		a.rSum += r
 		a.kSum += 0.5 * lr * lr
-		a.k3Sum += r - 1 - lr
+		a.k3Sum += r - 1 - sat
 		a.rMin = math.Min(a.rMin, r)
 		a.rMax = math.Max(a.rMax, r)
 	}

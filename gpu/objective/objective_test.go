@@ -791,6 +791,25 @@ func TestLagStats(t *testing.T) {
 			}
 		})
 	}
+	// Ratios saturate at e^600: a log ratio of 600 is reported as it is,
+	// larger ones as 600 (K3 too), far past exp's range included, so the
+	// statistics stay finite; ApproxKL keeps the log ratio itself.
+	for _, tc := range []struct{ old float32 }{{-600}, {-601}, {-6e29}} {
+		lr := -float64(tc.old)
+		got, err := LagStats([]float32{0}, []float32{tc.old}, []int32{5}, []uint8{1}, 5)
+		if err != nil {
+			t.Fatal(err)
+		}
+		g, r := got[0], math.Exp(600)
+		if g.RatioMax != r || g.RatioMin != r || g.RatioMean != r || g.K3 != r-1-600 || g.ApproxKL != 0.5*lr*lr {
+			t.Fatalf("behavior log-prob %v: %+v, want ratios e^600, K3 e^600-601, ApproxKL %v", tc.old, g, 0.5*lr*lr)
+		}
+	}
+	m = MergeLagStats([]LagStat{{Lag: 0, Tokens: 3, RatioMean: math.Exp(600), RatioMin: 1, RatioMax: math.Exp(600)}},
+		[]LagStat{{Lag: 0, Tokens: 1 << 40, RatioMean: math.Exp(600), RatioMin: 1, RatioMax: math.Exp(600)}})
+	if math.IsInf(m[0].RatioMean, 0) || math.IsNaN(m[0].RatioMean) {
+		t.Fatalf("merged saturated means %+v", m[0])
+	}
 }
 
 // TestMaskedVocabulary: -Inf logits (vocabulary entries masked out) at a

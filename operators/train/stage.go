@@ -412,6 +412,11 @@ func (s *Stage) Process(ctx context.Context, m pipeline.Message) (pipeline.Resul
 	if batch.ContractHash != s.cfg.ContractHash {
 		return res, refuse(pipeline.Refuse("contract_mismatch", "batch %s of contract %s, trainer runs %s", batch.BatchID, batch.ContractHash, s.cfg.ContractHash))
 	}
+	for ri := range batch.Rows {
+		if err := checkSegments(&batch.Rows[ri]); err != nil {
+			return res, refuse(pipeline.Refuse("untrainable_batch", "batch %s row %d: %v", batch.BatchID, ri, err))
+		}
+	}
 	dups := 0
 	var ids []string
 	for ri := range batch.Rows {

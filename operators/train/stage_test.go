@@ -3,13 +3,16 @@ package train_test
 import (
 	"context"
 	"errors"
+	"math"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 
 	"github.com/trajflow/trajflow/gpu"
 	"github.com/trajflow/trajflow/gpu/gputest"
 	"github.com/trajflow/trajflow/gpu/model"
+	"github.com/trajflow/trajflow/gpu/objective"
 	"github.com/trajflow/trajflow/operators/pack"
 	"github.com/trajflow/trajflow/operators/train"
 	"github.com/trajflow/trajflow/pipeline"
@@ -202,6 +205,82 @@ func TestStageQuarantinesUntrainableBatch(t *testing.T) {
 	u, err := gpu.ReadUpdate(files, 1)
 	if err != nil || u.BatchID != good.BatchID || u.Metrics.RatioMax != 1 {
 		t.Fatalf("the good batch must train from the untouched initial policy (ratio 1): %+v %v", u, err)
+	}
+}
+
+// TestStageQuarantinesMalformedBatch: a batch that decodes but whose rows
+// break what the duplicate mask and the lag rule index by (a segment id
+// outside the row's segments, a column shorter than the input ids) is
+// refused as untrainable, naming the row and what is wrong; the trainer is
+// unchanged and trains the next batch.
+func TestStageQuarantinesMalformedBatch(t *testing.T) {
+	for _, tc := range []struct {
+		name, detail string
+		edit         func(r *schemas.PackedRow)
+	}{
+		{"segment id past the segments", "segment_ids[3] = ", func(r *schemas.PackedRow) { r.SegmentIDs[3] = int32(len(r.SegTrajectoryIDs)) }},
+		{"negative segment id", "segment_ids[0] = -1", func(r *schemas.PackedRow) { r.SegmentIDs[0] = -1 }},
+		{"no segment metadata", "the row has 0 segments", func(r *schemas.PackedRow) {
+			r.SegTrajectoryIDs, r.SegGroupIDs, r.SegPolicyVersions, r.SegLengths, r.SegWeights, r.SegTruncated = nil, nil, nil, nil, nil, nil
+		}},
+		{"short action mask", "action_mask for", func(r *schemas.PackedRow) { r.ActionMask = r.ActionMask[:len(r.ActionMask)-1] }},
+		{"short policy versions", "policy_versions for", func(r *schemas.PackedRow) { r.PolicyVersions = r.PolicyVersions[:2] }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newFixture(t)
+			files, err := pipeline.NewDirReleases(t.TempDir())
+			if err != nil {
+				t.Fatal(err)
+			}
+			bad := f.batch(0, 0)
+			tc.edit(&bad.Rows[len(bad.Rows)-1])
+			good := f.batch(1, 0)
+			d := f.drive(files, pipeline.MemScanner{}, f.msg(bad, 0), f.msg(good, 1))
+			q := d.On(f.topics.Quarantine)
+			if r := reasons(q); !slices.Equal(r, []string{"untrainable_batch"}) {
+				t.Fatalf("quarantine reasons %v, want untrainable_batch once", r)
+			}
+			detail := ""
+			for _, h := range q[0].Headers {
+				if h.Key == schemas.HeaderDetail {
+					detail = string(h.Value)
+				}
+			}
+			want := "row " + strconv.Itoa(len(bad.Rows)-1) + ": "
+			if !strings.Contains(detail, want) || !strings.Contains(detail, tc.detail) {
+				t.Fatalf("detail %q, want it to name %q and %q", detail, want, tc.detail)
+			}
+			if rels := releases(t, d.On(f.topics.Policy)); len(rels) != 2 || rels[1].PolicyVersion != 1 {
+				t.Fatalf("releases %+v, want 0 then 1 (the good batch)", rels)
+			}
+		})
+	}
+}
+
+// TestStageTrainsPastExpRange: a behavior log-prob of -6e29 makes a log
+// ratio whose exp is +Inf. The loss clamps it (the default objective) and
+// the batch trains; the update record, JSON, carries the lag statistics'
+// ratios saturated at e^600 instead of failing to encode (which stopped
+// the stage, and again at every redelivery).
+func TestStageTrainsPastExpRange(t *testing.T) {
+	f := newFixture(t)
+	files, err := pipeline.NewDirReleases(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := f.batch(0, 0)
+	r := &b.Rows[0]
+	r.OldLogprobs[slices.Index(r.ActionMask, 1)] = -6e29
+	d := f.drive(files, pipeline.MemScanner{}, f.msg(b, 0))
+	if q := d.On(f.topics.Quarantine); len(q) != 0 {
+		t.Fatalf("quarantined: %v", reasons(q))
+	}
+	u, err := gpu.ReadUpdate(files, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(u.Metrics.Lag) != 1 || u.Metrics.Lag[0].RatioMax != math.Exp(objective.MaxReportedLogRatio) || u.Metrics.LogRatioClamped < 1 {
+		t.Fatalf("lag statistics %+v, %d clamped: want the ratio max saturated at e^600 and the token clamped in the loss", u.Metrics.Lag, u.Metrics.LogRatioClamped)
 	}
 }
 

@@ -302,3 +302,23 @@ def test_off_policy_ratio_exactly_one_on_policy(off, cap):
         _, st, _ = P.objective(mk(prox), P.Options(off_policy=off, is_cap=cap))
         assert st.ratio_min == st.ratio_max == 1.0 and st.is_weight_mean == st.is_weight_max == 1.0
         assert st.is_truncated == 0 and st.loss == plain.loss
+
+
+def test_lag_stats_saturate_past_exp_range():
+    """As gpu/objective LagStats: ratios saturate at e^600 (k3 with them),
+    approx KL keeps the log ratio; a behavior log-prob of -6e29 gives
+    finite statistics that JSON without infinities carries."""
+    import json
+    cur = torch.tensor([0.0, 0.0, -1.0], dtype=torch.float32)
+    old = torch.tensor([-600.0, -6e29, -1.5], dtype=torch.float32)
+    versions = torch.tensor([3, 3, 2], dtype=torch.int32)
+    got = P.lag_stats(cur, old, versions, 3)
+    r = math.exp(600)
+    lr = -float(np.float32(-6e29))
+    assert got[0]["lag"] == 0 and got[0]["tokens"] == 2
+    assert got[0]["ratio_max"] == r and got[0]["ratio_min"] == r and got[0]["ratio_mean"] == r
+    assert got[0]["k3"] == r - 1 - 600
+    assert got[0]["approx_kl"] == pytest.approx((0.5 * 600 * 600 + 0.5 * lr * lr) / 2, rel=1e-15)
+    assert got[1] == {"lag": 1, "tokens": 1, "ratio_mean": math.exp(0.5), "ratio_min": math.exp(0.5),
+                      "ratio_max": math.exp(0.5), "approx_kl": 0.125, "k3": math.exp(0.5) - 1.5}
+    json.dumps(got, allow_nan=False)

@@ -434,10 +434,18 @@ def objective(inp: TokenInputs, opts: Options) -> tuple[torch.Tensor, Stats, tor
     return loss, st, cur32
 
 
+# gpu/objective MaxReportedLogRatio: the reported ratios saturate at
+# exp(600), so the statistics stay finite and an update record (JSON
+# without infinities) carries them; the loss clamps far lower.
+MAX_REPORTED_LOG_RATIO = 600.0
+
+
 def lag_stats(cur: torch.Tensor, old: torch.Tensor, versions: torch.Tensor, trainer_version: int) -> list[dict]:
     """gpu/objective LagStats over the masked tokens: per lag (trainer
     version - behavior version) the token count, ratio mean/min/max,
-    approx KL 0.5·mean(lr²) and k3 mean(r - 1 - lr), increasing lag."""
+    approx KL 0.5·mean(lr²) and k3 mean(r - 1 - lr), increasing lag; a
+    log ratio above MAX_REPORTED_LOG_RATIO counts as that in the ratios and
+    k3."""
     v = versions.long()
     if (v < 0).any() or (v > trainer_version).any():
         raise ObjectiveInputError(f"behavior version outside [0, {trainer_version}] at a masked position")
@@ -449,8 +457,9 @@ def lag_stats(cur: torch.Tensor, old: torch.Tensor, versions: torch.Tensor, trai
     for L in sorted(set(lag.tolist())):
         sel = lag == L
         x = lr[sel]
-        r = torch.exp(x)
+        sat = x.clamp(max=MAX_REPORTED_LOG_RATIO)
+        r = torch.exp(sat)
         out.append({"lag": int(L), "tokens": int(sel.sum()), "ratio_mean": float(r.mean()),
                     "ratio_min": float(r.min()), "ratio_max": float(r.max()),
-                    "approx_kl": float((0.5 * x * x).mean()), "k3": float((r - 1 - x).mean())})
+                    "approx_kl": float((0.5 * x * x).mean()), "k3": float((r - 1 - sat).mean())})
     return out
