@@ -481,6 +481,10 @@ func (e *remoteEpisode) Step(ctx context.Context, turn int32, a rollout.EnvActio
 				return rollout.Transition{}, err
 			}
 			switch {
+			case r.Outcome == Executed && resp.Transition != nil && transitionFault(resp.Transition) != "":
+				c.cnt.retry("status_bad_transition")
+				last = fmt.Errorf("%s: status of step %d: %s", e.b.url, seq, transitionFault(resp.Transition))
+				continue
 			case r.Outcome == Executed && resp.Transition != nil:
 				c.cnt.statusExecuted.Add(1)
 				e.seq = seq
@@ -509,6 +513,13 @@ func (e *remoteEpisode) Step(ctx context.Context, turn int32, a rollout.EnvActio
 			return rollout.Transition{}, err
 		}
 		switch {
+		case r.Outcome == Executed && resp.Transition != nil && transitionFault(resp.Transition) != "":
+			// Executed, says the service, but the answer is not one: ask
+			// the action's status (its stored transition) before anything
+			// is sent again.
+			c.cnt.retry("bad_transition")
+			ambiguous, last = true, fmt.Errorf("%s: step %d: %s", e.b.url, seq, transitionFault(resp.Transition))
+			continue
 		case r.Outcome == Executed && resp.Transition != nil:
 			if resp.Replayed {
 				c.cnt.replayed.Add(1)
@@ -529,6 +540,22 @@ func (e *remoteEpisode) Step(ctx context.Context, turn int32, a rollout.EnvActio
 	}
 	c.cnt.exhausted.Add(1)
 	return rollout.Transition{}, fmt.Errorf("%w: step %d of episode %s: %d tries: %v", ErrInfrastructure, seq, e.id, c.o.ToolRetries+1, last)
+}
+
+// transitionFault says what makes an executed step's transition unusable
+// (a decision other than the three, or a refusal without its reason), or
+// "".
+func transitionFault(tr *rollout.Transition) string {
+	switch tr.Decision {
+	case schemas.DecisionOK:
+		return ""
+	case schemas.DecisionInvalid, schemas.DecisionDenied:
+		if tr.Reason == "" {
+			return fmt.Sprintf("transition.decision %q without a reason", tr.Decision)
+		}
+		return ""
+	}
+	return fmt.Sprintf("transition.decision %q is none of %q, %q, %q", tr.Decision, schemas.DecisionOK, schemas.DecisionInvalid, schemas.DecisionDenied)
 }
 
 // Close implements rollout.Episode: it stops the lease renewal and
@@ -586,7 +613,8 @@ func (e *remoteEpisode) Close(ctx context.Context, reason string) (rollout.Final
 // rollout stage records them in the census.
 type Counters struct {
 	// Retries counts tries after the first, by reason: "timeout",
-	// "connection", "http_<code>" (no answer), a protocol reason with
+	// "connection", "http_<code>" (no answer), "bad_transition" (an
+	// executed step whose transition is unusable), a protocol reason with
 	// Retry set ("capacity", "persist_failed", "shutting_down") or
 	// Unknown ("step_timeout"); prefixed "allocate_", "status_" or
 	// "terminate_" for those calls.

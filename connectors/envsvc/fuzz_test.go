@@ -1,9 +1,18 @@
 package envsvc
 
 import (
+	"bytes"
+	"context"
 	"encoding/binary"
+	"encoding/json"
+	"errors"
 	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
 	"slices"
+	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -74,4 +83,139 @@ func FuzzStep(f *testing.F) {
 			t.Fatalf("terminate after the step: %+v", end)
 		}
 	})
+}
+
+// FuzzClientStep: whatever a service answers to a step — any bytes, with
+// the status 200 — the client returns a transition with one of the three
+// decisions (and a reason when it is not ok) or an error wrapping
+// ErrInfrastructure; it never panics, and the episode can still be
+// closed. The service is real: allocation, status queries and
+// termination reach it; only the step's answer is replaced. The seeds
+// are the real service's answers to a few steps, and corruptions of them.
+func FuzzClientStep(f *testing.F) {
+	regs := registries(f)
+	svc := startService(f, Config{Registries: regs})
+	var body atomic.Pointer[[]byte]
+	var record atomic.Pointer[[][]byte]
+	real := svc.srv.Handler()
+	hs := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if !strings.HasSuffix(r.URL.Path, "/step") {
+			real.ServeHTTP(w, r)
+			return
+		}
+		if b := body.Load(); b != nil {
+			io.Copy(io.Discard, r.Body)
+			w.Header().Set("Content-Type", "application/json")
+			w.Write(*b)
+			return
+		}
+		rec := httptest.NewRecorder()
+		real.ServeHTTP(rec, r)
+		if got := record.Load(); got != nil {
+			*got = append(*got, bytes.Clone(rec.Body.Bytes()))
+		}
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(rec.Code)
+		w.Write(rec.Body.Bytes())
+	}))
+	f.Cleanup(hs.Close)
+	c := newClient(f, []string{hs.URL}, Options{ToolRetries: 0, Backoff: time.Millisecond, ToolTimeout: 2 * time.Second})
+	reg := family(regs, rollout.FamilyLedger)
+	ctx := context.Background()
+	n := 0
+	episode := func(tb testing.TB) rollout.Episode {
+		n++
+		task := reg.Train()[n%len(reg.Train())]
+		ep, _, err := c.Reset(ctx, attempts([]rollout.Task{task}, 1, int32(n))[0])
+		if err != nil {
+			tb.Fatal(err)
+		}
+		return ep
+	}
+	var seeds [][]byte
+	record.Store(&seeds)
+	for _, ids := range [][]int32{{rollout.TokXfer, rollout.TokKey0, rollout.TokEnd}, {rollout.TokAns, rollout.TokVal0, rollout.TokEnd}, {7}} {
+		ep := episode(f)
+		if _, err := ep.Step(ctx, 0, rollout.EnvAction{IDs: ids}); err != nil {
+			f.Fatal(err)
+		}
+		if _, err := ep.Close(ctx, "done"); err != nil {
+			f.Fatal(err)
+		}
+	}
+	record.Store(nil)
+	if len(seeds) != 3 {
+		f.Fatalf("%d answers recorded, want 3", len(seeds))
+	}
+	for _, b := range seeds {
+		f.Add(b)
+		f.Add(b[:len(b)/2])
+		f.Add(bytes.ReplaceAll(b, []byte(`"decision":"`), []byte(`"decision":"x`)))
+	}
+	f.Add([]byte(`{"protocol":1,"outcome":"executed"}`))
+	f.Add([]byte(`{"protocol":1,"outcome":"executed","transition":{}}`))
+	f.Fuzz(func(t *testing.T, answer []byte) {
+		ep := episode(t)
+		body.Store(&answer)
+		tr, err := ep.Step(ctx, 0, rollout.EnvAction{IDs: []int32{rollout.TokAns, rollout.TokVal0, rollout.TokEnd}})
+		body.Store(nil)
+		switch {
+		case err != nil && !errors.Is(err, ErrInfrastructure):
+			t.Fatalf("%v: not an infrastructure failure", err)
+		case err == nil && !slices.Contains([]string{schemas.DecisionOK, schemas.DecisionInvalid, schemas.DecisionDenied}, tr.Decision):
+			t.Fatalf("accepted %s: decision %q", answer, tr.Decision)
+		case err == nil && tr.Decision != schemas.DecisionOK && tr.Reason == "":
+			t.Fatalf("accepted %s: decision %q without a reason", answer, tr.Decision)
+		}
+		if _, err := ep.Close(ctx, "done"); err != nil && !errors.Is(err, ErrInfrastructure) {
+			t.Fatalf("close after the answer %s: %v", answer, err)
+		}
+	})
+}
+
+// TestClientBadTransitionAsksStatus: the service executes a step but its
+// answer carries a decision the agent cannot use; the client asks the
+// step's status, takes the stored transition (the step is not executed
+// again: the ledger holds one transfer) and counts the retry as
+// bad_transition.
+func TestClientBadTransitionAsksStatus(t *testing.T) {
+	regs := registries(t)
+	svc := startService(t, Config{Registries: regs})
+	real := svc.srv.Handler()
+	var spoiled atomic.Int64
+	hs := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if !strings.HasSuffix(r.URL.Path, "/step") || spoiled.Load() > 0 {
+			real.ServeHTTP(w, r)
+			return
+		}
+		spoiled.Add(1)
+		rec := httptest.NewRecorder()
+		real.ServeHTTP(rec, r)
+		w.WriteHeader(rec.Code)
+		w.Write(bytes.Replace(rec.Body.Bytes(), []byte(`"decision":"ok"`), []byte(`"decision":"maybe"`), 1))
+	}))
+	t.Cleanup(hs.Close)
+	c := newClient(t, []string{hs.URL}, Options{ToolRetries: 2, Backoff: time.Millisecond})
+	task, att := ledgerTask(t, regs, 1)
+	ctx := ctxT(t, time.Minute)
+	ep, _, err := c.Reset(ctx, att)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tr, err := ep.Step(ctx, 0, rollout.EnvAction{IDs: []int32{rollout.TokXfer, rollout.TokKey0 + task.Key, rollout.TokEnd}})
+	if err != nil || tr.Decision != schemas.DecisionOK || spoiled.Load() != 1 {
+		t.Fatalf("step: %+v, %v (%d spoiled answers)", tr, err, spoiled.Load())
+	}
+	final, err := ep.Close(ctx, "done")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var art rollout.LedgerArtifacts
+	if err := json.Unmarshal([]byte(final.Artifacts), &art); err != nil || len(art.Transfers) != 1 {
+		t.Fatalf("ledger %s (%v): want one transfer", final.Artifacts, err)
+	}
+	n := c.Counters()
+	if n.Retries["bad_transition"] != 1 || n.StatusExecuted != 1 {
+		t.Fatalf("counters %+v: want one bad_transition retry answered by the status query", n)
+	}
 }
