@@ -150,10 +150,7 @@ func TestNewestKeptMatchesLagRule(t *testing.T) {
 // counted the same way, and the trainer stays at version 4.
 func TestStageLagRuleAtUpdate(t *testing.T) {
 	f := newFixture(t)
-	files, err := pipeline.NewDirReleases(t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
+	files := store(t)
 	in := []pipeline.Message{f.msg(f.batch(0, 0), 0), f.msg(f.batch(1, 1), 1), f.msg(f.batch(2, 2), 2)}
 	mixed := f.batch(3, 2)
 	old := f.batch(30, 1)

@@ -83,6 +83,16 @@ func (f *fixture) drive(files pipeline.ReleaseStore, scan pipeline.MemScanner, i
 	return d
 }
 
+// store is a release store in a fresh directory.
+func store(t *testing.T) *pipeline.DirReleases {
+	t.Helper()
+	files, err := pipeline.NewDirReleases(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return files
+}
+
 func segments(b schemas.PackedBatch) int {
 	n := 0
 	for _, r := range b.Rows {
@@ -123,10 +133,7 @@ func reasons(outs []pipeline.Output) []string {
 // its state from the policy and batches topics and the release files.
 func TestStageTrainsOnce(t *testing.T) {
 	f := newFixture(t)
-	files, err := pipeline.NewDirReleases(t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
+	files := store(t)
 	b0 := f.batch(0, 0)
 	again := b0
 	again.BatchIndex, again.BatchID = 5, schemas.BatchID(f.loop.RunID, 5)
@@ -181,10 +188,7 @@ func TestStageTrainsOnce(t *testing.T) {
 // loop on redelivery — and the next good batch trains.
 func TestStageQuarantinesUntrainableBatch(t *testing.T) {
 	f := newFixture(t)
-	files, err := pipeline.NewDirReleases(t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
+	files := store(t)
 	bad := f.batch(0, 0)
 	row := &bad.Rows[0]
 	for i := range row.ActionMask {
@@ -228,10 +232,7 @@ func TestStageQuarantinesMalformedBatch(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			f := newFixture(t)
-			files, err := pipeline.NewDirReleases(t.TempDir())
-			if err != nil {
-				t.Fatal(err)
-			}
+			files := store(t)
 			bad := f.batch(0, 0)
 			tc.edit(&bad.Rows[len(bad.Rows)-1])
 			good := f.batch(1, 0)
@@ -264,10 +265,7 @@ func TestStageQuarantinesMalformedBatch(t *testing.T) {
 // the stage, and again at every redelivery).
 func TestStageTrainsPastExpRange(t *testing.T) {
 	f := newFixture(t)
-	files, err := pipeline.NewDirReleases(t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
+	files := store(t)
 	b := f.batch(0, 0)
 	r := &b.Rows[0]
 	r.OldLogprobs[slices.Index(r.ActionMask, 1)] = -6e29
@@ -304,10 +302,7 @@ func TestStageNeedsReleaseStore(t *testing.T) {
 // records no window, and a malformed header is refused, naming it.
 func TestStageUpdateCost(t *testing.T) {
 	f := newFixture(t)
-	files, err := pipeline.NewDirReleases(t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
+	files := store(t)
 	wc := schemas.WindowCost{Windows: 2,
 		Admitted: schemas.EpisodeCost{Episodes: 8, RolloutTokens: 900, GenerationHours: 0.25, EnvironmentHours: 0.5},
 		Filtered: schemas.EpisodeCost{Episodes: 3, RolloutTokens: 120, GenerationHours: 0.125, EnvironmentHours: 0.0625}}
@@ -353,10 +348,7 @@ func TestStageUpdateCost(t *testing.T) {
 // batch redelivered is not carried twice.
 func TestStageRefusedBatchCost(t *testing.T) {
 	f := newFixture(t)
-	files, err := pipeline.NewDirReleases(t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
+	files := store(t)
 	withCost := func(m pipeline.Message, c schemas.WindowCost) pipeline.Message {
 		v, err := schemas.EncodeWindowCost(c)
 		if err != nil {
@@ -401,10 +393,7 @@ func TestStageRefusedBatchCost(t *testing.T) {
 	check("one run")
 
 	// A restart between the refusal (committed) and the next update.
-	files, err = pipeline.NewDirReleases(t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
+	files = store(t)
 	d1 := f.drive(files, pipeline.MemScanner{}, append(slices.Clone(first), stale)...)
 	scan := pipeline.MemScanner{f.topics.Policy: d1.Messages(f.topics.Policy), f.topics.Batches: append(slices.Clone(first), stale)}
 	f.drive(files, scan, next)
