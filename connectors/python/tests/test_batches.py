@@ -172,3 +172,35 @@ def test_window_cost_header():
             B.window_cost([(B.HEADER_WINDOW_COST, raw)])
         assert e.value.reason == B.REASON_HEADER_MISMATCH
         assert B.HEADER_WINDOW_COST in e.value.detail and want in e.value.detail, e.value.detail
+
+
+def test_corrupted_bytes_are_refused_or_decoded():
+    """Byte flips and cuts anywhere in a Go-encoded batch (a seeded sample
+    of 3000): decoding and the row checks either accept the batch, with
+    rows the trainer can index (every per-token column as long as
+    input_ids, segment ids naming a segment), or raise Refusal with one of
+    the runtime's reasons; never another exception."""
+    rng = np.random.default_rng(7)
+    reasons = {B.REASON_UNDECODABLE, B.REASON_WRONG_KIND, B.REASON_UNKNOWN_VERSION, B.REASON_EMPTY,
+               B.REASON_UNTRAINABLE}
+    accepted = refusals = 0
+    for _ in range(3000):
+        v = bytearray(GO)
+        for _ in range(int(rng.integers(1, 4))):
+            v[int(rng.integers(len(v)))] ^= int(rng.integers(1, 256))
+        if rng.random() < 0.1:
+            v = v[:int(rng.integers(len(v)))]
+        try:
+            b = B.decode_packed_batch(bytes(v), HDRS)
+            B.check_rows(b)
+        except B.Refusal as e:
+            assert e.reason in reasons, e.reason
+            refusals += 1
+            continue
+        for r in b.rows:
+            n = len(r.input_ids)
+            assert all(len(x) == n for x in (r.position_ids, r.segment_ids, r.action_mask, r.old_logprobs,
+                                               r.advantages, r.policy_versions))
+            assert 0 <= int(r.segment_ids.min()) and int(r.segment_ids.max()) < len(r.segment_trajectory_ids)
+        accepted += 1
+    assert accepted > 0 and refusals > 0, (accepted, refusals)
