@@ -19,7 +19,7 @@ import (
 
 // FuzzStages drives every registered stage over one real input of the
 // conformance chain with bytes of it changed (flips at fuzzed offsets,
-// then a cut): flips inside the Arrow buffers make records that still
+// then a cut, and flips in its headers' values): flips inside the Arrow buffers make records that still
 // decode but carry out-of-range ids, NaN or huge floats, wrong lengths.
 // Whatever the record, the stage must not panic or fail the drive — but
 // two errors stop a stage uncommitted by design: a policy release whose
@@ -68,11 +68,12 @@ func fuzzStages(f *testing.F, ch *chain) {
 		f.Fatal("no stage has an input")
 	}
 	for i := range targets {
-		f.Add(uint8(i), uint16(0), []byte(nil), uint32(0))
-		f.Add(uint8(i), uint16(1), []byte{0x40, 0x01, 0xff, 0x80, 0x02, 0x7f}, uint32(0))
-		f.Add(uint8(i), uint16(0), []byte{0x10, 0x03, 0x01}, uint32(200))
+		f.Add(uint8(i), uint16(0), []byte(nil), uint32(0), []byte(nil))
+		f.Add(uint8(i), uint16(1), []byte{0x40, 0x01, 0xff, 0x80, 0x02, 0x7f}, uint32(0), []byte(nil))
+		f.Add(uint8(i), uint16(0), []byte{0x10, 0x03, 0x01}, uint32(200), []byte(nil))
+		f.Add(uint8(i), uint16(0), []byte(nil), uint32(0), []byte{0, 0, 0x01, 1, 2, 0x20, 2, 5, 0x7f, 3, 1, 0x0f})
 	}
-	f.Fuzz(func(t *testing.T, which uint8, msg uint16, flips []byte, cut uint32) {
+	f.Fuzz(func(t *testing.T, which uint8, msg uint16, flips []byte, cut uint32, hflips []byte) {
 		tg := targets[int(which)%len(targets)]
 		topic := ch.topics.Name(tg.short)
 		msgs := ch.msgs[topic]
@@ -86,6 +87,16 @@ func fuzzStages(f *testing.F, ch *chain) {
 			v = v[:cut]
 		}
 		m.Value, m.Headers = v, slices.Clone(m.Headers)
+		// Header flips: (header index, byte offset, xor) triples.
+		for i := 0; i+3 <= len(hflips) && len(m.Headers) > 0; i += 3 {
+			h := &m.Headers[int(hflips[i])%len(m.Headers)]
+			if len(h.Value) == 0 {
+				continue
+			}
+			hv := bytes.Clone(h.Value)
+			hv[int(hflips[i+1])%len(hv)] ^= hflips[i+2]
+			h.Value = hv
+		}
 		deps := ch.deps
 		deps.SnapshotDir = t.TempDir()
 		st, err := operators.New(tg.stage, deps)
