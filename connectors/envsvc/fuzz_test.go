@@ -219,3 +219,51 @@ func TestClientBadTransitionAsksStatus(t *testing.T) {
 		t.Fatalf("counters %+v: want one bad_transition retry answered by the status query", n)
 	}
 }
+
+// FuzzAllocate: an allocation of any attempt — the task id, versions,
+// split, group, member, seed and lease as the fuzzer makes them — under a
+// valid token is answered executed, with an episode id and a spec of one
+// of the served families (and the episode then terminates), or refused
+// with a reason; never a panic or a broken reply.
+func FuzzAllocate(f *testing.F) {
+	regs := registries(f)
+	svc := startService(f, Config{Registries: regs})
+	base := newRaw(f, svc.url, time.Hour, nil)
+	reg := family(regs, rollout.FamilyLedger)
+	a := attempts(reg.Train()[:1], 1, 0)[0]
+	f.Add(a.TaskID, a.TaskVersion, a.EnvVersion, a.Split, int32(1), int32(0), int64(7), int64(0))
+	f.Add(a.TaskID, "v999", a.EnvVersion, "eval", int32(-1), int32(5), int64(-1), int64(-5))
+	f.Add("", "", "", "", int32(0), int32(0), int64(0), int64(1<<62))
+	f.Add("kv-train-0001\x00", a.TaskVersion, "env-x", a.Split, int32(1<<30), int32(-7), int64(1), int64(1))
+	families := make([]string, len(regs))
+	for i, r := range regs {
+		families[i] = r.Family()
+	}
+	n := 0
+	f.Fuzz(func(t *testing.T, taskID, taskVersion, envVersion, split string, groupSize, member int32, seed, leaseMS int64) {
+		r := &raw{t: t, url: base.url, iss: base.iss, now: base.now}
+		n++
+		att := a
+		att.TaskID, att.TaskVersion, att.EnvVersion, att.Split = taskID, taskVersion, envVersion, split
+		att.GroupSize, att.Member, att.Seed = groupSize, member, seed
+		att.AttemptID = fmt.Sprintf("fz-%d", n)
+		got := r.allocate(att, fmt.Sprintf("k%d", n), leaseMS)
+		switch {
+		case got.Protocol != ProtocolVersion:
+			t.Fatalf("allocate answered protocol %d: %+v", got.Protocol, got)
+		case got.Outcome == Refused:
+			if got.Reason == "" {
+				t.Fatalf("refused without a reason: %+v", got)
+			}
+		case got.Outcome == Executed:
+			if got.EpisodeID == "" || !slices.Contains(families, got.Spec.Family) {
+				t.Fatalf("executed without an episode of a served family: %+v", got)
+			}
+			if end := r.terminate(got.EpisodeID, "done"); end.Outcome != Executed {
+				t.Fatalf("terminate: %+v", end)
+			}
+		default:
+			t.Fatalf("outcome %q: %+v", got.Outcome, got)
+		}
+	})
+}
