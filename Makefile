@@ -33,7 +33,7 @@ test-libzmq:
 	$(GO) test -count=1 -tags libzmq -run 'TestImplOf|TestSocketsCarryFrames' ./bench/peers/zmqpeer/
 	$(GO) test -count=1 -tags libzmq -run 'TestBenchPeersZmq|TestBenchPeersGoZmqRows' ./cmd/trajflow/
 
-# Bounded fuzzing of every decoder and the contract parser (scripts/fuzz.sh).
+# Bounded fuzzing of every fuzz target of the module (scripts/fuzz.sh).
 FUZZTIME ?= 10s
 FUZZ_JOBS ?= 1
 fuzz:
