@@ -112,8 +112,10 @@ func (t *Trainer) Behavior() model.Behavior { return t.behavior }
 // Metrics of one update (docs/PIPELINE.md §13, §14, §20): schemas.UpdateMetrics.
 type Metrics = schemas.UpdateMetrics
 
-// checkRow validates the shapes of one packed row.
-func checkRow(r *schemas.PackedRow) error {
+// CheckRow validates the shapes of one packed row (ErrBatch): every
+// per-token column as long as the input ids, none empty, and positions
+// that restart at 0 at every segment. Step checks every row with it.
+func CheckRow(r *schemas.PackedRow) error {
 	n := len(r.InputIDs)
 	if n == 0 {
 		return fmt.Errorf("%w: empty row", ErrBatch)
@@ -166,7 +168,7 @@ func (t *Trainer) Step(batch schemas.PackedBatch, opts objective.Options, adam A
 		return Metrics{}, err
 	}
 	for i := range batch.Rows {
-		if err := checkRow(&batch.Rows[i]); err != nil {
+		if err := CheckRow(&batch.Rows[i]); err != nil {
 			return Metrics{}, fmt.Errorf("gpu: batch %s row %d: %w", batch.BatchID, i, err)
 		}
 	}

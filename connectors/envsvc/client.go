@@ -480,10 +480,10 @@ func (e *remoteEpisode) Step(ctx context.Context, turn int32, a rollout.EnvActio
 			case err != nil:
 				return rollout.Transition{}, err
 			}
-			switch {
-			case r.Outcome == Executed && resp.Transition != nil && transitionFault(resp.Transition) != "":
+			switch fault := transitionFault(resp.Transition); {
+			case r.Outcome == Executed && fault != "":
 				c.cnt.retry("status_bad_transition")
-				last = fmt.Errorf("%s: status of step %d: %s", e.b.url, seq, transitionFault(resp.Transition))
+				last = fmt.Errorf("%s: status of step %d: %s", e.b.url, seq, fault)
 				continue
 			case r.Outcome == Executed && resp.Transition != nil:
 				c.cnt.statusExecuted.Add(1)
@@ -512,13 +512,13 @@ func (e *remoteEpisode) Step(ctx context.Context, turn int32, a rollout.EnvActio
 		case err != nil:
 			return rollout.Transition{}, err
 		}
-		switch {
-		case r.Outcome == Executed && resp.Transition != nil && transitionFault(resp.Transition) != "":
+		switch fault := transitionFault(resp.Transition); {
+		case r.Outcome == Executed && fault != "":
 			// Executed, says the service, but the answer is not one: ask
 			// the action's status (its stored transition) before anything
 			// is sent again.
 			c.cnt.retry("bad_transition")
-			ambiguous, last = true, fmt.Errorf("%s: step %d: %s", e.b.url, seq, transitionFault(resp.Transition))
+			ambiguous, last = true, fmt.Errorf("%s: step %d: %s", e.b.url, seq, fault)
 			continue
 		case r.Outcome == Executed && resp.Transition != nil:
 			if resp.Replayed {
@@ -544,8 +544,11 @@ func (e *remoteEpisode) Step(ctx context.Context, turn int32, a rollout.EnvActio
 
 // transitionFault says what makes an executed step's transition unusable
 // (a decision other than the three, or a refusal without its reason), or
-// "".
+// "" (for no transition too: the caller handles an answer without one).
 func transitionFault(tr *rollout.Transition) string {
+	if tr == nil {
+		return ""
+	}
 	switch tr.Decision {
 	case schemas.DecisionOK:
 		return ""

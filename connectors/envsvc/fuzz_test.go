@@ -62,22 +62,13 @@ func FuzzStep(f *testing.F) {
 		req.Action.Text = text
 		req.Token = r.iss.Issue(al.EpisodeID, 1, StepAction(turn, req.Action))
 		got := r.send(PathStep, al.EpisodeID, req)
-		switch {
-		case got.Protocol != ProtocolVersion:
-			t.Fatalf("step answered protocol %d: %+v", got.Protocol, got)
-		case got.Outcome == Refused:
-			if got.Reason == "" {
-				t.Fatalf("refused without a reason: %+v", got)
-			}
-		case got.Outcome == Executed:
-			if got.Transition == nil || !slices.Contains([]string{schemas.DecisionOK, schemas.DecisionInvalid, schemas.DecisionDenied}, got.Transition.Decision) || got.NextSeq != 2 {
+		if executed(t, "step", got.Response) {
+			if got.Transition == nil || got.NextSeq != 2 {
 				t.Fatalf("executed: %+v", got)
 			}
-			if got.Transition.Decision != schemas.DecisionOK && got.Transition.Reason == "" {
-				t.Fatalf("decision %s without a reason", got.Transition.Decision)
+			if msg := unusable(*got.Transition); msg != "" {
+				t.Fatalf("executed: %s", msg)
 			}
-		default:
-			t.Fatalf("outcome %q: %+v", got.Outcome, got)
 		}
 		if end := r.terminate(al.EpisodeID, "done"); end.Outcome != Executed {
 			t.Fatalf("terminate after the step: %+v", end)
@@ -162,10 +153,8 @@ func FuzzClientStep(f *testing.F) {
 		switch {
 		case err != nil && !errors.Is(err, ErrInfrastructure):
 			t.Fatalf("%v: not an infrastructure failure", err)
-		case err == nil && !slices.Contains([]string{schemas.DecisionOK, schemas.DecisionInvalid, schemas.DecisionDenied}, tr.Decision):
-			t.Fatalf("accepted %s: decision %q", answer, tr.Decision)
-		case err == nil && tr.Decision != schemas.DecisionOK && tr.Reason == "":
-			t.Fatalf("accepted %s: decision %q without a reason", answer, tr.Decision)
+		case err == nil && unusable(tr) != "":
+			t.Fatalf("accepted %s: %s", answer, unusable(tr))
 		}
 		if _, err := ep.Close(ctx, "done"); err != nil && !errors.Is(err, ErrInfrastructure) {
 			t.Fatalf("close after the answer %s: %v", answer, err)
@@ -248,22 +237,43 @@ func FuzzAllocate(f *testing.F) {
 		att.GroupSize, att.Member, att.Seed = groupSize, member, seed
 		att.AttemptID = fmt.Sprintf("fz-%d", n)
 		got := r.allocate(att, fmt.Sprintf("k%d", n), leaseMS)
-		switch {
-		case got.Protocol != ProtocolVersion:
-			t.Fatalf("allocate answered protocol %d: %+v", got.Protocol, got)
-		case got.Outcome == Refused:
-			if got.Reason == "" {
-				t.Fatalf("refused without a reason: %+v", got)
-			}
-		case got.Outcome == Executed:
-			if got.EpisodeID == "" || !slices.Contains(families, got.Spec.Family) {
-				t.Fatalf("executed without an episode of a served family: %+v", got)
-			}
-			if end := r.terminate(got.EpisodeID, "done"); end.Outcome != Executed {
-				t.Fatalf("terminate: %+v", end)
-			}
-		default:
-			t.Fatalf("outcome %q: %+v", got.Outcome, got)
+		if !executed(t, "allocate", got.Response) {
+			return
+		}
+		if got.EpisodeID == "" || !slices.Contains(families, got.Spec.Family) {
+			t.Fatalf("executed without an episode of a served family: %+v", got)
+		}
+		if end := r.terminate(got.EpisodeID, "done"); end.Outcome != Executed {
+			t.Fatalf("terminate: %+v", end)
 		}
 	})
+}
+
+// executed checks what every answer must hold — this protocol's version,
+// an outcome of executed or refused, a refusal's reason — and reports
+// whether op was executed.
+func executed(t *testing.T, op string, r Response) bool {
+	t.Helper()
+	switch {
+	case r.Protocol != ProtocolVersion:
+		t.Fatalf("%s answered protocol %d: %+v", op, r.Protocol, r)
+	case r.Outcome == Refused && r.Reason == "":
+		t.Fatalf("%s refused without a reason: %+v", op, r)
+	case r.Outcome != Refused && r.Outcome != Executed:
+		t.Fatalf("%s: outcome %q: %+v", op, r.Outcome, r)
+	}
+	return r.Outcome == Executed
+}
+
+// unusable says why an agent could not take tr as a turn's transition
+// (docs/ENV_PROTOCOL.md "Step": one of the three decisions, a refusal
+// with its reason), or "".
+func unusable(tr rollout.Transition) string {
+	switch {
+	case !slices.Contains([]string{schemas.DecisionOK, schemas.DecisionInvalid, schemas.DecisionDenied}, tr.Decision):
+		return fmt.Sprintf("decision %q", tr.Decision)
+	case tr.Decision != schemas.DecisionOK && tr.Reason == "":
+		return fmt.Sprintf("decision %q without a reason", tr.Decision)
+	}
+	return ""
 }

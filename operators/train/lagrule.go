@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"sort"
 
+	"github.com/trajflow/trajflow/gpu"
 	"github.com/trajflow/trajflow/operators/pack"
 	"github.com/trajflow/trajflow/schemas"
 )
@@ -134,28 +135,19 @@ func (r LagRule) Apply(batch *schemas.PackedBatch, v int64) LagOutcome {
 }
 
 // checkSegments checks what the stage reads of a row before the backend
-// checks the rest (gpu.Trainer.Step): the mask, the segment ids and the
-// behavior versions cover every input id, and every segment id names one
-// of the row's segments (segment_trajectory_ids). A batch that decodes
-// can still break these (a writer other than pack, a corrupted record);
-// the duplicate mask and the lag rule index by them.
+// steps on it: that every segment id names one of the row's segments
+// (segment_trajectory_ids), and the row's shapes (gpu.CheckRow, which the
+// backend checks again). A batch that decodes can still break these (a
+// writer other than pack, a corrupted record); the duplicate mask and the
+// lag rule index by them.
 func checkSegments(row *schemas.PackedRow) error {
-	n := len(row.InputIDs)
-	for _, c := range []struct {
-		name string
-		l    int
-	}{{"action_mask", len(row.ActionMask)}, {"segment_ids", len(row.SegmentIDs)}, {"policy_versions", len(row.PolicyVersions)}} {
-		if c.l != n {
-			return fmt.Errorf("%d %s for %d input ids", c.l, c.name, n)
-		}
-	}
 	nseg := len(row.SegTrajectoryIDs)
 	for i, k := range row.SegmentIDs {
 		if k < 0 || int(k) >= nseg {
 			return fmt.Errorf("segment_ids[%d] = %d, the row has %d segments", i, k, nseg)
 		}
 	}
-	return nil
+	return gpu.CheckRow(row)
 }
 
 // segMeta is segment k's group id and length (empty and 0 in a row

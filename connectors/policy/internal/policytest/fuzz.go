@@ -83,7 +83,7 @@ func FuzzGenerate(f *testing.F, protocol, path string, newClient NewClient) {
 		if len(got) != 1 {
 			t.Fatalf("%d samples for one request", len(got))
 		}
-		if msg := SampleFault(got[0], settings, rollout.VocabSize, 1); msg != "" {
+		if msg := sampleFault(got[0], settings, rollout.VocabSize, 1); msg != "" {
 			t.Fatalf("accepted %s: %s", body, msg)
 		}
 	})
@@ -92,9 +92,9 @@ func FuzzGenerate(f *testing.F, protocol, path string, newClient NewClient) {
 // negative matches a negative decimal number in a JSON body.
 var negative = regexp.MustCompile(`-[0-9]+\.[0-9]+(e-?[0-9]+)?`)
 
-// SampleFault says what is wrong with a sample a client returned for a
+// sampleFault says what is wrong with a sample a client returned for a
 // request of settings s to a policy of vocab ids at version, or "".
-func SampleFault(x model.Sample, s model.Settings, vocab int, version int64) string {
+func sampleFault(x model.Sample, s model.Settings, vocab int, version int64) string {
 	n := len(x.Tokens)
 	switch {
 	case n != len(x.Logprobs):
