@@ -64,6 +64,7 @@ func TestBrowserSnapshot(t *testing.T) {
 	if len(checks) < 8 || slices.ContainsFunc(checks, func(s string) bool { return s != "equal" }) {
 		t.Errorf("the checks against summary.json read %v, want every one equal", checks)
 	}
+	checkLatencyPanel(t, ctx, b, d)
 	b.screenshot(ctx, "", filepath.Join(shots, "snapshot-page.png"))
 	checkViewer(t, ctx, b, d, filepath.Join(shots, "snapshot-viewer.png"))
 	checkOrigin(t, b, origin)
@@ -159,7 +160,7 @@ func checkPanels(t *testing.T, ctx context.Context, b *browser, sum *loop.Summar
 	}
 	charts := b.texts(ctx, `svg.chart`, "dataset.chart")
 	for _, id := range []string{"success-by-version", "pass-at-k", "validity", "eval-success", "loss", "kl", "clip", "ratio", "entropy",
-		"reward-components", "advantages", "lengths", "stage-tokens", "trainer-tokens", "yield-losses", "sync", "policy-lag", "denials"} {
+		"reward-components", "advantages", "lengths", "stage-tokens", "trainer-tokens", "yield-losses", "sync", "policy-lag", "attempt-latency", "denials"} {
 		if !slices.Contains(charts, id) {
 			t.Errorf("no chart %q on the page (charts: %v)", id, charts)
 		}
@@ -176,6 +177,22 @@ func checkPanels(t *testing.T, ctx context.Context, b *browser, sum *loop.Summar
 	header := b.texts(ctx, `#run-meta`)
 	if live != (len(header) == 1 && strings.Contains(header[0], "live")) {
 		t.Errorf("header %q for a live=%v run", header, live)
+	}
+}
+
+// checkLatencyPanel checks the systems panel's latency section against
+// the summary the page was served: the long tail's count and one row of
+// the slowest table per slowest attempt, the first the longest.
+func checkLatencyPanel(t *testing.T, ctx context.Context, b *browser, d *Dashboard) {
+	t.Helper()
+	d.mu.RLock()
+	l := d.view.Summary.Systems.Latency
+	d.mu.RUnlock()
+	tail := b.texts(ctx, `#tail-attempts`)
+	rows := b.texts(ctx, `table.slowest tbody tr td:nth-child(4)`)
+	if len(tail) != 1 || tail[0] != strconv.Itoa(l.Tail) || len(rows) != len(l.Slowest) || len(rows) == 0 ||
+		rows[0] != fmt.Sprintf("%.3f", l.Slowest[0].Seconds) {
+		t.Errorf("latency section: tail %q, slowest seconds %q; served tail %d, slowest %+v", tail, rows, l.Tail, l.Slowest)
 	}
 }
 

@@ -242,6 +242,38 @@ func checkSystems(t *testing.T, s Systems, sum *loop.Summary) {
 	if s.LagNote == "" || len(s.Lags) != 0 {
 		t.Errorf("a snapshot has no consumer offsets: %q %+v", s.LagNote, s.Lags)
 	}
+	checkLatency(t, s.Latency, sum)
+}
+
+// checkLatency checks the latency section of a demo run: every attempt
+// timed, every turn's two latencies counted, the versions' and domains'
+// parts adding up to the whole, the slowest listed slowest first.
+func checkLatency(t *testing.T, l Latency, sum *loop.Summary) {
+	t.Helper()
+	if l.AttemptS.N != sum.AttemptsLaunched || l.Untimed != 0 || l.GenerationMS.N == 0 || l.EnvStepMS.N != l.GenerationMS.N ||
+		l.AttemptS.Min < 0 || l.AttemptS.P99 > l.AttemptS.Max || l.GenerationShare <= 0 || l.GenerationShare+l.EnvShare > 1 {
+		t.Errorf("latency of %d attempts: %+v", sum.AttemptsLaunched, l)
+	}
+	attempts, turns, tail := 0, 0, 0
+	for _, v := range l.ByVersion {
+		attempts += v.AttemptS.N
+		tail += v.Tail
+	}
+	for _, d := range l.ByDomain {
+		turns += d.EnvStepMS.N
+	}
+	if attempts != l.AttemptS.N || turns != l.EnvStepMS.N || tail != l.Tail || len(l.ByVersion) != sum.Updates {
+		t.Errorf("by version %d attempts, %d in the tail; by domain %d turns; want %d, %d, %d (versions %d, want %d)",
+			attempts, tail, turns, l.AttemptS.N, l.Tail, l.EnvStepMS.N, len(l.ByVersion), sum.Updates)
+	}
+	if len(l.Slowest) != min(slowestShown, l.AttemptS.N) || l.Slowest[0].Seconds != l.AttemptS.Max {
+		t.Fatalf("slowest %+v, longest attempt %v s", l.Slowest, l.AttemptS.Max)
+	}
+	for i := 1; i < len(l.Slowest); i++ {
+		if l.Slowest[i].Seconds > l.Slowest[i-1].Seconds {
+			t.Errorf("slowest out of order: %+v", l.Slowest)
+		}
+	}
 }
 
 // checkFinder queries the trajectory finder and one trajectory.

@@ -37,6 +37,7 @@ type Dist struct {
 	P10  float64 `json:"p10"`
 	P50  float64 `json:"p50"`
 	P90  float64 `json:"p90"`
+	P99  float64 `json:"p99"`
 	Max  float64 `json:"max"`
 }
 
@@ -53,7 +54,7 @@ func Summarize(v []float64) Dist {
 	q := func(p float64) float64 {
 		return v[min(len(v)-1, int(math.Floor(p*float64(len(v)))))]
 	}
-	return Dist{N: len(v), Mean: sum / float64(len(v)), Min: v[0], P10: q(0.1), P50: q(0.5), P90: q(0.9), Max: v[len(v)-1]}
+	return Dist{N: len(v), Mean: sum / float64(len(v)), Min: v[0], P10: q(0.1), P50: q(0.5), P90: q(0.9), P99: q(0.99), Max: v[len(v)-1]}
 }
 
 // finite replaces NaN and infinities (which JSON cannot carry) by 0.

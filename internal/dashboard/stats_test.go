@@ -78,8 +78,15 @@ func TestPassAtK(t *testing.T) {
 
 func TestSummarize(t *testing.T) {
 	d := Summarize([]float64{5, 1, 4, 2, 3, 6, 7, 8, 9, 10})
-	if d.N != 10 || d.Mean != 5.5 || d.Min != 1 || d.Max != 10 || d.P10 != 2 || d.P50 != 6 || d.P90 != 10 {
+	if d.N != 10 || d.Mean != 5.5 || d.Min != 1 || d.Max != 10 || d.P10 != 2 || d.P50 != 6 || d.P90 != 10 || d.P99 != 10 {
 		t.Fatalf("Summarize = %+v", d)
+	}
+	var v []float64
+	for x := 200.0; x >= 1; x-- {
+		v = append(v, x)
+	}
+	if d := Summarize(v); d.P99 != 199 || d.P90 != 181 || d.Max != 200 { // v[floor(0.99·200)] of 1..200
+		t.Fatalf("Summarize(1..200) = %+v", d)
 	}
 	if (Summarize(nil) != Dist{}) {
 		t.Fatal("empty sample")

@@ -12,7 +12,7 @@ import (
 // broker timestamps of its output messages), the trainer's, consumer lag
 // (live), the accepted-token yield with every loss itemized by its census
 // reason, weight-sync and training times per release, the policy lag of
-// trained tokens and pack's windows.
+// trained tokens, pack's windows and the rollouts' latency.
 type Systems struct {
 	Start     time.Time    `json:"start"`
 	BucketS   float64      `json:"bucket_seconds"`
@@ -24,6 +24,7 @@ type Systems struct {
 	Sync      []SyncRow    `json:"sync"`
 	PolicyLag []LagCount   `json:"policy_lag"`
 	Windows   []WindowRow  `json:"windows"`
+	Latency   Latency      `json:"latency"`
 }
 
 // StageRate is the token rate of one stage's output topic.
@@ -113,7 +114,7 @@ const buckets = 40
 
 func systems(st *State, f map[string]Fate) Systems {
 	r := st.Records
-	s := Systems{Yield: yield(r, f), PolicyLag: policyLag(r), Windows: windows(r), Lags: st.Lags, LagNote: st.LagError}
+	s := Systems{Yield: yield(r, f), PolicyLag: policyLag(r), Windows: windows(r), Latency: latency(r, f), Lags: st.Lags, LagNote: st.LagError}
 	if !st.Live {
 		s.LagNote = "consumer lag is read live from the cluster's committed offsets (snapshots hold no consumer offsets)"
 	}

@@ -308,7 +308,9 @@ function renderSystems(S) {
     lineChart({ id: "sync", title: "seconds: batch → release (train) and release → first rollout with it (sync)", xlabel: "policy version", ymin: 0 },
       [{ name: "train", points: s.sync.filter(r => r.train_seconds !== null).map(r => ({ x: r.version, y: r.train_seconds })) },
         { name: "sync", points: s.sync.filter(r => r.sync_seconds !== null).map(r => ({ x: r.version, y: r.sync_seconds })) }]),
-    barChart({ id: "policy-lag", title: "trained tokens by policy lag" }, s.policy_lag.map(p => ({ label: "lag " + p.lag, value: p.tokens })))));
+    barChart({ id: "policy-lag", title: "trained tokens by policy lag" }, s.policy_lag.map(p => ({ label: "lag " + p.lag, value: p.tokens }))),
+    lineChart({ id: "attempt-latency", title: "attempt wall time (s): median and p99 by behavior version", xlabel: "policy version", ymin: 0 },
+      [line2("p50", s.latency.by_version, v => v.attempt_seconds.p50), line2("p99", s.latency.by_version, v => v.attempt_seconds.p99)])));
   body.append(el("h3", { text: "stages" }),
     table("stages", [["stage", r => r.stage], ["topic", r => r.topic], ["messages", r => r.messages, 1], ["records", r => r.records, 1],
       ["tokens", r => r.tokens, 1], ["active s", r => r.seconds, 1], ["tokens/s", r => r.tokens_per_s, 1]], s.stages));
@@ -324,11 +326,36 @@ function renderSystems(S) {
   body.append(el("h3", { text: "releases" }),
     table("sync", [["version", r => r.version, 1], ["released", r => new Date(r.released_at).toLocaleTimeString()],
       ["batch → release s", r => r.train_seconds, 1], ["optimizer s", r => r.step_seconds, 1], ["release → first rollout s", r => r.sync_seconds, 1]], s.sync));
+  body.append(latencySection(s.latency));
   body.append(el("h3", { text: "pack windows" }),
     table("windows", [["batch", r => r.batch_index, 1], ["closed by", r => r.closed_by], ["records", r => r.records, 1], ["admitted", r => r.admitted, 1],
       ["filtered at close", r => r.filtered, 1], ["tokens", r => r.tokens, 1], ["trained", r => r.trained_tokens, 1], ["efficiency", r => r.efficiency, 1],
       ["max lag", r => r.max_lag, 1], ["success", r => r.success_rate, 1]], s.windows || []));
   return body;
+}
+
+function line2(name, rows, y) { return { name, points: (rows || []).map(v => ({ x: v.version, y: y(v) })) }; }
+
+// latencySection: where rollout time went, per turn and per attempt, the
+// long tail, by version and by domain, and the slowest attempts.
+function latencySection(l) {
+  const distCols = [["n", d => d.n, 1], ["mean", d => d.mean, 1], ["p50", d => d.p50, 1], ["p90", d => d.p90, 1], ["p99", d => d.p99, 1], ["max", d => d.max, 1]];
+  const dists = [["generation per turn, ms", l.generation_ms], ["environment step per turn, ms", l.env_step_ms], ["attempt wall time, s", l.attempt_seconds]];
+  return el("div", {}, el("h3", { text: "rollout latency" }),
+    el("p", {}, `The policy server's answers took ${pct(l.generation_share)} of the attempts' wall time, the environment's steps ${pct(l.env_share)}; `,
+      el("b", { id: "tail-attempts", text: String(l.tail_attempts) }), ` of ${l.attempt_seconds.n} timed attempts took more than ${l.tail_factor}× the median of their version` +
+      (l.untimed_attempts ? `; ${l.untimed_attempts} attempts carry no times.` : ".")),
+    table("latency", [["", r => r[0]], ...distCols.map(c => [c[0], r => c[1](r[1]), 1])], dists),
+    table("latency-by-version", [["version", v => v.version, 1], ["attempts", v => v.attempt_seconds.n, 1], ["attempt p50 s", v => v.attempt_seconds.p50, 1],
+      ["p99 s", v => v.attempt_seconds.p99, 1], ["max s", v => v.attempt_seconds.max, 1], ["in the tail", v => v.tail_attempts, 1],
+      ["generation p50 ms", v => v.generation_ms.p50, 1], ["environment p50 ms", v => v.env_step_ms.p50, 1], ["environment p99 ms", v => v.env_step_ms.p99, 1]], l.by_version || []),
+    table("latency-by-domain", [["domain", d => d.domain], ["attempts", d => d.attempts, 1], ["turns", d => d.turns, 1],
+      ["environment p50 ms", d => d.env_step_ms.p50, 1], ["p90 ms", d => d.env_step_ms.p90, 1], ["p99 ms", d => d.env_step_ms.p99, 1], ["max ms", d => d.env_step_ms.max, 1],
+      ["invalid turns", d => d.turns_invalid, 1], ["denied turns", d => d.turns_denied, 1]], l.by_domain || []),
+    el("h3", { text: "slowest attempts" }),
+    table("slowest", [["attempt", a => attemptLink(a.id)], ["task", a => a.task], ["version", a => a.version, 1], ["seconds", a => a.seconds, 1],
+      ["turns", a => a.turns, 1], ["generation s", a => a.generation_seconds, 1], ["environment s", a => a.env_seconds, 1],
+      ["in the tail", a => a.in_tail ? "yes" : "no"], ["outcome", a => a.outcome || "undecided"]], l.slowest || []));
 }
 
 function renderIntegrity(S) {
