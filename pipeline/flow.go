@@ -3,6 +3,7 @@ package pipeline
 import (
 	"context"
 	"sync"
+	"time"
 )
 
 // flowControl bounds the records and bytes produced but not acknowledged.
@@ -22,7 +23,11 @@ func newFlowControl(maxRecs int, maxBytes int64) *flowControl {
 	return &flowControl{cond: make(chan struct{}), maxRecs: maxRecs, maxBytes: maxBytes}
 }
 
-func (f *flowControl) acquire(ctx context.Context, n int, b int64) error {
+// acquire admits n records of b bytes, waiting while the bound is full;
+// waited is how long it waited (0 when admitted at once), also when ctx
+// ends the wait.
+func (f *flowControl) acquire(ctx context.Context, n int, b int64) (waited time.Duration, err error) {
+	var since time.Time
 	for {
 		f.mu.Lock()
 		empty := f.records == 0
@@ -30,16 +35,26 @@ func (f *flowControl) acquire(ctx context.Context, n int, b int64) error {
 			f.records += n
 			f.bytes += b
 			f.mu.Unlock()
-			return nil
+			return sinceOrZero(since), nil
 		}
 		wait := f.cond
 		f.mu.Unlock()
+		if since.IsZero() {
+			since = time.Now()
+		}
 		select {
 		case <-ctx.Done():
-			return ctx.Err()
+			return sinceOrZero(since), ctx.Err()
 		case <-wait:
 		}
 	}
+}
+
+func sinceOrZero(t time.Time) time.Duration {
+	if t.IsZero() {
+		return 0
+	}
+	return time.Since(t)
 }
 
 func (f *flowControl) release(n int, b int64) {

@@ -30,6 +30,7 @@ type Metrics struct {
 	quarantined   *prometheus.CounterVec
 	lag           *prometheus.GaugeVec
 	inFlight      *prometheus.GaugeVec
+	backpressure  *prometheus.CounterVec
 	commitLatency *prometheus.HistogramVec
 	retries       *prometheus.CounterVec
 	commits       *prometheus.CounterVec
@@ -75,6 +76,8 @@ func NewMetrics(reg *prometheus.Registry) *Metrics {
 			Name: "trajflow_consumer_lag_records", Help: "Records of an input partition not yet consumed: its high-water mark minus the next offset, as of the last record fetched."}, append(lbl, "topic", "partition")),
 		inFlight: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "trajflow_in_flight_records", Help: "Records produced but not yet acknowledged."}, lbl),
+		backpressure: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "trajflow_backpressure_seconds_total", Help: "Time the stage waited to produce because its records in flight (produced, not yet acknowledged by the brokers) were at the runtime's bound (MaxInFlightRecords, MaxInFlightBytes); its rate is the share of time the brokers hold the stage back, and its fetching with it."}, lbl),
 		commitLatency: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name: "trajflow_commit_duration_seconds", Help: "Time an offset commit took, until the group coordinator acknowledged it.",
 			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 14)}, lbl),
@@ -86,7 +89,7 @@ func NewMetrics(reg *prometheus.Registry) *Metrics {
 			Name: "trajflow_duplicates_dropped_total", Help: "Input records a stage dropped as redelivered or re-produced duplicates of records it had already decided (pack: a trajectory already admitted; advantage: a member of a group already scored; train: a batch already trained)."}, lbl),
 	}
 	m.domain = newDomainVecs(reg, lbl)
-	reg.MustRegister(m.in, m.inBytes, m.out, m.outBytes, m.busy, m.quarantined, m.lag, m.inFlight, m.commitLatency, m.retries, m.commits, m.duplicates)
+	reg.MustRegister(m.in, m.inBytes, m.out, m.outBytes, m.busy, m.quarantined, m.lag, m.inFlight, m.backpressure, m.commitLatency, m.retries, m.commits, m.duplicates)
 	return m
 }
 
@@ -117,7 +120,7 @@ func RegisterProcessCollectors(reg prometheus.Registerer) {
 
 type stageMetrics struct {
 	in, inBytes, outBytes prometheus.Counter
-	busy                  prometheus.Counter
+	busy, backpressure    prometheus.Counter
 	out                   *prometheus.CounterVec
 	quarantined           *prometheus.CounterVec
 	lag                   *prometheus.GaugeVec
@@ -140,6 +143,7 @@ func (m *Metrics) forStage(stage, instance string) *stageMetrics {
 		quarantined:   m.quarantined.MustCurryWith(l),
 		lag:           m.lag.MustCurryWith(l),
 		inFlight:      m.inFlight.With(l),
+		backpressure:  m.backpressure.With(l),
 		commitLatency: m.commitLatency.With(l),
 		retries:       m.retries.MustCurryWith(l),
 		commits:       m.commits.With(l),

@@ -661,7 +661,11 @@ func (o *Operator) write(ctx context.Context, outs []Output, refs []Ref, wait bo
 			}
 		}
 	}
-	if err := o.flow.acquire(ctx, len(outs), g.bytes); err != nil {
+	waited, err := o.flow.acquire(ctx, len(outs), g.bytes)
+	if waited > 0 {
+		o.m.backpressure.Add(waited.Seconds())
+	}
+	if err != nil {
 		return err
 	}
 	o.m.inFlight.Add(float64(len(outs)))

@@ -334,7 +334,7 @@ func TestHealthAndMetrics(t *testing.T) {
 	for _, want := range []string{
 		`trajflow_records_quarantined_total{reason="bad_input",replica="",stage="upper"} 1`,
 		`trajflow_records_out_total{replica="",stage="upper",topic="out"} 2`,
-		`trajflow_consumer_lag_records{`, `trajflow_in_flight_records{`, `trajflow_commit_duration_seconds_count{`,
+		`trajflow_consumer_lag_records{`, `trajflow_in_flight_records{`, `trajflow_backpressure_seconds_total{`, `trajflow_commit_duration_seconds_count{`,
 		`go_goroutines `, `trajflow_build_info{`, `go_build_info{`,
 	} {
 		if !strings.Contains(body, want) {
@@ -524,5 +524,44 @@ func TestPinnedBalancer(t *testing.T) {
 	m := kafka.Message{Key: []byte("some key"), WriterData: &ackGroup{}}
 	if got, want := b.Balance(m, 0, 1, 2, 3), (&kafka.Murmur2Balancer{}).Balance(m, 0, 1, 2, 3); got != want {
 		t.Errorf("unpinned record: partition %d, want murmur2's %d", got, want)
+	}
+}
+
+// TestBackpressureCounted runs an operator whose bound admits one record
+// in flight: every output after the first waits for the previous one's
+// acknowledgement, and trajflow_backpressure_seconds_total counts the
+// waits; all records still come through.
+func TestBackpressureCounted(t *testing.T) {
+	addr := startCluster(t, "in", "out", "quarantine")
+	var vals [][]byte
+	for i := 0; i < 60; i++ {
+		vals = append(vals, []byte(fmt.Sprintf("rec-%02d", i)))
+	}
+	produce(t, addr, "in", vals...)
+	cfg := testConfig(addr)
+	cfg.Metrics = NewMetrics(nil)
+	cfg.MaxInFlightRecords = 1
+	op, err := NewOperator(cfg, upper{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	counter := func(name string) float64 {
+		mfs, err := cfg.Metrics.Registry.Gather()
+		if err != nil {
+			t.Fatal(err)
+		}
+		var v float64
+		for _, mf := range mfs {
+			if mf.GetName() == name {
+				for _, m := range mf.GetMetric() {
+					v += m.GetCounter().GetValue()
+				}
+			}
+		}
+		return v
+	}
+	runUntil(t, op, func() bool { return counter("trajflow_records_out_total") == 60 })
+	if w := counter("trajflow_backpressure_seconds_total"); w <= 0 {
+		t.Fatalf("60 records through a bound of one in flight: backpressure %v s, want > 0", w)
 	}
 }

@@ -4,11 +4,13 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"log/slog"
 	"net"
 	"net/http"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"reflect"
@@ -154,6 +156,26 @@ func TestRunHealthPortTaken(t *testing.T) {
 			t.Fatalf("/readyz on %s = %d %q after 30s; stderr: %s", used, resp.StatusCode, body, stderr.String())
 		}
 		time.Sleep(100 * time.Millisecond)
+	}
+	// trajflow status, given a fleet.json naming it, reads its readiness
+	// and its /metrics: nothing has reached it yet.
+	out := t.TempDir()
+	doc := fleetDoc{Run: "demo", Brokers: addr, Operators: []fleetMember{{Stage: "validate", PID: os.Getpid(), Health: used}}}
+	b, err := json.Marshal(doc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(out, FleetFile), b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	var st, sterr bytes.Buffer
+	if code := run(ctx, []string{"status", "--out", out}, &st, &sterr); code != 0 {
+		t.Fatalf("status: exit %d: %s", code, sterr.String())
+	}
+	for _, want := range []string{"http://" + used, "200 ready", "records in 0, out 0, in flight 0, consumer lag 0, busy 0.0 s, backpressure 0.0 s, quarantined 0"} {
+		if !strings.Contains(st.String(), want) {
+			t.Errorf("status lacks %q:\n%s", want, st.String())
+		}
 	}
 }
 

@@ -90,7 +90,8 @@ var helps = map[string]commandHelp{
 	"status": {synopsis: "status [--out DIR] [--brokers ADDR] [--contract FILE] [--rounds N]",
 		about: "Says where a run stands: rounds decided, batches packed, the policy version trained and the last release, " +
 			"the lag of every operator's consumer group, the quarantine records by reason and, with --out (the --out of " +
-			"trajflow up), every operator's /readyz.",
+			"trajflow up), every operator's /readyz and, from its /metrics, its records in, out and in flight, consumer lag, " +
+			"busy seconds, backpressure seconds and quarantined records.",
 		examples: []string{"trajflow status --out out/fleet", "trajflow status --brokers 127.0.0.1:9092 --rounds 60"}},
 	"version": {synopsis: "version",
 		about:    "Prints the module version, VCS revision and Go version of this binary.",

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"flag"
@@ -13,13 +14,16 @@ import (
 	"strings"
 	"time"
 
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
+
 	"github.com/trajflow/trajflow/connectors/kafka"
 	"github.com/trajflow/trajflow/pipeline"
 	"github.com/trajflow/trajflow/schemas"
 )
 
 func init() {
-	register("status", "status [--out DIR | --brokers ADDR --contract FILE]: where a run stands: rounds, updates, lag per consumer group, quarantine, last release, operators' health", cmdStatus)
+	register("status", "status [--out DIR | --brokers ADDR --contract FILE]: where a run stands: rounds, updates, lag per consumer group, quarantine, last release, operators' health and backpressure", cmdStatus)
 }
 
 func cmdStatus(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -211,27 +215,110 @@ func printQuarantine(ctx context.Context, w io.Writer, cfg *pipeline.Config, top
 	return nil
 }
 
-// printHealth asks every operator of fleet.json for /readyz.
+// printHealth asks every operator of fleet.json for /readyz and reads its
+// /metrics: records in and out, in flight, consumer lag, and the seconds
+// its stages were busy and held back by backpressure.
 func printHealth(ctx context.Context, w io.Writer, ops []fleetMember) {
 	if len(ops) == 0 {
 		return
 	}
-	fmt.Fprintln(w, "operators (/readyz):")
+	fmt.Fprintln(w, "operators (/readyz, /metrics):")
 	cl := http.Client{Timeout: 2 * time.Second}
 	for _, m := range ops {
 		state := ""
-		req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+m.Health+"/readyz", nil)
+		body, code, err := httpGet(ctx, &cl, "http://"+m.Health+"/readyz", 512)
 		if err == nil {
-			var resp *http.Response
-			if resp, err = cl.Do(req); err == nil {
-				b, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
-				resp.Body.Close()
-				state = fmt.Sprintf("%d %s", resp.StatusCode, strings.TrimSpace(string(b)))
-			}
-		}
-		if err != nil {
+			state = fmt.Sprintf("%d %s", code, strings.TrimSpace(string(body)))
+		} else {
 			state = "not answering (stopped, or not started yet)"
 		}
 		fmt.Fprintf(w, "  %-10s pid %-7d http://%-21s %s\n", m.Stage, m.PID, m.Health, state)
+		if err != nil {
+			continue
+		}
+		om, err := readOperatorMetrics(ctx, &cl, m.Health)
+		if err != nil {
+			fmt.Fprintf(w, "  %-10s %v\n", "", err)
+			continue
+		}
+		fmt.Fprintf(w, "  %-10s %s\n", "", om)
 	}
+}
+
+// httpGet returns at most limit bytes of the body of a GET of url.
+func httpGet(ctx context.Context, cl *http.Client, url string, limit int64) ([]byte, int, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return nil, 0, err
+	}
+	resp, err := cl.Do(req)
+	if err != nil {
+		return nil, 0, err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(io.LimitReader(resp.Body, limit))
+	return b, resp.StatusCode, err
+}
+
+// operatorMetrics is what status reads from an operator's /metrics, summed
+// over its stages and their labels.
+type operatorMetrics struct {
+	in, out, inFlight, lag, busy, backpressure, quarantined float64
+}
+
+func (m operatorMetrics) String() string {
+	return fmt.Sprintf("records in %.0f, out %.0f, in flight %.0f, consumer lag %.0f, busy %.1f s, backpressure %.1f s, quarantined %.0f",
+		m.in, m.out, m.inFlight, m.lag, m.busy, m.backpressure, m.quarantined)
+}
+
+// maxMetricsBytes bounds the /metrics page status reads.
+const maxMetricsBytes = 4 << 20
+
+// readOperatorMetrics reads the /metrics of the operator process at addr.
+func readOperatorMetrics(ctx context.Context, cl *http.Client, addr string) (operatorMetrics, error) {
+	url := "http://" + addr + "/metrics"
+	b, code, err := httpGet(ctx, cl, url, maxMetricsBytes)
+	if err != nil {
+		return operatorMetrics{}, fmt.Errorf("%s: %w", url, err)
+	}
+	if code != http.StatusOK {
+		return operatorMetrics{}, fmt.Errorf("%s: HTTP %d", url, code)
+	}
+	m, err := parseOperatorMetrics(bytes.NewReader(b))
+	if err != nil {
+		return operatorMetrics{}, fmt.Errorf("%s: %w", url, err)
+	}
+	return m, nil
+}
+
+// parseOperatorMetrics reads the operator metrics status shows from a page
+// in Prometheus's text format (pipeline/metrics.go names them). A page
+// without trajflow_records_in_total is not an operator's.
+func parseOperatorMetrics(r io.Reader) (operatorMetrics, error) {
+	p := expfmt.NewTextParser(model.UTF8Validation)
+	fams, err := p.TextToMetricFamilies(r)
+	if err != nil {
+		return operatorMetrics{}, fmt.Errorf("not Prometheus's text format: %w", err)
+	}
+	if fams["trajflow_records_in_total"] == nil {
+		return operatorMetrics{}, fmt.Errorf("no trajflow_records_in_total: not a trajflow operator's metrics")
+	}
+	sum := func(name string) float64 {
+		var v float64
+		for _, m := range fams[name].GetMetric() {
+			switch {
+			case m.Counter != nil:
+				v += m.GetCounter().GetValue()
+			case m.Gauge != nil:
+				v += m.GetGauge().GetValue()
+			case m.Untyped != nil:
+				v += m.GetUntyped().GetValue()
+			}
+		}
+		return v
+	}
+	return operatorMetrics{in: sum("trajflow_records_in_total"), out: sum("trajflow_records_out_total"),
+		inFlight: sum("trajflow_in_flight_records"), lag: sum("trajflow_consumer_lag_records"),
+		busy: sum("trajflow_stage_busy_seconds_total"), backpressure: sum("trajflow_backpressure_seconds_total"),
+		quarantined: sum("trajflow_records_quarantined_total")}, nil
 }
