@@ -6,6 +6,8 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"net/http"
+	"net/http/httptest"
 	"os/exec"
 	"path/filepath"
 	"regexp"
@@ -18,6 +20,7 @@ import (
 	"github.com/trajflow/trajflow/connectors/envsvc"
 	"github.com/trajflow/trajflow/connectors/parquet"
 	"github.com/trajflow/trajflow/internal/audit"
+	"github.com/trajflow/trajflow/internal/dashboard"
 	"github.com/trajflow/trajflow/internal/envfault"
 	"github.com/trajflow/trajflow/internal/loop"
 	"github.com/trajflow/trajflow/operators/rollout"
@@ -205,6 +208,7 @@ func checkEnvRun(t *testing.T, s *loop.Summary, out string, updates int, procs .
 			t.Fatalf("reason %s: %d census events, %d client retries", r, e.RetriesByReason[r], n)
 		}
 	}
+	checkDashboardRetries(t, out, s.RunID, e.RetriesByReason)
 	turns, trajs, doubled := runTurns(t, out, s.RunID)
 	if trajs != s.AttemptsLaunched || len(doubled) != 0 {
 		t.Fatalf("%d trajectories for %d attempts; journals with a transfer twice: %v", trajs, s.AttemptsLaunched, doubled)
@@ -223,6 +227,44 @@ func checkEnvRun(t *testing.T, s *loop.Summary, out string, updates int, procs .
 		audits = append(audits, a)
 	}
 	return audits, turns
+}
+
+// checkDashboardRetries serves the dashboard of the run's snapshot and
+// checks that its table of failures counts the census's retried events by
+// reason, as the run's summary does.
+func checkDashboardRetries(t *testing.T, out, run string, want map[string]int) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	d, err := dashboard.New(ctx, dashboard.Config{Dir: out, Run: run})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(d.Handler())
+	defer srv.Close()
+	resp, err := http.Get(srv.URL + "/api/summary")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var sum dashboard.Summary
+	if err := json.NewDecoder(resp.Body).Decode(&sum); err != nil {
+		t.Fatalf("dashboard summary: %v", err)
+	}
+	got := map[string]int{}
+	for _, f := range sum.Systems.Latency.Failures {
+		if f.Kind == schemas.CensusRetried {
+			got[f.Reason] += f.Events
+		}
+	}
+	for r, n := range want {
+		if got[r] != n {
+			t.Errorf("dashboard: %d retried events of reason %s, the summary counts %d (dashboard %v)", got[r], r, n, got)
+		}
+	}
+	if len(got) != len(want) {
+		t.Errorf("dashboard retries by reason %v, summary %v", got, want)
+	}
 }
 
 func accounted(s *loop.Summary) audit.Counts {

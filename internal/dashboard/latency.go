@@ -41,6 +41,20 @@ type Latency struct {
 	ByVersion []VersionTiming `json:"by_version"`
 	ByDomain  []DomainTiming  `json:"by_domain"`
 	Slowest   []SlowAttempt   `json:"slowest"` // slowest first
+	Failures  []FailureRow    `json:"failures"`
+}
+
+// FailureRow counts the census's events of one kind, stage and reason
+// among the failures of rollout: attempts that failed (run again when the
+// failure is the infrastructure's) and environment calls retried (systems
+// §12, §14). Rows are ordered by kind, then most events first.
+type FailureRow struct {
+	Kind     string `json:"kind"` // schemas.CensusFailed or schemas.CensusRetried
+	Stage    string `json:"stage"`
+	Reason   string `json:"reason"`
+	Infra    bool   `json:"infra"`
+	Events   int    `json:"events"`
+	Attempts int    `json:"attempts"` // distinct attempts the events name
 }
 
 // VersionTiming is the attempts one policy version sampled.
@@ -154,6 +168,7 @@ func latency(r *Records, f map[string]Fate) Latency {
 	}
 	slices.SortStableFunc(slow, func(a, b SlowAttempt) int { return cmp.Compare(b.Seconds, a.Seconds) })
 	l.Slowest = slow[:min(len(slow), slowestShown)]
+	l.Failures = failures(r.Census)
 	for _, k := range sortedKeys(domains) {
 		d := domains[k]
 		d.EnvStepMS = Summarize(domainEnv[k])
@@ -189,4 +204,43 @@ func versionTiming(v int64, tms []timing, f map[string]Fate) (VersionTiming, []S
 		out = append(out, s)
 	}
 	return vt, out
+}
+
+// failures counts the failed and retried events of the census.
+func failures(events []schemas.CensusEvent) []FailureRow {
+	type key struct {
+		kind, stage, reason string
+		infra               bool
+	}
+	rows := map[key]*FailureRow{}
+	attempts := map[key]map[string]bool{}
+	for _, ev := range events {
+		if ev.Kind != schemas.CensusFailed && ev.Kind != schemas.CensusRetried {
+			continue
+		}
+		k := key{ev.Kind, ev.Stage, ev.Reason, ev.Infra}
+		if rows[k] == nil {
+			rows[k] = &FailureRow{Kind: ev.Kind, Stage: ev.Stage, Reason: ev.Reason, Infra: ev.Infra}
+			attempts[k] = map[string]bool{}
+		}
+		rows[k].Events++
+		attempts[k][ev.AttemptID] = true
+	}
+	out := make([]FailureRow, 0, len(rows))
+	for k, r := range rows {
+		r.Attempts = len(attempts[k])
+		out = append(out, *r)
+	}
+	slices.SortFunc(out, func(a, b FailureRow) int {
+		return cmp.Or(cmp.Compare(a.Kind, b.Kind), cmp.Compare(b.Events, a.Events),
+			cmp.Compare(a.Stage+"/"+a.Reason, b.Stage+"/"+b.Reason), cmp.Compare(btoi(a.Infra), btoi(b.Infra)))
+	})
+	return out
+}
+
+func btoi(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
 }

@@ -1,6 +1,7 @@
 package dashboard
 
 import (
+	"slices"
 	"testing"
 
 	"github.com/trajflow/trajflow/schemas"
@@ -76,5 +77,33 @@ func TestLatency(t *testing.T) {
 	}
 	if (latency(&Records{}, nil).AttemptS != Dist{}) {
 		t.Error("a run without trajectories has attempt times")
+	}
+}
+
+// TestFailures counts failed and retried census events by kind, stage,
+// reason and infra, events and distinct attempts, and nothing else.
+func TestFailures(t *testing.T) {
+	ev := func(kind, attempt, reason string, infra bool) schemas.CensusEvent {
+		return schemas.CensusEvent{Kind: kind, AttemptID: attempt, Stage: "rollout", Reason: reason, Infra: infra}
+	}
+	const f, r = schemas.CensusFailed, schemas.CensusRetried
+	got := failures([]schemas.CensusEvent{
+		ev(r, "a", "timeout", true), ev(r, "a", "timeout", true), ev(r, "b", "timeout", true),
+		ev(r, "b", "capacity", true),
+		ev(f, "c", "env_unavailable", true), ev(f, "d", "env_unavailable", true),
+		ev(f, "e", "parse", false),
+		ev(schemas.CensusQuarantined, "f", "nan_logprob", false), ev(schemas.CensusAdmitted, "g", "", false),
+	})
+	want := []FailureRow{
+		{Kind: f, Stage: "rollout", Reason: "env_unavailable", Infra: true, Events: 2, Attempts: 2},
+		{Kind: f, Stage: "rollout", Reason: "parse", Events: 1, Attempts: 1},
+		{Kind: r, Stage: "rollout", Reason: "timeout", Infra: true, Events: 3, Attempts: 2},
+		{Kind: r, Stage: "rollout", Reason: "capacity", Infra: true, Events: 1, Attempts: 1},
+	}
+	if !slices.Equal(got, want) {
+		t.Errorf("failures\n got %+v\nwant %+v", got, want)
+	}
+	if got := failures(nil); got == nil || len(got) != 0 {
+		t.Errorf("no events: %#v, want an empty list", got)
 	}
 }

@@ -352,6 +352,10 @@ function latencySection(l) {
     table("latency-by-domain", [["domain", d => d.domain], ["attempts", d => d.attempts, 1], ["turns", d => d.turns, 1],
       ["environment p50 ms", d => d.env_step_ms.p50, 1], ["p90 ms", d => d.env_step_ms.p90, 1], ["p99 ms", d => d.env_step_ms.p99, 1], ["max ms", d => d.env_step_ms.max, 1],
       ["invalid turns", d => d.turns_invalid, 1], ["denied turns", d => d.turns_denied, 1]], l.by_domain || []),
+    el("h3", { text: "failed attempts and retried environment calls (census)" }),
+    (l.failures || []).length ? table("failures", [["kind", f => f.kind], ["stage", f => f.stage], ["reason", f => f.reason],
+      ["infrastructure", f => f.infra ? "yes" : "no"], ["events", f => f.events, 1], ["attempts", f => f.attempts, 1]], l.failures)
+      : note("none: no attempt failed and no environment call was retried"),
     el("h3", { text: "slowest attempts" }),
     table("slowest", [["attempt", a => attemptLink(a.id)], ["task", a => a.task], ["version", a => a.version, 1], ["seconds", a => a.seconds, 1],
       ["turns", a => a.turns, 1], ["generation s", a => a.generation_seconds, 1], ["environment s", a => a.env_seconds, 1],
