@@ -17,6 +17,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -331,5 +332,71 @@ func TestRunProgressTrained(t *testing.T) {
 	}
 	if (runProgress{Want: 16, Decided: 15, Batches: 8, Version: 9, Release: schemas.PolicyRelease{NextBatch: 8}}).trained() {
 		t.Error("trained with a group undecided")
+	}
+}
+
+// TestUpRestartsAKilledOperator kills the train operator of a running
+// fleet with SIGKILL once the first release is out: up starts it again
+// (same command line, its log appended, fleet.json with the new pid and
+// one restart), the run ends by itself, and its summary equals the
+// in-process demo's of the same seed: nothing lost, nothing trained twice.
+func TestUpRestartsAKilledOperator(t *testing.T) {
+	const rounds = 6
+	addr := startBroker(t)
+	bin := trajflowBinary(t)
+	out := t.TempDir()
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	var stdout lockedBuffer
+	up := exec.CommandContext(ctx, bin, "up", "--brokers", addr, "--rounds", strconv.Itoa(rounds), "--out", out, "--log-level", "warn")
+	up.Stdout, up.Stderr = &stdout, &stdout
+	if err := up.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- up.Wait() }() // joined below
+	first := filepath.Join(out, "releases", "policy-v00000001.json")
+	for {
+		if _, err := os.Stat(first); err == nil {
+			break
+		}
+		select {
+		case err := <-done:
+			t.Fatalf("up ended before its first release: %v\n%s", err, stdout.String())
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+	var doc fleetDoc
+	testkit.ReadJSON(t, filepath.Join(out, FleetFile), &doc)
+	var victim fleetMember
+	for _, m := range doc.Operators {
+		if m.Stage == "train" {
+			victim = m
+		}
+	}
+	if err := syscall.Kill(victim.PID, syscall.SIGKILL); err != nil {
+		t.Fatalf("kill -9 train (pid %d): %v", victim.PID, err)
+	}
+	if err := <-done; err != nil {
+		t.Fatalf("up after a kill -9 of train: %v\n%s", err, stdout.String())
+	}
+	text := stdout.String()
+	if !strings.Contains(text, fmt.Sprintf("train      pid %d ended (signal: killed); restarting it", victim.PID)) ||
+		!strings.Contains(text, "train      exited 0") {
+		t.Errorf("up's output does not show train killed, restarted and ending:\n%s", text)
+	}
+	testkit.ReadJSON(t, filepath.Join(out, FleetFile), &doc)
+	for _, m := range doc.Operators {
+		if m.Stage == "train" && (m.Restarts != 1 || m.PID == victim.PID) {
+			t.Errorf("fleet.json's train after one restart: %+v (killed pid %d)", m, victim.PID)
+		}
+	}
+	var got loop.Summary
+	testkit.ReadJSON(t, filepath.Join(out, loop.SummaryFile), &got)
+	want := testkit.Demo(t, loop.Options{Updates: rounds, Seed: 1, EvalSamples: 4})
+	if got.Lost != 0 || got.DuplicatesAdmitted != 0 || got.Updates != rounds || !reflect.DeepEqual(got.BatchHashes, want.BatchHashes) ||
+		got.EvalSuccessFinal != want.EvalSuccessFinal {
+		t.Fatalf("fleet with a killed trainer: updates %d lost %d duplicates %d eval %v, hashes %v;\ndemo: eval %v, hashes %v\n%s",
+			got.Updates, got.Lost, got.DuplicatesAdmitted, got.EvalSuccessFinal, got.BatchHashes, want.EvalSuccessFinal, want.BatchHashes, text)
 	}
 }

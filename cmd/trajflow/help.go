@@ -81,11 +81,12 @@ var helps = map[string]commandHelp{
 	"serve policy": {synopsis: "serve policy --protocol sglang|vllm|llamacpp [--port N]",
 		about:    "Serves the built-in policy behind an inference server's HTTP protocol.",
 		examples: []string{"trajflow serve policy --protocol sglang --port 30000"}},
-	"up": {synopsis: "up [--brokers ADDR] [--contract FILE] [--rounds N] [--out DIR] [--health-port P]",
+	"up": {synopsis: "up [--brokers ADDR] [--contract FILE] [--rounds N] [--out DIR] [--health-port P] [--restarts N]",
 		about: "Starts every operator of a run (the loop, weightsync for a served policy, the snapshotter) as trajflow run " +
 			"processes on an existing cluster, after waiting for it and creating the topics. With --rounds it ends " +
 			"with the run: every operator exits 0 once the rounds are trained and its inputs drained, and up writes " +
-			"OUT/summary.json, the demo's summary (hidden eval of the last release, accounting, batch hashes).",
+			"OUT/summary.json, the demo's summary (hidden eval of the last release, accounting, batch hashes). An operator " +
+			"killed by a signal or failing at run time is started again (--restarts); one refusing its configuration stops the fleet.",
 		examples: []string{"trajflow up --brokers 127.0.0.1:9092 --rounds 60 --out out/fleet"}},
 	"status": {synopsis: "status [--out DIR] [--brokers ADDR] [--contract FILE] [--rounds N]",
 		about: "Says where a run stands: rounds decided, batches packed, the policy version trained and the last release, " +

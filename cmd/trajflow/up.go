@@ -1,16 +1,20 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -47,6 +51,8 @@ type fleetMember struct {
 	PID    int    `json:"pid"`
 	Health string `json:"health"` // host:port of /healthz, /readyz, /metrics
 	Log    string `json:"log"`
+	// Restarts counts the times up started it again (fleetProcs).
+	Restarts int `json:"restarts,omitempty"`
 }
 
 // fleetStages are the operators of a run of c: the loop's; the
@@ -79,6 +85,7 @@ func cmdUp(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	otlp := fs.String("otlp-endpoint", "", "every operator exports its spans over OTLP/HTTP to this URL, e.g. http://127.0.0.1:4318/v1/traces: one trace per attempt from dispatch to the update that trained it (default: OTEL_EXPORTER_OTLP_ENDPOINT, which the operators inherit, else no spans)")
 	wait := fs.Duration("wait", time.Minute, "how long to wait for a broker at --brokers to answer")
 	linger := fs.Duration("linger", 0, "every operator's --linger: "+lingerUsage)
+	restarts := fs.Int("restarts", 5, "times an operator killed by a signal or failing at run time (exit status 1) is started again, after 1 s, 2 s, ... up to 30 s (-1: without bound; 0: never, the fleet stops)")
 	pos, err := parseFlags(fs, args)
 	if err != nil {
 		return err
@@ -86,8 +93,19 @@ func cmdUp(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if len(pos) != 0 {
 		return fmt.Errorf("%w: trajflow up takes no arguments (got %q)", errUsage, pos)
 	}
-	if *rounds < 0 || *evalSamples < 1 || *healthPort < 0 || *healthPort > 65535 || *linger < 0 {
-		return fmt.Errorf("%w: --rounds must be >= 0, --eval-samples >= 1, --health-port a port, --linger >= 0", errUsage)
+	for _, bad := range []struct {
+		wrong bool
+		msg   string
+	}{
+		{*rounds < 0, fmt.Sprintf("--rounds %d: want 0 (until interrupted) or more", *rounds)},
+		{*evalSamples < 1, fmt.Sprintf("--eval-samples %d: want 1 or more", *evalSamples)},
+		{*healthPort < 0 || *healthPort > 65535, fmt.Sprintf("--health-port %d: want a port, 1 to 65535 (0: free ports)", *healthPort)},
+		{*linger < 0, fmt.Sprintf("--linger %v: want 0 or more", *linger)},
+		{*restarts < -1, fmt.Sprintf("--restarts %d: want -1 (without bound), 0 or more", *restarts)},
+	} {
+		if bad.wrong {
+			return fmt.Errorf("%w: %s", errUsage, bad.msg)
+		}
 	}
 	cc, err := cf.load()
 	if err != nil {
@@ -118,8 +136,16 @@ func cmdUp(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if err := clearFleetOut(*out); err != nil {
 		return err
 	}
-	f := &fleetProcs{exe: exe, out: *out, brokers: strings.Join(cc.Brokers, ","), contract: *path, clientConfig: clientConfig, otlp: *otlp, rounds: *rounds, level: *level, run: c.RunID, stdout: stdout,
-		gated: gated(c), evalSamples: *evalSamples, linger: *linger}
+	contractPath := *path
+	if contractPath != "" {
+		// fleet.json and every operator name it from anywhere: status
+		// --out may run from another directory.
+		if contractPath, err = filepath.Abs(contractPath); err != nil {
+			return fmt.Errorf("up: --contract: %w", err)
+		}
+	}
+	f := &fleetProcs{exe: exe, out: *out, brokers: strings.Join(cc.Brokers, ","), contract: contractPath, clientConfig: clientConfig, otlp: *otlp, rounds: *rounds, level: *level, run: c.RunID, stdout: stdout,
+		gated: gated(c), evalSamples: *evalSamples, linger: *linger, restarts: *restarts}
 	start := time.Now()
 	fmt.Fprintf(stdout, "fleet of run %s on %s: %d rounds; logs in %s\n", c.RunID, f.brokers, *rounds, filepath.Join(*out, "logs"))
 	for i, name := range fleetStages(c) {
@@ -210,7 +236,15 @@ func refuseUsedRun(ctx context.Context, cc kafka.ClientConfig, c *contract.Contr
 	return nil
 }
 
-// fleetProcs is the operator processes of `trajflow up`.
+// fleetProcs is the operator processes of `trajflow up`, which it
+// supervises: an operator killed by a signal (kill -9, the kernel's
+// out-of-memory killer) or ending with a runtime failure (exit status 1)
+// is started again with the same command line, at most restarts times
+// (< 0: without bound), after a backoff; its state directory and the
+// committed offsets of its group bring it back where it was, and what it
+// had not committed is redelivered. An operator that ends with exit status
+// 2 (a configuration it refuses, a command-line mistake, a panic) is not
+// restarted: the same command would end the same way.
 type fleetProcs struct {
 	exe, out, brokers, contract, level, run string
 	clientConfig                            string // absolute path, or ""
@@ -219,10 +253,14 @@ type fleetProcs struct {
 	gated                                   bool // dispatch waits for the gate (fleetStages has eval and gate)
 	evalSamples                             int
 	linger                                  time.Duration // --linger of every operator, or 0
+	restarts                                int           // restarts of one operator (< 0: without bound)
+	backoff                                 time.Duration // before the first restart (default 1 s); doubles up to 30 s
 	stdout                                  io.Writer
-	members                                 []fleetMember
-	procs                                   []*exec.Cmd
-	logs                                    []*os.File
+
+	mu      sync.Mutex // guards what follows: a restart replaces an operator's process
+	members []fleetMember
+	procs   []*exec.Cmd
+	logs    []*os.File
 }
 
 // freeHealthPort returns a port of 127.0.0.1 nothing listens on now (an
@@ -268,6 +306,8 @@ func (f *fleetProcs) args(name, health string) []string {
 	return args
 }
 
+// start starts the operator name with its health endpoints on port (0: a
+// free one), appends it to the fleet and prints its line.
 func (f *fleetProcs) start(name string, port int) error {
 	if port == 0 {
 		var err error
@@ -276,32 +316,52 @@ func (f *fleetProcs) start(name string, port int) error {
 		}
 	}
 	health := net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
-	args := f.args(name, health)
 	logPath := filepath.Join(f.out, "logs", name+".log")
-	lf, err := os.Create(logPath)
+	cmd, lf, err := f.spawn(name, health, logPath, os.O_TRUNC)
 	if err != nil {
-		return fmt.Errorf("up: %w", err)
+		return err
 	}
-	cmd := exec.Command(f.exe, args...)
-	cmd.Stdout, cmd.Stderr = lf, lf
-	if err := cmd.Start(); err != nil {
-		lf.Close()
-		return fmt.Errorf("up: start %s: %w", name, err)
-	}
+	f.mu.Lock()
 	f.procs = append(f.procs, cmd)
 	f.logs = append(f.logs, lf)
 	f.members = append(f.members, fleetMember{Stage: name, PID: cmd.Process.Pid, Health: health, Log: logPath})
+	f.mu.Unlock()
 	fmt.Fprintf(f.stdout, "  %-10s pid %-7d health http://%s  log %s\n", name, cmd.Process.Pid, health, logPath)
 	return nil
 }
 
+// spawn starts the process of operator name, its output to logPath opened
+// with mode (os.O_TRUNC for a new log, os.O_APPEND after a restart).
+func (f *fleetProcs) spawn(name, health, logPath string, mode int) (*exec.Cmd, *os.File, error) {
+	lf, err := os.OpenFile(logPath, os.O_WRONLY|os.O_CREATE|mode, 0o644)
+	if err != nil {
+		return nil, nil, fmt.Errorf("up: %w", err)
+	}
+	cmd := exec.Command(f.exe, f.args(name, health)...)
+	cmd.Stdout, cmd.Stderr = lf, lf
+	if err := cmd.Start(); err != nil {
+		lf.Close()
+		return nil, nil, fmt.Errorf("up: start %s: %w", name, err)
+	}
+	return cmd, lf, nil
+}
+
 func (f *fleetProcs) writeMembers() error {
-	doc := fleetDoc{Run: f.run, Brokers: f.brokers, Contract: f.contract, ClientConfig: f.clientConfig, Rounds: f.rounds, Operators: f.members}
+	f.mu.Lock()
+	doc := fleetDoc{Run: f.run, Brokers: f.brokers, Contract: f.contract, ClientConfig: f.clientConfig, Rounds: f.rounds,
+		Operators: slices.Clone(f.members)}
+	f.mu.Unlock()
 	b, err := json.MarshalIndent(doc, "", "  ")
 	if err != nil {
 		return err
 	}
-	if err := os.WriteFile(filepath.Join(f.out, FleetFile), append(b, '\n'), 0o644); err != nil {
+	// Written whole under a temporary name, then renamed: status never
+	// reads half a file.
+	path := filepath.Join(f.out, FleetFile)
+	if err := os.WriteFile(path+".tmp", append(b, '\n'), 0o644); err != nil {
+		return fmt.Errorf("up: %w", err)
+	}
+	if err := os.Rename(path+".tmp", path); err != nil {
 		return fmt.Errorf("up: %w", err)
 	}
 	return nil
@@ -309,6 +369,8 @@ func (f *fleetProcs) writeMembers() error {
 
 // stop interrupts every operator still running and waits for them.
 func (f *fleetProcs) stop() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
 	for _, p := range f.procs {
 		if p.ProcessState == nil {
 			_ = p.Process.Signal(syscall.SIGINT)
@@ -322,53 +384,155 @@ func (f *fleetProcs) stop() {
 	}
 }
 
-// wait waits until every operator exited. The first that fails stops the
-// others and is the error, with the end of its log; ctx ending interrupts
-// them all (a graceful stop).
+// restartable reports whether an operator's end calls for a restart: a
+// signal killed it, or it failed at run time (exit status 1).
+func restartable(err error) bool {
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) {
+		return false
+	}
+	if ws, ok := ee.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
+		return true
+	}
+	return ee.ExitCode() == 1
+}
+
+// wait supervises every operator until all have exited. One that ends
+// restartable is started again (fleetProcs), up to the budget; the first
+// that fails for good stops the others and is the error, with the end of
+// its log; ctx ending interrupts them all (a graceful stop).
 func (f *fleetProcs) wait(ctx context.Context) error {
 	type exit struct {
 		i   int
 		err error
 	}
 	exits := make(chan exit, len(f.procs))
-	for i, p := range f.procs {
-		go func() { exits <- exit{i, p.Wait()} }()
+	stopping := make(chan struct{}) // closed when the fleet stops: no more restarts
+	var wg sync.WaitGroup
+	for i := range f.procs {
+		wg.Add(1)
+		go func() { // owned by wait: it returns only after wg.Wait
+			defer wg.Done()
+			exits <- exit{i, f.supervise(i, stopping)}
+		}()
 	}
 	defer func() {
+		wg.Wait()
+		f.mu.Lock()
 		for _, l := range f.logs {
 			l.Close()
 		}
+		f.mu.Unlock()
 	}()
 	var first error
 	interrupted := false
+	halt := func() {
+		if !interrupted {
+			interrupted = true
+			close(stopping)
+			f.signalAll()
+		}
+	}
 	for left := len(f.procs); left > 0; {
 		select {
 		case <-ctx.Done():
-			if !interrupted {
-				interrupted = true
-				f.signalAll()
-			}
+			halt()
 			continue
 		case e := <-exits:
 			left--
+			f.mu.Lock()
 			m := f.members[e.i]
-			if e.err == nil {
+			f.mu.Unlock()
+			switch {
+			case e.err == nil && interrupted:
+				fmt.Fprintf(f.stdout, "  %-10s stopped\n", m.Stage)
+			case e.err == nil:
 				fmt.Fprintf(f.stdout, "  %-10s exited 0\n", m.Stage)
-				continue
-			}
-			if first == nil && !interrupted {
+			case interrupted:
+				fmt.Fprintf(f.stdout, "  %-10s stopped: %v\n", m.Stage, e.err)
+			default:
 				first = fmt.Errorf("up: operator %s (pid %d) failed: %w; the end of %s:\n%s", m.Stage, m.PID, e.err, m.Log, tail(m.Log, 15))
-				interrupted = true
-				f.signalAll()
+				halt()
 			}
 		}
 	}
 	return first
 }
 
+// supervise waits for operator i and restarts it while its end is
+// restartable, the budget lasts and the fleet is not stopping; it returns
+// the last process's end (nil: exit status 0).
+func (f *fleetProcs) supervise(i int, stopping <-chan struct{}) error {
+	backoff := cmp.Or(f.backoff, time.Second)
+	for n := 1; ; n++ {
+		f.mu.Lock()
+		p := f.procs[i]
+		f.mu.Unlock()
+		err := p.Wait()
+		if err == nil || !restartable(err) || (f.restarts >= 0 && n > f.restarts) {
+			return err
+		}
+		f.mu.Lock()
+		m := f.members[i]
+		f.mu.Unlock()
+		fmt.Fprintf(f.stdout, "  %-10s pid %d ended (%v); restarting it in %v (restart %d%s)\n", m.Stage, m.PID, err, backoff, n, f.budget())
+		t := time.NewTimer(backoff)
+		select {
+		case <-stopping:
+			t.Stop()
+			return err
+		case <-t.C:
+		}
+		backoff = min(2*backoff, 30*time.Second)
+		if err := f.restart(i, err, stopping); err != nil {
+			return err
+		}
+	}
+}
+
+// budget is " of N" for a bounded restart budget.
+func (f *fleetProcs) budget() string {
+	if f.restarts < 0 {
+		return ""
+	}
+	return " of " + strconv.Itoa(f.restarts)
+}
+
+// restart starts operator i again after its process ended with ended,
+// appending to its log, and records the new pid in fleet.json. A fleet
+// that began stopping meanwhile interrupts the new process at once.
+func (f *fleetProcs) restart(i int, ended error, stopping <-chan struct{}) error {
+	f.mu.Lock()
+	m := f.members[i]
+	f.mu.Unlock()
+	if lf, err := os.OpenFile(m.Log, os.O_WRONLY|os.O_APPEND, 0o644); err == nil {
+		fmt.Fprintf(lf, "--- trajflow up: pid %d ended (%v); started again\n", m.PID, ended)
+		lf.Close()
+	}
+	cmd, lf, err := f.spawn(m.Stage, m.Health, m.Log, os.O_APPEND)
+	if err != nil {
+		return err
+	}
+	f.mu.Lock()
+	f.logs[i].Close()
+	f.procs[i], f.logs[i] = cmd, lf
+	f.members[i].PID = cmd.Process.Pid
+	f.members[i].Restarts++
+	select {
+	case <-stopping: // halt closed it before signalAll, which waits for mu
+		_ = cmd.Process.Signal(syscall.SIGINT)
+	default:
+	}
+	f.mu.Unlock()
+	fmt.Fprintf(f.stdout, "  %-10s pid %-7d restarted\n", m.Stage, cmd.Process.Pid)
+	return f.writeMembers()
+}
+
 // signalAll interrupts every operator (one that exited already ignores
-// it: its process is waited for by wait's goroutines).
+// it: its process is waited for by supervise).
 func (f *fleetProcs) signalAll() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
 	for _, p := range f.procs {
 		_ = p.Process.Signal(syscall.SIGINT)
 	}
