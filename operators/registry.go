@@ -148,8 +148,9 @@ var ErrUnknownStage = errors.New("operators: unknown stage")
 // ErrConfig marks a configuration error: an unknown stage, a value the
 // stage refuses, a missing required directory. Building the stage again
 // cannot fix it, so a restart loop (RunRestarting) never retries it.
-// Every error New and NewOperator return wraps it.
-var ErrConfig = errors.New("configuration error")
+// Every error New and NewOperator return wraps it. It is
+// pipeline.ErrConfig, which a stage's Start wraps for the same reason.
+var ErrConfig = pipeline.ErrConfig
 
 // New builds the stage registered under name. Every error it returns
 // wraps ErrConfig.

@@ -328,6 +328,13 @@ func (b Backoff) Delay(n int) time.Duration {
 // ErrPermanent marks an error Retry must not retry (wrap it: fmt.Errorf("%w: ...", pipeline.ErrPermanent)).
 var ErrPermanent = errors.New("permanent")
 
+// ErrConfig marks a configuration that cannot work: a stage's Start
+// returns an error wrapping it when, for example, a directory it was given
+// lacks what the run's topics say it holds. Starting the stage again
+// cannot fix it, so the operators' restart loop never retries it
+// (operators.ErrConfig is the same error).
+var ErrConfig = errors.New("configuration error")
+
 // Retry calls fn(ctx, attempt) with attempt = 0, 1, ... until it returns
 // nil, an error wrapping ErrPermanent, or the policy's attempts are spent,
 // waiting b.Delay(attempt) between calls; it returns fn's last error. It

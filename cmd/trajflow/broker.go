@@ -18,7 +18,7 @@ import (
 
 func init() {
 	register("broker", "run the embedded Kafka-protocol broker (--port, --data)", cmdBroker)
-	register("topics", "topics create --brokers ADDR --contract FILE: create every topic of a run", cmdTopics)
+	register("topics", "topics create --brokers ADDR [--contract FILE]: create every topic of a run (default contract: the built-in demo)", cmdTopics)
 }
 
 func newLogger(w io.Writer, level string) *slog.Logger {
@@ -100,7 +100,10 @@ func cmdTopics(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		return err
 	}
 	if len(pos) != 1 || pos[0] != "create" {
-		return fmt.Errorf("%w: trajflow topics create --brokers ADDR --contract FILE", errUsage)
+		return fmt.Errorf("%w: trajflow topics create --brokers ADDR [--contract FILE]", errUsage)
+	}
+	if *rf < 0 || *minISR < 0 {
+		return fmt.Errorf("%w: --replication-factor %d, --min-insync-replicas %d: want 0 (the default) or more", errUsage, *rf, *minISR)
 	}
 	cc, err := cf.load()
 	if err != nil {
@@ -201,7 +204,10 @@ func waitForBrokers(ctx context.Context, cc kafka.ClientConfig, wait time.Durati
 // wait (0: at once, without waiting): the addresses, the cause and what to
 // check.
 func brokerUnreachable(addrs string, wait time.Duration, err error) error {
-	hint := "is a broker running there (trajflow broker --port N, or your cluster)? Check --brokers, or wait longer with --wait"
+	hint := "is a broker running there (trajflow broker --port N, or your cluster)? Check --brokers"
+	if wait > 0 { // the command waited: it has --wait
+		hint += ", or wait longer with --wait"
+	}
 	switch {
 	case errors.Is(err, kafka.ErrNotKafka):
 		hint = "a server of another protocol listens there: check the port in --brokers"

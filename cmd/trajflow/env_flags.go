@@ -23,7 +23,7 @@ type envFlags struct {
 
 func addEnvFlags(fs *flag.FlagSet) envFlags {
 	return envFlags{
-		urls:    fs.String("env", "", "comma-separated `trajflow serve env` addresses (http://HOST:PORT) the rollout stage runs its episodes against, least-loaded with affinity per episode (default: the environment in process)"),
+		urls:    fs.String("env", "", "comma-separated addresses of trajflow serve env services (http://HOST:PORT) the rollout stage runs its episodes against, least-loaded with affinity per episode (default: the environment in process)"),
 		keyFile: fs.String("env-key-file", "", "capability key file the services were started with (their --key-file, by default DATA/capability.key); required with --env"),
 	}
 }

@@ -28,6 +28,8 @@ type runProgress struct {
 	Gate, Halted *schemas.GateDecision
 	// Final is set once the gate ruled on the run's final evaluation.
 	Final bool
+	// Stopped is set by status when no operator of the fleet answers.
+	Stopped bool
 }
 
 // trained reports whether a run with a round limit has decided every

@@ -400,3 +400,37 @@ func TestUpRestartsAKilledOperator(t *testing.T) {
 			got.Updates, got.Lost, got.DuplicatesAdmitted, got.EvalSuccessFinal, got.BatchHashes, want.EvalSuccessFinal, want.BatchHashes, text)
 	}
 }
+
+// TestStatusOfAStoppedFleet: status --out of a fleet none of whose
+// operators answers, its rounds not done, says it is not running rather
+// than running.
+func TestStatusOfAStoppedFleet(t *testing.T) {
+	addr := startBroker(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	var o, e bytes.Buffer
+	if code := run(ctx, []string{"topics", "create", "--brokers", addr}, &o, &e); code != 0 {
+		t.Fatalf("topics create: exit %d: %s", code, e.String())
+	}
+	hold, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dead := hold.Addr().String()
+	hold.Close()
+	out := t.TempDir()
+	b, err := json.Marshal(fleetDoc{Run: "demo", Brokers: addr, Rounds: 3, Operators: []fleetMember{{Stage: "train", PID: 1, Health: dead}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(out, FleetFile), b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	o.Reset()
+	if code := run(ctx, []string{"status", "--out", out}, &o, &e); code != 0 {
+		t.Fatalf("status: exit %d: %s", code, e.String())
+	}
+	if !strings.Contains(o.String(), "0 of 3 decided (0 of 48 groups), not running: no operator of fleet.json answers") {
+		t.Errorf("status of a fleet that is gone:\n%s", o.String())
+	}
+}

@@ -78,9 +78,9 @@ var helps = map[string]commandHelp{
 	"serve env": {synopsis: "serve env [--port N] [--data DIR] [--key-file F]",
 		about:    "Serves the built-in task families behind the environment protocol (docs/ENV_PROTOCOL.md).",
 		examples: []string{"trajflow serve env --port 8642 --data /tmp/env1"}},
-	"serve policy": {synopsis: "serve policy --protocol sglang|vllm|llamacpp [--port N]",
-		about:    "Serves the built-in policy behind an inference server's HTTP protocol.",
-		examples: []string{"trajflow serve policy --protocol sglang --port 30000"}},
+	"serve policy": {synopsis: "serve policy --protocol sglang|vllm|llamacpp --releases DIR [--port N]",
+		about:    "Serves the built-in policy's releases (those of a run's --releases directory) behind an inference server's HTTP protocol.",
+		examples: []string{"trajflow serve policy --protocol sglang --releases out/demo/releases --port 30000"}},
 	"up": {synopsis: "up [--brokers ADDR] [--contract FILE] [--rounds N] [--out DIR] [--health-port P] [--restarts N]",
 		about: "Starts every operator of a run (the loop, weightsync for a served policy, the snapshotter) as trajflow run " +
 			"processes on an existing cluster, after waiting for it and creating the topics. With --rounds it ends " +
@@ -114,6 +114,12 @@ func printHelp(fs *flag.FlagSet, name string) {
 		fmt.Fprintf(w, "\n%s\n", h.extra())
 	}
 	fmt.Fprintf(w, "\nexamples:\n  %s\n", strings.Join(h.examples, "\n  "))
+	n := 0
+	fs.VisitAll(func(*flag.Flag) { n++ })
+	if n == 0 {
+		fmt.Fprintln(w, "\nflags: none")
+		return
+	}
 	fmt.Fprintln(w, "\nflags:")
 	fs.PrintDefaults()
 }

@@ -104,11 +104,13 @@ func loadContract(path string) (*contract.Contract, error) {
 	} else {
 		var err error
 		if c, err = contract.Load(path); err != nil {
-			return nil, err
+			// A contract that cannot be read or parsed is a configuration
+			// error (exit status 2), like one that does not resolve.
+			return nil, fmt.Errorf("%w: %w", operators.ErrConfig, err)
 		}
 	}
 	if err := c.Resolve(); err != nil {
-		return nil, fmt.Errorf("contract %s: %w", path, err)
+		return nil, fmt.Errorf("%w: contract %s: %w", operators.ErrConfig, path, err)
 	}
 	return c, nil
 }

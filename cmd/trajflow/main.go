@@ -74,10 +74,10 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return 0
 	case errors.Is(err, errUsage), errors.Is(err, operators.ErrConfig):
 		// A command-line mistake or a configuration a stage refuses.
-		fmt.Fprintf(stderr, "trajflow %s: %v\n", args[0], err)
+		fmt.Fprintf(stderr, "trajflow %s: %s\n", args[0], strings.TrimPrefix(err.Error(), args[0]+": "))
 		return 2
 	default:
-		fmt.Fprintf(stderr, "trajflow %s: %v\n", args[0], err)
+		fmt.Fprintf(stderr, "trajflow %s: %s\n", args[0], strings.TrimPrefix(err.Error(), args[0]+": "))
 		return 1
 	}
 }

@@ -54,7 +54,7 @@ func addOperatorFlags(fs *flag.FlagSet) operatorFlags {
 		partial:  fs.Duration("partial-group-timeout", 0, "close incomplete groups after this long (advantage; 0: wait)"),
 		maxWait:  fs.Duration("window-max-wait", 0, "close a non-full pack window after this long (pack; 0: wait)"),
 		snapshot: fs.String("snapshot-dir", "", "directory of the Parquet snapshots (snapshot)"),
-		releases: fs.String("releases", "", "policy releases directory shared by train (writes) and rollout (train)"),
+		releases: fs.String("releases", "", "policy releases directory: train writes them; rollout, eval, gate and weightsync read them"),
 		rounds:   fs.Int64("rounds", 0, "update rounds of the run: dispatch launches this many; every operator given it exits 0 once every round is decided and trained and its inputs are drained (0: run until stopped)"),
 		snapRoll: fs.Int64("snapshot-roll-bytes", 0, "close a snapshot file at this many bytes (snapshot; 0: 64 MiB)"),
 		snapAge:  fs.Duration("snapshot-roll-interval", 0, "close a snapshot file this long after its first message (snapshot; 0: 30s)"),
@@ -105,6 +105,9 @@ func (f operatorFlags) env(name string, stderr io.Writer) (*operatorEnv, error) 
 	deps.ReleaseDir, deps.Rounds, deps.Device = *f.releases, *f.rounds, *f.device
 	if *f.samples < 1 {
 		return nil, fmt.Errorf("%w: --eval-samples %d: want 1 or more", errUsage, *f.samples)
+	}
+	if *f.rounds < 0 {
+		return nil, fmt.Errorf("%w: --rounds %d: want 0 (run until stopped) or more", errUsage, *f.rounds)
 	}
 	if *f.linger < 0 {
 		return nil, fmt.Errorf("%w: --linger %s: want 0 (the default) or more", errUsage, *f.linger)

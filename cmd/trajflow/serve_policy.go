@@ -27,7 +27,7 @@ func cmdServePolicy(ctx context.Context, args []string, stdout, stderr io.Writer
 	proto := fs.String("protocol", "", "protocol: llamacpp, sglang or vllm")
 	host := fs.String("host", "127.0.0.1", "address to listen on")
 	port := fs.Int("port", 0, "port (0 picks a free one)")
-	dir := fs.String("releases", "", "directory of policy releases (policy-vNNNNNNNN.json manifests and checkpoints)")
+	dir := fs.String("releases", "", "directory of policy releases (policy-vNNNNNNNN.json manifests and checkpoints); required")
 	path := fs.String("contract", "", "learning contract (default: the built-in demo contract): its tokenizer must be the built-in one; its sampler.stop_token_ids are llama.cpp's end-of-generation ids")
 	version := fs.Int64("version", 0, "release to load at start (0: the newest in --releases; none there: wait for a weight-update call)")
 	if _, err := parseFlags(fs, args); err != nil {
@@ -53,6 +53,9 @@ func cmdServePolicy(ctx context.Context, args []string, stdout, stderr io.Writer
 		return err
 	}
 	srv, err := serve.New(serve.Config{Protocol: *proto, Releases: *dir, Grammar: reg.Grammar(), EOG: append([]int32{}, c.Sampler.StopTokenIDs...)})
+	if errors.Is(err, policy.ErrConfig) { // a --releases that is not a directory: exit status 2
+		return fmt.Errorf("%w: --releases: %w", errUsage, err)
+	}
 	if err != nil {
 		return err
 	}

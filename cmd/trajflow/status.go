@@ -39,6 +39,9 @@ func cmdStatus(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	if len(pos) != 0 {
 		return fmt.Errorf("%w: trajflow status takes no arguments (got %q)", errUsage, pos)
 	}
+	if *rounds < 0 {
+		return fmt.Errorf("%w: --rounds %d: want 0 (no round limit) or more", errUsage, *rounds)
+	}
 	set := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
 	doc, err := readFleetDoc(*out)
@@ -93,6 +96,11 @@ func cmdStatus(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		return fmt.Errorf("status: %w", err)
 	}
 	fmt.Fprintf(stdout, "run %s (contract %s) on %d broker(s) at %s\n", c.RunID, c.Hash(), len(brokers), strings.Join(cc.Brokers, ","))
+	if len(doc.Operators) > 0 && !p.done() && !anyAnswers(ctx, doc.Operators) {
+		// No operator of fleet.json answers: the fleet is not running,
+		// whatever its progress says.
+		p.Stopped = true
+	}
 	printProgress(stdout, p, *rounds, max(1, c.Dispatch.GroupsPerUpdate), want)
 	if err := printGroupLag(sctx, stdout, cc, c.RunID, topics, fleetStages(c)); err != nil {
 		return err
@@ -125,12 +133,19 @@ func readFleetDoc(out string) (fleetDoc, error) {
 func printProgress(stdout io.Writer, p runProgress, rounds int64, perRound, want int) {
 	if rounds > 0 {
 		state := "running"
-		if p.done() {
+		switch {
+		case p.done():
 			state = "done"
+		case p.Stopped:
+			state = "not running: no operator of fleet.json answers (see its logs)"
 		}
 		fmt.Fprintf(stdout, "rounds:     %d of %d decided (%d of %d groups), %s\n", p.Decided/perRound, rounds, p.Decided, want, state)
 	} else {
-		fmt.Fprintf(stdout, "rounds:     %d decided (%d groups; no round limit given)\n", p.Decided/perRound, p.Decided)
+		state := ""
+		if p.Stopped {
+			state = "; not running: no operator of fleet.json answers (see its logs)"
+		}
+		fmt.Fprintf(stdout, "rounds:     %d decided (%d groups; no round limit given)%s\n", p.Decided/perRound, p.Decided, state)
 	}
 	fmt.Fprintf(stdout, "updates:    %d batches packed, policy version %d trained\n", p.Batches, p.Version)
 	if p.Gate != nil {
@@ -243,6 +258,17 @@ func printHealth(ctx context.Context, w io.Writer, ops []fleetMember) {
 		}
 		fmt.Fprintf(w, "  %-10s %s\n", "", om)
 	}
+}
+
+// anyAnswers reports whether any of ops answers /readyz at all.
+func anyAnswers(ctx context.Context, ops []fleetMember) bool {
+	cl := http.Client{Timeout: 2 * time.Second}
+	for _, m := range ops {
+		if _, _, err := httpGet(ctx, &cl, "http://"+m.Health+"/readyz", 512); err == nil {
+			return true
+		}
+	}
+	return false
 }
 
 // httpGet returns at most limit bytes of the body of a GET of url.

@@ -263,6 +263,10 @@ func (s *Stage) start(ctx context.Context, env *pipeline.Env) error {
 		return nil
 	}
 	ckpt, err := files.Read(latest.CheckpointURI)
+	if errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("%w: train: release v%d is on %s but its checkpoint is not in the releases directory (%w): "+
+			"give --releases the directory this run's trainer writes", pipeline.ErrConfig, latest.PolicyVersion, s.cfg.Topics.Policy, err)
+	}
 	if err != nil {
 		return fmt.Errorf("train: %w: %w", gpu.ErrRelease, err)
 	}
@@ -286,6 +290,10 @@ func (s *Stage) start(ctx context.Context, env *pipeline.Env) error {
 	}
 	if latest.PolicyVersion > 0 {
 		u, err := gpu.ReadUpdate(files, latest.PolicyVersion)
+		if errors.Is(err, fs.ErrNotExist) {
+			return fmt.Errorf("%w: train: release v%d is on %s but its update record is not in the releases directory (%w): "+
+				"give --releases the directory this run's trainer writes", pipeline.ErrConfig, latest.PolicyVersion, s.cfg.Topics.Policy, err)
+		}
 		if err != nil {
 			return err
 		}

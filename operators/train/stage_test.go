@@ -182,6 +182,28 @@ func TestStageTrainsOnce(t *testing.T) {
 	}
 }
 
+// TestStageStartRefusesForeignReleases: restarted with the run's policy
+// topic but a releases directory without the release it names (another
+// run's, or an empty one), the stage refuses to start with a
+// configuration error naming the release and the directory problem — not
+// an error its restart loop would retry for ever.
+func TestStageStartRefusesForeignReleases(t *testing.T) {
+	f := newFixture(t)
+	d := f.drive(store(t), pipeline.MemScanner{}, f.msg(f.batch(0, 0), 0))
+	scan := pipeline.MemScanner{f.topics.Policy: d.Messages(f.topics.Policy)}
+	st, err := train.NewStage(f.cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = pipeline.Drive(context.Background(), st, nil, pipeline.DriveConfig{
+		QuarantineTopic: f.topics.Quarantine, Env: pipeline.EnvConfig{Scanner: scan, Releases: store(t)},
+	})
+	if !errors.Is(err, pipeline.ErrConfig) || !strings.Contains(err.Error(), "release v1 is on "+f.topics.Policy) ||
+		!strings.Contains(err.Error(), "--releases") {
+		t.Fatalf("start with another releases directory: %v, want a configuration error naming release v1", err)
+	}
+}
+
 // TestStageQuarantinesUntrainableBatch: a batch holding a token the
 // behavior distribution cannot produce (its log-prob is -Inf) is refused
 // with reason untrainable_batch — the trainer is unchanged, with no crash
