@@ -187,7 +187,12 @@ func printGroupLag(ctx context.Context, w io.Writer, cc kafka.ClientConfig, run 
 			committed = committed || l.Committed >= 0
 		}
 		note := ""
-		if !committed {
+		switch {
+		case name == pipeline.SnapshotStage && lag > 0:
+			// Its consumer has read further (its /metrics lag below):
+			// it commits what a Parquet file it closed holds.
+			note = "  (the snapshotter commits when it closes a file: records read but not yet in a closed file count here)"
+		case !committed:
 			note = "  (nothing committed: not started, or nothing to consume yet)"
 		}
 		fmt.Fprintf(w, "  %-26s lag %8d of %8d records%s\n", run+"."+name, lag, records, note)
