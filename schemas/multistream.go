@@ -33,6 +33,16 @@ func SplitStream(b []byte) ([][]byte, error) {
 	return parts, nil
 }
 
+// SplitStreams is SplitStream for one or more streams written one after
+// the other (several Kafka messages saved to one file).
+func SplitStreams(b []byte) ([][]byte, error) {
+	parts, err := rowipc.SplitStreams(b)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrDecode, err)
+	}
+	return parts, nil
+}
+
 // DecodeAll reads every record batch of an IPC stream of many batches
 // (SplitStream), each one message of rows.
 func (c *Codec[T]) DecodeAll(mem memory.Allocator, b []byte) ([][]T, error) {

@@ -41,7 +41,7 @@ var helps = map[string]commandHelp{
 		examples: []string{"trajflow replay out/demo", "trajflow replay out/demo --to-brokers 127.0.0.1:9092"}},
 	"demo": {synopsis: "demo [--updates N] [--out DIR] [--seed S] [--contract FILE] [--brokers ADDR]",
 		about: "Runs the RL loop end to end in one process: the embedded broker (or --brokers), every operator over " +
-			"Kafka, the snapshotter and the hidden evaluation; writes DIR/summary.json, DIR/releases and DIR/snapshots.",
+			"Kafka, the snapshotter and the hidden evaluation; writes DIR/summary.json, DIR/releases and the Parquet snapshots of every topic, DIR/run=<run>/.",
 		examples: []string{"trajflow demo --updates 60 --out out/demo", "trajflow demo --contract testdata/contracts/demo.yaml --async --max-lag 2"}},
 	"schemas": {synopsis: "schemas [--json]",
 		about:    "Prints every topic of a run, every Arrow record schema, every JSON document kind, the quarantine record and every header.",

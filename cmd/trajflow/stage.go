@@ -18,7 +18,7 @@ func init() {
 func cmdStage(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := newFlags("stage", stderr)
 	o := offline.Options{Log: stderr}
-	fs.StringVar(&o.In, "in", "", "input Arrow IPC stream file: one record batch per input message")
+	fs.StringVar(&o.In, "in", "", "input: an Arrow IPC stream file, one record batch per input message (several streams one after the other are read in turn), or a Parquet snapshot file of the stage's input topic")
 	fs.StringVar(&o.Out, "out", "", "output Arrow IPC stream file: one record batch per output message (train: release manifests, one per line)")
 	fs.StringVar(&o.Quarantine, "quarantine", "", "write every quarantined record to this Arrow IPC stream file (reasons on stderr)")
 	path := fs.String("contract", "", "learning contract (default: the built-in demo contract)")

@@ -6,12 +6,17 @@ Usage:
     .venv/bin/python examples/analyst/analyze.py SNAPSHOT_DIR [--run RUN] [--ipc FILE] [--check]
 
 SNAPSHOT_DIR is the directory the snapshot operator writes
-(`trajflow run snapshot --snapshot-dir DIR`, or `trajflow demo --out DIR`).
+(`trajflow run snapshot --snapshot-dir DIR`, `trajflow demo --out DIR`, or
+`trajflow up --out OUT`'s OUT/snapshots, which OUT also finds).
 It is partitioned Hive-style:
 
     DIR/run=<run>/topic=<topic>/partition=<p>/<first offset>-<last offset>.parquet
 
-so one glob reads a topic of a whole run, and one glob reads the whole run.
+so one glob reads a topic of a whole run (DIR/run=<run>/topic=valid/partition=*/*.parquet),
+and one glob reads every topic of the run (DIR/run=<run>/topic=*/partition=*/*.parquet, with
+hive partitioning and union_by_name in DuckDB: the topics' schemas differ). The run's task
+registry sits beside them, DIR/run=<run>/tasks.parquet, outside the topic= tree: a glob of
+every *.parquet under the run (**) would mix it in.
 Every file keeps the Arrow schema trajflow wrote (token ids are int32 lists,
 the action mask a uint8 list, log-probs float32 lists) and its lineage in the
 Parquet key-value metadata (topic, partition, offsets, schema kind and
@@ -37,17 +42,22 @@ import json
 import os
 import sys
 
-import duckdb
-import pyarrow as pa
-import pyarrow.dataset as ds
-import pyarrow.ipc as ipc
-import pyarrow.parquet as pq
+try:
+    import duckdb
+    import pyarrow as pa
+    import pyarrow.dataset as ds
+    import pyarrow.ipc as ipc
+    import pyarrow.parquet as pq
+except ImportError as e:
+    sys.exit(f"analyze.py: {e}: run examples/analyst/setup.sh once, then .venv/bin/python examples/analyst/analyze.py DIR")
 
 
 def find_run(root, run):
     """Returns DIR/run=<run> (the only run when run is None)."""
     if os.path.basename(os.path.normpath(root)).startswith("run="):
         return root
+    if not any(d.startswith("run=") for d in os.listdir(root)) and os.path.isdir(os.path.join(root, "snapshots")):
+        root = os.path.join(root, "snapshots")  # the --out of trajflow up
     if run:
         return os.path.join(root, f"run={run}")
     runs = sorted(d for d in os.listdir(root) if d.startswith("run="))

@@ -18,6 +18,7 @@
 package offline
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -27,6 +28,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/trajflow/trajflow/connectors/parquet"
 	"github.com/trajflow/trajflow/operators"
 	"github.com/trajflow/trajflow/pipeline"
 	"github.com/trajflow/trajflow/schemas"
@@ -43,7 +45,10 @@ var ErrStage = errors.New("offline: no offline stage")
 type Options struct {
 	Stage string
 	// In is the input: an Arrow IPC stream file of the stage's input kind,
-	// one record batch per message.
+	// one record batch per message, or several such streams one after
+	// the other (messages saved from Kafka), or a Parquet snapshot file of
+	// the stage's input topic (connectors/parquet), its messages in offset
+	// order.
 	In string
 	// Out receives the outputs on the stage's data topic: an Arrow IPC
 	// stream file, one record batch per output message; for train (whose
@@ -166,6 +171,9 @@ func resolve(name string, t pipeline.Topics) (spec, error) {
 	return sp, nil
 }
 
+// parquetMagic begins (and ends) every Parquet file.
+const parquetMagic = "PAR1"
+
 // readInput reads the input file: one message per record batch, offsets
 // 0, 1, ... on the stage's input topic. It returns the record count of
 // every message and counts the records and duplicate record ids into rep.
@@ -174,9 +182,23 @@ func readInput(path string, sp spec, rep *Report) ([]pipeline.Message, []int, er
 	if err != nil {
 		return nil, nil, fmt.Errorf("offline: input: %w", err)
 	}
-	parts, err := schemas.SplitStream(b)
-	if err != nil {
-		return nil, nil, fmt.Errorf("offline: %s: not an Arrow IPC stream: %w", path, err)
+	var parts [][]byte
+	switch {
+	case len(b) == 0:
+		return nil, nil, fmt.Errorf("offline: %s: empty file: want an Arrow IPC stream of the records of %s, or a Parquet snapshot file of that topic", path, sp.in)
+	case bytes.HasPrefix(b, []byte(parquetMagic)):
+		// A snapshot file: its messages are the topic's, in offset order.
+		_, msgs, err := parquet.ReadFile(path, parquet.ReadOptions{})
+		if err != nil {
+			return nil, nil, fmt.Errorf("offline: %s: %w", path, err)
+		}
+		for _, m := range msgs {
+			parts = append(parts, m.Value)
+		}
+	default:
+		if parts, err = schemas.SplitStreams(b); err != nil {
+			return nil, nil, fmt.Errorf("offline: %s: not an Arrow IPC stream nor a Parquet file: %w", path, err)
+		}
 	}
 	seen := map[string]bool{}
 	msgs := make([]pipeline.Message, len(parts))

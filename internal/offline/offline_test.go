@@ -84,15 +84,39 @@ func TestTrainIsTheLiveTrainer(t *testing.T) {
 		t.Fatal(err)
 	}
 	f.Close()
+	// The same messages as the topic carried them: the raw values one
+	// after the other (as saved from Kafka), and the snapshot's own
+	// Parquet file of the batches topic (one partition).
+	var raw []byte
+	for _, m := range snap.Topics["batches"] {
+		raw = append(raw, m.Value...)
+	}
+	concatenated := filepath.Join(t.TempDir(), "messages.arrows")
+	if err := os.WriteFile(concatenated, raw, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	pq, err := filepath.Glob(filepath.Join(runDir, "topic=batches", "partition=*", "*.parquet"))
+	if err != nil || len(pq) != 1 {
+		t.Fatalf("the batches topic's snapshot files: %v %v, want one", pq, err)
+	}
+	for _, input := range []string{in, concatenated, pq[0]} {
+		checkTrainFrom(t, ctx, input, sum.Updates, len(snap.Topics["batches"]), want)
+	}
+}
+
+// checkTrainFrom runs train offline over in and checks its releases'
+// checkpoints against want (version -> checkpoint hash of the live run).
+func checkTrainFrom(t *testing.T, ctx context.Context, in string, updates, batches int, want map[int64]string) {
+	t.Helper()
 	deps := demoDeps(t)
 	deps.ReleaseDir = t.TempDir()
 	manifests := filepath.Join(t.TempDir(), "releases.jsonl")
 	rep, err := offline.Run(ctx, offline.Options{Stage: "train", In: in, Out: manifests, Deps: deps, TrainerVersion: -1})
 	if err != nil {
-		t.Fatal(err)
+		t.Fatalf("train over %s: %v", in, err)
 	}
-	if len(rep.Releases) != sum.Updates+1 || rep.Inputs != len(snap.Topics["batches"]) || len(rep.Refusals) != 0 {
-		t.Fatalf("%d releases from %d batches (%d refused), want the initial one and %d", len(rep.Releases), rep.Inputs, len(rep.Refusals), sum.Updates)
+	if len(rep.Releases) != updates+1 || rep.Inputs != batches || len(rep.Refusals) != 0 {
+		t.Fatalf("%s: %d releases from %d batches (%d refused), want the initial one and %d", in, len(rep.Releases), rep.Inputs, len(rep.Refusals), updates)
 	}
 	for _, rel := range rep.Releases {
 		if want[rel.PolicyVersion] == "" || rel.CheckpointHash != want[rel.PolicyVersion] {
@@ -126,6 +150,13 @@ func TestInputErrors(t *testing.T) {
 	if err := os.WriteFile(wrongKind, v, 0o644); err != nil {
 		t.Fatal(err)
 	}
+	empty, fakeParquet := filepath.Join(dir, "empty.arrow"), filepath.Join(dir, "cut.parquet")
+	if err := os.WriteFile(empty, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(fakeParquet, []byte("PAR1 and nothing else"), 0o644); err != nil {
+		t.Fatal(err)
+	}
 	cases := []struct {
 		o    offline.Options
 		want string
@@ -134,6 +165,8 @@ func TestInputErrors(t *testing.T) {
 		{offline.Options{Stage: "validate", In: filepath.Join(dir, "missing.arrow")}, "missing.arrow"},
 		{offline.Options{Stage: "validate", In: garbage}, garbage},
 		{offline.Options{Stage: "validate", In: wrongKind}, "record batch 0"},
+		{offline.Options{Stage: "validate", In: empty}, "empty file: want an Arrow IPC stream of the records of demo.trajectories"},
+		{offline.Options{Stage: "validate", In: fakeParquet}, fakeParquet},
 	}
 	for _, tc := range cases {
 		tc.o.Deps = deps

@@ -4,8 +4,10 @@ import (
 	"bytes"
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"math"
 	"reflect"
+	"strings"
 	"testing"
 
 	"github.com/apache/arrow-go/v18/arrow"
@@ -406,6 +408,21 @@ func TestMultiBatchStreamsNeedTheirEnd(t *testing.T) {
 	cut := two[:len(two)-len(ipcEOS)]
 	if _, err := SplitBatches(cut); err == nil {
 		t.Fatal("SplitBatches accepted a stream without its end-of-stream marker")
+	}
+	// Streams one after the other: SplitBatches refuses the bytes after
+	// the first's end, SplitStreams reads every batch of every stream, and
+	// refuses a last stream cut before its end.
+	three := append(append([]byte(nil), two...), one...)
+	if _, err := SplitBatches(three); err == nil {
+		t.Fatal("SplitBatches accepted bytes after the end-of-stream marker")
+	}
+	parts, err = SplitStreams(three)
+	if err != nil || len(parts) != 3 || !bytes.Equal(parts[2], one) {
+		t.Fatalf("SplitStreams of two streams: %d parts, %v", len(parts), err)
+	}
+	if _, err := SplitStreams(append(append([]byte(nil), two...), one[:len(one)-len(ipcEOS)]...)); err == nil ||
+		!strings.Contains(err.Error(), fmt.Sprintf("stream 1 (at byte %d)", len(two))) {
+		t.Fatalf("SplitStreams of a second stream without its end: %v", err)
 	}
 	if err := ReadBatches(nil, cut, nil, func(arrow.RecordBatch) error { return nil }); err == nil {
 		t.Fatal("ReadBatches accepted a stream without its end-of-stream marker")

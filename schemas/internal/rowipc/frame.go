@@ -449,6 +449,35 @@ func SplitBatches(b []byte) ([][]byte, error) {
 	}
 }
 
+// SplitStreams splits b, one or more streams written one after the other
+// (each ending with its end-of-stream marker, as a tool that saves
+// several Kafka messages to one file writes them), into one stream per
+// record batch, as SplitBatches does for each stream. Errors name the
+// stream and the byte where it begins.
+func SplitStreams(b []byte) ([][]byte, error) {
+	var parts [][]byte
+	for k, pos := 0, 0; pos < len(b); k++ {
+		end := pos
+		for {
+			_, next, eos, err := readFrame(b, end)
+			if err != nil {
+				return nil, fmt.Errorf("stream %d (at byte %d): %w", k, pos, err)
+			}
+			end = next
+			if eos {
+				break
+			}
+		}
+		p, err := SplitBatches(b[pos:end])
+		if err != nil {
+			return nil, fmt.Errorf("stream %d (at byte %d): %w", k, pos, err)
+		}
+		parts = append(parts, p...)
+		pos = end
+	}
+	return parts, nil
+}
+
 // MessageEnds returns the byte offset after each message of the stream b
 // (the schema message, then every record batch), up to its end-of-stream
 // marker or its last byte: where a stream of several messages may be cut.
