@@ -124,7 +124,7 @@ func SummaryLine(s *Summary, path string) string {
 	if len(s.Evals) == 0 {
 		eval = "no hidden eval"
 	}
-	return fmt.Sprintf("%s in %d updates (%.1fs); launched %d, admitted %d, excluded at update %d, filtered %d, duplicates %d, lost %d; stale share %.4f; summary in %s",
+	return fmt.Sprintf("%s in %d updates (%.1fs); launched %d, admitted %d, %d excluded as stale at their update, filtered %d, duplicates %d, lost %d; stale share %.4f; summary in %s",
 		eval, s.Updates, s.WallSeconds, s.AttemptsLaunched, s.TrajectoriesAdmitted,
 		s.TrajectoriesExcluded, s.TrajectoriesFiltered, s.DuplicatesAdmitted, s.Lost, s.StaleShare, path)
 }
