@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"os"
 	"path/filepath"
 	"regexp"
 	"strings"
@@ -135,5 +136,36 @@ func TestContractValidateRefusesUnimplemented(t *testing.T) {
 		if rc := run(context.Background(), []string{"contract", "validate", file}, &out, &errb); rc == 0 || !strings.Contains(errb.String(), c.want) {
 			t.Errorf("%s: exit %d, stderr %q; want a refusal saying %q", name, rc, errb.String(), c.want)
 		}
+	}
+}
+
+// TestContractShow: `trajflow contract show` prints the built-in contract
+// resolved; saved to a file, it validates to the same hash, and a run of
+// it is the built-in contract's (the hash the demo's records carry).
+func TestContractShow(t *testing.T) {
+	var out, errb bytes.Buffer
+	if rc := run(context.Background(), []string{"contract", "show"}, &out, &errb); rc != 0 {
+		t.Fatalf("contract show: exit %d: %s", rc, errb.String())
+	}
+	c := contract.Default()
+	if err := c.Resolve(); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(out.String(), "# hash: "+c.Hash()+"\n") {
+		t.Fatalf("contract show does not print the built-in contract's hash %s:\n%s", c.Hash(), out.String())
+	}
+	file := filepath.Join(t.TempDir(), "run.yaml")
+	if err := os.WriteFile(file, out.Bytes(), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	var again bytes.Buffer
+	if rc := run(context.Background(), []string{"contract", "validate", file}, &again, &errb); rc != 0 {
+		t.Fatalf("contract validate of what show printed: exit %d: %s", rc, errb.String())
+	}
+	if again.String() != out.String() {
+		t.Errorf("validate of show's output differs from show's:\n%s\nvs\n%s", again.String(), out.String())
+	}
+	if rc := run(context.Background(), []string{"contract", "show", file}, &again, &errb); rc != 2 {
+		t.Errorf("contract show FILE: exit %d, want 2 (show takes no file)", rc)
 	}
 }

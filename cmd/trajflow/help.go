@@ -46,9 +46,10 @@ var helps = map[string]commandHelp{
 	"schemas": {synopsis: "schemas [--json]",
 		about:    "Prints every topic of a run, every Arrow record schema, every JSON document kind, the quarantine record and every header.",
 		examples: []string{"trajflow schemas", "trajflow schemas --json | jq '.topics[].topic'"}},
-	"contract validate": {synopsis: "contract validate FILE",
-		about:    "Checks a learning contract, prints it resolved (every default written out) and its hash, which every record of the run carries.",
-		examples: []string{"trajflow contract validate testdata/contracts/demo.yaml"}},
+	"contract validate": {synopsis: "contract validate FILE | contract show",
+		about: "Checks a learning contract, prints it resolved (every default written out) and its hash, which every record of the run carries. " +
+			"contract show prints the built-in demo contract the same way: a file to edit and pass as --contract.",
+		examples: []string{"trajflow contract validate testdata/contracts/demo.yaml", "trajflow contract show > run.yaml && trajflow contract validate run.yaml"}},
 	"run": {synopsis: "run NAME [--brokers ADDR] [--contract FILE] [flags]",
 		about: "Runs one operator of a run: it consumes its input topics, processes, produces with acks=all and commits. " +
 			"With --rounds (dispatch, and every stage of a fleet started with the same --rounds) it exits 0 once the " +

@@ -16,7 +16,7 @@ import (
 
 func init() {
 	register("schemas", "print every topic, record schema, JSON document and header (--json)", cmdSchemas)
-	register("contract", "contract validate FILE: print the resolved learning contract and its hash", cmdContract)
+	register("contract", "contract validate FILE: print the resolved learning contract and its hash (contract show: the built-in one)", cmdContract)
 }
 
 // cmdSchemas prints every topic of a run (the pipeline's topology, control
@@ -60,15 +60,22 @@ func cmdContract(_ context.Context, args []string, stdout, stderr io.Writer) err
 	if err != nil {
 		return err
 	}
-	if len(pos) != 2 || pos[0] != "validate" {
-		return fmt.Errorf("%w: trajflow contract validate FILE", errUsage)
+	var file string
+	switch {
+	case len(pos) == 2 && pos[0] == "validate":
+		file = pos[1]
+	case len(pos) == 1 && pos[0] == "show":
+		// The built-in demo contract, resolved: a file to start from for
+		// a user who has the binary or the image and no checkout.
+	default:
+		return fmt.Errorf("%w: trajflow contract validate FILE | trajflow contract show", errUsage)
 	}
-	c, err := loadContract(pos[1])
+	c, err := loadContract(file)
 	if err != nil {
 		return err
 	}
 	if err := evaluation.CheckObjective(c.Objective); err != nil {
-		return fmt.Errorf("contract %s: %w", pos[1], err)
+		return fmt.Errorf("contract %s: %w", file, err)
 	}
 	y, err := c.YAML()
 	if err != nil {
