@@ -10,19 +10,29 @@ import (
 )
 
 func init() {
-	register("census", "census DIR: the attempt funnel of a run and the launched vs admitted distributions, from its snapshots", cmdCensus)
+	register("census", "census DIR: the attempt funnel of a run and the launched vs admitted distributions, from its snapshots "+
+		"(DIR/run=<run> or DIR/snapshots/run=<run>); it names every missing or corrupt file it reads and, after printing "+
+		"the partial counts, exits 1 (--partial: 0)", cmdCensus)
 }
 
+// cmdCensus prints the census of a run. Every snapshot file of the topics
+// the census reads that is missing (its checksum sidecar remains) or does
+// not verify is named on stderr; the counts printed lack their records
+// and say so, and the command fails unless --partial accepts them.
+// Partitions without a file, gaps between files and missing files of
+// topics the census does not read are warnings.
 func cmdCensus(_ context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := newFlags("census", stderr)
 	runName := fs.String("run", "", "run to read when DIR holds several")
 	top := fs.Int("tasks", 20, "rows of the by-task table")
+	partial := fs.Bool("partial", false, "exit 0 when snapshot files are unreadable (missing or corrupt), with the counts of the files that read; "+
+		"without it the census prints them and exits 1")
 	pos, err := parseFlags(fs, args)
 	if err != nil {
 		return err
 	}
 	if len(pos) != 1 {
-		return fmt.Errorf("%w: trajflow census DIR", errUsage)
+		return fmt.Errorf("%w: trajflow census DIR [--partial]", errUsage)
 	}
 	runDir, err := parquet.FindRun(pos[0], *runName)
 	if err != nil {
@@ -35,6 +45,16 @@ func cmdCensus(_ context.Context, args []string, stdout, stderr io.Writer) error
 	rep.Print(stdout, *top)
 	for _, w := range rep.Warnings {
 		fmt.Fprintf(stderr, "warning: snapshot incomplete: %s\n", w)
+	}
+	for _, f := range rep.Unreadable {
+		fmt.Fprintf(stderr, "unreadable: %v\n", f.Err)
+	}
+	if rep.Partial() {
+		if *partial {
+			fmt.Fprintf(stderr, "warning: the counts are partial: %d snapshot file(s) unreadable (--partial)\n", len(rep.Unreadable))
+			return nil
+		}
+		return fmt.Errorf("%d snapshot file(s) unreadable (named above): the counts printed are partial; --partial accepts them", len(rep.Unreadable))
 	}
 	return nil
 }

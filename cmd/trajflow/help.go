@@ -30,10 +30,12 @@ var helps = map[string]commandHelp{
 		about: "Creates every topic of a run (the contract's run id is their prefix). Waits up to --wait for a " +
 			"broker at --brokers to answer, so it may be started right after `trajflow broker &`.",
 		examples: []string{"trajflow topics create --brokers 127.0.0.1:9092 --contract testdata/contracts/demo.yaml"}},
-	"census": {synopsis: "census DIR [--run ID] [--tasks N]",
+	"census": {synopsis: "census DIR [--run ID] [--tasks N] [--partial]",
 		about: "Prints the attempt funnel of a run (dispatched, admitted, trained, quarantined) and the launched vs " +
 			"admitted distributions, from the Parquet snapshots under DIR. It refuses a snapshot without census " +
-			"records and warns about missing partitions.",
+			"records and warns about missing partitions. Every snapshot file it reads that is missing (its .sha256 " +
+			"sidecar left) or corrupt is named: it prints the counts of the other files, headed PARTIAL, and exits 1 " +
+			"unless --partial. DIR may be trajflow up's --out (DIR/snapshots/run=<run>).",
 		examples: []string{"trajflow demo --out out/demo && trajflow census out/demo"}},
 	"replay": {synopsis: "replay DIR [--run ID] [--contract FILE] [--to-brokers ADDR]",
 		about: "Rebuilds a run's batches offline from its Parquet snapshots and compares them byte for byte with the " +

@@ -11,7 +11,8 @@ import (
 )
 
 func init() {
-	register("replay", "replay DIR: rebuild a run's batches offline from its Parquet snapshots and compare them byte for byte (--to-brokers ADDR re-emits the snapshot into Kafka)", cmdReplay)
+	register("replay", "replay DIR: rebuild a run's batches offline from its Parquet snapshots (DIR/run=<run> or DIR/snapshots/run=<run>) "+
+		"and compare them byte for byte; a missing or corrupt snapshot file is refused, every one named (--to-brokers ADDR re-emits the snapshot into Kafka)", cmdReplay)
 }
 
 func cmdReplay(ctx context.Context, args []string, stdout, stderr io.Writer) error {

@@ -155,10 +155,25 @@ func TestReplaySyntheticRun(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer os.Rename(moved, victim.Path)
+		// Its sidecar remains: the replay refuses the snapshot, naming
+		// the missing file.
 		var out, errb bytes.Buffer
 		code := run(context.Background(), []string{"replay", dir}, &out, &errb)
-		// The first file of its partition: the replay refuses the
-		// snapshot, naming the partition, before it compares anything.
+		if code != 1 || !strings.Contains(errb.String(), "file missing") || !strings.Contains(errb.String(), victim.Path) {
+			t.Fatalf("replay without %s (its sidecar left): exit %d, stdout %q, stderr %q", victim.Path, code, out.String(), errb.String())
+		}
+		t.Log(strings.TrimSpace(errb.String()))
+		side, movedSide := parquet.SidecarPath(victim.Path), filepath.Join(t.TempDir(), "x.sha256")
+		if err := os.Rename(side, movedSide); err != nil {
+			t.Fatal(err)
+		}
+		defer os.Rename(movedSide, side)
+		out.Reset()
+		errb.Reset()
+		code = run(context.Background(), []string{"replay", dir}, &out, &errb)
+		// With its sidecar gone too, it is the first file of its
+		// partition that is missing: the replay refuses the snapshot,
+		// naming the partition, before it compares anything.
 		if code != 1 || !strings.Contains(errb.String(), "incomplete snapshot") || !strings.Contains(errb.String(), fmt.Sprintf("trajectories/%d", victim.Partition)) {
 			t.Fatalf("replay without %s: exit %d, stdout %q, stderr %q", victim.Path, code, out.String(), errb.String())
 		}
@@ -279,6 +294,19 @@ func TestSnapshotSIGKILL(t *testing.T) {
 	}
 }
 
+// flipFile changes one byte in the middle of the file at path.
+func flipFile(t *testing.T, path string) {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b[len(b)/2] ^= 0x40
+	if err := os.WriteFile(path, b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // copySnapshot copies the snapshot directory src to a new directory.
 func copySnapshot(t *testing.T, src string) string {
 	t.Helper()
@@ -292,7 +320,9 @@ func copySnapshot(t *testing.T, src string) string {
 // TestIncompleteSnapshots: census refuses a snapshot without its census
 // topic and warns about a missing partition, counts the quarantine
 // records it cannot tie to an attempt; replay refuses a snapshot missing
-// a trajectories partition; replay --to-brokers refuses topics that
+// a trajectories partition; both name every unreadable file (census
+// prints its partial counts and exits 1 unless --partial); both find the
+// run in trajflow up's layout; replay --to-brokers refuses topics that
 // already hold the run.
 func TestIncompleteSnapshots(t *testing.T) {
 	out := t.TempDir()
@@ -354,6 +384,94 @@ func TestIncompleteSnapshots(t *testing.T) {
 		code, o, e := cli("census", dir)
 		if code != 0 || !strings.Contains(o, "quarantine topic: 2 records, 2 tied to no attempt") || !strings.Contains(o, "decode_error") {
 			t.Fatalf("census with quarantine records: exit %d: %s %s", code, o, e)
+		}
+	})
+
+	t.Run("unreadable files", func(t *testing.T) {
+		dir := copySnapshot(t, out)
+		files, err := parquet.List(dir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		// One file of each topic: census and trajectories (read by both
+		// commands) corrupt, valid (read by replay only) removed with its
+		// sidecar left.
+		victims := map[string]string{}
+		for _, f := range files {
+			if _, ok := victims[f.Topic]; !ok {
+				victims[f.Topic] = f.Path
+			}
+		}
+		flipFile(t, victims["census"])
+		flipFile(t, victims["trajectories"])
+		if err := os.Remove(victims["valid"]); err != nil {
+			t.Fatal(err)
+		}
+		code, o, e := cli("census", dir)
+		if code != 1 || !strings.HasPrefix(o, "PARTIAL: 2 snapshot file(s) unreadable") || !strings.Contains(o, "attempt funnel") ||
+			!strings.Contains(e, "2 snapshot file(s) unreadable") {
+			t.Fatalf("census of three bad files: exit %d: %s %s", code, o, e)
+		}
+		for _, p := range []string{victims["census"], victims["trajectories"]} {
+			if !strings.Contains(o, p) || !strings.Contains(e, "unreadable: snapshot file "+p) {
+				t.Errorf("census does not name %s on stdout and stderr:\n%s\n%s", p, o, e)
+			}
+		}
+		if !strings.Contains(e, "warning: snapshot incomplete: snapshot file "+victims["valid"]+": snapshot: file missing") {
+			t.Errorf("census does not warn of the missing %s:\n%s", victims["valid"], e)
+		}
+		if code, o2, e2 := cli("census", dir, "--partial"); code != 0 || o2 != o || !strings.Contains(e2, "the counts are partial") {
+			t.Errorf("census --partial: exit %d (stdout as without it: %v): %s", code, o2 == o, e2)
+		}
+		code, o, e = cli("replay", dir)
+		if code != 1 || !strings.Contains(e, "file missing") {
+			t.Fatalf("replay of bad files: exit %d: %s %s", code, o, e)
+		}
+		for _, p := range []string{victims["trajectories"], victims["valid"]} {
+			if !strings.Contains(e, p) {
+				t.Errorf("replay does not name %s:\n%s", p, e)
+			}
+		}
+	})
+
+	t.Run("a corrupt file of a topic replay does not read", func(t *testing.T) {
+		dir := copySnapshot(t, out)
+		files, err := parquet.List(dir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var removed string
+		for _, f := range files {
+			switch {
+			case f.Topic == "census":
+				flipFile(t, f.Path)
+			case f.Topic == "tasks" && removed == "":
+				removed = f.Path
+				if err := os.Remove(f.Path); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+		code, o, e := cli("replay", dir)
+		if code != 0 || !strings.Contains(o, "batches identical") || !strings.Contains(o, "warning: snapshot file "+removed+": snapshot: file missing") {
+			t.Fatalf("replay with corrupt census files and a missing tasks file: exit %d: %s %s", code, o, e)
+		}
+	})
+
+	t.Run("trajflow up's layout", func(t *testing.T) {
+		// up --out OUT writes OUT/snapshots/run=<run>, OUT/releases and
+		// OUT/summary.json.
+		up := t.TempDir()
+		if err := os.CopyFS(filepath.Join(up, parquet.SnapshotsDir, "run=demo"), os.DirFS(filepath.Join(out, "run=demo"))); err != nil {
+			t.Fatal(err)
+		}
+		for _, dir := range []string{up, filepath.Join(up, parquet.SnapshotsDir)} {
+			if code, o, e := cli("census", dir); code != 0 || !strings.Contains(o, "attempt funnel") {
+				t.Errorf("census %s: exit %d: %s %s", dir, code, o, e)
+			}
+			if code, o, e := cli("replay", dir); code != 0 || !strings.Contains(o, "batches identical") {
+				t.Errorf("replay %s: exit %d: %s %s", dir, code, o, e)
+			}
 		}
 	})
 

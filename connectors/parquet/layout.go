@@ -1,6 +1,7 @@
 package parquet
 
 import (
+	"cmp"
 	"crypto/sha256"
 	"encoding/binary"
 	"encoding/hex"
@@ -254,51 +255,113 @@ func List(dir string) ([]File, error) {
 		if d.IsDir() || !strings.HasSuffix(path, ".parquet") || strings.HasPrefix(d.Name(), ".") {
 			return nil
 		}
-		first, last, ok := ParseFileName(d.Name())
-		if !ok {
-			return nil
+		f, ok, err := parseFile(path)
+		if ok {
+			out = append(out, f)
 		}
-		f := File{Path: path, FirstOffset: first, LastOffset: last, Partition: -1}
-		for _, part := range strings.Split(filepath.ToSlash(filepath.Dir(path)), "/") {
-			k, v, ok := strings.Cut(part, "=")
-			if !ok {
-				continue
-			}
-			switch k {
-			case "run":
-				f.Run = v
-			case "topic":
-				f.Topic = v
-			case "partition":
-				p, err := strconv.Atoi(v)
-				if err != nil {
-					return fmt.Errorf("snapshot: %s: partition %q", path, v)
-				}
-				f.Partition = p
-			}
-		}
-		if f.Run == "" || f.Topic == "" || f.Partition < 0 {
-			return nil
-		}
-		out = append(out, f)
-		return nil
+		return err
 	})
 	if err != nil {
 		return nil, fmt.Errorf("snapshot: list %s: %w", dir, err)
 	}
-	slices.SortFunc(out, func(a, b File) int {
-		if c := strings.Compare(a.Run, b.Run); c != 0 {
-			return c
-		}
-		if c := strings.Compare(a.Topic, b.Topic); c != 0 {
-			return c
-		}
-		if a.Partition != b.Partition {
-			return a.Partition - b.Partition
-		}
-		return int(a.FirstOffset - b.FirstOffset)
-	})
+	sortFiles(out)
 	return out, nil
+}
+
+// ErrMissing wraps the error of a snapshot file whose checksum sidecar
+// remains but whose data file does not (it was removed, or its write was
+// interrupted between the two renames). errors.Is also matches it with
+// fs.ErrNotExist.
+var ErrMissing error = errMissing{}
+
+type errMissing struct{}
+
+func (errMissing) Error() string        { return "snapshot: file missing" }
+func (errMissing) Is(target error) bool { return target == fs.ErrNotExist }
+
+// Missing finds every snapshot file under dir (a snapshot root or a run
+// directory) whose checksum sidecar "_<first>-<last>.parquet.sha256" is
+// there but whose data file is not, sorted as List sorts. Each File's Path
+// is the missing data file's. The snapshot stage removes such sidecars
+// when it restarts; every reader reports them as missing files.
+func Missing(dir string) ([]File, error) {
+	var out []File
+	err := filepath.WalkDir(dir, func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		base, ok := strings.CutSuffix(d.Name(), ChecksumSuffix)
+		if d.IsDir() || !ok || !strings.HasPrefix(base, "_") || !strings.HasSuffix(base, ".parquet") {
+			return nil
+		}
+		data := filepath.Join(filepath.Dir(path), base[1:])
+		if _, err := os.Lstat(data); !errors.Is(err, fs.ErrNotExist) {
+			return nil // present (or unreadable: reading it reports that)
+		}
+		f, ok, err := parseFile(data)
+		if ok {
+			out = append(out, f)
+		}
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("snapshot: list %s: %w", dir, err)
+	}
+	sortFiles(out)
+	return out, nil
+}
+
+// MissingError is the error of a missing snapshot file f (see Missing):
+// it wraps ErrMissing and names the file and its remaining sidecar.
+func MissingError(f File) error {
+	return fmt.Errorf("snapshot file %s: %w: its checksum sidecar %s remains (the file was removed, or its write was interrupted)",
+		f.Path, ErrMissing, SidecarPath(f.Path))
+}
+
+// parseFile reads run, topic, partition and offsets from the path of a
+// snapshot file; ok is false for a path outside the layout.
+func parseFile(path string) (File, bool, error) {
+	first, last, ok := ParseFileName(filepath.Base(path))
+	if !ok {
+		return File{}, false, nil
+	}
+	f := File{Path: path, FirstOffset: first, LastOffset: last, Partition: -1}
+	for _, part := range strings.Split(filepath.ToSlash(filepath.Dir(path)), "/") {
+		k, v, ok := strings.Cut(part, "=")
+		if !ok {
+			continue
+		}
+		switch k {
+		case "run":
+			f.Run = v
+		case "topic":
+			f.Topic = v
+		case "partition":
+			p, err := strconv.Atoi(v)
+			if err != nil {
+				return File{}, false, fmt.Errorf("snapshot: %s: partition %q", path, v)
+			}
+			f.Partition = p
+		}
+	}
+	return f, f.Run != "" && f.Topic != "" && f.Partition >= 0, nil
+}
+
+// sortFiles sorts by run, topic, partition and first offset.
+func sortFiles(files []File) { slices.SortFunc(files, compareFiles) }
+
+// compareFiles orders files by run, topic, partition and first offset.
+func compareFiles(a, b File) int {
+	if c := strings.Compare(a.Run, b.Run); c != 0 {
+		return c
+	}
+	if c := strings.Compare(a.Topic, b.Topic); c != 0 {
+		return c
+	}
+	if a.Partition != b.Partition {
+		return a.Partition - b.Partition
+	}
+	return cmp.Compare(a.FirstOffset, b.FirstOffset)
 }
 
 // RunInfo is DIR/run=<run>/run.json: what replay needs beyond the

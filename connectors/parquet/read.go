@@ -25,9 +25,13 @@ import (
 	pq "github.com/parquet-go/parquet-go"
 )
 
-// ReadOptions tunes ReadFile.
+// ReadOptions tunes ReadFile and ReadRun.
 type ReadOptions struct {
 	Mem memory.Allocator // default memory.DefaultAllocator
+	// Partial makes ReadRun return what it could read when files are
+	// unreadable, listing them in Run.Unreadable, instead of a
+	// *ReadError. ReadFile ignores it.
+	Partial bool
 }
 
 // ReadFile reads and verifies one snapshot file and returns its lineage

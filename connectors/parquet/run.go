@@ -1,7 +1,9 @@
 package parquet
 
 import (
+	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"slices"
@@ -21,22 +23,57 @@ type Run struct {
 	FullTopics map[string]string
 	// Lineage holds each file's lineage, by path.
 	Lineage map[string]Lineage
-	// Gaps lists offsets missing (or written twice) between files.
+	// Gaps lists offsets missing (or written twice) between the files
+	// read.
 	Gaps []Gap
 	// Bytes is the total size of the message values read.
 	Bytes int64
+	// Unreadable lists the files of the topics read that are missing or
+	// did not verify, in List order; only ReadOptions.Partial leaves it
+	// non-empty (without it they are ReadRun's error).
+	Unreadable []FileError
 }
+
+// SnapshotsDir is the directory of trajflow up's output directory that
+// holds its run directories (OUT/snapshots/run=<run>).
+const SnapshotsDir = "snapshots"
+
+// errNoRun marks a directory that holds no run=<run> directory.
+var errNoRun = errors.New("no run=<run> directory")
 
 // FindRun returns the run directory under dir: dir itself when it is a
 // run directory, else DIR/run=<run> (run may be empty when dir holds
-// exactly one run).
+// exactly one run). When dir holds no such run directory but has a
+// SnapshotsDir (trajflow up's output directory), the run is looked for
+// there: DIR/snapshots/run=<run>.
 func FindRun(dir, run string) (string, error) {
 	if strings.HasPrefix(filepath.Base(filepath.Clean(dir)), "run=") {
 		return dir, nil
 	}
+	d, err := findRun(dir, run)
+	if err == nil || !errors.Is(err, errNoRun) {
+		return d, err
+	}
+	sub := filepath.Join(dir, SnapshotsDir)
+	if fi, serr := os.Stat(sub); serr != nil || !fi.IsDir() {
+		return "", err
+	}
+	d, serr := findRun(sub, run)
+	if serr != nil && errors.Is(serr, errNoRun) {
+		return "", fmt.Errorf("%w (nor in %s)", err, sub)
+	}
+	return d, serr
+}
+
+// findRun is FindRun without the SnapshotsDir fallback; an error wrapping
+// errNoRun means dir holds no run directory (of that name).
+func findRun(dir, run string) (string, error) {
 	if run != "" {
 		d := RunDir(dir, run)
 		if _, err := os.Stat(d); err != nil {
+			if errors.Is(err, fs.ErrNotExist) {
+				return "", fmt.Errorf("snapshot: run %s: %w: %s does not exist", run, errNoRun, d)
+			}
 			return "", fmt.Errorf("snapshot: run %s: %w", run, err)
 		}
 		return d, nil
@@ -53,16 +90,67 @@ func FindRun(dir, run string) (string, error) {
 	}
 	switch len(runs) {
 	case 0:
-		return "", fmt.Errorf("snapshot: no run=<run> directory in %s", dir)
+		return "", fmt.Errorf("snapshot: %w in %s", errNoRun, dir)
 	case 1:
 		return filepath.Join(dir, runs[0]), nil
 	}
 	return "", fmt.Errorf("snapshot: %s holds runs %v: name one", dir, runs)
 }
 
+// FileError is a snapshot file that could not be read: missing (its
+// sidecar remains, ErrMissing) or not verifying (ErrCorrupt). Err names
+// File.Path.
+type FileError struct {
+	File File
+	Err  error
+}
+
+func (e *FileError) Error() string { return e.Err.Error() }
+func (e *FileError) Unwrap() error { return e.Err }
+
+// ReadError is ReadRun's error when files of the run are unreadable: it
+// lists every one of them, not only the first. errors.Is sees through it
+// to each file's error (ErrCorrupt, ErrMissing).
+type ReadError struct {
+	Dir   string
+	Files []FileError
+}
+
+func (e *ReadError) Error() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "snapshot %s: %d file(s) unreadable:", e.Dir, len(e.Files))
+	for i := range e.Files {
+		b.WriteString("\n  ")
+		b.WriteString(e.Files[i].Error())
+	}
+	return b.String()
+}
+
+// Unwrap returns every file's error.
+func (e *ReadError) Unwrap() []error {
+	out := make([]error, len(e.Files))
+	for i := range e.Files {
+		out[i] = &e.Files[i]
+	}
+	return out
+}
+
+// Paths returns the paths of the unreadable files.
+func (e *ReadError) Paths() []string {
+	out := make([]string, len(e.Files))
+	for i, f := range e.Files {
+		out[i] = f.File.Path
+	}
+	return out
+}
+
 // ReadRun reads and verifies every file of the run in runDir whose short
-// topic is in topics (all topics when topics is empty). The first file
-// that fails to verify stops it with an error naming that file.
+// topic is in topics (all topics when topics is empty). A file that is
+// missing (Missing: its sidecar remains) or fails to verify does not stop
+// it: every such file is collected, and ReadRun returns a *ReadError
+// listing them all, each naming its path — or, with opts.Partial, the Run
+// of the files it could read with the others in Run.Unreadable. A
+// run.json that does not read is an error either way.
 func ReadRun(runDir string, topics []string, opts ReadOptions) (*Run, error) {
 	info, err := ReadRunInfo(runDir)
 	if err != nil {
@@ -72,20 +160,33 @@ func ReadRun(runDir string, topics []string, opts ReadOptions) (*Run, error) {
 	if err != nil {
 		return nil, err
 	}
+	missing, err := Missing(runDir)
+	if err != nil {
+		return nil, err
+	}
+	want := func(f File) bool { return len(topics) == 0 || slices.Contains(topics, f.Topic) }
 	r := &Run{Dir: runDir, Info: info, Topics: map[string][]Message{}, FullTopics: map[string]string{}, Lineage: map[string]Lineage{}}
+	var bad []FileError
+	for _, f := range missing {
+		if want(f) {
+			bad = append(bad, FileError{File: f, Err: MissingError(f)})
+		}
+	}
 	for _, f := range files {
-		if len(topics) > 0 && !slices.Contains(topics, f.Topic) {
+		if !want(f) {
 			continue
 		}
 		lin, msgs, err := ReadFile(f.Path, opts)
+		switch {
+		case err != nil:
+		case lin.Run != info.Run:
+			err = fmt.Errorf("%w: snapshot file %s: run %q, run directory of %q", ErrCorrupt, f.Path, lin.Run, info.Run)
+		case lin.ContractHash != info.ContractHash:
+			err = fmt.Errorf("%w: snapshot file %s: contract %s, run's contract %s", ErrCorrupt, f.Path, lin.ContractHash, info.ContractHash)
+		}
 		if err != nil {
-			return nil, err
-		}
-		if lin.Run != info.Run {
-			return nil, fmt.Errorf("%w: snapshot file %s: run %q, run directory of %q", ErrCorrupt, f.Path, lin.Run, info.Run)
-		}
-		if lin.ContractHash != info.ContractHash {
-			return nil, fmt.Errorf("%w: snapshot file %s: contract %s, run's contract %s", ErrCorrupt, f.Path, lin.ContractHash, info.ContractHash)
+			bad = append(bad, FileError{File: f, Err: err})
+			continue
 		}
 		r.Files = append(r.Files, f)
 		r.Lineage[f.Path] = lin
@@ -95,6 +196,11 @@ func ReadRun(runDir string, topics []string, opts ReadOptions) (*Run, error) {
 			r.Bytes += int64(len(msgs[i].Value))
 		}
 	}
+	slices.SortStableFunc(bad, func(a, b FileError) int { return compareFiles(a.File, b.File) })
+	if len(bad) > 0 && !opts.Partial {
+		return nil, &ReadError{Dir: runDir, Files: bad}
+	}
+	r.Unreadable = bad
 	r.Gaps = Contiguity(r.Files)
 	return r, nil
 }

@@ -49,7 +49,16 @@ type Report struct {
 	// Warnings says what the snapshot lacks (parquet.Holes, gaps between
 	// files): the counts are those of what it holds.
 	Warnings []string
+	// Unreadable lists the files of the topics the census reads that are
+	// missing (their checksum sidecar remains) or did not verify, each
+	// error naming its path: when it is not empty every count is partial,
+	// short of those files' records.
+	Unreadable []parquet.FileError
 }
+
+// Partial reports whether files the census reads were unreadable, so that
+// its counts are partial.
+func (r *Report) Partial() bool { return len(r.Unreadable) > 0 }
 
 // Attempt is what the selection-bias check compares of one attempt.
 type Attempt struct {
@@ -71,12 +80,17 @@ var ErrIncomplete = errors.New("census: incomplete snapshot")
 var read = []string{"census", "trajectories", "rewarded", "quarantine"}
 
 // Collect reads the census, trajectories, rewarded and quarantine topics
-// of the run snapshot in runDir. A snapshot with trajectories or batches
-// but no census record is refused (ErrIncomplete): its funnel would read
-// zero everywhere. Partitions without a file and missing offsets are
-// Warnings (checked against the contract the snapshot recorded).
+// of the run snapshot in runDir. A file of those topics that is missing
+// (its sidecar remains) or does not verify is skipped and listed in
+// Unreadable, every one of them: the report counts the others, and the
+// caller decides whether partial counts will do. A missing file of
+// another topic is a Warning. A snapshot with
+// trajectories or batches but no census file is refused (ErrIncomplete):
+// its funnel would read zero everywhere. Partitions without a file and
+// missing offsets are Warnings (checked against the contract the snapshot
+// recorded).
 func Collect(runDir string) (*Report, error) {
-	snap, err := parquet.ReadRun(runDir, read, parquet.ReadOptions{})
+	snap, err := parquet.ReadRun(runDir, read, parquet.ReadOptions{Partial: true})
 	if err != nil {
 		return nil, err
 	}
@@ -84,7 +98,8 @@ func Collect(runDir string) (*Report, error) {
 	if err != nil {
 		return nil, err
 	}
-	if len(snap.Topics["census"]) == 0 {
+	censusUnreadable := slices.ContainsFunc(snap.Unreadable, func(f parquet.FileError) bool { return f.File.Topic == "census" })
+	if len(snap.Topics["census"]) == 0 && !censusUnreadable {
 		held := map[string]int{}
 		for _, f := range files {
 			held[f.Topic]++
@@ -101,7 +116,17 @@ func Collect(runDir string) (*Report, error) {
 		FailedInfra: map[string]bool{}, FailedTask: map[string]bool{}, Admitted: map[string]bool{}, Retried: map[string]int{},
 		Unattributed: map[string]int{},
 		lives:        map[string]*life{}, updateStart: map[int64]int64{}, updateVersion: map[int64]int64{}}
+	r.Unreadable = snap.Unreadable
 	r.Warnings = holes(runDir, files)
+	missing, err := parquet.Missing(runDir)
+	if err != nil {
+		return nil, err
+	}
+	for _, f := range missing {
+		if !slices.Contains(read, f.Topic) { // those of the topics read are Unreadable
+			r.Warnings = append(r.Warnings, fmt.Sprintf("%v; the census does not read topic %s", parquet.MissingError(f), f.Topic))
+		}
+	}
 	for _, g := range snap.Gaps {
 		if slices.Contains(read, g.Topic) {
 			r.Warnings = append(r.Warnings, g.String())

@@ -12,8 +12,16 @@ import (
 )
 
 // Print writes the funnel, the by-task table (the top tasks by launched
-// attempts) and the launched vs admitted distributions.
+// attempts) and the launched vs admitted distributions; a partial report
+// (Unreadable files) says so first, naming every file it lacks.
 func (r *Report) Print(w io.Writer, top int) {
+	if r.Partial() {
+		fmt.Fprintf(w, "PARTIAL: %d snapshot file(s) unreadable; every count below lacks their records:\n", len(r.Unreadable))
+		for _, f := range r.Unreadable {
+			fmt.Fprintf(w, "  %s\n", f.File.Path)
+		}
+		fmt.Fprintln(w)
+	}
 	r.printFunnel(w)
 	adm := r.admitted()
 	fmt.Fprintf(w, "\nlaunched vs admitted (launched n=%d recorded trajectories, admitted n=%d)\n", len(r.Launched), len(adm))

@@ -77,12 +77,24 @@ type step struct{ name, short string }
 // one's output (the first consumes the recorded trajectories).
 var chain = []step{{"validate", "valid"}, {"reward", "rewarded"}, {"advantage", "scored"}}
 
+// Topics are the topics a replay reads: the recorded trajectories it
+// rebuilds from, the stages' outputs it compares its own with, and the
+// windows and batches it rebuilds. A file of another topic (the census,
+// the tasks) is neither read nor verified.
+var Topics = []string{"trajectories", "valid", "rewarded", "scored", "windows", "batches"}
+
 // Run rebuilds validate → reward → advantage → pack from the recorded
 // trajectories of the run in runDir and compares every batch with the
 // recorded one. contractPath "" uses the contract recorded in the
-// snapshot.
+// snapshot. Every file of Topics that is missing or does not verify is
+// named in the error (a *parquet.ReadError): a replay that lacks records
+// cannot be exact.
 func Run(ctx context.Context, runDir, contractPath string) (*Report, error) {
-	snap, err := parquet.ReadRun(runDir, nil, parquet.ReadOptions{})
+	snap, err := parquet.ReadRun(runDir, Topics, parquet.ReadOptions{})
+	if err != nil {
+		return nil, err
+	}
+	files, err := parquet.List(runDir)
 	if err != nil {
 		return nil, err
 	}
@@ -100,7 +112,14 @@ func Run(ctx context.Context, runDir, contractPath string) (*Report, error) {
 	for _, g := range snap.Gaps {
 		rep.Notes = append(rep.Notes, "warning: "+g.String())
 	}
-	if err := checkComplete(c, snap, rep); err != nil {
+	missing, err := parquet.Missing(runDir)
+	if err != nil {
+		return nil, err
+	}
+	for _, f := range missing { // those of Topics made ReadRun fail
+		rep.Notes = append(rep.Notes, fmt.Sprintf("warning: %v; the replay does not read topic %s", parquet.MissingError(f), f.Topic))
+	}
+	if err := checkComplete(c, snap, files, rep); err != nil {
 		return nil, err
 	}
 	in := recorded(deps.Topics.Trajectories, snap.Topics["trajectories"])
@@ -189,11 +208,13 @@ var ErrIncomplete = errors.New("replay: incomplete snapshot")
 // next, so a partition of one of them without a file is a hole when the
 // same partition has a file in a topic that it feeds (a stage may refuse
 // every record of a partition, so the other way round proves nothing)
-// or, for trajectories, in tasks. Any other hole is a note.
-func checkComplete(c *contract.Contract, snap *parquet.Run, rep *Report) error {
+// or, for trajectories, in tasks. Any other hole is a note. files are
+// every file of the run (parquet.List), those of the topics it does not
+// read included.
+func checkComplete(c *contract.Contract, snap *parquet.Run, files []parquet.File, rep *Report) error {
 	parts, fromStart := operators.SnapshotLayout(c)
 	has := map[string]map[int]bool{}
-	for _, f := range snap.Files {
+	for _, f := range files {
 		if has[f.Topic] == nil {
 			has[f.Topic] = map[int]bool{}
 		}
@@ -203,10 +224,9 @@ func checkComplete(c *contract.Contract, snap *parquet.Run, rep *Report) error {
 		"trajectories": {"tasks", "valid", "rewarded"},
 		"valid":        {"rewarded"},
 	}
-	needed := []string{"trajectories", "valid", "rewarded", "scored", "windows", "batches"}
 	var refused []string
-	for _, h := range parquet.Holes(snap.Files, parts, fromStart) {
-		proven := h.Before > 0 && slices.Contains(needed, h.Topic)
+	for _, h := range parquet.Holes(files, parts, fromStart) {
+		proven := h.Before > 0 && slices.Contains(Topics, h.Topic)
 		for _, t := range evidence[h.Topic] {
 			if has[t][h.Partition] {
 				proven = true
