@@ -19,8 +19,9 @@ import (
 
 // Config says where a dashboard reads its run.
 type Config struct {
-	// Dir is a run's snapshot directory (a demo's --out, or a run=<run>
-	// directory): the offline source. Exactly one of Dir and Brokers.
+	// Dir is a run's snapshot directory (a demo's --out, trajflow up's
+	// --out or its snapshots directory, or a run=<run> directory): the
+	// offline source. Exactly one of Dir and Brokers.
 	Dir string
 	// Brokers are the bootstrap brokers of a running cluster: the live
 	// source. Client carries its TLS/SASL settings.
@@ -33,7 +34,10 @@ type Config struct {
 	// built-in demo contract); a snapshot records its own.
 	Contract string
 	// Releases is the run's release directory (update records, manifests,
-	// checkpoints); default DIR/releases offline, none live.
+	// checkpoints); default, offline, the releases directory of the run's
+	// output directory (OUT/releases of a demo's or trajflow up's --out
+	// OUT, whichever of them Dir is in), none live. summary.json is read
+	// from that output directory too.
 	Releases string
 	// Refresh is the interval between two reads of a live run (default
 	// 5 s).

@@ -10,6 +10,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -345,6 +346,143 @@ func TestDamagedSnapshot(t *testing.T) {
 	}
 	if s.Capability.EvalNote == "" || len(s.Capability.Eval) != 0 {
 		t.Errorf("eval with --eval-samples 0: %q %+v", s.Capability.EvalNote, s.Capability.Eval)
+	}
+}
+
+// damage flips a byte of the run's first batches file and removes the
+// first file of partition 3 of valid, leaving its sidecar: one corrupt
+// and one missing snapshot file. It returns their paths relative to dir.
+func damage(t *testing.T, dir string) (corrupt, missing string) {
+	t.Helper()
+	files, err := parquet.List(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range files {
+		switch {
+		case f.Topic == "batches" && corrupt == "":
+			corrupt = f.Path
+		case f.Topic == "valid" && f.Partition == 3 && missing == "":
+			missing = f.Path
+		}
+	}
+	if corrupt == "" || missing == "" {
+		t.Fatalf("the run has no batches file (%q) or no file of valid/3 (%q)", corrupt, missing)
+	}
+	flip(t, corrupt)
+	if err := os.Remove(missing); err != nil {
+		t.Fatal(err)
+	}
+	corrupt, _ = filepath.Rel(dir, corrupt)
+	missing, _ = filepath.Rel(dir, missing)
+	return corrupt, missing
+}
+
+// TestUnreadableFiles: a corrupt snapshot file and a missing one (its
+// sidecar left) are hash failures, the overview lists both as unreadable
+// and marks every check it computed from the records partial — the lost
+// check among them, whose difference the corrupt batches file causes —
+// but not the updates, read from the release directory.
+func TestUnreadableFiles(t *testing.T) {
+	out, _ := demoRun(t)
+	dir := copyDir(t, out)
+	corrupt, missing := damage(t, dir)
+	d, err := New(context.Background(), Config{Dir: dir, EvalSamples: 0})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := d.view.Summary
+	failures := map[string]string{}
+	for _, f := range s.Integrity.Hashes.Files.Failures {
+		failures[f.File] = f.Error
+	}
+	if len(failures) != 2 || !strings.Contains(failures[corrupt], "sha256") || !strings.Contains(failures[missing], "file missing") ||
+		!strings.Contains(failures[missing], missing) {
+		t.Errorf("file failures %v, want %s corrupt and %s missing", failures, corrupt, missing)
+	}
+	o := s.Overview
+	if len(o.UnreadableFiles) != 2 || !slices.Contains(o.UnreadableFiles, corrupt) || !slices.Contains(o.UnreadableFiles, missing) {
+		t.Errorf("overview unreadable files %v, want %s and %s", o.UnreadableFiles, corrupt, missing)
+	}
+	if o.Batches != 0 {
+		t.Errorf("%d batches read from a corrupt batches file", o.Batches)
+	}
+	const want = "partial: 2 files unreadable"
+	checks := map[string]Check{}
+	for _, c := range o.Checks {
+		checks[c.Name] = c
+		if wantPartial := c.Name != "updates"; (c.Partial == want) != wantPartial || (c.Partial != "" && c.Partial != want) {
+			t.Errorf("check %+v: partial %q, want %q", c, c.Partial, map[bool]string{true: want}[wantPartial])
+		}
+	}
+	if len(checks) != 8 || checks["lost"].OK || !checks["updates"].OK {
+		t.Errorf("checks %+v: want 8, lost different, updates equal", o.Checks)
+	}
+	var js struct {
+		Overview struct {
+			Unreadable []string `json:"unreadable_files"`
+		} `json:"overview"`
+	}
+	if err := json.Unmarshal(d.view.JSON, &js); err != nil || len(js.Overview.Unreadable) != 2 {
+		t.Errorf("JSON overview.unreadable_files %v (%v)", js.Overview.Unreadable, err)
+	}
+}
+
+// TestUnreadableFilesPage: the page says at the top of the overview which
+// snapshot files are unreadable, and its checks read partial.
+func TestUnreadableFilesPage(t *testing.T) {
+	findChromium(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	out, _ := demoRun(t)
+	dir := copyDir(t, out)
+	corrupt, missing := damage(t, dir)
+	d, err := New(ctx, Config{Dir: dir, EvalSamples: 0})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := startBrowser(t, ctx)
+	b.navigate(ctx, serve(t, ctx, d)+"/")
+	first := b.texts(ctx, `#overview .body > :first-child`, "id")
+	files := b.texts(ctx, `#unreadable-files li`)
+	if len(first) != 1 || first[0] != "unreadable-files" || len(files) != 2 || !slices.Contains(files, corrupt) || !slices.Contains(files, missing) {
+		t.Errorf("overview begins with %q and lists %q; want the unreadable-files warning listing %s and %s", first, files, corrupt, missing)
+	}
+	checks := b.texts(ctx, `#overview table.checks tbody tr td:last-child`)
+	if len(checks) != 8 || !slices.Contains(checks, "partial: 2 files unreadable") || slices.Contains(checks, "DIFFERENT") {
+		t.Errorf("the checks against summary.json read %v, want them partial, none plainly DIFFERENT", checks)
+	}
+	b.screenshot(ctx, "#overview", filepath.Join(artifactsDir(t), "unreadable-overview.png"))
+}
+
+// TestUpLayout: given trajflow up's output directory (OUT/snapshots/
+// run=<run>, OUT/releases, OUT/summary.json) or its snapshots directory,
+// the dashboard finds the run, the releases and summary.json, and checks
+// the overview against it.
+func TestUpLayout(t *testing.T) {
+	out, sum := demoRun(t)
+	up := copyDir(t, out)
+	if err := os.Mkdir(filepath.Join(up, parquet.SnapshotsDir), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(filepath.Join(up, "run=demo"), filepath.Join(up, parquet.SnapshotsDir, "run=demo")); err != nil {
+		t.Fatal(err)
+	}
+	for _, dir := range []string{up, filepath.Join(up, parquet.SnapshotsDir), filepath.Join(up, parquet.SnapshotsDir, "run=demo")} {
+		d, err := New(context.Background(), Config{Dir: dir, EvalSamples: 0})
+		if err != nil {
+			t.Fatalf("%s: %v", dir, err)
+		}
+		s := d.view.Summary
+		if len(s.Overview.Checks) != 8 || s.Integrity.Hashes.ReleasesVerified != sum.Updates+1 || s.Overview.Launched != sum.AttemptsLaunched {
+			t.Errorf("%s: %d checks against summary.json (want 8), %d releases verified (want %d), %d launched",
+				dir, len(s.Overview.Checks), s.Integrity.Hashes.ReleasesVerified, sum.Updates+1, s.Overview.Launched)
+		}
+		for _, c := range s.Overview.Checks {
+			if !c.OK || c.Partial != "" {
+				t.Errorf("%s: check %+v", dir, c)
+			}
+		}
 	}
 }
 

@@ -16,12 +16,17 @@ import (
 )
 
 // FileChecks is the verification of a snapshot's files: every Parquet
-// file against its sidecar checksum and lineage (parquet.ReadFile), the
-// run-level files against their sidecars, and the offsets between files.
+// file against its sidecar checksum and lineage (parquet.ReadFile), every
+// sidecar left without its Parquet file (parquet.Missing), the run-level
+// files against their sidecars, and the offsets between files.
 type FileChecks struct {
 	Verified int           `json:"verified"`
 	Failures []FileFailure `json:"failures"`
 	Gaps     []string      `json:"gaps"`
+	// Unreadable lists the Parquet files among Failures, missing or not
+	// verifying, whose records the dashboard therefore lacks: every count
+	// from the records is partial when it is not empty.
+	Unreadable []string `json:"unreadable"`
 }
 
 // FileFailure is a file that did not verify.
@@ -33,7 +38,7 @@ type FileFailure struct {
 // snapshot is a run read from its Parquet snapshot directory.
 type snapshot struct {
 	runDir   string
-	outDir   string // the directory holding run=<run>/ (a demo's --out)
+	outDir   string // the run's output directory (runRoot): releases/, summary.json
 	info     parquet.RunInfo
 	contract *contract.Contract
 	recs     *Records
@@ -42,15 +47,17 @@ type snapshot struct {
 }
 
 // readSnapshot reads every file of the run in dir (a demo's output
-// directory or a run=<run> directory). A file that does not verify is
-// reported and skipped, never fatal: a dashboard shows what it can. The
-// run's own files (run.json, contract.yaml) must be readable.
+// directory, trajflow up's or its snapshots directory, or a run=<run>
+// directory). A file that does not verify, or is missing while its
+// checksum sidecar remains, is reported and skipped, never fatal: a
+// dashboard shows what it can. The run's own files (run.json,
+// contract.yaml) must be readable.
 func readSnapshot(dir, run string) (*snapshot, error) {
 	runDir, err := parquet.FindRun(dir, run)
 	if err != nil {
 		return nil, err
 	}
-	s := &snapshot{runDir: runDir, outDir: filepath.Dir(runDir), recs: NewRecords()}
+	s := &snapshot{runDir: runDir, outDir: runRoot(runDir), recs: NewRecords()}
 	if s.info, err = parquet.ReadRunInfo(runDir); err != nil {
 		return nil, err
 	}
@@ -64,6 +71,13 @@ func readSnapshot(dir, run string) (*snapshot, error) {
 	if err != nil {
 		return nil, err
 	}
+	missing, err := parquet.Missing(runDir)
+	if err != nil {
+		return nil, err
+	}
+	for _, f := range missing {
+		s.unreadable(f.Path, parquet.MissingError(f))
+	}
 	var read []parquet.File
 	for _, f := range files {
 		lin, msgs, err := parquet.ReadFile(f.Path, parquet.ReadOptions{})
@@ -71,7 +85,7 @@ func readSnapshot(dir, run string) (*snapshot, error) {
 			err = fmt.Errorf("%w: run %q under contract %s, the run directory is run %q under %s", parquet.ErrCorrupt, lin.Run, lin.ContractHash, s.info.Run, s.info.ContractHash)
 		}
 		if err != nil {
-			s.files.Failures = append(s.files.Failures, FileFailure{File: s.rel(f.Path), Error: err.Error()})
+			s.unreadable(f.Path, err)
 			continue
 		}
 		s.files.Verified++
@@ -88,6 +102,35 @@ func readSnapshot(dir, run string) (*snapshot, error) {
 		return nil, err
 	}
 	return s, nil
+}
+
+// runRoot is the output directory of the run in runDir, where its
+// releases/ and summary.json are: the directory holding run=<run> (a
+// demo's --out), or above it when that is trajflow up's snapshots
+// directory (OUT/snapshots/run=<run>, OUT/releases, OUT/summary.json).
+func runRoot(runDir string) string {
+	dir := filepath.Dir(filepath.Clean(runDir))
+	if filepath.Base(dir) != parquet.SnapshotsDir || holdsRunOutput(dir) || !holdsRunOutput(filepath.Dir(dir)) {
+		return dir
+	}
+	return filepath.Dir(dir)
+}
+
+// holdsRunOutput reports whether dir holds a summary.json or a releases
+// directory.
+func holdsRunOutput(dir string) bool {
+	for _, name := range []string{loop.SummaryFile, "releases"} {
+		if _, err := os.Stat(filepath.Join(dir, name)); err == nil {
+			return true
+		}
+	}
+	return false
+}
+
+// unreadable records a Parquet file of the run whose records are not read.
+func (s *snapshot) unreadable(path string, err error) {
+	s.files.Failures = append(s.files.Failures, FileFailure{File: s.rel(path), Error: err.Error()})
+	s.files.Unreadable = append(s.files.Unreadable, s.rel(path))
 }
 
 func (s *snapshot) rel(path string) string {

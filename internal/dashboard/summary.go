@@ -2,6 +2,7 @@ package dashboard
 
 import (
 	"encoding/json"
+	"fmt"
 	"slices"
 	"strings"
 	"time"
@@ -66,7 +67,12 @@ type Overview struct {
 	LastVersion  int64    `json:"last_version"`
 	EvalInitial  *float64 `json:"eval_success_initial"`
 	EvalFinal    *float64 `json:"eval_success_final"`
-	Checks       []Check  `json:"checks"`
+	// UnreadableFiles lists the snapshot files (relative to the run's
+	// output directory) that are missing or did not verify: the counts
+	// above lack their records, and the Checks computed from the records
+	// are Partial.
+	UnreadableFiles []string `json:"unreadable_files"`
+	Checks          []Check  `json:"checks"`
 }
 
 // Check compares a count the dashboard computed with the run's own.
@@ -75,6 +81,10 @@ type Check struct {
 	Dashboard float64 `json:"dashboard"`
 	Recorded  float64 `json:"recorded"`
 	OK        bool    `json:"ok"`
+	// Partial, when set ("partial: N files unreadable"), says the
+	// dashboard's count is of the records of the files it could read: a
+	// difference is no evidence against the run.
+	Partial string `json:"partial,omitempty"`
 }
 
 // Assemble computes every panel of st.
@@ -156,21 +166,36 @@ func overview(st *State, f map[string]Fate) Overview {
 	} else if s := st.Recorded; s != nil {
 		o.EvalInitial, o.EvalFinal = &s.EvalSuccessInitial, &s.EvalSuccessFinal
 	}
-	if s := st.Recorded; s != nil {
-		add := func(name string, dash, rec float64) {
-			o.Checks = append(o.Checks, Check{Name: name, Dashboard: dash, Recorded: rec, OK: dash == rec})
+	partial := ""
+	if st.Files != nil && len(st.Files.Unreadable) > 0 {
+		o.UnreadableFiles = st.Files.Unreadable
+		partial = fmt.Sprintf("partial: %d files unreadable", len(o.UnreadableFiles))
+		if len(o.UnreadableFiles) == 1 {
+			partial = "partial: 1 file unreadable"
 		}
-		add("updates", float64(o.Updates), float64(s.Updates))
-		add("attempts_launched", float64(o.Launched), float64(s.AttemptsLaunched))
-		add("trajectories_admitted", float64(o.Admitted), float64(s.TrajectoriesAdmitted))
-		add("trajectories_filtered", float64(o.Filtered), float64(s.TrajectoriesFiltered))
-		add("quarantined", float64(o.Quarantined), float64(s.Quarantined))
-		add("duplicates_admitted", float64(o.Duplicates), float64(s.DuplicatesAdmitted))
-		add("lost", float64(o.Undecided), float64(s.Lost))
-		add("batches", float64(o.Batches), float64(len(s.BatchHashes)))
+	}
+	if s := st.Recorded; s != nil {
+		// fromRecords says whether the dashboard's count comes from the
+		// snapshot's records (partial when files are unreadable), not from
+		// the release directory or the dashboard's own eval.
+		add := func(name string, dash, rec float64, fromRecords bool) {
+			c := Check{Name: name, Dashboard: dash, Recorded: rec, OK: dash == rec}
+			if fromRecords {
+				c.Partial = partial
+			}
+			o.Checks = append(o.Checks, c)
+		}
+		add("updates", float64(o.Updates), float64(s.Updates), st.Releases == nil)
+		add("attempts_launched", float64(o.Launched), float64(s.AttemptsLaunched), true)
+		add("trajectories_admitted", float64(o.Admitted), float64(s.TrajectoriesAdmitted), true)
+		add("trajectories_filtered", float64(o.Filtered), float64(s.TrajectoriesFiltered), true)
+		add("quarantined", float64(o.Quarantined), float64(s.Quarantined), true)
+		add("duplicates_admitted", float64(o.Duplicates), float64(s.DuplicatesAdmitted), true)
+		add("lost", float64(o.Undecided), float64(s.Lost), true)
+		add("batches", float64(o.Batches), float64(len(s.BatchHashes)), true)
 		if o.EvalInitial != nil && len(st.Evals) > 0 {
-			add("eval_success_initial", *o.EvalInitial, s.EvalSuccessInitial)
-			add("eval_success_final", *o.EvalFinal, s.EvalSuccessFinal)
+			add("eval_success_initial", *o.EvalInitial, s.EvalSuccessInitial, false)
+			add("eval_success_final", *o.EvalFinal, s.EvalSuccessFinal, false)
 		}
 	}
 	return o

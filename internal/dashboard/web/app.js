@@ -210,10 +210,22 @@ function renderOverview(S) {
       card("eval_success_initial", "hidden eval, first", fmt(o.eval_success_initial, 3)),
       card("eval_success_final", "hidden eval, last", fmt(o.eval_success_final, 3)),
       card("last_version", "last policy version", fmt(o.last_version))));
+  // Unreadable snapshot files first: every count of the panel lacks their
+  // records, so a difference from summary.json is no evidence against the run.
+  const unreadable = o.unreadable_files || [];
+  if (unreadable.length) {
+    body.prepend(el("div", { class: "error", id: "unreadable-files" },
+      el("strong", { text: `${unreadable.length} snapshot file${unreadable.length === 1 ? "" : "s"} unreadable` }),
+      " (missing, or failing verification): the counts below lack their records and the checks against summary.json " +
+      "compare partial data; the errors are under safety and integrity, hashes and lineage.",
+      el("ul", {}, unreadable.map(f => el("li", { text: f })))));
+  }
   if (o.checks && o.checks.length) {
     body.append(el("h3", { text: "against the run's summary.json" }),
       table("checks", [["count", c => c.name], ["dashboard", c => c.dashboard, 1], ["summary.json", c => c.recorded, 1],
-        ["", c => el("span", { class: c.ok ? "ok" : "bad", text: c.ok ? "equal" : "DIFFERENT" })]], o.checks));
+        ["", c => c.partial
+          ? el("span", { class: "bad", text: (c.ok ? "equal, " : "") + c.partial })
+          : el("span", { class: c.ok ? "ok" : "bad", text: c.ok ? "equal" : "DIFFERENT" })]], o.checks));
   }
   return body;
 }
