@@ -226,6 +226,31 @@ func (r *Report) StaleShare() (share float64, stale, generated int64) {
 	return float64(r.StaleTokens) / float64(r.GeneratedTokens), r.StaleTokens, r.GeneratedTokens
 }
 
+// roundsWithoutUpdate returns the rounds with dispatched attempts that fed
+// none of rows, and how many attempts they launched.
+func (r *Report) roundsWithoutUpdate(rows []UpdateRow) ([]int64, int) {
+	fed := map[int64]bool{}
+	for _, u := range rows {
+		for _, rd := range u.Rounds {
+			fed[rd] = true
+		}
+	}
+	launched := map[int64]int{}
+	for _, l := range r.lives {
+		if l.dispatched && !fed[l.round] {
+			launched[l.round]++
+		}
+	}
+	var idle []int64
+	n := 0
+	for rd, k := range launched {
+		idle = append(idle, rd)
+		n += k
+	}
+	slices.Sort(idle)
+	return idle, n
+}
+
 // PrintUpdates writes the per-update selection account.
 func (r *Report) PrintUpdates(w io.Writer) {
 	rows := r.Updates()
@@ -234,8 +259,9 @@ func (r *Report) PrintUpdates(w io.Writer) {
 	if len(rows) == 0 {
 		return
 	}
-	fmt.Fprintln(w, "per update: launched = attempts of the rounds that fed it; stragglers = dispatched, not completed when it began")
-	fmt.Fprintf(w, "  %6s %7s %7s %7s %5s %15s %13s %17s %11s %6s %s\n", "update", "version", "rounds", "trained", "excl",
+	fmt.Fprintln(w, "per update: batch = the batch index it trained, version = the policy version it made (the demo's update number);")
+	fmt.Fprintln(w, "  launched = attempts of the rounds that fed it (in async mode a round can feed two updates); stragglers = dispatched, not completed when it began")
+	fmt.Fprintf(w, "  %6s %7s %7s %7s %5s %15s %13s %17s %11s %6s %s\n", "batch", "version", "rounds", "trained", "excl",
 		"reward L/T", "length L/T", "latency ms L/T", "tasks L/T", "stale", "stragglers (trained/excluded)")
 	for _, u := range rows {
 		rs := fmt.Sprint(u.Rounds)
@@ -246,6 +272,9 @@ func (r *Report) PrintUpdates(w io.Writer) {
 			u.Update, u.Version, rs, u.Trained, u.Launched, u.Excluded, u.RewardLaunched, u.RewardTrained,
 			u.LengthLaunched, u.LengthTrained, u.LatencyLaunched, u.LatencyTrained, u.TasksLaunched, u.TasksTrained,
 			u.StaleTokens, u.Stragglers, u.StragglersTrained, u.StragglersExcluded)
+	}
+	if idle, n := r.roundsWithoutUpdate(rows); len(idle) > 0 {
+		fmt.Fprintf(w, "  rounds that fed no update: %v (%d attempts: every record filtered, or not trained yet)\n", idle, n)
 	}
 	var bias []float64
 	for _, u := range rows {

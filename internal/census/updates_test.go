@@ -68,6 +68,7 @@ func TestCensusPerUpdate(t *testing.T) {
 		task(ev("b0", schemas.CensusDispatched, 1, 50), "t1"), task(ev("b1", schemas.CensusDispatched, 1, 50), "t3"),
 		done("a0", 10, 10, 20), done("a1", 30, 30, 40), done("b0", 70, 20, 30), done("b1", 250, 200, 50),
 		trained("a0", 0, 100, 1), trained("a1", 0, 100, 1), trained("b0", 1, 200, 2), excl,
+		task(ev("c0", schemas.CensusDispatched, 2, 300), "t4"), // round 2 fed no update (yet)
 	})
 	rep, err := census.Collect(dir)
 	if err != nil {
@@ -96,7 +97,7 @@ func TestCensusPerUpdate(t *testing.T) {
 	}
 	var out bytes.Buffer
 	rep.PrintUpdates(&out)
-	for _, want := range []string{"stale share", "per update", "stragglers"} {
+	for _, want := range []string{"stale share", "per update", "stragglers", "rounds that fed no update: [2] (1 attempts"} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("output lacks %q:\n%s", want, out.String())
 		}
