@@ -32,7 +32,12 @@
 //
 // Control-plane topics (census, incidents, policy, windows, quarantine)
 // are written with parquet-go's generic struct writer: typed columns for
-// analysts, plus the raw value (_value) that replay re-emits.
+// analysts, plus the raw value (_value) that replay re-emits. They share
+// one row type (ControlRow), so a column a topic's documents do not have
+// reads as its zero value (0, "", false), never null: query one topic's
+// directory with that topic's columns (the census's reward is 0 in every
+// row; the rewards are on the rewarded topic), or parse _value, the
+// document itself.
 //
 // # Lineage
 //

@@ -16,7 +16,10 @@ so one glob reads a topic of a whole run (DIR/run=<run>/topic=valid/partition=*/
 and one glob reads every topic of the run (DIR/run=<run>/topic=*/partition=*/*.parquet, with
 hive partitioning and union_by_name in DuckDB: the topics' schemas differ). The run's task
 registry sits beside them, DIR/run=<run>/tasks.parquet, outside the topic= tree: a glob of
-every *.parquet under the run (**) would mix it in.
+every *.parquet under the run (**) would mix it in. The control topics (census, incidents,
+policy, windows, quarantine) share one set of columns: a column a topic's documents do not
+have reads as 0, "" or false (never null), so query each topic with its own columns, or
+parse _value (the JSON document itself).
 Every file keeps the Arrow schema trajflow wrote (token ids are int32 lists,
 the action mask a uint8 list, log-probs float32 lists) and its lineage in the
 Parquet key-value metadata (topic, partition, offsets, schema kind and
