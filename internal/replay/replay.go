@@ -176,7 +176,7 @@ func drive(ctx context.Context, deps operators.Deps, s step, in []pipeline.Messa
 	}
 	outs := d.On(deps.Topics.Name(s.short))
 	rec := snap.Topics[s.short]
-	rep.Notes = append(rep.Notes, fmt.Sprintf("%-9s %d inputs, %d refused, %d outputs (%d byte-identical to the recorded %s topic, which holds %d)",
+	rep.Notes = append(rep.Notes, fmt.Sprintf("%-9s %d input messages, %d refused, %d output messages (%d byte-identical to the recorded %s topic, which holds %d)",
 		s.name, len(in), d.Quarantined, len(outs), sameValues(outs, rec), s.short, len(rec)))
 	return pipeline.AsMessages(outs), nil
 }
