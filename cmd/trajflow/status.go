@@ -42,25 +42,12 @@ func cmdStatus(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	if *rounds < 0 {
 		return fmt.Errorf("%w: --rounds %d: want 0 (no round limit) or more", errUsage, *rounds)
 	}
-	set := map[string]bool{}
-	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
 	doc, err := readFleetDoc(*out)
 	if err != nil {
 		return err
 	}
 	if *out != "" {
-		if !set["brokers"] {
-			*cf.brokers = doc.Brokers
-		}
-		if !set["contract"] {
-			*path = doc.Contract
-		}
-		if !set["client-config"] {
-			*cf.config = doc.ClientConfig
-		}
-		if !set["rounds"] {
-			*rounds = doc.Rounds
-		}
+		fleetDefaults(fs, doc, cf, path, rounds)
 	}
 	cc, err := cf.load()
 	if err != nil {
@@ -110,6 +97,26 @@ func cmdStatus(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	}
 	printHealth(ctx, stdout, doc.Operators)
 	return nil
+}
+
+// fleetDefaults sets every flag of status the command line left unset
+// from fleet.json: the brokers, the contract, the client config, the
+// rounds.
+func fleetDefaults(fs *flag.FlagSet, doc fleetDoc, cf clientFlags, path *string, rounds *int64) {
+	set := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	if !set["brokers"] {
+		*cf.brokers = doc.Brokers
+	}
+	if !set["contract"] {
+		*path = doc.Contract
+	}
+	if !set["client-config"] {
+		*cf.config = doc.ClientConfig
+	}
+	if !set["rounds"] {
+		*rounds = doc.Rounds
+	}
 }
 
 // readFleetDoc reads out's fleet.json (nothing without out).

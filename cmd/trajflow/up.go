@@ -73,53 +73,82 @@ func fleetStages(c *contract.Contract) []string {
 // (dispatch then waits for the ruling on every release).
 func gated(c *contract.Contract) bool { return operators.Needed("gate", c) }
 
-func cmdUp(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+// upArgs is trajflow up's command line, checked.
+type upArgs struct {
+	cf           clientFlags
+	path, out    string // --contract ("" the built-in), --out
+	level, otlp  string
+	rounds       int64
+	healthPort   int
+	evalSamples  int
+	restarts     int
+	wait, linger time.Duration
+	clientConfig string // absolute path of --client-config, or ""
+	contractPath string // absolute path of --contract, or ""
+}
+
+// parseUp reads and checks up's flags; a wrong one is named with its value.
+func parseUp(args []string, stderr io.Writer) (*upArgs, error) {
 	fs := newFlags("up", stderr)
-	cf := addClientFlags(fs)
-	path := fs.String("contract", "", "learning contract (default: the built-in demo contract)")
-	rounds := fs.Int64("rounds", 0, "update rounds: the fleet ends once they are all decided and trained, and writes OUT/summary.json (0: run until interrupted)")
-	out := fs.String("out", filepath.Join("out", "fleet"), "output directory: releases/, snapshots/, state/, logs/NAME.log, fleet.json, summary.json")
-	healthPort := fs.Int("health-port", 0, "first health port: the operators serve /healthz, /readyz and /metrics on 127.0.0.1:PORT, PORT+1, ... in the order printed (0: free ports)")
-	evalSamples := fs.Int("eval-samples", 4, "attempts per task of every evaluation suite of the eval operator and the final report")
-	level := fs.String("log-level", "info", "operators' log level")
-	otlp := fs.String("otlp-endpoint", "", "every operator exports its spans over OTLP/HTTP to this URL, e.g. http://127.0.0.1:4318/v1/traces: one trace per attempt from dispatch to the update that trained it (default: OTEL_EXPORTER_OTLP_ENDPOINT, which the operators inherit, else no spans)")
-	wait := fs.Duration("wait", time.Minute, "how long to wait for a broker at --brokers to answer")
-	linger := fs.Duration("linger", 0, "every operator's --linger: "+lingerUsage)
-	restarts := fs.Int("restarts", 5, "times an operator killed by a signal or failing at run time (exit status 1) is started again, after 1 s, 2 s, ... up to 30 s (-1: without bound; 0: never, the fleet stops)")
+	a := &upArgs{cf: addClientFlags(fs)}
+	fs.StringVar(&a.path, "contract", "", "learning contract (default: the built-in demo contract)")
+	fs.Int64Var(&a.rounds, "rounds", 0, "update rounds: the fleet ends once they are all decided and trained, and writes OUT/summary.json (0: run until interrupted)")
+	fs.StringVar(&a.out, "out", filepath.Join("out", "fleet"), "output directory: releases/, snapshots/, state/, logs/NAME.log, fleet.json, summary.json")
+	fs.IntVar(&a.healthPort, "health-port", 0, "first health port: the operators serve /healthz, /readyz and /metrics on 127.0.0.1:PORT, PORT+1, ... in the order printed (0: free ports)")
+	fs.IntVar(&a.evalSamples, "eval-samples", 4, "attempts per task of every evaluation suite of the eval operator and the final report")
+	fs.StringVar(&a.level, "log-level", "info", "operators' log level")
+	fs.StringVar(&a.otlp, "otlp-endpoint", "", "every operator exports its spans over OTLP/HTTP to this URL, e.g. http://127.0.0.1:4318/v1/traces: one trace per attempt from dispatch to the update that trained it (default: OTEL_EXPORTER_OTLP_ENDPOINT, which the operators inherit, else no spans)")
+	fs.DurationVar(&a.wait, "wait", time.Minute, "how long to wait for a broker at --brokers to answer")
+	fs.DurationVar(&a.linger, "linger", 0, "every operator's --linger: "+lingerUsage)
+	fs.IntVar(&a.restarts, "restarts", 5, "times an operator killed by a signal or failing at run time (exit status 1) is started again, after 1 s, 2 s, ... up to 30 s (-1: without bound; 0: never, the fleet stops)")
 	pos, err := parseFlags(fs, args)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	if len(pos) != 0 {
-		return fmt.Errorf("%w: trajflow up takes no arguments (got %q)", errUsage, pos)
+		return nil, fmt.Errorf("%w: trajflow up takes no arguments (got %q)", errUsage, pos)
 	}
 	for _, bad := range []struct {
 		wrong bool
 		msg   string
 	}{
-		{*rounds < 0, fmt.Sprintf("--rounds %d: want 0 (until interrupted) or more", *rounds)},
-		{*evalSamples < 1, fmt.Sprintf("--eval-samples %d: want 1 or more", *evalSamples)},
-		{*healthPort < 0 || *healthPort > 65535, fmt.Sprintf("--health-port %d: want a port, 1 to 65535 (0: free ports)", *healthPort)},
-		{*linger < 0, fmt.Sprintf("--linger %v: want 0 or more", *linger)},
-		{*restarts < -1, fmt.Sprintf("--restarts %d: want -1 (without bound), 0 or more", *restarts)},
+		{a.rounds < 0, fmt.Sprintf("--rounds %d: want 0 (until interrupted) or more", a.rounds)},
+		{a.evalSamples < 1, fmt.Sprintf("--eval-samples %d: want 1 or more", a.evalSamples)},
+		{a.healthPort < 0 || a.healthPort > 65535, fmt.Sprintf("--health-port %d: want a port, 1 to 65535 (0: free ports)", a.healthPort)},
+		{a.linger < 0, fmt.Sprintf("--linger %v: want 0 or more", a.linger)},
+		{a.restarts < -1, fmt.Sprintf("--restarts %d: want -1 (without bound), 0 or more", a.restarts)},
 	} {
 		if bad.wrong {
-			return fmt.Errorf("%w: %s", errUsage, bad.msg)
+			return nil, fmt.Errorf("%w: %s", errUsage, bad.msg)
 		}
 	}
-	cc, err := cf.load()
+	// Every operator reads the same client config (TLS and SASL settings;
+	// the secrets stay in it, never on a command line or in fleet.json)
+	// and contract, and status --out may run from another directory: both
+	// are named by absolute paths.
+	if *a.cf.config != "" {
+		if a.clientConfig, err = filepath.Abs(*a.cf.config); err != nil {
+			return nil, fmt.Errorf("up: --client-config: %w", err)
+		}
+	}
+	if a.path != "" {
+		if a.contractPath, err = filepath.Abs(a.path); err != nil {
+			return nil, fmt.Errorf("up: --contract: %w", err)
+		}
+	}
+	return a, nil
+}
+
+func cmdUp(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	a, err := parseUp(args, stderr)
 	if err != nil {
 		return err
 	}
-	clientConfig := ""
-	if *cf.config != "" {
-		// Every operator reads the same file (TLS and SASL settings; the
-		// secrets stay in it, never on a command line or in fleet.json).
-		if clientConfig, err = filepath.Abs(*cf.config); err != nil {
-			return fmt.Errorf("up: --client-config: %w", err)
-		}
+	cc, err := a.cf.load()
+	if err != nil {
+		return err
 	}
-	c, err := contractFlag(*path, stderr)
+	c, err := contractFlag(a.path, stderr)
 	if err != nil {
 		return err
 	}
@@ -127,31 +156,24 @@ func cmdUp(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return fmt.Errorf("up: the trajflow binary: %w", err)
 	}
-	if err := createTopics(ctx, cc, c, topicOptions{wait: *wait}, io.Discard, stderr); err != nil {
+	if err := createTopics(ctx, cc, c, topicOptions{wait: a.wait}, io.Discard, stderr); err != nil {
 		return err
 	}
 	if err := refuseUsedRun(ctx, cc, c); err != nil {
 		return err
 	}
-	if err := clearFleetOut(*out); err != nil {
+	if err := clearFleetOut(a.out); err != nil {
 		return err
 	}
-	contractPath := *path
-	if contractPath != "" {
-		// fleet.json and every operator name it from anywhere: status
-		// --out may run from another directory.
-		if contractPath, err = filepath.Abs(contractPath); err != nil {
-			return fmt.Errorf("up: --contract: %w", err)
-		}
-	}
-	f := &fleetProcs{exe: exe, out: *out, brokers: strings.Join(cc.Brokers, ","), contract: contractPath, clientConfig: clientConfig, otlp: *otlp, rounds: *rounds, level: *level, run: c.RunID, stdout: stdout,
-		gated: gated(c), evalSamples: *evalSamples, linger: *linger, restarts: *restarts}
+	f := &fleetProcs{exe: exe, out: a.out, brokers: strings.Join(cc.Brokers, ","), contract: a.contractPath, clientConfig: a.clientConfig,
+		otlp: a.otlp, rounds: a.rounds, level: a.level, run: c.RunID, stdout: stdout,
+		gated: gated(c), evalSamples: a.evalSamples, linger: a.linger, restarts: a.restarts}
 	start := time.Now()
-	fmt.Fprintf(stdout, "fleet of run %s on %s: %d rounds; logs in %s\n", c.RunID, f.brokers, *rounds, filepath.Join(*out, "logs"))
+	fmt.Fprintf(stdout, "fleet of run %s on %s: %d rounds; logs in %s\n", c.RunID, f.brokers, a.rounds, filepath.Join(a.out, "logs"))
 	for i, name := range fleetStages(c) {
 		port := 0
-		if *healthPort > 0 {
-			port = *healthPort + i
+		if a.healthPort > 0 {
+			port = a.healthPort + i
 		}
 		if err := f.start(name, port); err != nil {
 			f.stop()
@@ -165,12 +187,12 @@ func cmdUp(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if err := f.wait(ctx); err != nil {
 		return err
 	}
-	if *rounds == 0 || ctx.Err() != nil {
+	if a.rounds == 0 || ctx.Err() != nil {
 		fmt.Fprintln(stdout, "fleet stopped")
 		return nil
 	}
-	return writeFleetReport(ctx, loop.ReportConfig{Contract: c, Client: cc, Rounds: int(*rounds), EvalSamples: int32(*evalSamples)},
-		start, *out, stdout)
+	return writeFleetReport(ctx, loop.ReportConfig{Contract: c, Client: cc, Rounds: int(a.rounds), EvalSamples: int32(a.evalSamples)},
+		start, a.out, stdout)
 }
 
 // clearFleetOut removes what an earlier fleet left in out (releases,
