@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 
 	"github.com/trajflow/trajflow/gpu"
@@ -77,6 +78,11 @@ func (r *runner) writeTrainerInfo() error {
 		Policy: r.topics.Policy, Releases: rel, Contract: cp, Updates: r.o.Updates}
 	info.Command = []string{"python", "-m", "trajflow.train", "--brokers", strings.Join(r.brokers, ","), "--run", info.RunID,
 		"--releases", rel, "--contract", cp}
+	if r.o.Updates > 0 {
+		// The trainer stops by itself after the run's updates (or with
+		// SIGTERM / Ctrl-C, also when a round trained nothing).
+		info.Command = append(info.Command, "--max-updates", strconv.Itoa(r.o.Updates))
+	}
 	if r.o.Tasks != TasksText {
 		// The Python trainer draws other initial weights than the Go
 		// trainer's (gpu.InitialModel): it is given these, so that release
@@ -104,8 +110,13 @@ func (r *runner) writeTrainerInfo() error {
 		return fmt.Errorf("demo: %s: %w", TrainerFile, err)
 	}
 	if !r.o.Quiet {
-		fmt.Fprintf(r.stdout, "external trainer: waiting for its releases on %s; run it with (arguments in %s):\n  %s\n",
-			info.Policy, filepath.Join(r.o.Out, TrainerFile), strings.Join(info.Command, " "))
+		tj, err := filepath.Abs(filepath.Join(r.o.Out, TrainerFile))
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(r.stdout, "external trainer: waiting for its releases on %s; run it with (python: the one connectors/python/setup.sh prints)\n"+
+			"  python -m trajflow.train --from %s\nor, the same arguments written out:\n  %s\n",
+			info.Policy, tj, strings.Join(info.Command, " "))
 	}
 	return nil
 }

@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -99,7 +100,8 @@ func TestExternalTrainerInfo(t *testing.T) {
 	if err != nil || !bytes.Equal(got, w0) {
 		t.Fatalf("initial checkpoint %s: %v, equal to gpu.InitialModel: %v", info.InitCheckpoint, err, bytes.Equal(got, w0))
 	}
-	if !strings.Contains(strings.Join(info.Command, " "), "--init-checkpoint "+info.InitCheckpoint) {
+	if cmd := strings.Join(info.Command, " "); !strings.Contains(cmd, "--init-checkpoint "+info.InitCheckpoint) ||
+		(info.Updates > 0 && !strings.Contains(cmd, "--max-updates "+strconv.Itoa(info.Updates))) {
 		t.Fatalf("command %v", info.Command)
 	}
 	time.Sleep(2 * time.Second) // no trainer: no release, no update

@@ -103,10 +103,13 @@ def llm_config_from_contract(c: C.Contract, brokers: str, releases: str, state: 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m trajflow.train", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--brokers", required=True, help="comma-separated bootstrap brokers")
-    ap.add_argument("--run", required=True, help="run id (must be the contract's run_id)")
-    ap.add_argument("--releases", required=True, help="policy releases directory shared with the rollout workers")
-    ap.add_argument("--contract", required=True, help="resolved learning contract (trajflow contract validate FILE)")
+    ap.add_argument("--from", dest="from_file", default=None, metavar="TRAINER_JSON",
+                    help="OUT/trainer.json of `trajflow demo --trainer external`: brokers, run, releases, contract, "
+                         "initial checkpoint and updates from it (flags given as well override it)")
+    ap.add_argument("--brokers", help="comma-separated bootstrap brokers (required without --from)")
+    ap.add_argument("--run", help="run id, the contract's run_id (required without --from)")
+    ap.add_argument("--releases", help="policy releases directory shared with the rollout workers (required without --from)")
+    ap.add_argument("--contract", help="resolved learning contract, trajflow contract validate FILE (required without --from)")
     ap.add_argument("--state", default=None, help="local state directory (optional; rebuilt from the topics when lost)")
     ap.add_argument("--init-checkpoint", default=None, help="checkpoint of version 0 when the policy topic is empty")
     ap.add_argument("--group", default=None, help="consumer group (default <run>.train)")
@@ -117,6 +120,16 @@ def main(argv=None) -> int:
     ap.add_argument("--print-updates", action="store_true", help="print one JSON line per trained update on stdout")
     ap.add_argument("--log-level", default="info")
     a = ap.parse_args(argv)
+    try:
+        apply_trainer_json(a)
+    except (OSError, ValueError, KeyError) as e:
+        print(f"trajflow.train: --from {a.from_file}: {e}", file=sys.stderr)
+        return 2
+    missing = [f"--{k}" for k in ("brokers", "run", "releases", "contract") if not getattr(a, k)]
+    if missing:
+        ap.print_usage(sys.stderr)
+        print(f"trajflow.train: {', '.join(missing)} required (or --from OUT/trainer.json)", file=sys.stderr)
+        return 2
     logging.basicConfig(level=getattr(logging, a.log_level.upper(), logging.INFO), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s %(message)s")
     torch.set_num_threads(max(1, a.threads))  # 1: fixed reduction order, the same batches give the same bytes
@@ -166,6 +179,22 @@ def main(argv=None) -> int:
         stage.producer.close()
     logging.getLogger("trajflow.train").info("stopped: %s", stage.counts)
     return 0
+
+
+def apply_trainer_json(a) -> None:
+    """Fills the arguments a left unset from a.from_file, the trainer.json
+    the demo writes (internal/loop.TrainerInfo); a flag given on the command
+    line wins."""
+    if not a.from_file:
+        return
+    with open(a.from_file) as f:
+        info = json.load(f)
+    given = {"brokers": ",".join(info["brokers"]), "run": info["run_id"], "releases": info["releases"],
+             "contract": info["contract"], "init_checkpoint": info.get("init_checkpoint") or None,
+             "max_updates": int(info.get("updates") or 0)}
+    for k, v in given.items():
+        if not getattr(a, k):
+            setattr(a, k, v)
 
 
 def update_line(stage: TrainStage) -> dict:
