@@ -154,6 +154,21 @@ func (r *raw) post(path string, req, out any) int {
 	return resp.StatusCode
 }
 
+// postRaw posts body as it is and decodes the answer into out.
+func (r *raw) postRaw(path, body string, out any) int {
+	r.t.Helper()
+	resp, err := http.Post(r.url+path, "application/json", strings.NewReader(body))
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	data, _ := io.ReadAll(resp.Body)
+	if err := json.Unmarshal(data, out); err != nil {
+		r.t.Fatalf("%s: %v: %s", path, err, data)
+	}
+	return resp.StatusCode
+}
+
 func (r *raw) allocate(a schemas.TaskAttempt, key string, leaseMS int64) AllocateResponse {
 	var out AllocateResponse
 	r.post(PathEpisodes, AllocateRequest{Protocol: 1, Attempt: a, IdempotencyKey: key, LeaseMS: leaseMS,

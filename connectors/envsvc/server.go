@@ -1,6 +1,7 @@
 package envsvc
 
 import (
+	"cmp"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -10,6 +11,7 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -519,12 +521,18 @@ func (s *Server) refused(reason, detail string, retry bool) Response {
 
 // decode reads a request body into v; it answers a bad request itself.
 func (s *Server) decode(w http.ResponseWriter, r *http.Request, op string, v any, protocol func() int) bool {
+	_, ok := s.decodeBody(w, r, op, v, protocol)
+	return ok
+}
+
+// decodeBody is decode returning the body as received too.
+func (s *Server) decodeBody(w http.ResponseWriter, r *http.Request, op string, v any, protocol func() int) ([]byte, bool) {
 	s.mu.Lock()
 	closed := s.closed
 	s.mu.Unlock()
 	if closed {
 		s.reply(w, op, http.StatusServiceUnavailable, s.refused(ReasonShuttingDown, "", true))
-		return false
+		return nil, false
 	}
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, s.cfg.MaxRequestBytes))
 	if err == nil {
@@ -535,9 +543,49 @@ func (s *Server) decode(w http.ResponseWriter, r *http.Request, op string, v any
 	}
 	if err != nil {
 		s.reply(w, op, http.StatusBadRequest, s.refused(ReasonBadRequest, err.Error(), false))
-		return false
+		return nil, false
 	}
-	return true
+	return body, true
+}
+
+// rawFields returns the bytes, as received, of the named top-level
+// fields of a JSON object body (nil for one absent).
+func rawFields(body []byte, names ...string) ([][]byte, error) {
+	var m map[string]json.RawMessage
+	if err := json.Unmarshal(body, &m); err != nil {
+		return nil, err
+	}
+	out := make([][]byte, len(names))
+	for i, n := range names {
+		out[i] = m[n]
+	}
+	return out, nil
+}
+
+// boundAction is the action bytes a token binds, built from the request's
+// own bytes: {"<a>":<value of a as sent>,"<b>":<value of b as sent>}.
+// A client in any language signs what it sends (docs/ENV_PROTOCOL.md,
+// "Capability tokens"); the Go client's AllocateAction and StepAction
+// build the same bytes from the values it marshals. An absent field is
+// reported by name.
+func boundAction(body []byte, a, b string) ([]byte, string, error) {
+	raw, err := rawFields(body, a, b)
+	if err != nil {
+		return nil, "", err
+	}
+	var missing []string
+	for i, n := range []string{a, b} {
+		if len(raw[i]) == 0 {
+			missing = append(missing, n)
+		}
+	}
+	if len(missing) > 0 {
+		return nil, "missing " + strings.Join(missing, ", "), nil
+	}
+	out := make([]byte, 0, len(a)+len(b)+len(raw[0])+len(raw[1])+10)
+	out = append(append(append(out, `{"`...), a...), `":`...)
+	out = append(append(append(append(out, raw[0]...), `,"`...), b...), `":`...)
+	return append(append(out, raw[1]...), '}'), "", nil
 }
 
 // outcomeOf extracts the common part of a response for metrics.
@@ -545,8 +593,29 @@ type outcomeOf interface{ common() Response }
 
 func (r Response) common() Response { return r }
 
+// missingFields names the empty ones of fields (JSON names), sorted, or
+// returns "".
+func missingFields(fields map[string]string) string {
+	var names []string
+	for name, v := range fields {
+		if v == "" {
+			names = append(names, name)
+		}
+	}
+	if len(names) == 0 {
+		return ""
+	}
+	slices.Sort(names)
+	return "missing " + strings.Join(names, ", ")
+}
+
+// reply writes v with code; a bad_request refusal is always answered 400,
+// whichever check found it.
 func (s *Server) reply(w http.ResponseWriter, op string, code int, v outcomeOf) {
 	c := v.common()
+	if c.Reason == ReasonBadRequest {
+		code = http.StatusBadRequest
+	}
 	s.met.requests.WithLabelValues(op, c.Outcome, c.Reason).Inc()
 	w.Header().Set("Content-Type", "application/json")
 	w.Header().Set(HeaderProtocol, strconv.Itoa(ProtocolVersion))
@@ -579,21 +648,27 @@ func episodeID(a schemas.TaskAttempt, key string) string {
 
 func (s *Server) handleAllocate(w http.ResponseWriter, r *http.Request) {
 	var req AllocateRequest
-	if !s.decode(w, r, "allocate", &req, func() int { return req.Protocol }) {
+	body, ok := s.decodeBody(w, r, "allocate", &req, func() int { return req.Protocol })
+	if !ok {
 		return
 	}
-	resp := s.allocate(req)
-	code := http.StatusOK
-	s.reply(w, "allocate", code, resp)
+	action, missing, err := boundAction(body, "attempt", "idempotency_key")
+	if err != nil || missing != "" {
+		s.reply(w, "allocate", http.StatusBadRequest, AllocateResponse{Response: s.refused(ReasonBadRequest, cmp.Or(missing, fmt.Sprint(err)), false)})
+		return
+	}
+	s.reply(w, "allocate", http.StatusOK, s.allocate(req, action))
 }
 
-func (s *Server) allocate(req AllocateRequest) AllocateResponse {
+// allocate answers an allocation whose token binds action (boundAction).
+func (s *Server) allocate(req AllocateRequest, action []byte) AllocateResponse {
 	a := req.Attempt
-	if _, err := s.ver.Verify(req.Token, a.RunID, AllocateScope(a), 0, AllocateAction(a, req.IdempotencyKey)); err != nil {
-		return AllocateResponse{Response: s.refused(tokenReason(err), err.Error(), false)}
+	if missing := missingFields(map[string]string{"attempt.attempt_id": a.AttemptID, "attempt.run_id": a.RunID,
+		"idempotency_key": req.IdempotencyKey, "token": req.Token}); missing != "" {
+		return AllocateResponse{Response: s.refused(ReasonBadRequest, missing, false)}
 	}
-	if req.IdempotencyKey == "" || a.AttemptID == "" || a.RunID == "" {
-		return AllocateResponse{Response: s.refused(ReasonBadRequest, "attempt id, run id and idempotency key are required", false)}
+	if _, err := s.ver.Verify(req.Token, a.RunID, AllocateScope(a), 0, action); err != nil {
+		return AllocateResponse{Response: s.refused(tokenReason(err), err.Error(), false)}
 	}
 	id := episodeID(a, req.IdempotencyKey)
 	lease := s.leaseFor(req.LeaseMS)
@@ -721,23 +796,32 @@ func (s *Server) lookup(id string) (*episode, *epMeta, *endRec, error) {
 }
 
 func (s *Server) handleStep(w http.ResponseWriter, r *http.Request) {
-	var req StepRequest
-	if !s.decode(w, r, "step", &req, func() int { return req.Protocol }) {
-		return
-	}
-	s.reply(w, "step", http.StatusOK, s.step(r.PathValue("id"), req, false))
+	s.handleStepOrStatus(w, r, "step")
 }
 
 func (s *Server) handleStatus(w http.ResponseWriter, r *http.Request) {
-	var req StatusRequest
-	if !s.decode(w, r, "status", &req, func() int { return req.Protocol }) {
-		return
-	}
-	s.reply(w, "status", http.StatusOK, s.step(r.PathValue("id"), req, true))
+	s.handleStepOrStatus(w, r, "status")
 }
 
-// step answers a step (query false) or a status query (query true).
-func (s *Server) step(id string, req StepRequest, query bool) StepResponse {
+// handleStepOrStatus answers a step or a status query (op), whose token
+// binds the turn and action as sent.
+func (s *Server) handleStepOrStatus(w http.ResponseWriter, r *http.Request, op string) {
+	var req StepRequest
+	body, ok := s.decodeBody(w, r, op, &req, func() int { return req.Protocol })
+	if !ok {
+		return
+	}
+	action, missing, err := boundAction(body, "turn", "action")
+	if err != nil || missing != "" {
+		s.reply(w, op, http.StatusBadRequest, StepResponse{Response: s.refused(ReasonBadRequest, cmp.Or(missing, fmt.Sprint(err)), false), Seq: req.Seq})
+		return
+	}
+	s.reply(w, op, http.StatusOK, s.step(r.PathValue("id"), req, op == "status", action))
+}
+
+// step answers a step (query false) or a status query (query true) whose
+// token binds action (boundAction).
+func (s *Server) step(id string, req StepRequest, query bool, action []byte) StepResponse {
 	e, meta, end, err := s.lookup(id)
 	if err != nil {
 		return StepResponse{Response: s.refused(ReasonPersistFailed, err.Error(), true), Seq: req.Seq}
@@ -745,9 +829,11 @@ func (s *Server) step(id string, req StepRequest, query bool) StepResponse {
 	if meta == nil {
 		return StepResponse{Response: s.refused(ReasonUnknownEpisode, "no episode "+id, false), Seq: req.Seq}
 	}
-	action := StepAction(req.Turn, req.Action)
+	if missing := missingFields(map[string]string{"idempotency_key": req.IdempotencyKey, "token": req.Token}); missing != "" {
+		return StepResponse{Response: s.refused(ReasonBadRequest, missing, false), Seq: req.Seq, NextSeq: s.nextSeq(e, end)}
+	}
 	if _, err := s.ver.Verify(req.Token, meta.Run, id, req.Seq, action); err != nil {
-		return StepResponse{Response: s.refused(tokenReason(err), err.Error(), false), Seq: req.Seq}
+		return StepResponse{Response: s.refused(tokenReason(err), err.Error(), false), Seq: req.Seq, NextSeq: s.nextSeq(e, end)}
 	}
 	ah := hashHex(action)
 	if e != nil {
@@ -777,6 +863,22 @@ func (s *Server) step(id string, req StepRequest, query bool) StepResponse {
 		out.Reason = ReasonLeaseExpired
 	}
 	return out
+}
+
+// nextSeq is the next sequence number of a live episode e or of an ended
+// one's records end.
+func (s *Server) nextSeq(e *episode, end *endRec) uint64 {
+	if e != nil {
+		e.mu.Lock()
+		defer e.mu.Unlock()
+		if !e.ended {
+			return e.next
+		}
+	}
+	if end != nil {
+		return end.NextSeq
+	}
+	return 0
 }
 
 // stored answers a delivery of an executed sequence number.
@@ -812,6 +914,12 @@ func (s *Server) stepLive(e *episode, req StepRequest, ah string, query bool) St
 				Seq: req.Seq, NextSeq: e.next}
 		}
 		return StepResponse{Response: s.refused(ReasonSeqGap, fmt.Sprintf("sequence number %d, next is %d", req.Seq, e.next), false), Seq: req.Seq, NextSeq: e.next}
+	}
+	if !query && e.last != nil && e.last.Terminated {
+		// The last executed action ended the episode; the environment
+		// would refuse another (its error is no failure of the step).
+		return StepResponse{Response: s.refused(ReasonEpisodeEnded, fmt.Sprintf("the action of sequence number %d ended the episode; terminate it for its artifacts", e.next-1), false),
+			Seq: req.Seq, NextSeq: e.next}
 	}
 	if s.expired(e) {
 		if err := s.end(e, StatusInfra, ReasonLeaseExpired, rollout.ReasonAborted); err != nil {

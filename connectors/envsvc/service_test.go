@@ -199,6 +199,12 @@ func TestSequenceNumbers(t *testing.T) {
 	if st := r.send(PathStep, id, r.stepReq(id, 2, "s2", 1, ans...)); st.Outcome != Executed || !st.Transition.Terminated {
 		t.Fatalf("answer %+v", st)
 	}
+	// The answer ended the episode: another action is refused as
+	// episode_ended (not as the environment's failure), before terminate.
+	if after := r.send(PathStep, id, r.stepReq(id, 3, "s3", 2, xfer...)); after.Outcome != Refused || after.Reason != ReasonEpisodeEnded ||
+		after.NextSeq != 3 || !strings.Contains(after.Detail, "sequence number 2 ended the episode") {
+		t.Fatalf("a step after the terminating one %+v", after)
+	}
 	end := r.terminate(id, rollout.ReasonAnswer)
 	if end.Outcome != Executed || end.Status != StatusCompleted || end.Steps != 2 || end.ValidatorInput == nil || end.ValidatorInput.TaskID != task.ID {
 		t.Fatalf("terminate %+v", end)
@@ -258,8 +264,8 @@ func TestTokensRefused(t *testing.T) {
 		{"another run's", otherRun.Issue(id, 1, act), ReasonTokenScope},
 	} {
 		got := r.send(PathStep, id, req(tc.tok))
-		if got.Outcome != Refused || got.Reason != tc.reason {
-			t.Fatalf("%s token: %+v", tc.name, got)
+		if got.Outcome != Refused || got.Reason != tc.reason || got.NextSeq != 1 {
+			t.Fatalf("%s token: %+v (want next_seq 1)", tc.name, got)
 		}
 	}
 	if got := value(svc.srv.met.steps.WithLabelValues(rollout.FamilyLedger)); got != 0 {
@@ -298,6 +304,19 @@ func TestTokensRefused(t *testing.T) {
 	if code := r.post(strings.Replace(PathStep, "{id}", id, 1), w, &bad); code != http.StatusBadRequest || bad.Reason != ReasonBadRequest {
 		t.Fatalf("protocol 2: %d %+v", code, bad)
 	}
+	// Missing fields are bad requests too, answered 400 and named, before
+	// any token is looked at.
+	noKey := req(tok)
+	noKey.IdempotencyKey = ""
+	if code := r.post(strings.Replace(PathStep, "{id}", id, 1), noKey, &bad); code != http.StatusBadRequest ||
+		bad.Reason != ReasonBadRequest || bad.Detail != "missing idempotency_key" {
+		t.Fatalf("a step without its idempotency key: %d %+v", code, bad)
+	}
+	var noFields AllocateResponse
+	if code := r.post(PathEpisodes, map[string]int{"protocol": 1}, &noFields); code != http.StatusBadRequest || noFields.Reason != ReasonBadRequest ||
+		noFields.Detail != "missing attempt, idempotency_key" {
+		t.Fatalf("an allocation of nothing: %d %+v", code, noFields)
+	}
 	resp, err := http.Post(svc.url+"/v1/episodes/"+id+"/step", "application/json", strings.NewReader("{"))
 	if err != nil {
 		t.Fatal(err)
@@ -306,6 +325,45 @@ func TestTokensRefused(t *testing.T) {
 	resp.Body.Close()
 	if resp.StatusCode != http.StatusBadRequest || !strings.Contains(string(body), ReasonBadRequest) || resp.Header.Get(HeaderProtocol) != "1" {
 		t.Fatalf("garbage: %d %s", resp.StatusCode, body)
+	}
+}
+
+// TestTokensBindTheBytesSent: a client that is not the Go client signs
+// the bytes it sends — here an attempt object with its keys in another
+// order and spaces, an action with spaces — and the service verifies the
+// token against those bytes (docs/ENV_PROTOCOL.md, "Capability tokens").
+func TestTokensBindTheBytesSent(t *testing.T) {
+	regs := registries(t)
+	svc := startService(t, Config{Registries: regs, DefaultLease: time.Hour})
+	r := newRaw(t, svc.url, time.Minute, time.Now)
+	task, att := ledgerTask(t, regs, 4)
+	var fields map[string]any
+	b, _ := json.Marshal(att)
+	if err := json.Unmarshal(b, &fields); err != nil {
+		t.Fatal(err)
+	}
+	sorted, _ := json.MarshalIndent(fields, "", " ") // keys sorted, newlines and spaces
+	action := []byte(`{"attempt":` + string(sorted) + `,"idempotency_key":"k 1"}`)
+	body := `{"protocol": 1, "idempotency_key": "k 1", "attempt": ` + string(sorted) + `, "token": "` +
+		r.iss.Issue(AllocateScope(att), 0, action) + `"}`
+	var ar AllocateResponse
+	if code := r.postRaw(PathEpisodes, body, &ar); code != http.StatusOK || ar.Outcome != Executed {
+		t.Fatalf("allocation signed over the bytes sent: %d %+v", code, ar)
+	}
+	ids := fmt.Sprintf("[%d, %d, %d]", rollout.TokXfer, rollout.TokKey0+task.Key, rollout.TokEnd)
+	stepAction := []byte(`{"turn":0,"action":{ "ids" : ` + ids + ` }}`)
+	step := `{"protocol":1,"seq":1,"idempotency_key":"s1","turn":0,"action":{ "ids" : ` + ids + ` },"token":"` +
+		r.iss.Issue(ar.EpisodeID, 1, stepAction) + `"}`
+	var st StepResponse
+	if code := r.postRaw(strings.Replace(PathStep, "{id}", ar.EpisodeID, 1), step, &st); code != http.StatusOK || st.Outcome != Executed {
+		t.Fatalf("step signed over the bytes sent: %d %+v", code, st)
+	}
+	// The Go client's canonical bytes of the same action are other bytes:
+	// a token over them does not fit this request.
+	step2 := `{"protocol":1,"seq":2,"idempotency_key":"s2","turn":1,"action":{ "ids" : ` + ids + ` },"token":"` +
+		r.iss.Issue(ar.EpisodeID, 2, StepAction(1, rollout.EnvAction{IDs: []int32{rollout.TokXfer, rollout.TokKey0 + task.Key, rollout.TokEnd}})) + `"}`
+	if code := r.postRaw(strings.Replace(PathStep, "{id}", ar.EpisodeID, 1), step2, &st); code != http.StatusOK || st.Reason != ReasonTokenScope {
+		t.Fatalf("a token over other bytes than those sent: %d %+v", code, st)
 	}
 }
 
