@@ -294,19 +294,6 @@ func TestSnapshotSIGKILL(t *testing.T) {
 	}
 }
 
-// flipFile changes one byte in the middle of the file at path.
-func flipFile(t *testing.T, path string) {
-	t.Helper()
-	b, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	b[len(b)/2] ^= 0x40
-	if err := os.WriteFile(path, b, 0o644); err != nil {
-		t.Fatal(err)
-	}
-}
-
 // copySnapshot copies the snapshot directory src to a new directory.
 func copySnapshot(t *testing.T, src string) string {
 	t.Helper()
@@ -402,8 +389,8 @@ func TestIncompleteSnapshots(t *testing.T) {
 				victims[f.Topic] = f.Path
 			}
 		}
-		flipFile(t, victims["census"])
-		flipFile(t, victims["trajectories"])
+		testkit.FlipByte(t, victims["census"])
+		testkit.FlipByte(t, victims["trajectories"])
 		if err := os.Remove(victims["valid"]); err != nil {
 			t.Fatal(err)
 		}
@@ -444,7 +431,7 @@ func TestIncompleteSnapshots(t *testing.T) {
 		for _, f := range files {
 			switch {
 			case f.Topic == "census":
-				flipFile(t, f.Path)
+				testkit.FlipByte(t, f.Path)
 			case f.Topic == "tasks" && removed == "":
 				removed = f.Path
 				if err := os.Remove(f.Path); err != nil {

@@ -13,6 +13,7 @@ import (
 	"github.com/trajflow/trajflow/bench/synth"
 	"github.com/trajflow/trajflow/connectors/parquet"
 	"github.com/trajflow/trajflow/internal/census"
+	"github.com/trajflow/trajflow/internal/testkit"
 	"github.com/trajflow/trajflow/schemas"
 )
 
@@ -125,17 +126,6 @@ func TestCollectUnreadable(t *testing.T) {
 		}
 		return msgs
 	}
-	flip := func(path string) {
-		t.Helper()
-		b, err := os.ReadFile(path)
-		if err != nil {
-			t.Fatal(err)
-		}
-		b[len(b)/2] ^= 0x40
-		if err := os.WriteFile(path, b, 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
 	remove := func(path string) {
 		t.Helper()
 		if err := os.Remove(path); err != nil {
@@ -150,13 +140,13 @@ func TestCollectUnreadable(t *testing.T) {
 		dispatched int
 	}{
 		{"corrupt census, missing trajectories, missing valid", func(c1, c2, tr, v string) ([]string, string) {
-			flip(c2)
+			testkit.FlipByte(t, c2)
 			remove(tr)
 			remove(v)
 			return []string{c2, tr}, v
 		}, 3},
 		{"every census file unreadable", func(c1, c2, tr, v string) ([]string, string) {
-			flip(c1)
+			testkit.FlipByte(t, c1)
 			remove(c2)
 			return []string{c1, c2}, ""
 		}, 0},

@@ -326,8 +326,8 @@ func TestDamagedSnapshot(t *testing.T) {
 			victim = f.Path
 		}
 	}
-	flip(t, victim)
-	flip(t, filepath.Join(dir, "releases", gpu.CheckpointName(2)))
+	testkit.FlipByte(t, victim)
+	testkit.FlipByte(t, filepath.Join(dir, "releases", gpu.CheckpointName(2)))
 	d, err := New(context.Background(), Config{Dir: dir, EvalSamples: 0})
 	if err != nil {
 		t.Fatal(err)
@@ -369,7 +369,7 @@ func damage(t *testing.T, dir string) (corrupt, missing string) {
 	if corrupt == "" || missing == "" {
 		t.Fatalf("the run has no batches file (%q) or no file of valid/3 (%q)", corrupt, missing)
 	}
-	flip(t, corrupt)
+	testkit.FlipByte(t, corrupt)
 	if err := os.Remove(missing); err != nil {
 		t.Fatal(err)
 	}
@@ -483,18 +483,6 @@ func TestUpLayout(t *testing.T) {
 				t.Errorf("%s: check %+v", dir, c)
 			}
 		}
-	}
-}
-
-func flip(t *testing.T, path string) {
-	t.Helper()
-	b, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	b[len(b)/2] ^= 0x40
-	if err := os.WriteFile(path, b, 0o644); err != nil {
-		t.Fatal(err)
 	}
 }
 

@@ -87,3 +87,20 @@ func ReadJSON(t testing.TB, path string, v any) {
 		t.Fatalf("%s: %v", path, err)
 	}
 }
+
+// FlipByte changes one bit of the byte in the middle of the file at path:
+// a damaged file whose size is unchanged.
+func FlipByte(t testing.TB, path string) {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(b) == 0 {
+		t.Fatalf("%s is empty: nothing to flip", path)
+	}
+	b[len(b)/2] ^= 0x40
+	if err := os.WriteFile(path, b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
