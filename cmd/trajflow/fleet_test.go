@@ -419,7 +419,7 @@ func TestStatusOfAStoppedFleet(t *testing.T) {
 	dead := hold.Addr().String()
 	hold.Close()
 	out := t.TempDir()
-	b, err := json.Marshal(fleetDoc{Run: "demo", Brokers: addr, Rounds: 3, Operators: []fleetMember{{Stage: "train", PID: 1, Health: dead}}})
+	b, err := json.Marshal(fleetDoc{Run: "demo", Brokers: addr, Rounds: 3, Operators: []fleetMember{{Stage: "train", PID: 1, Health: dead, Restarts: 2}}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -430,7 +430,8 @@ func TestStatusOfAStoppedFleet(t *testing.T) {
 	if code := run(ctx, []string{"status", "--out", out}, &o, &e); code != 0 {
 		t.Fatalf("status: exit %d: %s", code, e.String())
 	}
-	if !strings.Contains(o.String(), "0 of 3 decided (0 of 48 groups), not running: no operator of fleet.json answers") {
+	if !strings.Contains(o.String(), "0 of 3 decided (0 of 48 groups), not running: no operator of fleet.json answers") ||
+		!strings.Contains(o.String(), "not answering (stopped, or not started yet) (restarted 2 times by trajflow up)") {
 		t.Errorf("status of a fleet that is gone:\n%s", o.String())
 	}
 }

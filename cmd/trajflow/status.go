@@ -259,6 +259,9 @@ func printHealth(ctx context.Context, w io.Writer, ops []fleetMember) {
 		} else {
 			state = "not answering (stopped, or not started yet)"
 		}
+		if m.Restarts > 0 {
+			state += fmt.Sprintf(" (restarted %d times by trajflow up)", m.Restarts)
+		}
 		fmt.Fprintf(w, "  %-10s pid %-7d http://%-21s %s\n", m.Stage, m.PID, m.Health, state)
 		if err != nil {
 			continue
