@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -83,7 +84,8 @@ func cmdStatus(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		return fmt.Errorf("status: %w", err)
 	}
 	fmt.Fprintf(stdout, "run %s (contract %s) on %d broker(s) at %s\n", c.RunID, c.Hash(), len(brokers), strings.Join(cc.Brokers, ","))
-	if len(doc.Operators) > 0 && !p.done() && !anyAnswers(ctx, doc.Operators) {
+	health := probeOperators(ctx, doc.Operators)
+	if len(health) > 0 && !p.done() && !anyAnswered(health) {
 		// No operator of fleet.json answers: the fleet is not running,
 		// whatever its progress says.
 		p.Stopped = true
@@ -95,7 +97,7 @@ func cmdStatus(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	if err := printQuarantine(sctx, stdout, cfg, topics.Quarantine); err != nil {
 		return err
 	}
-	printHealth(ctx, stdout, doc.Operators)
+	printHealth(stdout, health)
 	return nil
 }
 
@@ -242,48 +244,64 @@ func printQuarantine(ctx context.Context, w io.Writer, cfg *pipeline.Config, top
 	return nil
 }
 
-// printHealth asks every operator of fleet.json for /readyz and reads its
-// /metrics: records in and out, in flight, consumer lag, and the seconds
-// its stages were busy and held back by backpressure.
-func printHealth(ctx context.Context, w io.Writer, ops []fleetMember) {
-	if len(ops) == 0 {
+// operatorHealth is what status learned from one operator of fleet.json:
+// its /readyz line (answered false when it did not answer) and, when it
+// answered, its /metrics or why they did not read.
+type operatorHealth struct {
+	member   fleetMember
+	answered bool
+	ready    string
+	metrics  operatorMetrics
+	err      error
+}
+
+// probeOperators asks every operator of fleet.json for /readyz and, of
+// those that answer, reads /metrics.
+func probeOperators(ctx context.Context, ops []fleetMember) []operatorHealth {
+	cl := http.Client{Timeout: 2 * time.Second}
+	out := make([]operatorHealth, len(ops))
+	for i, m := range ops {
+		h := operatorHealth{member: m}
+		body, code, err := httpGet(ctx, &cl, "http://"+m.Health+"/readyz", 512)
+		if err == nil {
+			h.answered, h.ready = true, fmt.Sprintf("%d %s", code, strings.TrimSpace(string(body)))
+			h.metrics, h.err = readOperatorMetrics(ctx, &cl, m.Health)
+		}
+		out[i] = h
+	}
+	return out
+}
+
+// anyAnswered reports whether any operator answered /readyz at all.
+func anyAnswered(hs []operatorHealth) bool {
+	return slices.ContainsFunc(hs, func(h operatorHealth) bool { return h.answered })
+}
+
+// printHealth prints what probeOperators learned: records in, out and in
+// flight, consumer lag, and the seconds each operator's stages were busy
+// and held back by backpressure.
+func printHealth(w io.Writer, hs []operatorHealth) {
+	if len(hs) == 0 {
 		return
 	}
 	fmt.Fprintln(w, "operators (/readyz, /metrics):")
-	cl := http.Client{Timeout: 2 * time.Second}
-	for _, m := range ops {
-		state := ""
-		body, code, err := httpGet(ctx, &cl, "http://"+m.Health+"/readyz", 512)
-		if err == nil {
-			state = fmt.Sprintf("%d %s", code, strings.TrimSpace(string(body)))
-		} else {
+	for _, h := range hs {
+		m, state := h.member, h.ready
+		if !h.answered {
 			state = "not answering (stopped, or not started yet)"
 		}
 		if m.Restarts > 0 {
 			state += fmt.Sprintf(" (restarted %d times by trajflow up)", m.Restarts)
 		}
 		fmt.Fprintf(w, "  %-10s pid %-7d http://%-21s %s\n", m.Stage, m.PID, m.Health, state)
-		if err != nil {
-			continue
-		}
-		om, err := readOperatorMetrics(ctx, &cl, m.Health)
-		if err != nil {
-			fmt.Fprintf(w, "  %-10s %v\n", "", err)
-			continue
-		}
-		fmt.Fprintf(w, "  %-10s %s\n", "", om)
-	}
-}
-
-// anyAnswers reports whether any of ops answers /readyz at all.
-func anyAnswers(ctx context.Context, ops []fleetMember) bool {
-	cl := http.Client{Timeout: 2 * time.Second}
-	for _, m := range ops {
-		if _, _, err := httpGet(ctx, &cl, "http://"+m.Health+"/readyz", 512); err == nil {
-			return true
+		switch {
+		case !h.answered:
+		case h.err != nil:
+			fmt.Fprintf(w, "  %-10s %v\n", "", h.err)
+		default:
+			fmt.Fprintf(w, "  %-10s %s\n", "", h.metrics)
 		}
 	}
-	return false
 }
 
 // httpGet returns at most limit bytes of the body of a GET of url.

@@ -142,16 +142,7 @@ func newRaw(t testing.TB, url string, ttl time.Duration, now func() time.Time) *
 func (r *raw) post(path string, req, out any) int {
 	r.t.Helper()
 	b, _ := json.Marshal(req)
-	resp, err := http.Post(r.url+path, "application/json", bytes.NewReader(b))
-	if err != nil {
-		r.t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	data, _ := io.ReadAll(resp.Body)
-	if err := json.Unmarshal(data, out); err != nil {
-		r.t.Fatalf("%s: %v: %s", path, err, data)
-	}
-	return resp.StatusCode
+	return r.postRaw(path, string(b), out)
 }
 
 // postRaw posts body as it is and decodes the answer into out.

@@ -247,15 +247,26 @@ type File struct {
 // directory), sorted by run, topic, partition and first offset. Temporary
 // files and sidecars are skipped.
 func List(dir string) ([]File, error) {
+	return walkFiles(dir, func(path string, d fs.DirEntry) (string, bool) {
+		return path, strings.HasSuffix(path, ".parquet") && !strings.HasPrefix(d.Name(), ".")
+	})
+}
+
+// walkFiles returns the snapshot files under dir that pick names: for
+// every file of the tree, pick returns the path of the data file it
+// stands for and whether it does. They are parsed from their names and
+// sorted as List sorts.
+func walkFiles(dir string, pick func(path string, d fs.DirEntry) (string, bool)) ([]File, error) {
 	var out []File
 	err := filepath.WalkDir(dir, func(path string, d fs.DirEntry, err error) error {
-		if err != nil {
+		if err != nil || d.IsDir() {
 			return err
 		}
-		if d.IsDir() || !strings.HasSuffix(path, ".parquet") || strings.HasPrefix(d.Name(), ".") {
+		data, ok := pick(path, d)
+		if !ok {
 			return nil
 		}
-		f, ok, err := parseFile(path)
+		f, ok, err := parseFile(data)
 		if ok {
 			out = append(out, f)
 		}
@@ -285,30 +296,15 @@ func (errMissing) Is(target error) bool { return target == fs.ErrNotExist }
 // is the missing data file's. The snapshot stage removes such sidecars
 // when it restarts; every reader reports them as missing files.
 func Missing(dir string) ([]File, error) {
-	var out []File
-	err := filepath.WalkDir(dir, func(path string, d fs.DirEntry, err error) error {
-		if err != nil {
-			return err
-		}
+	return walkFiles(dir, func(path string, d fs.DirEntry) (string, bool) {
 		base, ok := strings.CutSuffix(d.Name(), ChecksumSuffix)
-		if d.IsDir() || !ok || !strings.HasPrefix(base, "_") || !strings.HasSuffix(base, ".parquet") {
-			return nil
+		if !ok || !strings.HasPrefix(base, "_") || !strings.HasSuffix(base, ".parquet") {
+			return "", false
 		}
 		data := filepath.Join(filepath.Dir(path), base[1:])
-		if _, err := os.Lstat(data); !errors.Is(err, fs.ErrNotExist) {
-			return nil // present (or unreadable: reading it reports that)
-		}
-		f, ok, err := parseFile(data)
-		if ok {
-			out = append(out, f)
-		}
-		return err
+		_, err := os.Lstat(data)
+		return data, errors.Is(err, fs.ErrNotExist) // present (or unreadable: reading it reports that)
 	})
-	if err != nil {
-		return nil, fmt.Errorf("snapshot: list %s: %w", dir, err)
-	}
-	sortFiles(out)
-	return out, nil
 }
 
 // MissingError is the error of a missing snapshot file f (see Missing):
