@@ -30,6 +30,7 @@ func cmdServePolicy(ctx context.Context, args []string, stdout, stderr io.Writer
 	dir := fs.String("releases", "", "directory of policy releases (policy-vNNNNNNNN.json manifests and checkpoints); required")
 	path := fs.String("contract", "", "learning contract (default: the built-in demo contract): its tokenizer must be the built-in one; its sampler.stop_token_ids are llama.cpp's end-of-generation ids")
 	version := fs.Int64("version", 0, "release to load at start (0: the newest in --releases; none there: wait for a weight-update call)")
+	maxTokens := fs.Int("max-tokens", serve.DefaultMaxTokens, "most tokens one request may generate; a request asking for more is refused (400) naming its field and this limit")
 	if _, err := parseFlags(fs, args); err != nil {
 		return err
 	}
@@ -40,6 +41,8 @@ func cmdServePolicy(ctx context.Context, args []string, stdout, stderr io.Writer
 		return fmt.Errorf("%w: --releases DIR is required", errUsage)
 	case *port < 0 || *port > 65535:
 		return fmt.Errorf("%w: --port %d", errUsage, *port)
+	case *maxTokens < 1:
+		return fmt.Errorf("%w: --max-tokens %d must be at least 1", errUsage, *maxTokens)
 	}
 	c, err := loadContract(*path)
 	if err != nil {
@@ -52,7 +55,7 @@ func cmdServePolicy(ctx context.Context, args []string, stdout, stderr io.Writer
 	if err != nil {
 		return err
 	}
-	srv, err := serve.New(serve.Config{Protocol: *proto, Releases: *dir, Grammar: reg.Grammar(), EOG: append([]int32{}, c.Sampler.StopTokenIDs...)})
+	srv, err := serve.New(serve.Config{Protocol: *proto, Releases: *dir, Grammar: reg.Grammar(), EOG: append([]int32{}, c.Sampler.StopTokenIDs...), MaxTokens: *maxTokens})
 	if errors.Is(err, policy.ErrConfig) { // a --releases that is not a directory: exit status 2
 		return fmt.Errorf("%w: --releases: %w", errUsage, err)
 	}

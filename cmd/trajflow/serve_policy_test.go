@@ -6,6 +6,7 @@ import (
 	"context"
 	"io"
 	"regexp"
+	"strings"
 	"testing"
 	"time"
 
@@ -101,5 +102,9 @@ func TestServeUsage(t *testing.T) {
 	}
 	if c := run(ctx, []string{"serve", "policy", "--protocol", "vllm"}, &out, &errb); c != 2 {
 		t.Fatalf("no releases: exit %d", c)
+	}
+	errb.Reset()
+	if c := run(ctx, []string{"serve", "policy", "--protocol", "vllm", "--releases", t.TempDir(), "--max-tokens", "0"}, &out, &errb); c != 2 || !strings.Contains(errb.String(), "--max-tokens 0") {
+		t.Fatalf("--max-tokens 0: exit %d, %q", c, errb.String())
 	}
 }

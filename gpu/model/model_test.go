@@ -8,6 +8,7 @@ import (
 	"math/rand/v2"
 	"slices"
 	"testing"
+	"time"
 
 	"github.com/trajflow/trajflow/gpu/objective"
 )
@@ -457,4 +458,31 @@ func BenchmarkForwardBackward(b *testing.B) {
 		}
 	}
 	b.ReportMetric(float64(b.N*n)/b.Elapsed().Seconds(), "positions/s")
+}
+
+// TestGenerateStopsWhenCancelled: a request whose caller gave up (a client
+// that disconnected from a policy server) stops between two tokens with
+// the context's error, instead of sampling to its MaxTokens. The request
+// here has no stop id and a bound it would take hours to reach.
+func TestGenerateStopsWhenCancelled(t *testing.T) {
+	m := testModel(t, DefaultConfig(), 7)
+	pol := NewPolicy(m, 0)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	s := Settings{Behavior: Behavior{Temperature: 1}, MaxTokens: math.MaxInt32}
+	done := make(chan error, 1)
+	go func() {
+		_, err := pol.Generate(ctx, []Request{{Context: []int32{1, 2, 3}, Settings: s, Seed: 1}})
+		done <- err
+	}()
+	time.Sleep(50 * time.Millisecond) // let it sample a while first
+	cancel()
+	select {
+	case err := <-done:
+		if !errors.Is(err, context.Canceled) {
+			t.Fatalf("cancelled generation returned %v, want context.Canceled", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("generation went on 30 s after its context was cancelled")
+	}
 }

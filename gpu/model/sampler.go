@@ -118,7 +118,7 @@ func (p *Policy) Generate(ctx context.Context, reqs []Request) ([]Sample, error)
 					errs[i] = err
 					continue
 				}
-				out[i], errs[i] = p.generate(&g, reqs[i])
+				out[i], errs[i] = p.generate(ctx, &g, reqs[i])
 			}
 		}()
 	}
@@ -148,7 +148,9 @@ type generator struct {
 	lp       [1]float32
 }
 
-func (p *Policy) generate(g *generator, r Request) (Sample, error) {
+// generate samples one request; it stops with ctx's error between two
+// tokens once ctx is done, so an abandoned request stops costing CPU.
+func (p *Policy) generate(ctx context.Context, g *generator, r Request) (Sample, error) {
 	if err := r.Settings.Validate(); err != nil {
 		return Sample{}, err
 	}
@@ -169,11 +171,16 @@ func (p *Policy) generate(g *generator, r Request) (Sample, error) {
 	g.beh = grow(g.beh, V)
 	g.prob = grow(g.prob, V)
 	rng := rand.New(rand.NewPCG(r.Seed, 0x73616d706c6572)) // "sampler"
-	seq := append(make([]int32, 0, len(r.Context)+r.Settings.MaxTokens), r.Context...)
+	// MaxTokens is a bound, not a forecast: most samples stop long before
+	// it, so the buffers grow as tokens come.
+	seq := append(make([]int32, 0, len(r.Context)+min(r.Settings.MaxTokens, 1024)), r.Context...)
 	s := Sample{PolicyVersion: p.version, Finish: FinishLength}
 	v := p.m.Views()
 	target := []int32{0}
 	for n := 0; n < r.Settings.MaxTokens; n++ {
+		if err := ctx.Err(); err != nil {
+			return Sample{}, err
+		}
 		i := len(seq) - 1
 		windowAt(seq, i, int32(i), g.win)
 		p.m.positionLogits(v, g.win, g.x, g.h, g.raw)

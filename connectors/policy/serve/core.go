@@ -42,7 +42,16 @@ type Config struct {
 	// stop-id field). nil: rollout.TokEnd, the built-in end of action; an
 	// empty non-nil slice: none.
 	EOG []int32
+	// MaxTokens is the most tokens one request may generate; 0:
+	// DefaultMaxTokens. A request asking for more is refused with 400
+	// naming its field and this limit (as vLLM refuses one past its
+	// max_model_len), never cut short in silence. The info endpoints
+	// report it ("max_tokens").
+	MaxTokens int
 }
+
+// DefaultMaxTokens is Config.MaxTokens when it is left 0.
+const DefaultMaxTokens = 65536
 
 // loaded is one policy version ready to serve: immutable once built, so
 // a request holding it never sees another version's weights.
@@ -87,6 +96,12 @@ func newCore(cfg Config) (*core, error) {
 	}
 	if cfg.EOG == nil {
 		cfg.EOG = []int32{tokEnd}
+	}
+	switch {
+	case cfg.MaxTokens < 0:
+		return nil, fmt.Errorf("%w: serve: max tokens %d must be positive (0: %d)", policy.ErrConfig, cfg.MaxTokens, DefaultMaxTokens)
+	case cfg.MaxTokens == 0:
+		cfg.MaxTokens = DefaultMaxTokens
 	}
 	return &core{cfg: cfg, dir: dir, models: map[string]*loaded{}, checksum: map[int64]string{}}, nil
 }
@@ -191,6 +206,15 @@ func (c *core) setCurrent(l *loaded) {
 	c.mu.Lock()
 	c.current = l
 	c.mu.Unlock()
+}
+
+// checkMaxTokens refuses n generated tokens past the server's limit;
+// field is the request's name for them.
+func (c *core) checkMaxTokens(field string, n int) error {
+	if n > c.cfg.MaxTokens {
+		return fmt.Errorf("%s %d exceeds this server's limit of %d tokens per request (trajflow serve policy --max-tokens)", field, n, c.cfg.MaxTokens)
+	}
+	return nil
 }
 
 // generate samples one request on l with the server's grammar.

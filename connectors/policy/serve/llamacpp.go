@@ -294,6 +294,9 @@ func (s *Server) llamaCompletion(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	st, seed, err := s.c.llamaSettings(&q)
+	if err == nil {
+		err = s.c.checkMaxTokens("n_predict", st.MaxTokens)
+	}
 	if err != nil {
 		writeError(w, http.StatusBadRequest, "completion: %v", err)
 		return
@@ -473,6 +476,7 @@ func (s *Server) llamaProps(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, map[string]any{
 		"build_info": Software, "model_path": path, "chat_template": chatTemplate, "total_slots": 1,
 		"n_vocab": s.vocab(), "tokenizer_hash": rollout.TokenizerHash, "grammar": s.grammarID(), "trajflow_seed": true,
+		"max_tokens":                  s.c.cfg.MaxTokens,
 		"default_generation_settings": map[string]any{"n_ctx": 0},
 	})
 }

@@ -212,6 +212,9 @@ func (s *Server) sglangGenerate(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	st, seed, err := sglangSettings(&q.SamplingParams, l.m.Config.Vocab)
+	if err == nil {
+		err = s.c.checkMaxTokens("sampling_params.max_new_tokens", st.MaxTokens)
+	}
 	if err != nil {
 		writeError(w, http.StatusBadRequest, "generate: %v", err)
 		return
@@ -350,7 +353,7 @@ func (s *Server) sglangServerInfo(w http.ResponseWriter, r *http.Request) {
 	info := map[string]any{
 		"version": Software, "weight_version": s.weightVersion(), "vocab_size": s.vocab(),
 		"tokenizer_hash": rollout.TokenizerHash, "chat_template_hash": chatTemplateHash, "grammar": s.grammarID(),
-		"skip_tokenizer_init": false, "enable_deterministic_inference": true,
+		"skip_tokenizer_init": false, "enable_deterministic_inference": true, "max_tokens": s.c.cfg.MaxTokens,
 	}
 	if l := s.c.getCurrent(); l != nil {
 		info["model_path"] = l.manifest

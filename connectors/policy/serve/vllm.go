@@ -94,6 +94,7 @@ func (s *Server) vllmRoutes(mux *http.ServeMux) {
 		writeJSON(w, http.StatusOK, map[string]any{
 			"version": Software, "logprobs_mode": "processed_logprobs", "vocab_size": s.vocab(),
 			"tokenizer_hash": rollout.TokenizerHash, "chat_template_hash": chatTemplateHash, "grammar": s.grammarID(),
+			"max_tokens": s.c.cfg.MaxTokens,
 		})
 	})
 	mux.HandleFunc("POST /tokenize", func(w http.ResponseWriter, r *http.Request) {
@@ -264,6 +265,9 @@ func (s *Server) vllmGenerate(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	st, seed, err := vllmSettings(&q.SamplingParams, l.m.Config.Vocab)
+	if err == nil {
+		err = s.c.checkMaxTokens("sampling_params.max_tokens", st.MaxTokens)
+	}
 	if err != nil {
 		writeError(w, http.StatusBadRequest, "generate: %v", err)
 		return
