@@ -13,6 +13,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/trajflow/trajflow/connectors/policy"
 	"github.com/trajflow/trajflow/gpu"
@@ -70,6 +71,7 @@ type core struct {
 	cfg  Config
 	dir  string
 	gate gate
+	met  *metrics
 
 	mu       sync.Mutex
 	current  *loaded            // SGLang, vLLM: the version new requests get
@@ -103,7 +105,9 @@ func newCore(cfg Config) (*core, error) {
 	case cfg.MaxTokens == 0:
 		cfg.MaxTokens = DefaultMaxTokens
 	}
-	return &core{cfg: cfg, dir: dir, models: map[string]*loaded{}, checksum: map[int64]string{}}, nil
+	c := &core{cfg: cfg, dir: dir, models: map[string]*loaded{}, checksum: map[int64]string{}}
+	c.met = newMetrics(c)
+	return c, nil
 }
 
 // manifestPath is the path of version v's manifest.
@@ -114,6 +118,12 @@ func (c *core) manifestPath(v int64) string { return filepath.Join(c.dir, gpu.Ma
 // (checkpoint hash and model config hash), then the same verified bytes
 // as a model for the logits the protocols report besides samples.
 func (c *core) load(v int64) (*loaded, error) {
+	l, err := c.loadRelease(v)
+	c.met.observeLoad(err)
+	return l, err
+}
+
+func (c *core) loadRelease(v int64) (*loaded, error) {
 	if v < 0 {
 		return nil, fmt.Errorf("serve: policy version %d", v)
 	}
@@ -220,7 +230,13 @@ func (c *core) checkMaxTokens(field string, n int) error {
 // generate samples one request on l with the server's grammar.
 func (c *core) generate(ctx context.Context, l *loaded, prompt []int32, s model.Settings, seed uint64, id string) (model.Sample, error) {
 	s.Grammar = c.cfg.Grammar
+	start := time.Now()
 	out, err := l.pol.Generate(ctx, []model.Request{{Context: prompt, Settings: s, Seed: seed, ID: id}})
+	n := 0
+	if err == nil {
+		n = len(out[0].Tokens)
+	}
+	c.met.observeGenerate(start, len(prompt), n, err)
 	if err != nil {
 		return model.Sample{}, err
 	}

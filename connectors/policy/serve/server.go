@@ -10,7 +10,10 @@
 // hash) through each protocol's weight-update calls, and switches versions
 // atomically: a request takes the version current when it starts and keeps
 // it to its end, so no request ever sees two versions' weights (systems
-// §8). See the files of each protocol for their endpoints.
+// §8). See the files of each protocol for their endpoints; every protocol
+// also serves GET /metrics (Prometheus: requests by route and status,
+// prompt and generated tokens, generation time, requests in flight, pause,
+// loaded version, release loads).
 package serve
 
 import (
@@ -23,6 +26,7 @@ import (
 type Server struct {
 	c   *core
 	mux *http.ServeMux
+	h   http.Handler // mux, counted, with GET /metrics
 }
 
 // New returns a server of cfg.Protocol with no version loaded: call Load
@@ -42,11 +46,12 @@ func New(cfg Config) (*Server, error) {
 	case "vllm":
 		s.vllmRoutes(s.mux)
 	}
+	s.h = c.met.instrument(s.mux)
 	return s, nil
 }
 
 // ServeHTTP implements http.Handler.
-func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.mux.ServeHTTP(w, r) }
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.h.ServeHTTP(w, r) }
 
 // Protocol is the protocol served.
 func (s *Server) Protocol() string { return s.c.cfg.Protocol }
