@@ -86,6 +86,8 @@ func (c *checker) run() {
 			// e.g. weightsync, for a run whose policy is not on servers
 		case n == 0:
 			c.fail("stage %s: no Deployment or StatefulSet runs `trajflow run %s`", st, st)
+		case c.contract != nil && !operators.Needed(st, c.contract):
+			c.fail("stage %s: the contract does not need it (policy.protocol %s): `trajflow run %s` would exit with a configuration error", st, c.contract.Policy.Protocol, st)
 		case n > 1:
 			c.fail("stage %s: %d workloads run it, want one", st, n)
 		}
@@ -100,8 +102,12 @@ func (c *checker) run() {
 			c.secrets("Job "+j.Name, ct, j.Spec.Template.Spec.Volumes)
 		}
 	}
+	servers := c.s.ServerWorkloads()
+	c.policyEndpoints(servers["policy"])
+	c.envAddresses(servers["env"], byStage["rollout"])
 	c.scaledObjects(byStage)
 	c.pdbs(byStage)
+	c.pdbs(servers)
 }
 
 // partitions is how many instances of stage can own a partition: the most
@@ -129,7 +135,11 @@ func (c *checker) workload(w Workload) {
 	ct := spec.Containers[0]
 	stage := StageOf(ct)
 	if stage == "" {
-		c.fail("%s: its container does not run `trajflow run STAGE`", where)
+		if kind := ServerOf(ct); kind != "" {
+			c.server(w, kind)
+			return
+		}
+		c.fail("%s: its container does not run `trajflow run STAGE` or `trajflow serve policy|env`", where)
 		return
 	}
 	where += " (" + stage + ")"
@@ -361,21 +371,30 @@ func (c *checker) secrets(where string, ct corev1.Container, vols []corev1.Volum
 			c.fail("%s: an argument mentions a password (%q): use --client-config from a Secret", where, a)
 		}
 	}
-	cfg, ok := Flag(ct.Args, "client-config")
-	if !ok {
-		return
+	for _, flag := range []string{"client-config", "env-key-file", "key-file"} {
+		file, ok := Flag(ct.Args, flag)
+		if !ok {
+			continue
+		}
+		if _, ok := secretOf(file, ct, vols); !ok {
+			c.fail("%s: --%s %s is not a file of a Secret volume", where, flag, file)
+		}
 	}
+}
+
+// secretOf is the name of the Secret whose volume holds file in ct.
+func secretOf(file string, ct corev1.Container, vols []corev1.Volume) (string, bool) {
 	for _, m := range ct.VolumeMounts {
-		if !under(cfg, m.MountPath) {
+		if !under(file, m.MountPath) {
 			continue
 		}
 		for _, v := range vols {
 			if v.Name == m.Name && v.Secret != nil {
-				return
+				return v.Secret.SecretName, true
 			}
 		}
 	}
-	c.fail("%s: --client-config %s is not a file of a Secret volume", where, cfg)
+	return "", false
 }
 
 func (c *checker) mounts(where string, ct corev1.Container, vols []corev1.Volume, claims []corev1.PersistentVolumeClaim) {

@@ -92,7 +92,9 @@ func TestManifests(t *testing.T) {
 		dir           string
 		scaledObjects int
 		clientConfig  bool
-	}{{"base", 0, false}, {"overlays/dev", 0, false}, {"overlays/production", 4, true}, {"overlays/second-run", 4, true}} {
+		servers       bool // components/servers: policy and environment on servers
+	}{{"base", 0, false, false}, {"overlays/dev", 0, false, false}, {"overlays/production", 4, true, false},
+		{"overlays/second-run", 4, true, false}, {"overlays/servers", 0, false, true}} {
 		t.Run(tc.dir, func(t *testing.T) {
 			s, errs := load(t, tc.dir)
 			for _, err := range errs {
@@ -104,8 +106,11 @@ func TestManifests(t *testing.T) {
 			by := s.StageWorkloads()
 			for _, st := range operators.Names() {
 				want := 1
-				if st == "weightsync" {
+				switch {
+				case st == "weightsync" && !tc.servers:
 					want = 0 // the manifests' contract runs the built-in policy
+				case (st == "eval" || st == "gate") && tc.servers:
+					want = 0 // the evaluation plane runs the built-in policy in process
 				}
 				if len(by[st]) != want {
 					t.Errorf("stage %s: %d workloads, want %d", st, len(by[st]), want)

@@ -243,6 +243,9 @@ type Workload struct {
 	Pod   corev1.PodTemplateSpec
 	// Claims are the StatefulSet's volume claim templates.
 	Claims []corev1.PersistentVolumeClaim
+	// Service is the StatefulSet's governing Service (its pods' DNS names
+	// are NAME-N.SERVICE).
+	Service string
 }
 
 // Workloads lists every Deployment and StatefulSet.
@@ -265,7 +268,8 @@ func (s *Set) Workloads() []Workload {
 		out = append(out, w)
 	}
 	for _, st := range s.StatefulSets {
-		w := Workload{Kind: "StatefulSet", Name: st.Name, Replicas: 1, Strategy: string(st.Spec.UpdateStrategy.Type), Pod: st.Spec.Template, Claims: st.Spec.VolumeClaimTemplates}
+		w := Workload{Kind: "StatefulSet", Name: st.Name, Replicas: 1, Strategy: string(st.Spec.UpdateStrategy.Type), Pod: st.Spec.Template,
+			Claims: st.Spec.VolumeClaimTemplates, Service: st.Spec.ServiceName}
 		if st.Spec.Replicas != nil {
 			w.Replicas = *st.Spec.Replicas
 		}
@@ -287,6 +291,33 @@ func StageOf(c corev1.Container) string {
 		return args[1]
 	}
 	return ""
+}
+
+// ServerOf is the end a container serves (`trajflow serve KIND ...`:
+// policy or env), or "".
+func ServerOf(c corev1.Container) string {
+	args := append(append([]string(nil), c.Command...), c.Args...)
+	if len(args) > 0 && strings.HasSuffix(args[0], "trajflow") {
+		args = args[1:]
+	}
+	if len(args) >= 2 && args[0] == "serve" {
+		return args[1]
+	}
+	return ""
+}
+
+// ServerWorkloads maps each served end (policy, env) to the workloads
+// whose containers serve it.
+func (s *Set) ServerWorkloads() map[string][]Workload {
+	out := map[string][]Workload{}
+	for _, w := range s.Workloads() {
+		for _, c := range w.Pod.Spec.Containers {
+			if k := ServerOf(c); k != "" {
+				out[k] = append(out[k], w)
+			}
+		}
+	}
+	return out
 }
 
 // Flag returns the value of --name in args ("--name V" or "--name=V").
