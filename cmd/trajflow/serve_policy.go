@@ -31,6 +31,7 @@ func cmdServePolicy(ctx context.Context, args []string, stdout, stderr io.Writer
 	path := fs.String("contract", "", "learning contract (default: the built-in demo contract): its tokenizer must be the built-in one; its sampler.stop_token_ids are llama.cpp's end-of-generation ids")
 	version := fs.Int64("version", 0, "release to load at start (0: the newest in --releases; none there: wait for a weight-update call)")
 	maxTokens := fs.Int("max-tokens", serve.DefaultMaxTokens, "most tokens one request may generate; a request asking for more is refused (400) naming its field and this limit")
+	maxPrompt := fs.Int("max-prompt-tokens", serve.DefaultMaxPromptTokens, "most ids one request may carry (a prompt, ids to detokenize); more is refused (400)")
 	if _, err := parseFlags(fs, args); err != nil {
 		return err
 	}
@@ -43,6 +44,8 @@ func cmdServePolicy(ctx context.Context, args []string, stdout, stderr io.Writer
 		return fmt.Errorf("%w: --port %d", errUsage, *port)
 	case *maxTokens < 1:
 		return fmt.Errorf("%w: --max-tokens %d must be at least 1", errUsage, *maxTokens)
+	case *maxPrompt < 1:
+		return fmt.Errorf("%w: --max-prompt-tokens %d must be at least 1", errUsage, *maxPrompt)
 	}
 	c, err := loadContract(*path)
 	if err != nil {
@@ -55,7 +58,7 @@ func cmdServePolicy(ctx context.Context, args []string, stdout, stderr io.Writer
 	if err != nil {
 		return err
 	}
-	srv, err := serve.New(serve.Config{Protocol: *proto, Releases: *dir, Grammar: reg.Grammar(), EOG: append([]int32{}, c.Sampler.StopTokenIDs...), MaxTokens: *maxTokens})
+	srv, err := serve.New(serve.Config{Protocol: *proto, Releases: *dir, Grammar: reg.Grammar(), EOG: append([]int32{}, c.Sampler.StopTokenIDs...), MaxTokens: *maxTokens, MaxPromptTokens: *maxPrompt})
 	if errors.Is(err, policy.ErrConfig) { // a --releases that is not a directory: exit status 2
 		return fmt.Errorf("%w: --releases: %w", errUsage, err)
 	}
@@ -89,10 +92,19 @@ func cmdServePolicy(ctx context.Context, args []string, stdout, stderr io.Writer
 		return err
 	case <-ctx.Done():
 	}
+	// Requests waiting at a pause answer 503 now; those generating get
+	// until the deadline, then their connections are closed.
+	srv.Stop()
 	sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	if err := hs.Shutdown(sctx); err != nil {
-		return err
+		if !errors.Is(err, context.DeadlineExceeded) {
+			return err
+		}
+		fmt.Fprintf(stderr, "serve policy: %d requests still generating after 10 s; closing their connections\n", srv.InFlight())
+		if err := hs.Close(); err != nil {
+			return err
+		}
 	}
 	if err := <-errc; !errors.Is(err, http.ErrServerClosed) {
 		return err

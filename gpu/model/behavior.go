@@ -58,10 +58,18 @@ type Behavior struct {
 	Grammar     Grammar `json:"-"`           // nil = unconstrained
 }
 
+// MinTemperature is the smallest temperature a Behavior takes: float32
+// logits divided by less can overflow to infinity (greedy decoding is
+// TopK 1 at temperature 1).
+const MinTemperature = 1e-6
+
 // Validate reports whether b is usable (ErrConfig).
 func (b Behavior) Validate() error {
 	if !(b.Temperature > 0) || math.IsInf(b.Temperature, 0) {
 		return fmt.Errorf("%w: temperature %v must be positive and finite", ErrConfig, b.Temperature)
+	}
+	if b.Temperature < MinTemperature {
+		return fmt.Errorf("%w: temperature %v is below %v: logits divided by it overflow float32 (greedy decoding is top_k 1 at temperature 1)", ErrConfig, b.Temperature, MinTemperature)
 	}
 	if b.TopK < 0 {
 		return fmt.Errorf("%w: top_k %d must not be negative", ErrConfig, b.TopK)
@@ -240,6 +248,36 @@ func (m *Model) BehaviorLogits(b Behavior, tokens, positions []int32, need []boo
 		}
 	}
 	return nil
+}
+
+// NextLogits computes the model's raw logits and the behavior's logits for
+// the token that follows tokens: the distribution Policy.Generate draws the
+// token at len(tokens) from, bit for bit (the same window, forward pass and
+// transform over the whole prefix), without the rest of the sequence's
+// positions. raw and out hold Vocab entries each. The tokens of the
+// model's window must be in the vocabulary; the caller checked the rest.
+func (m *Model) NextLogits(b Behavior, tokens []int32, raw, out []float32) error {
+	c := m.Config
+	switch {
+	case len(tokens) == 0:
+		return fmt.Errorf("%w: next logits of an empty sequence", ErrShape)
+	case len(raw) != c.Vocab || len(out) != c.Vocab:
+		return fmt.Errorf("%w: %d raw and %d behavior logits, vocab %d", ErrShape, len(raw), len(out), c.Vocab)
+	}
+	if err := b.Validate(); err != nil {
+		return err
+	}
+	i := len(tokens) - 1
+	win := make([]int32, c.Window)
+	windowAt(tokens, i, int32(i), win)
+	for s, t := range win {
+		if t != PadID && (t < 0 || int(t) >= c.Vocab) {
+			return fmt.Errorf("%w: token %d at position %d, vocab %d", ErrToken, t, i-(c.Window-1)+s, c.Vocab)
+		}
+	}
+	m.positionLogits(m.Views(), win, make([]float32, c.In()), make([]float32, c.Hidden), raw)
+	var t transformer
+	return b.transform(&t, raw, tokens, out)
 }
 
 // BackpropBehavior turns dLoss/d(behavior logits) into dLoss/d(model

@@ -408,6 +408,7 @@ func TestSettingsValidate(t *testing.T) {
 		{Behavior: Behavior{Temperature: 1, TopK: -1}, MaxTokens: 1},
 		{Behavior: Behavior{Temperature: 1, TopP: 1.5}, MaxTokens: 1},
 		{Behavior: Behavior{Temperature: math.Inf(1)}, MaxTokens: 1},
+		{Behavior: Behavior{Temperature: 1e-40}, MaxTokens: 1}, // overflows float32 logits
 	} {
 		if err := s.Validate(); !errors.Is(err, ErrConfig) {
 			t.Errorf("%+v: err %v", s, err)
@@ -484,5 +485,41 @@ func TestGenerateStopsWhenCancelled(t *testing.T) {
 		}
 	case <-time.After(30 * time.Second):
 		t.Fatal("generation went on 30 s after its context was cancelled")
+	}
+}
+
+// TestNextLogitsMatchesBehaviorLogits: the one-row computation a server
+// reports top lists with equals, bit for bit, the row of the whole
+// sequence's BehaviorLogits at every position after the prompt, grammar
+// and truncation included.
+func TestNextLogitsMatchesBehaviorLogits(t *testing.T) {
+	m := testModel(t, DefaultConfig(), 7)
+	b := Behavior{Temperature: 0.7, TopK: 5, TopP: 0.9, Grammar: evenOdd{}}
+	out, err := NewPolicy(m, 0).Generate(context.Background(), []Request{{Context: []int32{1, 2, 3}, Settings: Settings{Behavior: b, MaxTokens: 12}, Seed: 5}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	seq := append([]int32{1, 2, 3}, out[0].Tokens...)
+	V := m.Config.Vocab
+	raw, beh := make([]float32, len(seq)*V), make([]float32, len(seq)*V)
+	if err := m.BehaviorLogits(b, seq, nil, nil, nil, raw, beh); err != nil {
+		t.Fatal(err)
+	}
+	r, o := make([]float32, V), make([]float32, V)
+	for i := 2; i < len(seq); i++ {
+		if err := m.NextLogits(b, seq[:i+1], r, o); err != nil {
+			t.Fatal(err)
+		}
+		for v := range V {
+			if math.Float32bits(r[v]) != math.Float32bits(raw[i*V+v]) || math.Float32bits(o[v]) != math.Float32bits(beh[i*V+v]) {
+				t.Fatalf("position %d id %d: next %v/%v, whole sequence %v/%v", i, v, r[v], o[v], raw[i*V+v], beh[i*V+v])
+			}
+		}
+	}
+	if err := m.NextLogits(b, nil, r, o); !errors.Is(err, ErrShape) {
+		t.Fatalf("empty sequence: %v", err)
+	}
+	if err := m.NextLogits(b, []int32{1, int32(V)}, r, o); !errors.Is(err, ErrToken) {
+		t.Fatalf("a token past the vocabulary: %v", err)
 	}
 }

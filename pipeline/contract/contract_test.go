@@ -363,6 +363,7 @@ func TestValidationErrors(t *testing.T) {
 		{"temperature inf", []any{"sampler.temperature", inf}, "sampler.temperature: must be finite"},
 		{"top_p zero", []any{"sampler.top_p", 0}, "sampler.top_p: must be in (0, 1], got 0"},
 		{"top_p above one", []any{"sampler.top_p", 1.5}, "sampler.top_p: must be in (0, 1]"},
+		{"temperature overflowing", []any{"sampler.temperature", 1e-7}, "sampler.temperature: must be >= 1e-06"},
 		{"top_k negative", []any{"sampler.top_k", -1}, "sampler.top_k: must be >= 0"},
 		{"min_p one", []any{"sampler.min_p", 1}, "sampler.min_p: must be in [0, 1)"},
 		{"action tokens zero", []any{"sampler.max_tokens_per_action", 0}, "sampler.max_tokens_per_action: must be >= 1"},

@@ -314,6 +314,9 @@ func (c *Contract) validateArtifacts(v *validator) {
 func (c *Contract) validateSampler(v *validator) {
 	s := c.Sampler
 	v.positive("sampler.temperature", s.Temperature)
+	if s.Temperature > 0 && s.Temperature < 1e-6 { // gpu/model.MinTemperature
+		v.add("sampler.temperature", "must be >= 1e-06 (logits divided by less overflow float32; greedy decoding is top_k 1), got %s", g(s.Temperature))
+	}
 	if !(s.TopP > 0 && s.TopP <= 1) {
 		v.add("sampler.top_p", "must be in (0, 1], got %s", g(s.TopP))
 	}

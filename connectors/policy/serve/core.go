@@ -49,10 +49,26 @@ type Config struct {
 	// max_model_len), never cut short in silence. The info endpoints
 	// report it ("max_tokens").
 	MaxTokens int
+	// MaxPromptTokens is the most ids one request may carry (a prompt, the
+	// ids to detokenize); 0: DefaultMaxPromptTokens. More is refused with
+	// 400 naming the field and this limit.
+	MaxPromptTokens int
 }
 
-// DefaultMaxTokens is Config.MaxTokens when it is left 0.
-const DefaultMaxTokens = 65536
+// Defaults of Config's limits.
+const (
+	DefaultMaxTokens       = 65536
+	DefaultMaxPromptTokens = 1 << 20
+)
+
+// Limits of one HTTP exchange: a request body is at most maxBody bytes
+// (more: 413) and must arrive within bodyTimeout; an answer must be taken
+// by the client within writeTimeout, or the connection is dropped.
+const (
+	maxBody      = 16 << 20
+	bodyTimeout  = 60 * time.Second
+	writeTimeout = 60 * time.Second
+)
 
 // loaded is one policy version ready to serve: immutable once built, so
 // a request holding it never sees another version's weights.
@@ -105,6 +121,12 @@ func newCore(cfg Config) (*core, error) {
 	case cfg.MaxTokens == 0:
 		cfg.MaxTokens = DefaultMaxTokens
 	}
+	switch {
+	case cfg.MaxPromptTokens < 0:
+		return nil, fmt.Errorf("%w: serve: max prompt tokens %d must be positive (0: %d)", policy.ErrConfig, cfg.MaxPromptTokens, DefaultMaxPromptTokens)
+	case cfg.MaxPromptTokens == 0:
+		cfg.MaxPromptTokens = DefaultMaxPromptTokens
+	}
 	c := &core{cfg: cfg, dir: dir, models: map[string]*loaded{}, checksum: map[int64]string{}}
 	c.met = newMetrics(c)
 	return c, nil
@@ -128,7 +150,7 @@ func (c *core) loadRelease(v int64) (*loaded, error) {
 		return nil, fmt.Errorf("serve: policy version %d", v)
 	}
 	path := c.manifestPath(v)
-	b, err := os.ReadFile(path)
+	b, err := readRegular(path, 1<<20)
 	if err != nil {
 		return nil, fmt.Errorf("serve: release %d: %w", v, err)
 	}
@@ -141,22 +163,67 @@ func (c *core) loadRelease(v int64) (*loaded, error) {
 	if rel.PolicyVersion != v {
 		return nil, fmt.Errorf("serve: manifest %s declares version %d", path, rel.PolicyVersion)
 	}
-	pol, err := gpu.LoadRelease(rel)
+	ck, err := c.readCheckpoint(path, rel)
+	if err != nil {
+		return nil, err
+	}
+	m, err := gpu.ModelFromRelease(rel, ck) // Ready, checkpoint hash, model config hash
 	if err != nil {
 		return nil, fmt.Errorf("serve: %w", err)
 	}
-	ck, err := os.ReadFile(filepath.FromSlash(strings.TrimPrefix(rel.CheckpointURI, "file://")))
-	if err != nil {
-		return nil, fmt.Errorf("serve: release %d: %w", v, err)
-	}
-	m, err := model.LoadVerified(ck, rel.CheckpointHash)
-	if err != nil {
-		return nil, fmt.Errorf("serve: release %d: %w", v, err)
-	}
+	pol := model.NewPolicy(m, v)
 	c.mu.Lock()
 	c.checksum[v] = strings.TrimPrefix(rel.CheckpointHash, "sha256:")
 	c.mu.Unlock()
 	return &loaded{version: v, name: policy.ModelName(v), pol: pol, m: m, rel: rel, manifest: path}, nil
+}
+
+// maxCheckpointBytes bounds a checkpoint file the server reads.
+const maxCheckpointBytes = 1 << 30
+
+// readCheckpoint reads the checkpoint of release rel (manifest at
+// manifest) from the releases directory: the file gpu.CheckpointName of
+// its version there, whatever directory its checkpoint_uri names (a
+// copied releases directory serves its own files; the hash check says
+// whether they are the release's), a regular file of bounded size. A
+// checkpoint_uri naming another file is refused.
+func (c *core) readCheckpoint(manifest string, rel schemas.PolicyRelease) ([]byte, error) {
+	name := gpu.CheckpointName(rel.PolicyVersion)
+	if base := filepath.Base(filepath.FromSlash(strings.TrimPrefix(rel.CheckpointURI, "file://"))); base != name {
+		return nil, fmt.Errorf("serve: manifest %s: checkpoint_uri %q is not the release's checkpoint %s", manifest, rel.CheckpointURI, name)
+	}
+	b, err := readRegular(filepath.Join(c.dir, name), maxCheckpointBytes)
+	if err != nil {
+		return nil, fmt.Errorf("serve: release %d: %w", rel.PolicyVersion, err)
+	}
+	return b, nil
+}
+
+// readRegular reads path, which must be a regular file (not a link, device
+// or pipe, which could block or never end) of at most max bytes.
+func readRegular(path string, max int64) ([]byte, error) {
+	st, err := os.Lstat(path)
+	switch {
+	case err != nil:
+		return nil, err
+	case !st.Mode().IsRegular():
+		return nil, fmt.Errorf("%s is not a regular file (%s)", path, st.Mode().Type())
+	case st.Size() > max:
+		return nil, fmt.Errorf("%s has %d bytes, more than %d", path, st.Size(), max)
+	}
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	b, err := io.ReadAll(io.LimitReader(f, max+1))
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	if int64(len(b)) > max {
+		return nil, fmt.Errorf("%s grew past %d bytes while read", path, max)
+	}
+	return b, nil
 }
 
 // versionOfPath resolves a model path a weight-update call names: a
@@ -247,6 +314,7 @@ func (c *core) generate(ctx context.Context, l *loaded, prompt []int32, s model.
 // tracks the requests in flight.
 type gate struct {
 	mu       sync.Mutex
+	closed   chan struct{} // closed by close: the server is stopping
 	paused   bool
 	resumed  chan struct{} // closed by resume
 	inflight map[*flight]struct{}
@@ -257,10 +325,42 @@ type flight struct{ cancel context.CancelCauseFunc }
 
 var errAborted = errors.New("request aborted by a pause in abort mode")
 
+// errStopping is returned by enter once the server is stopping.
+var errStopping = errors.New("the server is stopping")
+
+// closing is closed once the server stops taking requests.
+func (g *gate) closing() chan struct{} {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.closed == nil {
+		g.closed = make(chan struct{})
+	}
+	return g.closed
+}
+
+// close makes every request waiting at a pause, and every later one,
+// return errStopping; requests in flight go on.
+func (g *gate) close() {
+	ch := g.closing()
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	select {
+	case <-ch:
+	default:
+		close(ch)
+	}
+}
+
 // enter waits while generation is paused, then registers a request in
 // flight; the returned context is cancelled if a pause aborts it.
 func (g *gate) enter(ctx context.Context) (context.Context, func(), error) {
+	stop := g.closing()
 	for {
+		select {
+		case <-stop:
+			return nil, nil, errStopping
+		default:
+		}
 		g.mu.Lock()
 		if !g.paused {
 			break
@@ -269,6 +369,8 @@ func (g *gate) enter(ctx context.Context) (context.Context, func(), error) {
 		g.mu.Unlock()
 		select {
 		case <-ch:
+		case <-stop:
+			return nil, nil, errStopping
 		case <-ctx.Done():
 			return nil, nil, ctx.Err()
 		}
@@ -280,7 +382,13 @@ func (g *gate) enter(ctx context.Context) (context.Context, func(), error) {
 		g.inflight = map[*flight]struct{}{}
 	}
 	g.inflight[f] = struct{}{}
-	return fctx, func() {
+	var once sync.Once
+	return fctx, func() { once.Do(func() { g.leave(f, cancel) }) }, nil
+}
+
+// leave ends flight f.
+func (g *gate) leave(f *flight, cancel context.CancelCauseFunc) {
+	{
 		cancel(nil)
 		g.mu.Lock()
 		delete(g.inflight, f)
@@ -289,16 +397,35 @@ func (g *gate) enter(ctx context.Context) (context.Context, func(), error) {
 			g.idle = nil
 		}
 		g.mu.Unlock()
-	}, nil
+	}
+}
+
+// admit lets a generation request through the pause gate. The returned
+// leave ends its flight: call it once the generation is done, before the
+// answer is written. When the request cannot enter (the server is
+// stopping: 503; the client went away: nothing) admit answers and
+// returns false.
+func (c *core) admit(w http.ResponseWriter, r *http.Request, op string) (context.Context, func(), bool) {
+	ctx, leave, err := c.gate.enter(r.Context())
+	switch {
+	case errors.Is(err, errStopping):
+		writeError(w, http.StatusServiceUnavailable, "%s: %v", op, err)
+		return nil, nil, false
+	case err != nil:
+		return nil, nil, false
+	}
+	return ctx, leave, true
 }
 
 // pause stops new requests. mode "abort" aborts the requests in flight
-// (their answers say so; a generation already running is not interrupted
-// but its result is discarded) and returns once they are done; "wait"
-// returns once they have finished (on the version they started with);
-// "keep" (vLLM) and "in_place" (SGLang) leave them running. A request's
-// generation cannot be suspended half way, so no mode lets a request
-// continue on other weights.
+// (their generation stops at its next token; their answers say so) and
+// returns once they are done; "wait" returns once they have finished (on
+// the version they started with); "keep" (vLLM) and "in_place" (SGLang)
+// leave them running. A request is in flight while it generates, not while
+// its answer is written, so no client that is slow to read holds a pause.
+// A request's generation cannot be suspended half way, so no mode lets a
+// request continue on other weights. When ctx ends first, a pause this
+// call set is undone and ctx's error returned.
 func (g *gate) pause(ctx context.Context, mode string) error {
 	switch mode {
 	case "abort", "wait", "keep", "in_place", "retract":
@@ -306,7 +433,8 @@ func (g *gate) pause(ctx context.Context, mode string) error {
 		return fmt.Errorf("pause mode %q (want abort, wait, keep, in_place or retract)", mode)
 	}
 	g.mu.Lock()
-	if !g.paused {
+	set := !g.paused
+	if set {
 		g.paused = true
 		g.resumed = make(chan struct{})
 	}
@@ -328,6 +456,11 @@ func (g *gate) pause(ctx context.Context, mode string) error {
 	case <-idle:
 		return nil
 	case <-ctx.Done():
+		// The caller gave up: a pause it set is undone, so that a call
+		// that failed leaves generation as it found it.
+		if set {
+			g.resume()
+		}
 		return ctx.Err()
 	}
 }
@@ -350,13 +483,26 @@ func (g *gate) isPaused() bool {
 // aborted reports whether ctx was cancelled by a pause in abort mode.
 func aborted(ctx context.Context) bool { return errors.Is(context.Cause(ctx), errAborted) }
 
+// errBodyTooLarge is wrapped by decodeStrict when a body exceeds maxBody;
+// writeError answers it with 413.
+var errBodyTooLarge = fmt.Errorf("request body exceeds this server's limit of %d MiB", maxBody>>20)
+
 // decodeStrict decodes a request body into v: one JSON value, no unknown
 // fields (a field the server does not implement is refused, never
-// ignored).
-func decodeStrict(r *http.Request, v any) error {
-	b, err := io.ReadAll(io.LimitReader(r.Body, 64<<20))
+// ignored), at most maxBody bytes arriving within bodyTimeout.
+func decodeStrict(w http.ResponseWriter, r *http.Request, v any) error {
+	rc := http.NewResponseController(w)
+	_ = rc.SetReadDeadline(time.Now().Add(bodyTimeout)) // not every writer supports deadlines (tests)
+	b, err := io.ReadAll(io.LimitReader(r.Body, maxBody+1))
+	// No deadline once the body is in: the server watches the connection
+	// for a client that goes away while the request runs, and a deadline
+	// passing then would read as one.
+	_ = rc.SetReadDeadline(time.Time{})
 	if err != nil {
 		return fmt.Errorf("read body: %w", err)
+	}
+	if len(b) > maxBody {
+		return errBodyTooLarge
 	}
 	if len(bytes.TrimSpace(b)) == 0 {
 		b = []byte("{}")
@@ -379,6 +525,8 @@ func writeJSON(w http.ResponseWriter, code int, v any) {
 		http.Error(w, `{"error":"encode response"}`, http.StatusInternalServerError)
 		return
 	}
+	// A client that does not take its answer holds nothing past this.
+	_ = http.NewResponseController(w).SetWriteDeadline(time.Now().Add(writeTimeout))
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(code)
 	w.Write(b)
@@ -388,6 +536,11 @@ func writeJSON(w http.ResponseWriter, code int, v any) {
 // in llama.cpp's style, which SGLang and vLLM clients read as a message.
 func writeError(w http.ResponseWriter, code int, format string, args ...any) {
 	msg := fmt.Sprintf(format, args...)
+	for _, a := range args {
+		if err, ok := a.(error); ok && code == http.StatusBadRequest && errors.Is(err, errBodyTooLarge) {
+			code = http.StatusRequestEntityTooLarge
+		}
+	}
 	typ := "invalid_request_error"
 	if code >= 500 {
 		typ = "server_error"

@@ -1,6 +1,7 @@
 package serve
 
 import (
+	"context"
 	"fmt"
 	"math"
 	"slices"
@@ -18,34 +19,32 @@ type tokenProb struct {
 // details recomputes, for each sampled id of s, the raw log-prob (the
 // model's own distribution at temperature 1, no grammar or truncation:
 // llama.cpp's `logprob` without post_sampling_probs) and the top-n lists of
-// the raw and of the behavior distribution. The behavior logits are
-// computed by the same routine the sampler uses, so they are the sampler's
-// bit for bit.
-func (c *core) details(l *loaded, prompt []int32, st model.Settings, s model.Sample, n int) (rawLP []float32, rawTop, postTop [][]tokenProb, err error) {
+// the raw and of the behavior distribution. The logits of each generated
+// position are computed by model.NextLogits, the sampler's own routine, so
+// they are the sampler's bit for bit; memory is one row, whatever the
+// prompt's length. It stops with ctx's error between two positions.
+func (c *core) details(ctx context.Context, l *loaded, prompt []int32, st model.Settings, s model.Sample, n int) (rawLP []float32, rawTop, postTop [][]tokenProb, err error) {
 	st.Grammar = c.cfg.Grammar
 	V := l.m.Config.Vocab
 	seq := append(append(make([]int32, 0, len(prompt)+len(s.Tokens)), prompt...), s.Tokens...)
-	seq = seq[:len(seq)-1] // the last sampled id predicts nothing
-	first := len(prompt) - 1
-	need := make([]bool, len(seq))
-	for i := first; i < len(seq); i++ {
-		need[i] = true
-	}
-	raw := make([]float32, len(seq)*V)
-	beh := make([]float32, len(seq)*V)
-	if err := l.m.BehaviorLogits(st.Behavior, seq, nil, need, nil, raw, beh); err != nil {
-		return nil, nil, nil, fmt.Errorf("serve: recompute logits: %w", err)
-	}
+	raw := make([]float32, V)
+	beh := make([]float32, V)
 	rawLP = make([]float32, len(s.Tokens))
 	for k, tok := range s.Tokens {
-		j := first + k
-		rowRaw := raw[j*V : (j+1)*V]
-		if err := objective.LogSoftmaxGather(rowRaw, 1, V, []int32{tok}, rawLP[k:k+1]); err != nil {
+		if err := ctx.Err(); err != nil {
+			return nil, nil, nil, err
+		}
+		// The distribution tok was drawn from: after the prompt and the
+		// k ids sampled before it.
+		if err := l.m.NextLogits(st.Behavior, seq[:len(prompt)+k], raw, beh); err != nil {
+			return nil, nil, nil, fmt.Errorf("serve: recompute logits: %w", err)
+		}
+		if err := objective.LogSoftmaxGather(raw, 1, V, []int32{tok}, rawLP[k:k+1]); err != nil {
 			return nil, nil, nil, fmt.Errorf("serve: %w", err)
 		}
 		if n > 0 {
-			rawTop = append(rawTop, top(rowRaw, n, true))
-			postTop = append(postTop, top(beh[j*V:(j+1)*V], n, false))
+			rawTop = append(rawTop, top(raw, n, true))
+			postTop = append(postTop, top(beh, n, false))
 		}
 	}
 	return rawLP, rawTop, postTop, nil

@@ -234,10 +234,14 @@ func (c *core) llamaModel(name string) (*loaded, error) {
 	return l, nil
 }
 
-func parseIDs(raw json.RawMessage, field string) ([]int32, error) {
+// parseIDs reads a list of token ids of at most max entries.
+func parseIDs(raw json.RawMessage, field string, max int) ([]int32, error) {
 	var ids []int64
 	if err := json.Unmarshal(raw, &ids); err != nil {
 		return nil, fmt.Errorf("%s must be a list of token ids (text prompts are not served): %v", field, err)
+	}
+	if len(ids) > max {
+		return nil, fmt.Errorf("%s has %d ids, more than this server's limit of %d (trajflow serve policy --max-prompt-tokens)", field, len(ids), max)
 	}
 	out := make([]int32, len(ids))
 	for i, id := range ids {
@@ -284,11 +288,11 @@ func (s *Server) llamaCompletion(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	var q llamaCompletionReq
-	if err := decodeStrict(r, &q); err != nil {
+	if err := decodeStrict(w, r, &q); err != nil {
 		writeError(w, http.StatusBadRequest, "completion: %v", err)
 		return
 	}
-	prompt, err := parseIDs(q.Prompt, "prompt")
+	prompt, err := parseIDs(q.Prompt, "prompt", s.c.cfg.MaxPromptTokens)
 	if err != nil {
 		writeError(w, http.StatusBadRequest, "completion: %v", err)
 		return
@@ -306,25 +310,27 @@ func (s *Server) llamaCompletion(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadRequest, "completion: %v", err)
 		return
 	}
-	ctx, leave, err := s.c.gate.enter(r.Context())
-	if err != nil {
-		return // the client went away
+	ctx, leave, ok := s.c.admit(w, r, "completion")
+	if !ok {
+		return
 	}
-	defer leave()
+	defer leave() // a no-op once called below
 	smp, err := s.c.generate(ctx, l, prompt, st, seed, "")
 	if err != nil {
 		code := http.StatusBadRequest
 		if ctx.Err() != nil {
 			code = http.StatusInternalServerError
 		}
+		leave()
 		writeError(w, code, "completion: %v", err)
 		return
 	}
 	n := min(q.NProbs, l.m.Config.Vocab)
 	var probs []llamaProb
 	if q.NProbs > 0 {
-		rawLP, rawTop, postTop, err := s.c.details(l, prompt, st, smp, n)
+		rawLP, rawTop, postTop, err := s.c.details(ctx, l, prompt, st, smp, n)
 		if err != nil {
+			leave()
 			writeError(w, http.StatusInternalServerError, "completion: %v", err)
 			return
 		}
@@ -369,6 +375,7 @@ func (s *Server) llamaCompletion(w http.ResponseWriter, r *http.Request) {
 	if q.NProbs > 0 {
 		resp["completion_probabilities"] = probs
 	}
+	leave()
 	writeJSON(w, http.StatusOK, resp)
 }
 
@@ -405,7 +412,7 @@ func (s *Server) llamaTokenize(w http.ResponseWriter, r *http.Request) {
 		ParseSpecial *bool  `json:"parse_special"`
 		WithPieces   bool   `json:"with_pieces"`
 	}
-	if err := decodeStrict(r, &q); err != nil {
+	if err := decodeStrict(w, r, &q); err != nil {
 		writeError(w, http.StatusBadRequest, "tokenize: %v", err)
 		return
 	}
@@ -441,11 +448,11 @@ func (s *Server) llamaDetokenize(w http.ResponseWriter, r *http.Request) {
 		Model  string  `json:"model"` // as for /tokenize
 		Tokens []int64 `json:"tokens"`
 	}
-	if err := decodeStrict(r, &q); err != nil {
+	if err := decodeStrict(w, r, &q); err != nil {
 		writeError(w, http.StatusBadRequest, "detokenize: %v", err)
 		return
 	}
-	text, err := detokenize(q.Tokens, s.vocab())
+	text, err := detokenize(q.Tokens, s.vocab(), s.c.cfg.MaxPromptTokens)
 	if err != nil {
 		writeError(w, http.StatusBadRequest, "detokenize: %v", err)
 		return
@@ -459,7 +466,7 @@ func (s *Server) llamaApplyTemplate(w http.ResponseWriter, r *http.Request) {
 		Messages            []rollout.ChatMessage `json:"messages"`
 		AddGenerationPrompt *bool                 `json:"add_generation_prompt"`
 	}
-	if err := decodeStrict(r, &q); err != nil {
+	if err := decodeStrict(w, r, &q); err != nil {
 		writeError(w, http.StatusBadRequest, "apply-template: %v", err)
 		return
 	}
@@ -520,7 +527,7 @@ func (s *Server) llamaLoad(w http.ResponseWriter, r *http.Request) {
 	var q struct {
 		Model string `json:"model"`
 	}
-	if err := decodeStrict(r, &q); err != nil {
+	if err := decodeStrict(w, r, &q); err != nil {
 		writeError(w, http.StatusBadRequest, "models/load: %v", err)
 		return
 	}
@@ -540,7 +547,7 @@ func (s *Server) llamaUnload(w http.ResponseWriter, r *http.Request) {
 	var q struct {
 		Model string `json:"model"`
 	}
-	if err := decodeStrict(r, &q); err != nil {
+	if err := decodeStrict(w, r, &q); err != nil {
 		writeError(w, http.StatusBadRequest, "models/unload: %v", err)
 		return
 	}

@@ -43,6 +43,8 @@ func TestRefusals(t *testing.T) {
 		{policy.VLLM, "/inference/v1/generate", `{"token_ids":[1,3],"sampling_params":{"max_tokens":2}}`, "seed"},
 		{policy.VLLM, "/inference/v1/generate", `{"token_ids":[1,3],"sampling_params":{"max_tokens":2,"seed":1,"logprobs":5}}`, "logprobs"},
 		{policy.VLLM, "/finish_weight_update", `{"weight_version":"1"}`, "no weights were updated"},
+		{policy.LlamaCpp, "/completion", `{"prompt":[1,3],"n_predict":2,"seed":1,"samplers":["temperature"],"temperature":1e-40}`, "temperature 1e-40 is below"},
+		{policy.VLLM, "/tokenize", `{"prompt":"<unused-5> TASK"}`, "id -5"},
 		// Past the default limit (serve.DefaultMaxTokens): refused before
 		// any work, the largest bound included (it once crashed the server).
 		{policy.LlamaCpp, "/completion", `{"prompt":[1,3],"n_predict":65537,"seed":1,"samplers":["temperature"]}`, "n_predict 65537 exceeds this server's limit of 65536"},

@@ -53,6 +53,11 @@ func New(cfg Config) (*Server, error) {
 // ServeHTTP implements http.Handler.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.h.ServeHTTP(w, r) }
 
+// Stop makes generation requests waiting at a pause, and every later one,
+// answer 503 (the server is stopping); requests generating go on. Call it
+// before http.Server.Shutdown, which waits for the requests in flight.
+func (s *Server) Stop() { s.c.gate.close() }
+
 // Protocol is the protocol served.
 func (s *Server) Protocol() string { return s.c.cfg.Protocol }
 

@@ -185,7 +185,7 @@ func sglangSettings(p *sglangSampling, vocab int) (model.Settings, uint64, error
 func (s *Server) sglangGenerate(w http.ResponseWriter, r *http.Request) {
 	t0 := time.Now()
 	var q sglangGenerateReq
-	if err := decodeStrict(r, &q); err != nil {
+	if err := decodeStrict(w, r, &q); err != nil {
 		writeError(w, http.StatusBadRequest, "generate: %v", err)
 		return
 	}
@@ -201,7 +201,7 @@ func (s *Server) sglangGenerate(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadRequest, "generate: only the sampled ids' log-probs are served (top_logprobs_num 0, logprob_start_len -1)")
 		return
 	}
-	prompt, err := parseIDs(q.InputIDs, "input_ids")
+	prompt, err := parseIDs(q.InputIDs, "input_ids", s.c.cfg.MaxPromptTokens)
 	if err != nil {
 		writeError(w, http.StatusBadRequest, "generate: %v", err)
 		return
@@ -219,18 +219,19 @@ func (s *Server) sglangGenerate(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadRequest, "generate: %v", err)
 		return
 	}
-	ctx, leave, err := s.c.gate.enter(r.Context())
-	if err != nil {
+	ctx, leave, ok := s.c.admit(w, r, "generate")
+	if !ok {
 		return
 	}
-	defer leave()
 	l = s.c.getCurrent() // the version current once the gate opened
 	smp, err := s.c.generate(ctx, l, prompt, st, seed, q.Rid)
+	abort := aborted(ctx)
+	leave()
 	meta := map[string]any{
 		"id": q.Rid, "prompt_tokens": len(prompt), "cached_tokens": 0, "weight_version": policy.WeightVersion(l.version),
 	}
-	if err != nil || aborted(ctx) {
-		if aborted(ctx) { // the work of an aborted request is discarded
+	if err != nil || abort {
+		if abort { // the work of an aborted request is discarded
 			meta["finish_reason"] = map[string]any{"type": "abort", "message": "aborted by pause_generation"}
 			meta["completion_tokens"] = 0
 			writeJSON(w, http.StatusOK, map[string]any{"text": "", "output_ids": []int32{}, "meta_info": meta})
@@ -276,7 +277,7 @@ func (s *Server) sglangUpdate(w http.ResponseWriter, r *http.Request) {
 	fail := func(code int, format string, args ...any) {
 		writeJSON(w, code, map[string]any{"success": false, "message": fmt.Sprintf(format, args...), "num_paused_requests": 0})
 	}
-	if err := decodeStrict(r, &q); err != nil {
+	if err := decodeStrict(w, r, &q); err != nil {
 		fail(http.StatusBadRequest, "update_weights_from_disk: %v", err)
 		return
 	}
@@ -300,7 +301,7 @@ func (s *Server) sglangUpdate(w http.ResponseWriter, r *http.Request) {
 	}
 	if q.AbortAllRequests {
 		wasPaused := s.c.gate.isPaused()
-		if err := s.c.gate.pause(r.Context(), "abort"); err != nil {
+		if err := s.c.gate.pause(r.Context(), "abort"); err != nil { // a pause it set is undone
 			fail(http.StatusInternalServerError, "update_weights_from_disk: abort requests: %v", err)
 			return
 		}
@@ -319,7 +320,7 @@ func (s *Server) sglangPause(w http.ResponseWriter, r *http.Request) {
 	var q struct {
 		Mode *string `json:"mode"`
 	}
-	if err := decodeStrict(r, &q); err != nil {
+	if err := decodeStrict(w, r, &q); err != nil {
 		writeError(w, http.StatusBadRequest, "pause_generation: %v", err)
 		return
 	}
@@ -368,7 +369,7 @@ func (s *Server) sglangTokenize(w http.ResponseWriter, r *http.Request) {
 		Prompt           string `json:"prompt"`
 		AddSpecialTokens *bool  `json:"add_special_tokens"`
 	}
-	if err := decodeStrict(r, &q); err != nil {
+	if err := decodeStrict(w, r, &q); err != nil {
 		writeError(w, http.StatusBadRequest, "tokenize: %v", err)
 		return
 	}
@@ -389,11 +390,11 @@ func (s *Server) sglangDetokenize(w http.ResponseWriter, r *http.Request) {
 		Tokens            []int64 `json:"tokens"`
 		SkipSpecialTokens *bool   `json:"skip_special_tokens"` // the built-in vocabulary declares no special tokens: nothing to skip
 	}
-	if err := decodeStrict(r, &q); err != nil {
+	if err := decodeStrict(w, r, &q); err != nil {
 		writeError(w, http.StatusBadRequest, "detokenize: %v", err)
 		return
 	}
-	text, err := detokenize(q.Tokens, s.vocab())
+	text, err := detokenize(q.Tokens, s.vocab(), s.c.cfg.MaxPromptTokens)
 	if err != nil {
 		writeError(w, http.StatusBadRequest, "detokenize: %v", err)
 		return

@@ -103,7 +103,7 @@ func (s *Server) vllmRoutes(mux *http.ServeMux) {
 			Prompt           string `json:"prompt"`
 			AddSpecialTokens *bool  `json:"add_special_tokens"`
 		}
-		if err := decodeStrict(r, &q); err != nil {
+		if err := decodeStrict(w, r, &q); err != nil {
 			writeError(w, http.StatusBadRequest, "tokenize: %v", err)
 			return
 		}
@@ -122,11 +122,11 @@ func (s *Server) vllmRoutes(mux *http.ServeMux) {
 			Model  string  `json:"model"`
 			Tokens []int64 `json:"tokens"`
 		}
-		if err := decodeStrict(r, &q); err != nil {
+		if err := decodeStrict(w, r, &q); err != nil {
 			writeError(w, http.StatusBadRequest, "detokenize: %v", err)
 			return
 		}
-		text, err := detokenize(q.Tokens, s.vocab())
+		text, err := detokenize(q.Tokens, s.vocab(), s.c.cfg.MaxPromptTokens)
 		if err != nil {
 			writeError(w, http.StatusBadRequest, "detokenize: %v", err)
 			return
@@ -238,7 +238,7 @@ func (s *Server) vllmGenerate(w http.ResponseWriter, r *http.Request) {
 		CacheSalt      *string         `json:"cache_salt"`
 		Priority       int             `json:"priority"`
 	}
-	if err := decodeStrict(r, &q); err != nil {
+	if err := decodeStrict(w, r, &q); err != nil {
 		writeError(w, http.StatusBadRequest, "generate: %v", err)
 		return
 	}
@@ -250,7 +250,7 @@ func (s *Server) vllmGenerate(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadRequest, "generate: priority %d: the server does not schedule by priority", q.Priority)
 		return
 	}
-	prompt, err := parseIDs(q.TokenIDs, "token_ids")
+	prompt, err := parseIDs(q.TokenIDs, "token_ids", s.c.cfg.MaxPromptTokens)
 	if err != nil {
 		writeError(w, http.StatusBadRequest, "generate: %v", err)
 		return
@@ -272,15 +272,30 @@ func (s *Server) vllmGenerate(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadRequest, "generate: %v", err)
 		return
 	}
-	ctx, leave, err := s.c.gate.enter(r.Context())
-	if err != nil {
+	ctx, leave, ok := s.c.admit(w, r, "generate")
+	if !ok {
 		return
 	}
-	defer leave()
-	l = s.c.getCurrent()
+	if now := s.c.getCurrent(); now != l {
+		// The weights switched while the request waited at a pause: it
+		// gets the new version only if it named none.
+		l = now
+		if q.Model != nil && *q.Model != "" && *q.Model != l.name {
+			leave()
+			writeError(w, http.StatusNotFound, "generate: model %q was replaced by %s while the request waited", *q.Model, l.name)
+			return
+		}
+		if st, seed, err = vllmSettings(&q.SamplingParams, l.m.Config.Vocab); err != nil {
+			leave()
+			writeError(w, http.StatusBadRequest, "generate: %v", err)
+			return
+		}
+	}
 	smp, err := s.c.generate(ctx, l, prompt, st, seed, q.RequestID)
-	if err != nil || aborted(ctx) {
-		if aborted(ctx) { // the work of an aborted request is discarded
+	abort := aborted(ctx)
+	leave()
+	if err != nil || abort {
+		if abort { // the work of an aborted request is discarded
 			writeJSON(w, http.StatusOK, map[string]any{"request_id": q.RequestID, "choices": []map[string]any{
 				{"index": 0, "token_ids": []int32{}, "logprobs": nil, "finish_reason": "abort"}}})
 			return
@@ -316,7 +331,7 @@ func (s *Server) vllmUpdate(w http.ResponseWriter, r *http.Request) {
 			ModelPath string `json:"model_path"`
 		} `json:"update_info"`
 	}
-	if err := decodeStrict(r, &q); err != nil {
+	if err := decodeStrict(w, r, &q); err != nil {
 		writeError(w, http.StatusBadRequest, "update_weights: %v", err)
 		return
 	}
@@ -344,7 +359,7 @@ func (s *Server) vllmFinish(w http.ResponseWriter, r *http.Request) {
 	var q struct {
 		WeightVersion *string `json:"weight_version"`
 	}
-	if err := decodeStrict(r, &q); err != nil {
+	if err := decodeStrict(w, r, &q); err != nil {
 		writeError(w, http.StatusBadRequest, "finish_weight_update: %v", err)
 		return
 	}
@@ -368,7 +383,7 @@ func (s *Server) vllmChecker(w http.ResponseWriter, r *http.Request) {
 		Action   string            `json:"action"`
 		Baseline map[string]string `json:"baseline"`
 	}
-	if err := decodeStrict(r, &q); err != nil {
+	if err := decodeStrict(w, r, &q); err != nil {
 		writeError(w, http.StatusBadRequest, "weight_checker: %v", err)
 		return
 	}

@@ -62,7 +62,7 @@ func tokenize(text string, vocab int) ([]int32, error) {
 			}
 			id = n
 		}
-		if int(id) >= vocab {
+		if id < 0 || int(id) >= vocab {
 			return nil, fmt.Errorf("word %q is id %d, vocabulary %d", w, id, vocab)
 		}
 		ids = append(ids, id)
@@ -70,7 +70,11 @@ func tokenize(text string, vocab int) ([]int32, error) {
 	return ids, nil
 }
 
-func detokenize(ids []int64, vocab int) (string, error) {
+// detokenize is the text of at most max ids.
+func detokenize(ids []int64, vocab, max int) (string, error) {
+	if len(ids) > max {
+		return "", fmt.Errorf("tokens has %d ids, more than this server's limit of %d (trajflow serve policy --max-prompt-tokens)", len(ids), max)
+	}
 	words := make([]string, len(ids))
 	for i, id := range ids {
 		if id < 0 || id >= int64(vocab) {
