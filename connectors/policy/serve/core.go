@@ -230,6 +230,9 @@ func readRegular(path string, max int64) ([]byte, error) {
 // manifest or checkpoint file of the releases directory (absolute, or
 // relative to it), or a policy.ModelName.
 func (c *core) versionOfPath(p string) (int64, error) {
+	if strings.TrimSpace(p) == "" {
+		return 0, errors.New("model path is required (a policy-vNNNNNNNN.json manifest of the releases directory)")
+	}
 	if v, err := policy.ParseModelName(p); err == nil {
 		return v, nil
 	}

@@ -38,6 +38,7 @@ func TestRefusals(t *testing.T) {
 		{policy.SGLang, "/generate", `{"input_ids":[1,3],"sampling_params":{"max_new_tokens":2,"sampling_seed":1,"regex":"a"}}`, "regex"},
 		{policy.SGLang, "/generate", `{"text":"TASK","sampling_params":{"max_new_tokens":2,"sampling_seed":1}}`, "input_ids"},
 		{policy.SGLang, "/update_weights_from_disk", `{"model_path":"/etc/passwd"}`, "outside"},
+		{policy.SGLang, "/update_weights_from_disk", `{"model_path":""}`, "model path is required"},
 		{policy.SGLang, "/update_weights_from_disk", `{"model_path":"policy-v00000001.json","weight_version":"7"}`, "weight_version"},
 		{policy.VLLM, "/inference/v1/generate", `{"token_ids":[1,3],"sampling_params":{"max_tokens":2,"seed":1,"repetition_penalty":1.2}}`, "repetition_penalty"},
 		{policy.VLLM, "/inference/v1/generate", `{"token_ids":[1,3],"sampling_params":{"max_tokens":2}}`, "seed"},
