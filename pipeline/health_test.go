@@ -78,3 +78,38 @@ func TestHealthServerPortTaken(t *testing.T) {
 		}
 	}
 }
+
+// The health endpoints answer GET and HEAD; other methods get 405 (a
+// POST to /healthz once answered "ok").
+func TestHealthServerMethods(t *testing.T) {
+	hs, err := NewHealthServer("127.0.0.1:0", NewMetrics(nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- hs.Serve(ctx) }()
+	defer func() { cancel(); <-done }()
+	cl := http.Client{Timeout: 5 * time.Second}
+	for _, c := range []struct {
+		method, path string
+		want         int
+	}{
+		{"GET", "/healthz", http.StatusOK},
+		{"HEAD", "/healthz", http.StatusOK},
+		{"GET", "/metrics", http.StatusOK},
+		{"POST", "/healthz", http.StatusMethodNotAllowed},
+		{"DELETE", "/readyz", http.StatusMethodNotAllowed},
+		{"PUT", "/metrics", http.StatusMethodNotAllowed},
+	} {
+		req, _ := http.NewRequest(c.method, "http://"+hs.Addr()+c.path, nil)
+		resp, err := cl.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != c.want {
+			t.Errorf("%s %s = %d, want %d", c.method, c.path, resp.StatusCode, c.want)
+		}
+	}
+}

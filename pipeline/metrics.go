@@ -154,8 +154,8 @@ func (m *Metrics) forStage(stage, instance string) *stageMetrics {
 
 func itoa(i int) string { return strconv.Itoa(i) }
 
-// HealthServer serves /healthz, /readyz and /metrics for the operators of
-// one process.
+// HealthServer serves GET (and HEAD) /healthz, /readyz and /metrics for
+// the operators of one process; other methods get 405.
 type HealthServer struct {
 	mu       sync.Mutex
 	ops      []*Operator
@@ -206,18 +206,18 @@ func NewHealthServer(addr string, m *Metrics, ops ...*Operator) (*HealthServer, 
 	}
 	h := &HealthServer{ops: ops, metrics: m, ln: ln, taken: taken}
 	mux := http.NewServeMux()
-	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		w.WriteHeader(http.StatusOK)
 		_, _ = w.Write([]byte("ok\n"))
 	})
-	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
+	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
 		if ok, why := h.isReady(); !ok {
 			http.Error(w, why, http.StatusServiceUnavailable)
 			return
 		}
 		_, _ = w.Write([]byte("ready\n"))
 	})
-	mux.Handle("/metrics", promhttp.HandlerFor(m.Registry, promhttp.HandlerOpts{}))
+	mux.Handle("GET /metrics", promhttp.HandlerFor(m.Registry, promhttp.HandlerOpts{}))
 	h.srv = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 	return h, nil
 }

@@ -435,3 +435,32 @@ func TestStatusOfAStoppedFleet(t *testing.T) {
 		t.Errorf("status of a fleet that is gone:\n%s", o.String())
 	}
 }
+
+// TestRestartable: which ends of an operator up restarts: killed by a
+// signal, exit 1, and exit 2 from a Go runtime crash; not exit 2 after the
+// command's own configuration error line, nor other statuses.
+func TestRestartable(t *testing.T) {
+	dir := t.TempDir()
+	for _, tc := range []struct {
+		name, script, log string
+		want              bool
+	}{
+		{"killed", "kill -9 $$", "", true},
+		{"runtime failure", "exit 1", "trajflow run: pipeline: kafka: no broker answered\n", true},
+		{"panic", "exit 2", "panic: runtime error: index out of range\n\ngoroutine 7 [running]:\nmain.main()\n\t/src/x.go:12 +0x1d\n", true},
+		{"configuration error", "exit 2", "some line\ntrajflow run: configuration error: operators: eval: policy.protocol vllm\n", false},
+		{"other status", "exit 3", "", false},
+		{"success", "exit 0", "", false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			log := filepath.Join(dir, tc.name+".log")
+			if err := os.WriteFile(log, []byte(tc.log), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			err := exec.Command("sh", "-c", tc.script).Run()
+			if got := restartable(err, log); got != tc.want {
+				t.Fatalf("%s (%v, log %q): restartable %v, want %v", tc.script, err, tc.log, got, tc.want)
+			}
+		})
+	}
+}

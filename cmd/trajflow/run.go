@@ -5,6 +5,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"net"
 	"io"
 	"os"
 	"path/filepath"
@@ -194,9 +195,14 @@ func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 			_ = tp.Shutdown(sctx)
 		}()
 	}
+	if _, _, err := net.SplitHostPort(*of.health); err != nil || *of.health == "" {
+		return fmt.Errorf("%w: --health %q: want HOST:PORT (127.0.0.1:0 picks a free port)", errUsage, *of.health)
+	}
 	hs, err := pipeline.NewHealthServer(*of.health, env.cfg.Metrics)
 	if err != nil {
-		return err
+		// The address is one no listener takes (a port past 65535, a host
+		// that is not this machine's): the command line's mistake.
+		return fmt.Errorf("%w: --health: %w", errUsage, err)
 	}
 	if taken := hs.TakenAddr(); taken != "" {
 		env.cfg.Logger.Warn("health address taken; serving on a free port", "taken", taken, "addr", hs.Addr())

@@ -50,6 +50,11 @@ func TestRunConfigurationErrors(t *testing.T) {
 		{[]string{"run", "bogus"}, operators.Names()},
 		{[]string{"run", "train", "--brokers", "127.0.0.1:1", "--state", t.TempDir()}, []string{"--releases"}},
 		{[]string{"run", "train", "--device", "gpu", "--brokers", "127.0.0.1:1", "--state", t.TempDir()}, []string{"--device", "cpu or cuda"}},
+		// A health address no listener takes: the command line's mistake,
+		// not a failure up would restart for ever.
+		{[]string{"run", "validate", "--brokers", "127.0.0.1:1", "--health", "127.0.0.1:99999"}, []string{"--health", "invalid port"}},
+		{[]string{"run", "validate", "--brokers", "127.0.0.1:1", "--health", "bogus"}, []string{`--health "bogus"`, "HOST:PORT"}},
+		{[]string{"run", "validate", "--brokers", "127.0.0.1:1", "--health", ""}, []string{`--health ""`}},
 	}
 	for _, tc := range cases {
 		var stdout, stderr bytes.Buffer

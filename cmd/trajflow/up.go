@@ -407,8 +407,11 @@ func (f *fleetProcs) stop() {
 }
 
 // restartable reports whether an operator's end calls for a restart: a
-// signal killed it, or it failed at run time (exit status 1).
-func restartable(err error) bool {
+// signal killed it, it failed at run time (exit status 1), or the Go
+// runtime crashed it (a panic or fatal error also exits 2, but its log
+// does not end with the command's own error line, "trajflow run: ...",
+// which a configuration error's does). log is the operator's log file.
+func restartable(err error, log string) bool {
 	var ee *exec.ExitError
 	if !errors.As(err, &ee) {
 		return false
@@ -416,7 +419,13 @@ func restartable(err error) bool {
 	if ws, ok := ee.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
 		return true
 	}
-	return ee.ExitCode() == 1
+	switch ee.ExitCode() {
+	case 1:
+		return true
+	case 2:
+		return !strings.HasPrefix(tail(log, 1), "trajflow ")
+	}
+	return false
 }
 
 // wait supervises every operator until all have exited. One that ends
@@ -491,12 +500,12 @@ func (f *fleetProcs) supervise(i int, stopping <-chan struct{}) error {
 		p := f.procs[i]
 		f.mu.Unlock()
 		err := p.Wait()
-		if err == nil || !restartable(err) || (f.restarts >= 0 && n > f.restarts) {
-			return err
-		}
 		f.mu.Lock()
 		m := f.members[i]
 		f.mu.Unlock()
+		if err == nil || !restartable(err, m.Log) || (f.restarts >= 0 && n > f.restarts) {
+			return err
+		}
 		fmt.Fprintf(f.stdout, "  %-10s pid %d ended (%v); restarting it in %v (restart %d%s)\n", m.Stage, m.PID, err, backoff, n, f.budget())
 		t := time.NewTimer(backoff)
 		select {
@@ -560,9 +569,19 @@ func (f *fleetProcs) signalAll() {
 	}
 }
 
-// tail is the last n lines of the file at path.
+// tail is the last n lines of the file at path (of its last 64 KiB).
 func tail(path string, n int) string {
-	b, err := os.ReadFile(path)
+	f, err := os.Open(path)
+	if err != nil {
+		return err.Error()
+	}
+	defer f.Close()
+	if st, err := f.Stat(); err == nil && st.Size() > 64<<10 {
+		if _, err := f.Seek(st.Size()-64<<10, io.SeekStart); err != nil {
+			return err.Error()
+		}
+	}
+	b, err := io.ReadAll(f)
 	if err != nil {
 		return err.Error()
 	}
