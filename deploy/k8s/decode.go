@@ -282,42 +282,22 @@ func (s *Set) Workloads() []Workload {
 }
 
 // StageOf is the stage a container runs (`trajflow run STAGE ...`), or "".
-func StageOf(c corev1.Container) string {
-	args := append(append([]string(nil), c.Command...), c.Args...)
-	if len(args) > 0 && strings.HasSuffix(args[0], "trajflow") {
-		args = args[1:]
-	}
-	if len(args) >= 2 && args[0] == "run" {
-		return args[1]
-	}
-	return ""
-}
+func StageOf(c corev1.Container) string { return subcommand(c, "run") }
 
 // ServerOf is the end a container serves (`trajflow serve KIND ...`:
 // policy or env), or "".
-func ServerOf(c corev1.Container) string {
+func ServerOf(c corev1.Container) string { return subcommand(c, "serve") }
+
+// subcommand is X of `trajflow VERB X ...` in a container, or "".
+func subcommand(c corev1.Container, verb string) string {
 	args := append(append([]string(nil), c.Command...), c.Args...)
 	if len(args) > 0 && strings.HasSuffix(args[0], "trajflow") {
 		args = args[1:]
 	}
-	if len(args) >= 2 && args[0] == "serve" {
+	if len(args) >= 2 && args[0] == verb {
 		return args[1]
 	}
 	return ""
-}
-
-// ServerWorkloads maps each served end (policy, env) to the workloads
-// whose containers serve it.
-func (s *Set) ServerWorkloads() map[string][]Workload {
-	out := map[string][]Workload{}
-	for _, w := range s.Workloads() {
-		for _, c := range w.Pod.Spec.Containers {
-			if k := ServerOf(c); k != "" {
-				out[k] = append(out[k], w)
-			}
-		}
-	}
-	return out
 }
 
 // Flag returns the value of --name in args ("--name V" or "--name=V").
@@ -337,12 +317,18 @@ func Flag(args []string, name string) (string, bool) {
 }
 
 // StageWorkloads maps each stage to the workloads whose containers run it.
-func (s *Set) StageWorkloads() map[string][]Workload {
+func (s *Set) StageWorkloads() map[string][]Workload { return s.workloadsBy(StageOf) }
+
+// ServerWorkloads maps each served end (policy, env) to the workloads
+// whose containers serve it.
+func (s *Set) ServerWorkloads() map[string][]Workload { return s.workloadsBy(ServerOf) }
+
+func (s *Set) workloadsBy(key func(corev1.Container) string) map[string][]Workload {
 	out := map[string][]Workload{}
 	for _, w := range s.Workloads() {
 		for _, c := range w.Pod.Spec.Containers {
-			if st := StageOf(c); st != "" {
-				out[st] = append(out[st], w)
+			if k := key(c); k != "" {
+				out[k] = append(out[k], w)
 			}
 		}
 	}
