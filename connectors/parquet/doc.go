@@ -17,6 +17,13 @@
 // .sha256 sidecar holds the hex sha256 of the whole Parquet file: any
 // changed byte of a snapshot is detected before it is decoded.
 //
+// An entry named like a snapshot file that is not a regular file (a
+// named pipe, a device, a symbolic link that does not resolve to a
+// regular file inside its run directory), or a file under a directory
+// that is not partition=<number>, is listed damaged (File.Err) and never
+// opened; readers report it as they report a file that does not verify.
+// No file is read past the size it had when opened (ReadRegular).
+//
 // # Data plane and control plane
 //
 // Data-plane topics (tasks, trajectories, valid, rewarded, scored,

@@ -241,15 +241,34 @@ type File struct {
 	Partition   int
 	FirstOffset int64
 	LastOffset  int64
+	// Err, when not nil, is why the listing found the file damaged: it
+	// is not a regular file (a named pipe, a device, a directory, a
+	// symbolic link that does not resolve to a regular file inside its
+	// run directory), or its partition directory is not named
+	// partition=<number> (Partition is then -1). It names Path and wraps
+	// ErrCorrupt; ReadFile refuses the file with the same error, and
+	// every reader reports it as a file that does not verify.
+	Err error
 }
 
 // List finds every snapshot file under dir (a snapshot root or a run
 // directory), sorted by run, topic, partition and first offset. Temporary
-// files and sidecars are skipped.
+// files and sidecars are skipped. An entry named like a snapshot file
+// that cannot be one is listed with its File.Err set, not skipped: a
+// reader reports it as damaged.
 func List(dir string) ([]File, error) {
-	return walkFiles(dir, func(path string, d fs.DirEntry) (string, bool) {
+	files, err := walkFiles(dir, func(path string, d fs.DirEntry) (string, bool) {
 		return path, strings.HasSuffix(path, ".parquet") && !strings.HasPrefix(d.Name(), ".")
 	})
+	for i := range files {
+		if files[i].Err != nil {
+			continue
+		}
+		if _, err := resolveRegular(files[i].Path, layoutRunDir(files[i].Path)); err != nil {
+			files[i].Err = fileError(files[i].Path, err)
+		}
+	}
+	return files, err
 }
 
 // walkFiles returns the snapshot files under dir that pick names: for
@@ -266,11 +285,10 @@ func walkFiles(dir string, pick func(path string, d fs.DirEntry) (string, bool))
 		if !ok {
 			return nil
 		}
-		f, ok, err := parseFile(data)
-		if ok {
+		if f, ok := parseFile(data); ok {
 			out = append(out, f)
 		}
-		return err
+		return nil
 	})
 	if err != nil {
 		return nil, fmt.Errorf("snapshot: list %s: %w", dir, err)
@@ -315,11 +333,13 @@ func MissingError(f File) error {
 }
 
 // parseFile reads run, topic, partition and offsets from the path of a
-// snapshot file; ok is false for a path outside the layout.
-func parseFile(path string) (File, bool, error) {
+// snapshot file; ok is false for a path outside the layout. A partition
+// directory whose name is not a partition number makes the File damaged
+// (File.Err), not an error: one stray directory does not hide the run.
+func parseFile(path string) (File, bool) {
 	first, last, ok := ParseFileName(filepath.Base(path))
 	if !ok {
-		return File{}, false, nil
+		return File{}, false
 	}
 	f := File{Path: path, FirstOffset: first, LastOffset: last, Partition: -1}
 	for _, part := range strings.Split(filepath.ToSlash(filepath.Dir(path)), "/") {
@@ -333,14 +353,30 @@ func parseFile(path string) (File, bool, error) {
 		case "topic":
 			f.Topic = v
 		case "partition":
-			p, err := strconv.Atoi(v)
+			p, err := parsePartition(v)
 			if err != nil {
-				return File{}, false, fmt.Errorf("snapshot: %s: partition %q", path, v)
+				f.Partition, f.Err = -1, fileError(path, err)
+				continue
 			}
 			f.Partition = p
 		}
 	}
-	return f, f.Run != "" && f.Topic != "" && f.Partition >= 0, nil
+	return f, f.Run != "" && f.Topic != "" && (f.Partition >= 0 || f.Err != nil)
+}
+
+// parsePartition parses the value of a partition=<p> directory: a
+// partition number, written as the writer writes it.
+func parsePartition(v string) (int, error) {
+	p, err := strconv.Atoi(v)
+	if err != nil || p < 0 || strconv.Itoa(p) != v {
+		return -1, fmt.Errorf("%w: directory partition=%s: %q is not a partition number", ErrCorrupt, v, v)
+	}
+	return p, nil
+}
+
+// fileError names path in err, as ReadFile does.
+func fileError(path string, err error) error {
+	return fmt.Errorf("snapshot file %s: %w", path, err)
 }
 
 // sortFiles sorts by run, topic, partition and first offset.
@@ -378,9 +414,9 @@ const (
 // ReadRunInfo reads DIR/run=<run>/run.json.
 func ReadRunInfo(runDir string) (RunInfo, error) {
 	var ri RunInfo
-	b, err := os.ReadFile(filepath.Join(runDir, RunInfoFile))
+	b, err := ReadRegular(filepath.Join(runDir, RunInfoFile), runDir, maxRunInfoBytes)
 	if err != nil {
-		return ri, fmt.Errorf("snapshot: %w", err)
+		return ri, pathError(filepath.Join(runDir, RunInfoFile), err)
 	}
 	if err := json.Unmarshal(b, &ri); err != nil {
 		return ri, fmt.Errorf("%w: %s: %w", ErrCorrupt, filepath.Join(runDir, RunInfoFile), err)

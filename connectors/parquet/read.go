@@ -60,11 +60,19 @@ func ReadFile(path string, opts ReadOptions) (lin Lineage, msgs []Message, err e
 }
 
 func readFile(path string, opts ReadOptions) (Lineage, []Message, error) {
-	data, err := os.ReadFile(path)
+	part, ok := strings.CutPrefix(filepath.Base(filepath.Dir(path)), "partition=")
+	if !ok {
+		return Lineage{}, nil, fmt.Errorf("%w: directory %s is not partition=<number>", ErrCorrupt, filepath.Base(filepath.Dir(path)))
+	}
+	if _, err := parsePartition(part); err != nil {
+		return Lineage{}, nil, err
+	}
+	root := layoutRunDir(path)
+	data, err := ReadRegular(path, root, MaxFileBytes)
 	if err != nil {
 		return Lineage{}, nil, err
 	}
-	if err := checkSidecar(path, data); err != nil {
+	if err := checkSidecar(path, root, data); err != nil {
 		return Lineage{}, nil, err
 	}
 	first, last, ok := ParseFileName(path)
@@ -83,7 +91,6 @@ func readFile(path string, opts ReadOptions) (Lineage, []Message, error) {
 	if err != nil {
 		return lin, nil, err
 	}
-	part := strings.TrimPrefix(filepath.Base(filepath.Dir(path)), "partition=")
 	switch {
 	case lin.FirstOffset != first || lin.LastOffset != last:
 		return lin, nil, fmt.Errorf("%w: lineage offsets %d-%d, file name %d-%d", ErrCorrupt, lin.FirstOffset, lin.LastOffset, first, last)
@@ -112,9 +119,10 @@ func readFile(path string, opts ReadOptions) (Lineage, []Message, error) {
 	return lin, msgs, nil
 }
 
-// checkSidecar compares the file's sha256 with its .sha256 sidecar.
-func checkSidecar(path string, data []byte) error {
-	side, err := os.ReadFile(SidecarPath(path))
+// checkSidecar compares the file's sha256 with its .sha256 sidecar, a
+// file of root (see ReadRegular).
+func checkSidecar(path, root string, data []byte) error {
+	side, err := ReadRegular(SidecarPath(path), root, maxSidecarBytes)
 	if err != nil {
 		return fmt.Errorf("%w: checksum sidecar: %w", ErrCorrupt, err)
 	}

@@ -98,7 +98,9 @@ func findRun(dir, run string) (string, error) {
 }
 
 // FileError is a snapshot file that could not be read: missing (its
-// sidecar remains, ErrMissing) or not verifying (ErrCorrupt). Err names
+// sidecar remains, ErrMissing) or not verifying (ErrCorrupt), which
+// includes an entry that is not a regular file and a file under a
+// directory that is not partition=<number> (File.Err). Err names
 // File.Path.
 type FileError struct {
 	File File
@@ -176,7 +178,12 @@ func ReadRun(runDir string, topics []string, opts ReadOptions) (*Run, error) {
 		if !want(f) {
 			continue
 		}
-		lin, msgs, err := ReadFile(f.Path, opts)
+		var lin Lineage
+		var msgs []Message
+		err := f.Err
+		if err == nil {
+			lin, msgs, err = ReadFile(f.Path, opts)
+		}
 		switch {
 		case err != nil:
 		case lin.Run != info.Run:

@@ -61,11 +61,11 @@ const TasksFile = "tasks.parquet"
 // ReadTasks reads the task registry of a run, checking its sidecar.
 func ReadTasks(runDir string) ([]TaskRow, error) {
 	path := filepath.Join(runDir, TasksFile)
-	data, err := os.ReadFile(path)
+	data, err := ReadRegular(path, runDir, MaxFileBytes)
 	if err != nil {
-		return nil, fmt.Errorf("snapshot: %w", err)
+		return nil, pathError(path, err)
 	}
-	if err := checkSidecar(path, data); err != nil {
+	if err := checkSidecar(path, runDir, data); err != nil {
 		return nil, fmt.Errorf("snapshot file %s: %w", path, err)
 	}
 	rows, err := pq.Read[TaskRow](bytes.NewReader(data), int64(len(data)))
@@ -204,7 +204,7 @@ func (s *Stage) Start(_ context.Context, env *pipeline.Env) error {
 	}
 	for _, f := range files {
 		full, ok := s.shorts[f.Topic]
-		if !ok {
+		if !ok || f.Err != nil { // a damaged entry holds no offset this stage wrote
 			continue
 		}
 		k := topicPart{full, f.Partition}

@@ -202,7 +202,7 @@ func (d *Dashboard) read(ctx context.Context) (*State, []pendingMsg, error) {
 	var pending []pendingMsg
 	relDir := d.cfg.Releases
 	if d.cfg.Dir != "" {
-		s, err := readSnapshot(d.cfg.Dir, d.cfg.Run)
+		s, err := readSnapshot(ctx, d.cfg.Dir, d.cfg.Run)
 		if err != nil {
 			return nil, nil, err
 		}

@@ -1,6 +1,7 @@
 package dashboard
 
 import (
+	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
@@ -49,10 +50,12 @@ type snapshot struct {
 // readSnapshot reads every file of the run in dir (a demo's output
 // directory, trajflow up's or its snapshots directory, or a run=<run>
 // directory). A file that does not verify, or is missing while its
-// checksum sidecar remains, is reported and skipped, never fatal: a
-// dashboard shows what it can. The run's own files (run.json,
-// contract.yaml) must be readable.
-func readSnapshot(dir, run string) (*snapshot, error) {
+// checksum sidecar remains, or is not a regular file, or lies under a
+// directory that is not partition=<number>, is reported and skipped,
+// never fatal: a dashboard shows what it can. The run's own files
+// (run.json, contract.yaml) must be readable. It stops between files
+// once ctx is done.
+func readSnapshot(ctx context.Context, dir, run string) (*snapshot, error) {
 	runDir, err := parquet.FindRun(dir, run)
 	if err != nil {
 		return nil, err
@@ -64,7 +67,7 @@ func readSnapshot(dir, run string) (*snapshot, error) {
 	for _, name := range []string{parquet.RunInfoFile, parquet.ContractFile} {
 		s.checkSidecar(filepath.Join(runDir, name))
 	}
-	if s.contract, err = loadContract(filepath.Join(runDir, parquet.ContractFile), s.info.ContractHash); err != nil {
+	if s.contract, err = readContract(runDir, s.info.ContractHash); err != nil {
 		return nil, err
 	}
 	files, err := parquet.List(runDir)
@@ -80,7 +83,15 @@ func readSnapshot(dir, run string) (*snapshot, error) {
 	}
 	var read []parquet.File
 	for _, f := range files {
-		lin, msgs, err := parquet.ReadFile(f.Path, parquet.ReadOptions{})
+		if err := ctx.Err(); err != nil {
+			return nil, fmt.Errorf("dashboard: reading %s: %w", runDir, err)
+		}
+		var lin parquet.Lineage
+		var msgs []parquet.Message
+		err := f.Err
+		if err == nil {
+			lin, msgs, err = parquet.ReadFile(f.Path, parquet.ReadOptions{})
+		}
 		if err == nil && (lin.Run != s.info.Run || lin.ContractHash != s.info.ContractHash) {
 			err = fmt.Errorf("%w: run %q under contract %s, the run directory is run %q under %s", parquet.ErrCorrupt, lin.Run, lin.ContractHash, s.info.Run, s.info.ContractHash)
 		}
@@ -97,7 +108,7 @@ func readSnapshot(dir, run string) (*snapshot, error) {
 	for _, g := range parquet.Contiguity(read) {
 		s.files.Gaps = append(s.files.Gaps, g.String())
 	}
-	s.summary, err = readSummary(filepath.Join(s.outDir, loop.SummaryFile))
+	s.summary, err = readSummary(filepath.Join(s.outDir, loop.SummaryFile), s.outDir)
 	if err != nil {
 		return nil, err
 	}
@@ -143,11 +154,14 @@ func (s *snapshot) rel(path string) string {
 // checkSidecar verifies a run-level file against its "_<name>.sha256"
 // sidecar, when it has one.
 func (s *snapshot) checkSidecar(path string) {
-	side, err := os.ReadFile(parquet.SidecarPath(path))
+	side, err := parquet.ReadRegular(parquet.SidecarPath(path), s.runDir, maxSmallFile)
 	if errors.Is(err, os.ErrNotExist) {
 		return
 	}
-	b, rerr := os.ReadFile(path)
+	if err != nil {
+		err = fmt.Errorf("checksum sidecar %s: %w", s.rel(parquet.SidecarPath(path)), err)
+	}
+	b, rerr := parquet.ReadRegular(path, s.runDir, maxSmallFile)
 	if err == nil && rerr == nil {
 		sum := sha256.Sum256(b)
 		want, _, _ := strings.Cut(strings.TrimSpace(string(side)), " ")
@@ -160,6 +174,32 @@ func (s *snapshot) checkSidecar(path string) {
 	s.files.Failures = append(s.files.Failures, FileFailure{File: s.rel(path), Error: errors.Join(err, rerr).Error()})
 }
 
+// maxSmallFile bounds what the dashboard reads of a run-level file
+// (run.json, contract.yaml, summary.json, a sidecar).
+const maxSmallFile = 64 << 20
+
+// readContract reads and resolves the contract a run recorded in runDir
+// (a regular file, never read past maxSmallFile); want, when set, is the
+// hash the run recorded.
+func readContract(runDir, want string) (*contract.Contract, error) {
+	path := filepath.Join(runDir, parquet.ContractFile)
+	b, err := parquet.ReadRegular(path, runDir, maxSmallFile)
+	if err != nil {
+		if errors.Is(err, parquet.ErrCorrupt) {
+			return nil, fmt.Errorf("dashboard: contract %s: %w", path, err)
+		}
+		return nil, fmt.Errorf("dashboard: contract: %w", err)
+	}
+	c, err := contract.Parse(b)
+	switch {
+	case errors.Is(err, contract.ErrSyntax): // its text starts with "contract: "
+		return nil, fmt.Errorf("dashboard: %s: %w", path, err)
+	case err != nil:
+		return nil, fmt.Errorf("dashboard: contract %s: %w", path, err)
+	}
+	return resolveContract(c, path, want)
+}
+
 // loadContract reads and resolves a contract file; want, when set, is the
 // hash the run recorded.
 func loadContract(path, want string) (*contract.Contract, error) {
@@ -167,6 +207,12 @@ func loadContract(path, want string) (*contract.Contract, error) {
 	if err != nil {
 		return nil, fmt.Errorf("dashboard: %w", err)
 	}
+	return resolveContract(c, path, want)
+}
+
+// resolveContract resolves c, read from path, and checks its hash
+// against want when set.
+func resolveContract(c *contract.Contract, path, want string) (*contract.Contract, error) {
 	if err := c.Resolve(); err != nil {
 		return nil, fmt.Errorf("dashboard: contract %s: %w", path, err)
 	}
@@ -176,9 +222,10 @@ func loadContract(path, want string) (*contract.Contract, error) {
 	return c, nil
 }
 
-// readSummary reads a demo's summary.json; a missing file is no summary.
-func readSummary(path string) (*loop.Summary, error) {
-	b, err := os.ReadFile(path)
+// readSummary reads a demo's summary.json (a file of outDir); a missing
+// file is no summary.
+func readSummary(path, outDir string) (*loop.Summary, error) {
+	b, err := parquet.ReadRegular(path, outDir, maxSmallFile)
 	if errors.Is(err, os.ErrNotExist) {
 		return nil, nil
 	}
