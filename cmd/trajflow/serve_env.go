@@ -5,7 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"net"
+	"os"
+	"path/filepath"
 	"strconv"
 	"time"
 
@@ -41,8 +44,18 @@ func cmdServeEnv(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	if *port < 0 || *port > 65535 {
 		return fmt.Errorf("%w: --port %d", errUsage, *port)
 	}
+	if err := checkServeEnvFlags(*maxEpisodes, *maxObs, *stepTimeout, *lease, *maxLease); err != nil {
+		return err
+	}
+	addr := net.JoinHostPort(*host, strconv.Itoa(*port))
+	if _, err := net.ResolveTCPAddr("tcp", addr); err != nil {
+		return fmt.Errorf("%w: --host %q: %w", errUsage, *host, err)
+	}
+	if err := checkKeyFileFlag(*keyFile); err != nil {
+		return err
+	}
 	o := envsvc.ServeOptions{
-		Addr: net.JoinHostPort(*host, strconv.Itoa(*port)), DataDir: *data, KeyFile: *keyFile,
+		Addr: addr, DataDir: *data, KeyFile: *keyFile,
 		Families: splitList(*families), SyncWrites: *syncWrites, Logger: newLogger(stderr, *logLevel),
 		Config: envsvc.Config{MaxEpisodes: *maxEpisodes, StepTimeout: *stepTimeout, MaxObservationBytes: *maxObs,
 			DefaultLease: *lease, MaxLease: *maxLease},
@@ -52,7 +65,55 @@ func cmdServeEnv(ctx context.Context, args []string, stdout, stderr io.Writer) e
 			envsvc.ProtocolVersion, addr, *data, resumed)
 	})
 	if errors.Is(err, envsvc.ErrConfig) {
-		return fmt.Errorf("%w: %v", errUsage, err)
+		return fmt.Errorf("%w: %w", errUsage, err)
 	}
 	return err
+}
+
+// checkServeEnvFlags refuses caps that are not positive (zero would not
+// mean "the default": the flags show their defaults) and a default lease
+// longer than the maximum.
+func checkServeEnvFlags(maxEpisodes, maxObs int, stepTimeout, lease, maxLease time.Duration) error {
+	for _, c := range []struct {
+		flag string
+		ok   bool
+		val  any
+	}{
+		{"--max-episodes", maxEpisodes > 0, maxEpisodes},
+		{"--max-observation-bytes", maxObs > 0, maxObs},
+		{"--step-timeout", stepTimeout > 0, stepTimeout},
+		{"--lease", lease > 0, lease},
+		{"--max-lease", maxLease > 0, maxLease},
+	} {
+		if !c.ok {
+			return fmt.Errorf("%w: %s %v: must be positive", errUsage, c.flag, c.val)
+		}
+	}
+	if lease > maxLease {
+		return fmt.Errorf("%w: --lease %s is longer than --max-lease %s", errUsage, lease, maxLease)
+	}
+	return nil
+}
+
+// checkKeyFileFlag refuses a --key-file that exists but holds no key, or
+// that does not exist in a directory that does not exist either (a
+// missing file in an existing directory is created).
+func checkKeyFileFlag(path string) error {
+	if path == "" {
+		return nil
+	}
+	_, err := envsvc.ReadKeyFile(path)
+	switch {
+	case err == nil:
+		return nil
+	case !errors.Is(err, fs.ErrNotExist):
+		return fmt.Errorf("%w: --key-file: %w", errUsage, err)
+	}
+	dir := filepath.Dir(path)
+	if st, err := os.Stat(dir); err != nil {
+		return fmt.Errorf("%w: --key-file %s: directory %s: %w", errUsage, path, dir, err)
+	} else if !st.IsDir() {
+		return fmt.Errorf("%w: --key-file %s: %s is not a directory", errUsage, path, dir)
+	}
+	return nil
 }

@@ -139,6 +139,62 @@ func TestServeEnvUsage(t *testing.T) {
 	}
 }
 
+// TestServeEnvFlagsRefused: caps that are not positive, a malformed key
+// file, a key file in a missing directory and a host that does not
+// resolve are configuration errors (exit 2) naming the flag, never
+// replaced by defaults; the service does not start.
+func TestServeEnvFlagsRefused(t *testing.T) {
+	dir := t.TempDir()
+	badKey := filepath.Join(dir, "bad.key")
+	if err := os.WriteFile(badKey, []byte("not hex\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		args []string
+		flag string
+	}{
+		{[]string{"--max-episodes", "0"}, "--max-episodes"},
+		{[]string{"--max-episodes", "-5"}, "--max-episodes"},
+		{[]string{"--step-timeout", "-1s"}, "--step-timeout"},
+		{[]string{"--step-timeout", "0s"}, "--step-timeout"},
+		{[]string{"--lease", "-1s"}, "--lease"},
+		{[]string{"--max-lease", "-1s"}, "--max-lease"},
+		{[]string{"--lease", "5m"}, "--lease"},
+		{[]string{"--max-observation-bytes", "-1"}, "--max-observation-bytes"},
+		{[]string{"--key-file", badKey}, "--key-file"},
+		{[]string{"--key-file", filepath.Join(dir, "missing", "capability.key")}, "--key-file"},
+		{[]string{"--host", "[::1"}, "--host"},
+		{[]string{"--host", "no-such-host.invalid"}, "--host"},
+	} {
+		t.Run(strings.Join(c.args, " "), func(t *testing.T) {
+			data := filepath.Join(t.TempDir(), "data")
+			var out, errb bytes.Buffer
+			args := append([]string{"serve", "env", "--port", "0", "--data", data}, c.args...)
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			code := run(ctx, args, &out, &errb)
+			if code != 2 || !strings.Contains(errb.String(), c.flag) {
+				t.Fatalf("exit %d, stderr %q; want 2 naming %s", code, errb.String(), c.flag)
+			}
+			if out.Len() != 0 {
+				t.Fatalf("the service started: %s", out.String())
+			}
+		})
+	}
+
+	// The default key file, DATA/capability.key, malformed.
+	data := t.TempDir()
+	if err := os.WriteFile(filepath.Join(data, "capability.key"), []byte("0123\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	var out, errb bytes.Buffer
+	if code := run(ctx, []string{"serve", "env", "--port", "0", "--data", data}, &out, &errb); code != 2 || !strings.Contains(errb.String(), "capability.key") {
+		t.Fatalf("malformed DATA/capability.key: exit %d, stderr %q; want 2 naming the file", code, errb.String())
+	}
+}
+
 // TestServeEnvSameTrajectories: kv trajectories through a `trajflow serve
 // env` process are byte-identical to the in-process ones (same seed).
 func TestServeEnvSameTrajectories(t *testing.T) {

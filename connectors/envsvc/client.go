@@ -60,7 +60,9 @@ type Options struct {
 	// episode renews it every Lease/3.
 	Lease time.Duration
 	// TokenTTL is the lifetime of a capability token (default 30 s): one
-	// is minted for every request.
+	// is minted for every request. A service refuses a token living
+	// longer than its maximum token lifetime (10 min by default) plus
+	// capability.ClockSlack.
 	TokenTTL time.Duration
 	// Concurrency is how many calls of different episodes the agent loop
 	// may overlap (rollout.Concurrent; default 32).

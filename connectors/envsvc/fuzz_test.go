@@ -29,7 +29,9 @@ import (
 // fuzzer four bytes each, the whole int32 range included.
 func FuzzStep(f *testing.F) {
 	regs := registries(f)
-	svc := startService(f, Config{Registries: regs})
+	// Tokens good for the whole fuzzing run: an hour, which the service
+	// accepts once its maximum token lifetime allows it.
+	svc := startService(f, Config{Registries: regs, MaxTokenTTL: time.Hour})
 	base := newRaw(f, svc.url, time.Hour, nil)
 	le := func(ids ...int32) []byte {
 		b := make([]byte, 0, 4*len(ids))
@@ -216,7 +218,9 @@ func TestClientBadTransitionAsksStatus(t *testing.T) {
 // with a reason; never a panic or a broken reply.
 func FuzzAllocate(f *testing.F) {
 	regs := registries(f)
-	svc := startService(f, Config{Registries: regs})
+	// Tokens good for the whole fuzzing run: an hour, which the service
+	// accepts once its maximum token lifetime allows it.
+	svc := startService(f, Config{Registries: regs, MaxTokenTTL: time.Hour})
 	base := newRaw(f, svc.url, time.Hour, nil)
 	reg := family(regs, rollout.FamilyLedger)
 	a := attempts(reg.Train()[:1], 1, 0)[0]

@@ -192,14 +192,26 @@ type TerminateResponse struct {
 	ValidatorInput *ValidatorInput     `json:"validator_input,omitempty"`
 }
 
-// Health is the GET /healthz document.
+// Health is the GET /healthz document, answered 200 while the service is
+// healthy and 503 once its store failed (a write failed in a way that
+// forbids further writes: the data directory became unwritable, an I/O
+// error). A failed service refuses every write with persist_failed until
+// it is restarted on a usable directory.
 type Health struct {
-	Status   string   `json:"status"` // "ok"
+	Status   string   `json:"status"` // HealthOK or HealthFailed
 	Protocol int      `json:"protocol"`
 	Families []string `json:"families"`
 	Live     int      `json:"live"`
 	Capacity int      `json:"capacity"`
+	// Error says why the service failed, naming the data directory.
+	Error string `json:"error,omitempty"`
 }
+
+// Health statuses.
+const (
+	HealthOK     = "ok"
+	HealthFailed = "failed"
+)
 
 // AllocateScope is the token episode of an allocation.
 func AllocateScope(a schemas.TaskAttempt) string { return "attempt:" + a.AttemptID }

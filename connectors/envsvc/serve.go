@@ -1,6 +1,7 @@
 package envsvc
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -9,6 +10,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"sync/atomic"
 	"time"
 
 	"github.com/trajflow/trajflow/connectors/state"
@@ -30,6 +32,20 @@ type ServeOptions struct {
 	// Store and Logger are set by ListenAndServe.
 	Config Config
 	Logger *slog.Logger
+	// ReadTimeout bounds the reading of one request, body included
+	// (default 30 s; bodies are at most Config.MaxRequestBytes, 1 MiB):
+	// a client that sends slower is disconnected. IdleTimeout closes a
+	// kept-alive connection without a request (default 2 min).
+	ReadTimeout, IdleTimeout time.Duration
+	// ShutdownGrace is how long a stopping service waits for requests in
+	// flight (default 5 s); then it closes the connections left and says
+	// how many on the log.
+	ShutdownGrace time.Duration
+	// FreeSpace, when set, replaces statfs(2) for the store's free-space
+	// check (state.Options.FreeSpace).
+	FreeSpace func(dir string) (uint64, error)
+
+	connState func(net.Conn, http.ConnState) // observes connections (tests)
 }
 
 // ErrConfig is wrapped by ListenAndServe's errors about its options (an
@@ -67,12 +83,12 @@ func ListenAndServe(ctx context.Context, o ServeOptions, ready func(addr string,
 	}
 	key, created, err := EnsureKeyFile(kf)
 	if err != nil {
-		return err
+		return fmt.Errorf("%w: %w", ErrConfig, err)
 	}
 	if created {
 		o.Logger.Info("capability key created", "file", kf)
 	}
-	store, err := state.Open(filepath.Join(o.DataDir, "badger"), state.Options{SyncWrites: o.SyncWrites, Logger: o.Logger})
+	store, err := state.Open(filepath.Join(o.DataDir, "badger"), state.Options{SyncWrites: o.SyncWrites, Logger: o.Logger, FreeSpace: o.FreeSpace})
 	if err != nil {
 		return err
 	}
@@ -88,7 +104,20 @@ func ListenAndServe(ctx context.Context, o ServeOptions, ready func(addr string,
 	if err != nil {
 		return fmt.Errorf("envsvc: listen %s: %w", o.Addr, err)
 	}
-	hs := &http.Server{Handler: srv.Handler(), ReadHeaderTimeout: 5 * time.Second}
+	var conns atomic.Int64 // open connections
+	hs := &http.Server{Handler: srv.Handler(), ReadHeaderTimeout: 5 * time.Second,
+		ReadTimeout: cmp.Or(o.ReadTimeout, 30*time.Second), IdleTimeout: cmp.Or(o.IdleTimeout, 2*time.Minute),
+		ConnState: func(c net.Conn, st http.ConnState) {
+			switch st {
+			case http.StateNew:
+				conns.Add(1)
+			case http.StateClosed, http.StateHijacked:
+				conns.Add(-1)
+			}
+			if o.connState != nil {
+				o.connState(c, st)
+			}
+		}}
 	if ready != nil {
 		ready(ln.Addr().String(), srv.Live())
 	}
@@ -102,10 +131,21 @@ func ListenAndServe(ctx context.Context, o ServeOptions, ready func(addr string,
 		return nil
 	case <-ctx.Done():
 	}
-	sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	grace := cmp.Or(o.ShutdownGrace, 5*time.Second)
+	sctx, cancel := context.WithTimeout(context.Background(), grace)
 	defer cancel()
 	if err := hs.Shutdown(sctx); err != nil {
-		return err
+		if !errors.Is(err, context.DeadlineExceeded) {
+			return fmt.Errorf("envsvc: shutdown: %w", err)
+		}
+		// Requests still reading (or being answered) after the grace:
+		// cut them. Their actions, if any ran, are persisted; the clients
+		// ask their status.
+		n := conns.Load()
+		if err := hs.Close(); err != nil {
+			return fmt.Errorf("envsvc: shutdown: closing %d connections: %w", n, err)
+		}
+		o.Logger.Warn("shutdown: connections still open after the grace were closed", "connections", n, "grace", grace)
 	}
 	<-errc
 	return nil

@@ -56,8 +56,13 @@ type Config struct {
 	ReapInterval time.Duration
 	// MaxRequestBytes bounds a request body (default 1 MiB).
 	MaxRequestBytes int64
-	Now             func() time.Time
-	Logger          *slog.Logger
+	// MaxTokenTTL is the longest capability token lifetime accepted
+	// (default capability.DefaultMaxTTL, 10 min): a token expiring more
+	// than MaxTokenTTL + capability.ClockSlack ahead is refused
+	// (token_malformed). Clients mint tokens for 30 s by default.
+	MaxTokenTTL time.Duration
+	Now         func() time.Time
+	Logger      *slog.Logger
 	// Metrics receives the service's Prometheus collectors (nil: a new
 	// registry, served at /metrics either way).
 	Metrics MetricsRegisterer
@@ -150,6 +155,37 @@ type endRec struct {
 
 const keyPrefix = "env/1/ep/"
 
+// End reasons of episodes the service ends on its own (status infra),
+// besides ReasonLeaseExpired, ReasonObservation and ReasonCapacity.
+const (
+	endSnapshotChanged = "snapshot_changed" // the registry configuration changed across a restart
+	endCorruptLog      = "corrupt_log"      // a record of the episode is unreadable, or its steps have a gap
+	endCorruptState    = "corrupt_state"    // the persisted world state does not resume
+	endStateLost       = "state_lost"       // a failed write could not be rolled back
+)
+
+// MaxReasonBytes caps a terminate request's reason: a longer one is a
+// bad_request (400) naming the field.
+const MaxReasonBytes = 256
+
+// reasonLabels are the end reasons counted under their own name in
+// trajflow_env_episodes_ended_total: those the agent loop sends and those
+// the service ends episodes with. Any other reason is counted as "other"
+// (the reason itself is stored with the episode's end).
+var reasonLabels = map[string]bool{
+	rollout.ReasonAnswer: true, rollout.ReasonMaxTurns: true, rollout.ReasonTokenBudget: true, rollout.ReasonAborted: true,
+	ReasonLeaseExpired: true, ReasonObservation: true, ReasonCapacity: true,
+	endSnapshotChanged: true, endCorruptLog: true, endCorruptState: true, endStateLost: true,
+}
+
+// reasonLabel is the metric label of end reason r.
+func reasonLabel(r string) string {
+	if reasonLabels[r] {
+		return r
+	}
+	return "other"
+}
+
 func metaKey(id string) string             { return keyPrefix + id + "/meta" }
 func leaseKey(id string) string            { return keyPrefix + id + "/lease" }
 func endKey(id string) string              { return keyPrefix + id + "/end" }
@@ -169,6 +205,7 @@ func NewServer(cfg Config) (*Server, error) {
 	if err != nil {
 		return nil, fmt.Errorf("envsvc: server: %w", err)
 	}
+	ver = ver.WithMaxTTL(cfg.MaxTokenTTL)
 	def := func(d *time.Duration, v time.Duration) {
 		if *d <= 0 {
 			*d = v
@@ -270,18 +307,33 @@ func (s *Server) load(key string, v any) (bool, error) {
 		return false, err
 	}
 	if err := json.Unmarshal(b, v); err != nil {
-		return false, fmt.Errorf("envsvc: record %s: %w", key, err)
+		return false, fmt.Errorf("%w: record %s: %w", errCorrupt, key, err)
 	}
 	return true, nil
+}
+
+// errCorrupt is wrapped by load's errors about an unreadable record.
+var errCorrupt = errors.New("envsvc: unreadable record")
+
+// recordRefusal is the refusal of a request whose episode's records could
+// not be read (err, from lookup or load): an unreadable record ended the
+// episode (episode_ended, corrupt_log); a store failure may pass
+// (persist_failed, retry).
+func (s *Server) recordRefusal(err error) (Response, string) {
+	if errors.Is(err, errCorrupt) {
+		return s.refused(ReasonEpisodeEnded, err.Error(), false), endCorruptLog
+	}
+	return s.refused(ReasonPersistFailed, err.Error(), true), ""
 }
 
 // recover resumes the episodes of the store.
 func (s *Server) recover() error {
 	type found struct {
-		meta  *epMeta
-		lease int64
-		ended bool
-		steps []*stepRec
+		meta    *epMeta
+		lease   int64
+		ended   bool
+		steps   []*stepRec
+		corrupt []string // keys of unreadable records
 	}
 	byID := map[string]*found{}
 	get := func(id string) *found {
@@ -298,22 +350,26 @@ func (s *Server) recover() error {
 			return nil
 		}
 		f := get(id)
+		var err error
 		switch {
 		case kind == "meta":
-			f.meta = &epMeta{}
-			return json.Unmarshal(v, f.meta)
+			m := &epMeta{}
+			if err = json.Unmarshal(v, m); err == nil {
+				f.meta = m
+			}
 		case kind == "lease":
-			n, err := strconv.ParseInt(string(v), 10, 64)
-			f.lease = n
-			return err
+			f.lease, err = strconv.ParseInt(string(v), 10, 64)
 		case kind == "end":
 			f.ended = true
 		case strings.HasPrefix(kind, "step/"):
 			r := &stepRec{}
-			if err := json.Unmarshal(v, r); err != nil {
-				return err
+			if err = json.Unmarshal(v, r); err == nil {
+				f.steps = append(f.steps, r)
 			}
-			f.steps = append(f.steps, r)
+		}
+		if err != nil {
+			f.corrupt = append(f.corrupt, string(k))
+			s.cfg.Logger.Error("unreadable record", "key", string(k), "episode", id, "err", err)
 		}
 		return nil
 	})
@@ -328,7 +384,28 @@ func (s *Server) recover() error {
 	now := s.cfg.Now()
 	for _, id := range ids {
 		f := byID[id]
-		if f.ended || f.meta == nil {
+		if f.ended {
+			continue
+		}
+		if len(f.corrupt) > 0 {
+			// End only this episode: its log cannot be trusted.
+			next := uint64(1)
+			sort.Slice(f.steps, func(i, j int) bool { return f.steps[i].Seq < f.steps[j].Seq })
+			for _, r := range f.steps {
+				if r.Seq != next {
+					break
+				}
+				next++
+			}
+			rec := endRec{Status: StatusInfra, Reason: endCorruptLog, Steps: int(next - 1), NextSeq: next, EndedMS: now.UnixMilli()}
+			if err := s.put(endKey(id), rec); err != nil {
+				return fmt.Errorf("envsvc: recover %s: end of an episode with unreadable records (%s): %w", id, strings.Join(f.corrupt, ", "), err)
+			}
+			s.met.ended.WithLabelValues(StatusInfra, endCorruptLog).Inc()
+			s.cfg.Logger.Warn("episode not resumed", "episode", id, "reason", endCorruptLog, "keys", strings.Join(f.corrupt, ", "))
+			continue
+		}
+		if f.meta == nil {
 			continue
 		}
 		e, reason := s.resume(f.meta, f.steps)
@@ -336,7 +413,7 @@ func (s *Server) recover() error {
 			if err := s.put(endKey(id), endRec{Status: StatusInfra, Reason: reason, EndedMS: now.UnixMilli()}); err != nil {
 				return fmt.Errorf("envsvc: recover %s: %w", id, err)
 			}
-			s.met.ended.WithLabelValues(StatusInfra, reason).Inc()
+			s.met.ended.WithLabelValues(StatusInfra, reasonLabel(reason)).Inc()
 			s.cfg.Logger.Warn("episode not resumed", "episode", id, "reason", reason)
 			continue
 		}
@@ -359,14 +436,14 @@ func (s *Server) recover() error {
 func (s *Server) resume(m *epMeta, steps []*stepRec) (*episode, string) {
 	reg := s.fams[m.Family]
 	if reg == nil || s.hash[m.Family] != m.RegistryHash {
-		return nil, "snapshot_changed"
+		return nil, endSnapshotChanged
 	}
 	sort.Slice(steps, func(i, j int) bool { return steps[i].Seq < steps[j].Seq })
 	st := m.State
 	e := &episode{id: m.ID, meta: *m, reg: reg, next: 1, steps: map[uint64]*stepRec{}}
 	for i, r := range steps {
 		if r.Seq != uint64(i+1) {
-			return nil, "corrupt_log"
+			return nil, endCorruptLog
 		}
 		e.steps[r.Seq] = r
 		st, e.next = r.State, r.Seq+1
@@ -376,7 +453,7 @@ func (s *Server) resume(m *epMeta, steps []*stepRec) (*episode, string) {
 	}
 	ep, err := reg.Resume(m.Attempt, st)
 	if err != nil {
-		return nil, "corrupt_state"
+		return nil, endCorruptState
 	}
 	e.ep, e.state = ep, st
 	s.mu.Lock()
@@ -433,7 +510,7 @@ func (s *Server) end(e *episode, status, reason, closeReason string) error {
 	// episode of this slot starts from its own task snapshot.
 	e.ep, e.state, e.steps, e.last = nil, nil, nil, nil
 	e.meta.Observation, e.meta.State = rollout.Observation{}, nil
-	s.met.ended.WithLabelValues(status, reason).Inc()
+	s.met.ended.WithLabelValues(status, reasonLabel(reason)).Inc()
 	return nil
 }
 
@@ -824,7 +901,8 @@ func (s *Server) handleStepOrStatus(w http.ResponseWriter, r *http.Request, op s
 func (s *Server) step(id string, req StepRequest, query bool, action []byte) StepResponse {
 	e, meta, end, err := s.lookup(id)
 	if err != nil {
-		return StepResponse{Response: s.refused(ReasonPersistFailed, err.Error(), true), Seq: req.Seq}
+		r, endReason := s.recordRefusal(err)
+		return StepResponse{Response: r, Seq: req.Seq, EndReason: endReason}
 	}
 	if meta == nil {
 		return StepResponse{Response: s.refused(ReasonUnknownEpisode, "no episode "+id, false), Seq: req.Seq}
@@ -852,7 +930,8 @@ func (s *Server) step(id string, req StepRequest, query bool, action []byte) Ste
 		var rec stepRec
 		ok, err := s.load(stepKey(id, req.Seq), &rec)
 		if err != nil {
-			return StepResponse{Response: s.refused(ReasonPersistFailed, err.Error(), true), Seq: req.Seq}
+			r, endReason := s.recordRefusal(err)
+			return StepResponse{Response: r, Seq: req.Seq, NextSeq: end.NextSeq, EndReason: cmp.Or(endReason, end.Reason)}
 		}
 		if ok {
 			return s.stored(&rec, req, ah, end.NextSeq, end.Reason)
@@ -981,10 +1060,10 @@ func (s *Server) execute(e *episode, req StepRequest, ah string) StepResponse {
 	if rerr != nil {
 		s.cfg.Logger.Error("episode lost: cannot roll back", "episode", e.id, "err", rerr)
 		e.ep = nil
-		if eerr := s.end(e, StatusInfra, "state_lost", rollout.ReasonAborted); eerr != nil {
+		if eerr := s.end(e, StatusInfra, endStateLost, rollout.ReasonAborted); eerr != nil {
 			s.cfg.Logger.Error("episode not ended", "episode", e.id, "err", eerr)
 		}
-		return StepResponse{Response: s.refused(ReasonEpisodeEnded, "the episode's state was lost: "+err.Error(), false), Seq: req.Seq, EndReason: "state_lost"}
+		return StepResponse{Response: s.refused(ReasonEpisodeEnded, "the episode's state was lost: "+err.Error(), false), Seq: req.Seq, EndReason: endStateLost}
 	}
 	e.ep = ep
 	return StepResponse{Response: s.refused(ReasonPersistFailed, err.Error(), true), Seq: req.Seq, NextSeq: e.next}
@@ -1002,7 +1081,8 @@ func (s *Server) renew(id string, req RenewRequest) RenewResponse {
 	e, meta, end, err := s.lookup(id)
 	switch {
 	case err != nil:
-		return RenewResponse{Response: s.refused(ReasonPersistFailed, err.Error(), true)}
+		r, _ := s.recordRefusal(err)
+		return RenewResponse{Response: r}
 	case meta == nil:
 		return RenewResponse{Response: s.refused(ReasonUnknownEpisode, "no episode "+id, false)}
 	}
@@ -1047,10 +1127,14 @@ func (s *Server) handleTerminate(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) terminate(id string, req TerminateRequest) TerminateResponse {
+	if len(req.Reason) > MaxReasonBytes {
+		return TerminateResponse{Response: s.refused(ReasonBadRequest, fmt.Sprintf("reason of %d bytes, at most %d", len(req.Reason), MaxReasonBytes), false)}
+	}
 	e, meta, end, err := s.lookup(id)
 	switch {
 	case err != nil:
-		return TerminateResponse{Response: s.refused(ReasonPersistFailed, err.Error(), true)}
+		r, endReason := s.recordRefusal(err)
+		return TerminateResponse{Response: r, EndReason: endReason}
 	case meta == nil:
 		return TerminateResponse{Response: s.refused(ReasonUnknownEpisode, "no episode "+id, false)}
 	}
@@ -1086,7 +1170,13 @@ func (s *Server) handleHealth(w http.ResponseWriter, _ *http.Request) {
 		fams = append(fams, f)
 	}
 	sort.Strings(fams)
+	h := Health{Status: HealthOK, Protocol: ProtocolVersion, Families: fams, Live: s.Live(), Capacity: s.cfg.MaxEpisodes}
+	code := http.StatusOK
+	if err := s.store.Err(); err != nil {
+		h.Status, h.Error, code = HealthFailed, err.Error(), http.StatusServiceUnavailable
+	}
 	w.Header().Set("Content-Type", "application/json")
 	w.Header().Set(HeaderProtocol, strconv.Itoa(ProtocolVersion))
-	_ = json.NewEncoder(w).Encode(Health{Status: "ok", Protocol: ProtocolVersion, Families: fams, Live: s.Live(), Capacity: s.cfg.MaxEpisodes})
+	w.WriteHeader(code)
+	_ = json.NewEncoder(w).Encode(h)
 }

@@ -34,8 +34,11 @@ const KeySize = 32
 // Errors returned by Guard.Check and Guard.Execute. Every refusal wraps
 // ErrRefused, so callers can tell a refused action from an execution error.
 var (
-	ErrRefused    = errors.New("capability: action refused")
-	ErrMalformed  = fmt.Errorf("%w: malformed token", ErrRefused)
+	ErrRefused   = errors.New("capability: action refused")
+	ErrMalformed = fmt.Errorf("%w: malformed token", ErrRefused)
+	// ErrLifetime: the token expires further ahead than the verifier's
+	// maximum token lifetime plus ClockSlack (a malformed token).
+	ErrLifetime   = fmt.Errorf("%w: expiry beyond the maximum token lifetime", ErrMalformed)
 	ErrForged     = fmt.Errorf("%w: bad signature", ErrRefused)
 	ErrExpired    = fmt.Errorf("%w: token expired", ErrRefused)
 	ErrScope      = fmt.Errorf("%w: token scoped to another run, episode, sequence number or action", ErrRefused)
@@ -193,17 +196,31 @@ func verify(key []byte, token string, now time.Time) (Claims, error) {
 	return c, nil
 }
 
+// DefaultMaxTTL is the longest token lifetime a verifier accepts unless
+// told otherwise (Verifier.WithMaxTTL); issuers mint tokens for 30 s by
+// default.
+const DefaultMaxTTL = 10 * time.Minute
+
+// ClockSlack is added to a verifier's maximum token lifetime for the
+// clock difference between the issuer and the verifier.
+const ClockSlack = 30 * time.Second
+
 // Verifier checks tokens on the environment side without keeping any
 // state: Guard uses it in process, and an environment service that keeps
 // its own (persisted) sequence numbers uses it directly. It is safe for
 // concurrent use.
+//
+// A token whose expiry lies further ahead than the maximum token lifetime
+// plus ClockSlack is refused (ErrLifetime, an ErrMalformed): no issuer
+// mints one, and accepting it would make a captured token good forever.
 type Verifier struct {
-	key []byte
-	now func() time.Time
+	key    []byte
+	now    func() time.Time
+	maxTTL time.Duration
 }
 
-// NewVerifier returns a verifier of tokens signed with key. now may be nil
-// (time.Now).
+// NewVerifier returns a verifier of tokens signed with key, with the
+// maximum token lifetime DefaultMaxTTL. now may be nil (time.Now).
 func NewVerifier(key []byte, now func() time.Time) (*Verifier, error) {
 	if len(key) != KeySize {
 		return nil, ErrKey
@@ -211,17 +228,37 @@ func NewVerifier(key []byte, now func() time.Time) (*Verifier, error) {
 	if now == nil {
 		now = time.Now
 	}
-	return &Verifier{key: bytes.Clone(key), now: now}, nil
+	return &Verifier{key: bytes.Clone(key), now: now, maxTTL: DefaultMaxTTL}, nil
 }
 
-// Verify checks that token is well formed (ErrMalformed), signed with the
-// verifier's key (ErrForged), not expired (ErrExpired) and grants exactly
-// action as sequence number seq of episode of run (ErrScope). It returns
-// the token's claims.
+// WithMaxTTL returns a verifier like v whose maximum token lifetime is d
+// (d <= 0: DefaultMaxTTL).
+func (v *Verifier) WithMaxTTL(d time.Duration) *Verifier {
+	if d <= 0 {
+		d = DefaultMaxTTL
+	}
+	w := *v
+	w.maxTTL = d
+	return &w
+}
+
+// MaxTTL is the verifier's maximum token lifetime.
+func (v *Verifier) MaxTTL() time.Duration { return v.maxTTL }
+
+// Verify checks that token is well formed (ErrMalformed; ErrLifetime for
+// an expiry more than the maximum token lifetime plus ClockSlack ahead),
+// signed with the verifier's key (ErrForged), not expired (ErrExpired) and
+// grants exactly action as sequence number seq of episode of run
+// (ErrScope). It returns the token's claims.
 func (v *Verifier) Verify(token, run, episode string, seq uint64, action []byte) (Claims, error) {
-	c, err := verify(v.key, token, v.now())
+	now := v.now()
+	c, err := verify(v.key, token, now)
 	if err != nil {
 		return Claims{}, err
+	}
+	if limit := now.Add(v.maxTTL + ClockSlack); c.Expires.After(limit) {
+		return Claims{}, fmt.Errorf("%w: expires %s, more than %s (plus %s) ahead", ErrLifetime,
+			c.Expires.UTC().Format(time.RFC3339Nano), v.maxTTL, ClockSlack)
 	}
 	if c.Run != run || c.Episode != episode || c.Seq != seq || c.ActionHash != ActionHash(action) {
 		return Claims{}, ErrScope
