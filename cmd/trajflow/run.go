@@ -195,14 +195,9 @@ func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 			_ = tp.Shutdown(sctx)
 		}()
 	}
-	if _, _, err := net.SplitHostPort(*of.health); err != nil || *of.health == "" {
-		return fmt.Errorf("%w: --health %q: want HOST:PORT (127.0.0.1:0 picks a free port)", errUsage, *of.health)
-	}
-	hs, err := pipeline.NewHealthServer(*of.health, env.cfg.Metrics)
+	hs, err := healthServer(*of.health, env.cfg.Metrics)
 	if err != nil {
-		// The address is one no listener takes (a port past 65535, a host
-		// that is not this machine's): the command line's mistake.
-		return fmt.Errorf("%w: --health: %w", errUsage, err)
+		return err
 	}
 	if taken := hs.TakenAddr(); taken != "" {
 		env.cfg.Logger.Warn("health address taken; serving on a free port", "taken", taken, "addr", hs.Addr())
@@ -272,4 +267,18 @@ func runOperatorOnce(ctx context.Context, name string, deps operators.Deps, cfg 
 		return nil
 	}
 	return err
+}
+
+// healthServer listens for an operator's health endpoints on addr; an
+// address no listener takes (no port, a port past 65535, a host that is
+// not this machine's) is the command line's mistake (errUsage).
+func healthServer(addr string, m *pipeline.Metrics) (*pipeline.HealthServer, error) {
+	if _, _, err := net.SplitHostPort(addr); err != nil || addr == "" {
+		return nil, fmt.Errorf("%w: --health %q: want HOST:PORT (127.0.0.1:0 picks a free port)", errUsage, addr)
+	}
+	hs, err := pipeline.NewHealthServer(addr, m)
+	if err != nil {
+		return nil, fmt.Errorf("%w: --health: %w", errUsage, err)
+	}
+	return hs, nil
 }

@@ -44,7 +44,7 @@ func cmdServeEnv(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	if *port < 0 || *port > 65535 {
 		return fmt.Errorf("%w: --port %d", errUsage, *port)
 	}
-	if err := checkServeEnvFlags(*maxEpisodes, *maxObs, *stepTimeout, *lease, *maxLease); err != nil {
+	if err := checkServeEnvFlags(*maxEpisodes, *maxObs, *stepTimeout, lease, *maxLease, isSet(fs, "lease")); err != nil {
 		return err
 	}
 	addr := net.JoinHostPort(*host, strconv.Itoa(*port))
@@ -71,9 +71,14 @@ func cmdServeEnv(ctx context.Context, args []string, stdout, stderr io.Writer) e
 }
 
 // checkServeEnvFlags refuses caps that are not positive (zero would not
-// mean "the default": the flags show their defaults) and a default lease
-// longer than the maximum.
-func checkServeEnvFlags(maxEpisodes, maxObs int, stepTimeout, lease, maxLease time.Duration) error {
+// mean "the default": the flags show their defaults) and a --lease given
+// longer than --max-lease; the default --lease is shortened to a shorter
+// --max-lease.
+func checkServeEnvFlags(maxEpisodes, maxObs int, stepTimeout time.Duration, leasep *time.Duration, maxLease time.Duration, leaseSet bool) error {
+	if !leaseSet && maxLease > 0 {
+		*leasep = min(*leasep, maxLease)
+	}
+	lease := *leasep
 	for _, c := range []struct {
 		flag string
 		ok   bool

@@ -460,3 +460,17 @@ func TestFleetEnv(t *testing.T) {
 		t.Fatalf("actions executed: %v and %v (one service got nothing)", a, b)
 	}
 }
+
+// TestServeEnvDefaultLeaseFollowsMaxLease: --max-lease alone shorter than
+// the default --lease shortens it (a service started with --max-lease 1s
+// works); a --lease given longer than --max-lease is refused.
+func TestServeEnvDefaultLeaseFollowsMaxLease(t *testing.T) {
+	lease := 10 * time.Second
+	if err := checkServeEnvFlags(1, 1, time.Second, &lease, time.Second, false); err != nil || lease != time.Second {
+		t.Fatalf("default --lease with --max-lease 1s: %v, lease %v, want no error and 1s", err, lease)
+	}
+	lease = 10 * time.Second
+	if err := checkServeEnvFlags(1, 1, time.Second, &lease, time.Second, true); err == nil {
+		t.Fatal("--lease 10s --max-lease 1s accepted")
+	}
+}

@@ -35,17 +35,8 @@ func cmdServePolicy(ctx context.Context, args []string, stdout, stderr io.Writer
 	if _, err := parseFlags(fs, args); err != nil {
 		return err
 	}
-	switch {
-	case *proto != policy.LlamaCpp && *proto != policy.SGLang && *proto != policy.VLLM:
-		return fmt.Errorf("%w: --protocol %q: want llamacpp, sglang or vllm", errUsage, *proto)
-	case *dir == "":
-		return fmt.Errorf("%w: --releases DIR is required", errUsage)
-	case *port < 0 || *port > 65535:
-		return fmt.Errorf("%w: --port %d", errUsage, *port)
-	case *maxTokens < 1:
-		return fmt.Errorf("%w: --max-tokens %d must be at least 1", errUsage, *maxTokens)
-	case *maxPrompt < 1:
-		return fmt.Errorf("%w: --max-prompt-tokens %d must be at least 1", errUsage, *maxPrompt)
+	if err := checkServePolicyFlags(*proto, *dir, *port, *maxTokens, *maxPrompt); err != nil {
+		return err
 	}
 	c, err := loadContract(*path)
 	if err != nil {
@@ -92,8 +83,30 @@ func cmdServePolicy(ctx context.Context, args []string, stdout, stderr io.Writer
 		return err
 	case <-ctx.Done():
 	}
-	// Requests waiting at a pause answer 503 now; those generating get
-	// until the deadline, then their connections are closed.
+	return stopPolicyServer(hs, srv, errc, stderr)
+}
+
+// checkServePolicyFlags refuses serve policy's impossible flag values.
+func checkServePolicyFlags(proto, dir string, port, maxTokens, maxPrompt int) error {
+	switch {
+	case proto != policy.LlamaCpp && proto != policy.SGLang && proto != policy.VLLM:
+		return fmt.Errorf("%w: --protocol %q: want llamacpp, sglang or vllm", errUsage, proto)
+	case dir == "":
+		return fmt.Errorf("%w: --releases DIR is required", errUsage)
+	case port < 0 || port > 65535:
+		return fmt.Errorf("%w: --port %d", errUsage, port)
+	case maxTokens < 1:
+		return fmt.Errorf("%w: --max-tokens %d must be at least 1", errUsage, maxTokens)
+	case maxPrompt < 1:
+		return fmt.Errorf("%w: --max-prompt-tokens %d must be at least 1", errUsage, maxPrompt)
+	}
+	return nil
+}
+
+// stopPolicyServer stops a policy server: requests waiting at a pause
+// answer 503 at once; those generating get 10 s, then their connections
+// are closed. errc carries Serve's end.
+func stopPolicyServer(hs *http.Server, srv *serve.Server, errc <-chan error, stderr io.Writer) error {
 	srv.Stop()
 	sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
