@@ -6,9 +6,10 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
+
+	"github.com/trajflow/trajflow/internal/pipetest"
 )
 
 // within runs f and fails the test when it has not returned after d: a
@@ -25,32 +26,6 @@ func within(t *testing.T, d time.Duration, what string, f func()) {
 	case <-time.After(d):
 		t.Fatalf("%s did not return within %s", what, d)
 	}
-}
-
-// mkfifo makes a named pipe at path and, until the test ends, opens it
-// for writing and closes it again whenever a reader waits on it: a reader
-// that opens it anyway reads an empty file instead of blocking forever.
-func mkfifo(t *testing.T, path string) {
-	t.Helper()
-	if err := syscall.Mkfifo(path, 0o644); err != nil {
-		t.Fatal(err)
-	}
-	stop := make(chan struct{})
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		for {
-			if f, err := os.OpenFile(path, os.O_WRONLY|syscall.O_NONBLOCK, 0); err == nil {
-				f.Close()
-			}
-			select {
-			case <-stop:
-				return
-			case <-time.After(10 * time.Millisecond):
-			}
-		}
-	}()
-	t.Cleanup(func() { close(stop); <-done })
 }
 
 func copyFile(t *testing.T, src, dst string) {
@@ -81,7 +56,7 @@ func TestDamagedEntries(t *testing.T) {
 	part0 := filepath.Dir(trajs[0])
 
 	fifo := filepath.Join(part0, FileName(9, 10))
-	mkfifo(t, fifo)
+	pipetest.Mkfifo(t, fifo)
 	zero := filepath.Join(part0, FileName(11, 12))
 	if err := os.Symlink("/dev/zero", zero); err != nil {
 		t.Fatal(err)
@@ -188,7 +163,7 @@ func TestDamagedSidecarAndRunInfo(t *testing.T) {
 		if err := os.Remove(p); err != nil {
 			t.Fatal(err)
 		}
-		mkfifo(t, p)
+		pipetest.Mkfifo(t, p)
 	}
 	var err error
 	within(t, 10*time.Second, "ReadFile", func() { _, _, err = ReadFile(trajs[0], ReadOptions{}) })

@@ -7,37 +7,12 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/trajflow/trajflow/connectors/parquet"
+	"github.com/trajflow/trajflow/internal/pipetest"
 )
-
-// fifo makes a named pipe at path and, until the test ends, opens it for
-// writing and closes it again whenever a reader waits on it: a reader
-// that opens it anyway reads an empty file instead of blocking forever.
-func fifo(t *testing.T, path string) {
-	t.Helper()
-	if err := syscall.Mkfifo(path, 0o644); err != nil {
-		t.Fatal(err)
-	}
-	stop, done := make(chan struct{}), make(chan struct{})
-	go func() {
-		defer close(done)
-		for {
-			if f, err := os.OpenFile(path, os.O_WRONLY|syscall.O_NONBLOCK, 0); err == nil {
-				f.Close()
-			}
-			select {
-			case <-stop:
-				return
-			case <-time.After(10 * time.Millisecond):
-			}
-		}
-	}()
-	t.Cleanup(func() { close(stop); <-done })
-}
 
 // newWithin is New, failing the test when it has not returned within a
 // minute.
@@ -83,7 +58,7 @@ func TestDamagedEntries(t *testing.T) {
 	}
 	part0 := filepath.Dir(last.Path)
 	pipe := filepath.Join(part0, parquet.FileName(last.LastOffset+100, last.LastOffset+101))
-	fifo(t, pipe)
+	pipetest.Mkfifo(t, pipe)
 	away := filepath.Join(t.TempDir(), "away.parquet")
 	link := filepath.Join(part0, parquet.FileName(last.LastOffset+200, last.LastOffset+201))
 	if err := os.Symlink(away, link); err != nil {
