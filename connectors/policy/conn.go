@@ -56,7 +56,8 @@ func (c *Conn) Close() {
 // Call sends method path with in as its JSON body (nil: no body) and
 // decodes a 2xx JSON answer into out (nil: the body is read and dropped).
 // Failures are *InfraError (unreachable, timeout, server_error, rejected,
-// bad_response, nan_logprob for a NaN or Infinity token in the body),
+// bad_response, nan_logprob for a NaN or Infinity token in the body; a
+// redirect is never followed: it is a bad_response naming its Location),
 // except that ctx ending is returned as ctx's error, wrapped.
 func (c *Conn) Call(ctx context.Context, method, path string, in, out any) error {
 	var body []byte
@@ -105,11 +106,16 @@ func (c *Conn) do(ctx context.Context, method, path string, body []byte) (int, [
 	if body != nil {
 		req.Header.Set("Content-Type", "application/json")
 	}
-	hc := c.HTTP
-	if hc == nil {
-		hc = http.DefaultClient
+	hc := http.DefaultClient
+	if c.HTTP != nil {
+		hc = c.HTTP
 	}
-	res, err := hc.Do(req)
+	// A redirect is never followed: an answer from another server would be
+	// recorded as this server's (its version, its log-probs), and a POST
+	// would be sent twice. The 3xx is refused below.
+	noFollow := *hc
+	noFollow.CheckRedirect = func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
+	res, err := noFollow.Do(req)
 	if err != nil {
 		return 0, nil, c.transportError(ctx, rctx, method, path, "send", err)
 	}
@@ -129,12 +135,20 @@ func (c *Conn) do(ctx context.Context, method, path string, body []byte) (int, [
 	if int64(len(resp)) > limit {
 		return res.StatusCode, resp[:limit], Infra(ReasonBadResponse, c.Addr, "%s %s: body over %d bytes", method, path, limit)
 	}
+	if res.StatusCode >= 300 && res.StatusCode <= 399 {
+		ie := Infra(ReasonBadResponse, c.Addr, "%s %s: status %d: redirect to %q refused (a policy server must answer itself)", method, path, res.StatusCode, res.Header.Get("Location"))
+		ie.Status = res.StatusCode
+		return res.StatusCode, resp, ie
+	}
 	if res.StatusCode < 200 || res.StatusCode > 299 {
 		reason := ReasonServerError
 		if res.StatusCode >= 400 && res.StatusCode < 500 {
 			reason = ReasonRejected
 		}
 		ie := Infra(reason, c.Addr, "%s %s: status %d: %s", method, path, res.StatusCode, snippet(resp))
+		if ra := res.Header.Get("Retry-After"); ra != "" {
+			ie.Detail += fmt.Sprintf(" (Retry-After %s)", strconv.Quote(ra))
+		}
 		ie.Status = res.StatusCode
 		return res.StatusCode, resp, ie
 	}

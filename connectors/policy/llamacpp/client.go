@@ -53,8 +53,9 @@
 //
 // Router mode (llama-server --models-dir): the request's "model" is
 // policy.ModelName of the wanted version (Want.Version; required), and the
-// sample's PolicyVersion is that version; a "model" in the answer that
-// names another version is a version_mismatch. Completions are sent with
+// sample's PolicyVersion is that version; an answer whose "model" is not
+// that name (another version, another model, or none) is a
+// version_mismatch. Completions are sent with
 // ?autoload=false, so a request for a version that is not loaded fails
 // (rejected) instead of making the router load it: versions are loaded by
 // weight sync only.
@@ -299,6 +300,11 @@ func (c *Client) one(ctx context.Context, r model.Request, want policy.Want) (mo
 	case !c.cfg.CachePrompt && resp.TokensEvaluated != nil && *resp.TokensEvaluated != len(r.Context):
 		return model.Sample{}, policy.Infra(policy.ReasonBadResponse, addr, "POST /completion: tokens_evaluated %d, the prompt has %d ids", *resp.TokensEvaluated, len(r.Context))
 	}
+	if name != "" && resp.Model != name {
+		// A router names the model that answered: any other name (or none)
+		// is not the version asked for.
+		return model.Sample{}, policy.Infra(policy.ReasonVersionMismatch, addr, "POST /completion: model %q answered, asked for %s", resp.Model, name)
+	}
 	if v, err := policy.ParseModelName(resp.Model); err == nil && v != version {
 		return model.Sample{}, policy.Infra(policy.ReasonVersionMismatch, addr, "POST /completion: answered by model %s, asked for version %d", resp.Model, version)
 	}
@@ -329,6 +335,11 @@ func (c *Client) one(ctx context.Context, r model.Request, want policy.Want) (mo
 	}
 	if len(raw.Logprobs) != len(raw.Tokens) {
 		return model.Sample{}, policy.Infra(policy.ReasonLengthMismatch, addr, "%d ids in tokens, %d entries in completion_probabilities", len(raw.Tokens), len(raw.Logprobs))
+	}
+	if len(toks) > r.Settings.MaxTokens {
+		// More than n_predict is a server that did not do what was asked:
+		// cutting at a stop id below must not hide it.
+		return model.Sample{}, policy.Infra(policy.ReasonBadResponse, addr, "POST /completion: %d ids in tokens, n_predict %d", len(toks), r.Settings.MaxTokens)
 	}
 	// Cut after the first stop id (exact: see the package comment).
 	for i, t := range toks {

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"math"
 	"net/http"
+	"strings"
 	"testing"
 	"time"
 
@@ -188,7 +189,82 @@ func TestFaults(t *testing.T) {
 		policytest.F("served by another model", func(m map[string]any) { m["model"] = policy.ModelName(5) }, policy.ReasonVersionMismatch),
 		policytest.F("prompt truncated", func(m map[string]any) { m["truncated"] = true }, policy.ReasonRejected),
 		policytest.F("prompt not all evaluated", func(m map[string]any) { m["tokens_evaluated"] = json.Number("2") }, policy.ReasonBadResponse),
+		// n_predict is 3: four ids are more than asked, even where the
+		// client would cut them after a stop id.
+		policytest.F("more ids than n_predict, a stop id among them", func(m map[string]any) {
+			ids := []int32{rollout.TokKey0, rollout.TokEnd, rollout.TokKey0 + 1, rollout.TokKey0 + 2}
+			toks, ps := []any{}, []any{}
+			for _, id := range ids {
+				n := json.Number(fmt.Sprint(id))
+				toks = append(toks, n)
+				ps = append(ps, map[string]any{"id": n, "prob": json.Number("0.5")})
+			}
+			m["tokens"], m["completion_probabilities"], m["stop_type"] = toks, ps, "limit"
+		}, policy.ReasonBadResponse),
+		policytest.F("no ids, stop_type limit", func(m map[string]any) {
+			m["tokens"], m["completion_probabilities"], m["stop_type"] = []any{}, []any{}, "limit"
+		}, policy.ReasonBadResponse),
+		policytest.F("ids as strings", func(m map[string]any) {
+			ids := m["tokens"].([]any)
+			for i, id := range ids {
+				ids[i] = fmt.Sprint(id)
+			}
+		}, policy.ReasonBadResponse),
+		policytest.F("prob as a string", func(m map[string]any) {
+			delete(entry(m, 0), "trajflow_logprob")
+			entry(m, 0)["prob"] = "0.5"
+		}, policy.ReasonBadResponse),
+		policytest.F("negative id", func(m map[string]any) {
+			m["tokens"].([]any)[0] = json.Number("-1")
+			entry(m, 0)["id"] = json.Number("-1")
+		}, policy.ReasonTokenRange),
 	})
+}
+
+// TestRouterModel: a router's answer must name the model asked for; one
+// naming another model, or none, is a version_mismatch naming the field
+// and the server.
+func TestRouterModel(t *testing.T) {
+	reg := policytest.Registry(t)
+	dir := t.TempDir()
+	policytest.Release(t, dir, 1, false)
+	fault := &policytest.Fault{Prefix: "/completion"}
+	srv := policytest.Start(t, policy.LlamaCpp, dir, reg, func(h http.Handler) http.Handler { fault.Next = h; return fault }, 1)
+	req := policytest.HostileRequest(reg)
+	for _, tc := range []struct {
+		name  string
+		model any // nil: the field is left out
+	}{{"another model", "smollm2-135m-instruct"}, {"a model path", "/models/policy-v00000001.gguf"}, {"no model", nil}, {"another version", policy.ModelName(2)}} {
+		t.Run(tc.name, func(t *testing.T) {
+			fault.Set(policytest.FaultEdit, 0, policytest.EditJSON(func(m map[string]any) {
+				if tc.model == nil {
+					delete(m, "model")
+				} else {
+					m["model"] = tc.model
+				}
+			}))
+			defer fault.Set(policytest.FaultNone, 0, nil)
+			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+			defer cancel()
+			_, err := router(t, srv.URL, 5*time.Second, policy.Exactly(1)).Generate(ctx, req)
+			ie, ok := policy.AsInfra(err)
+			if !ok || ie.Reason != policy.ReasonVersionMismatch || ie.Addr != srv.URL || !strings.Contains(ie.Detail, "model") {
+				t.Fatalf("err %v, want a version_mismatch naming model at %s", err, srv.URL)
+			}
+		})
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if s, err := router(t, srv.URL, 5*time.Second, policy.Exactly(1)).Generate(ctx, req); err != nil || s[0].PolicyVersion != 1 {
+		t.Fatalf("the model asked for: %+v %v", s, err)
+	}
+}
+
+// TestHostile: a server that misbehaves at the HTTP level (oversized,
+// stalled or endless bodies, 429/503, redirects, garbage encodings) gets
+// an InfraError naming it, on /completion and on the info endpoints.
+func TestHostile(t *testing.T) {
+	policytest.Hostile(t, policy.LlamaCpp, "/completion", single(1))
 }
 
 // TestPostSamplingProb: without trajflow_logprob (as from a real

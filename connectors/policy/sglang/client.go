@@ -192,7 +192,9 @@ func (c *Client) one(ctx context.Context, r model.Request, want policy.Want) (mo
 	case "abort":
 		return model.Sample{}, policy.Infra(policy.ReasonServerError, addr, "POST /generate: request %s aborted: %s", r.ID, m.FinishReason.Message)
 	default:
-		raw.Finish = m.FinishReason.Type
+		// SGLang's finish types are stop, length and abort: another word
+		// is a server whose answer this client cannot read.
+		return model.Sample{}, policy.Infra(policy.ReasonBadResponse, addr, "POST /generate: meta_info.finish_reason.type %q is not stop, length or abort", m.FinishReason.Type)
 	}
 	v, err := policy.ParseWeightVersion(*m.WeightVersion)
 	if err != nil {

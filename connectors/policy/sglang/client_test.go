@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
@@ -59,6 +60,31 @@ func TestFaults(t *testing.T) {
 			m["output_ids"] = ids[:1]
 			meta(m)["output_token_logprobs"] = lps(m)[:1]
 		}, policy.ReasonBadResponse),
+		policytest.F("unknown finish reason", func(m map[string]any) {
+			meta(m)["finish_reason"] = map[string]any{"type": "cancelled"}
+		}, policy.ReasonBadResponse),
+		policytest.F("more ids than max_new_tokens", func(m map[string]any) {
+			k := json.Number(fmt.Sprint(rollout.TokKey0))
+			m["output_ids"] = append(m["output_ids"].([]any), k)
+			meta(m)["output_token_logprobs"] = append(lps(m), []any{json.Number("-0.5"), k, nil})
+		}, policy.ReasonBadResponse),
+		policytest.F("no ids, finish length", func(m map[string]any) {
+			m["output_ids"] = []any{}
+			meta(m)["output_token_logprobs"] = []any{}
+			meta(m)["finish_reason"] = map[string]any{"type": "length"}
+		}, policy.ReasonBadResponse),
+		policytest.F("ids as strings", func(m map[string]any) {
+			ids := m["output_ids"].([]any)
+			for i, id := range ids {
+				ids[i] = fmt.Sprint(id)
+			}
+		}, policy.ReasonBadResponse),
+		policytest.F("log-prob as a string", setLP("-0.5"), policy.ReasonBadResponse),
+		policytest.F("id as a string in a log-prob entry", func(m map[string]any) {
+			e := lps(m)[0].([]any)
+			e[1] = fmt.Sprint(e[1])
+		}, policy.ReasonBadResponse),
+		policytest.F("missing output_token_logprobs", func(m map[string]any) { delete(meta(m), "output_token_logprobs") }, policy.ReasonBadResponse),
 	})
 }
 
@@ -90,4 +116,11 @@ func TestTokenizer(t *testing.T) {
 
 func FuzzGenerate(f *testing.F) {
 	policytest.FuzzGenerate(f, policy.SGLang, "/generate", newClient)
+}
+
+// TestHostile: a server that misbehaves at the HTTP level (oversized,
+// stalled or endless bodies, 429/503, redirects, garbage encodings) gets
+// an InfraError naming it, on /generate and on the info endpoints.
+func TestHostile(t *testing.T) {
+	policytest.Hostile(t, policy.SGLang, "/generate", newClient)
 }

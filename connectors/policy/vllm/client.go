@@ -242,8 +242,12 @@ func (c *Client) one(ctx context.Context, id policy.Identity, r model.Request, v
 		raw.Finish = policy.FinishStop
 	case "length":
 		raw.Finish = policy.FinishLength
+	case "error":
+		return model.Sample{}, policy.Infra(policy.ReasonServerError, addr, "POST /inference/v1/generate: choices[0].finish_reason \"error\" for request %s", r.ID)
 	default:
-		raw.Finish = *ch.FinishReason
+		// vLLM's finish reasons are stop, length, abort and error: another
+		// word is a server whose answer this client cannot read.
+		return model.Sample{}, policy.Infra(policy.ReasonBadResponse, addr, "POST /inference/v1/generate: choices[0].finish_reason %q is not stop, length, abort or error", *ch.FinishReason)
 	}
 	for i, e := range *ch.Logprobs.Content {
 		if !e.Logprob.Set {

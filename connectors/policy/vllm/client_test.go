@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net/http"
 	"testing"
 	"time"
@@ -54,6 +55,26 @@ func TestFaults(t *testing.T) {
 			choice(m)["token_ids"].([]any)[0] = json.Number("9")
 			content(m)[0].(map[string]any)["token"] = "token_id:9"
 		}, policy.ReasonAfterStop),
+		policytest.F("unknown finish reason", func(m map[string]any) { choice(m)["finish_reason"] = "cancelled" }, policy.ReasonBadResponse),
+		policytest.F("finish reason error", func(m map[string]any) { choice(m)["finish_reason"] = "error" }, policy.ReasonServerError),
+		policytest.F("more ids than max_tokens", func(m map[string]any) {
+			k := json.Number(fmt.Sprint(rollout.TokKey0))
+			choice(m)["token_ids"] = append(choice(m)["token_ids"].([]any), k)
+			choice(m)["logprobs"].(map[string]any)["content"] = append(content(m), map[string]any{"token": fmt.Sprint("token_id:", k), "logprob": json.Number("-0.5")})
+		}, policy.ReasonBadResponse),
+		policytest.F("no ids, finish length", func(m map[string]any) {
+			choice(m)["token_ids"] = []any{}
+			choice(m)["logprobs"].(map[string]any)["content"] = []any{}
+			choice(m)["finish_reason"] = "length"
+		}, policy.ReasonBadResponse),
+		policytest.F("ids as strings", func(m map[string]any) {
+			ids := choice(m)["token_ids"].([]any)
+			for i, id := range ids {
+				ids[i] = fmt.Sprint(id)
+			}
+		}, policy.ReasonBadResponse),
+		policytest.F("log-prob as a string", setLP("-0.5"), policy.ReasonBadResponse),
+		policytest.F("missing logprobs", func(m map[string]any) { delete(choice(m), "logprobs") }, policy.ReasonBadResponse),
 	})
 }
 
@@ -138,4 +159,12 @@ func TestTokenizer(t *testing.T) {
 
 func FuzzGenerate(f *testing.F) {
 	policytest.FuzzGenerate(f, policy.VLLM, "/inference/v1/generate", newClient)
+}
+
+// TestHostile: a server that misbehaves at the HTTP level (oversized,
+// stalled or endless bodies, 429/503, redirects, garbage encodings) gets
+// an InfraError naming it, on the generation endpoint and on the info
+// endpoints.
+func TestHostile(t *testing.T) {
+	policytest.Hostile(t, policy.VLLM, "/inference/v1/generate", newClient)
 }

@@ -66,7 +66,8 @@ import (
 type Replica struct {
 	Protocol string // policy.LlamaCpp, policy.SGLang or policy.VLLM
 	Addr     string // base URL
-	// Timeout bounds each call (0: 2 min; loads can be slow).
+	// Timeout bounds each call, and a llama.cpp router's wait for a load
+	// (0: 2 min; loads can be slow).
 	Timeout time.Duration
 	// ModelPath is the model path sent to SGLang and vLLM for a release
 	// (nil: its checkpoint path).
@@ -231,6 +232,9 @@ func (s *syncer) llama(ctx context.Context) (Ack, error) {
 				return Ack{}, err
 			}
 		}
+		// The wait for the load is bounded like a call: a router that
+		// reports "loading" for ever must not hold weight sync for ever.
+		deadline := time.Now().Add(s.r.Timeout)
 		for {
 			if ms, err = s.routerModels(ctx, false); err != nil {
 				return Ack{}, err
@@ -244,9 +248,14 @@ func (s *syncer) llama(ctx context.Context) (Ack, error) {
 			if m.Status.Failed || m.Status.Value == "unloaded" {
 				return Ack{}, policy.Infra(policy.ReasonServerError, s.c.Addr, "loading %s failed (status %s, exit code %d)", name, m.Status.Value, m.Status.ExitCode)
 			}
+			if time.Now().After(deadline) {
+				ie := policy.Infra(policy.ReasonTimeout, s.c.Addr, "GET /models: %s still %q after %v", name, m.Status.Value, s.r.Timeout)
+				ie.Err = context.DeadlineExceeded
+				return Ack{}, ie
+			}
 			select {
 			case <-ctx.Done():
-				return Ack{}, ctx.Err()
+				return Ack{}, fmt.Errorf("waiting for %s to load: %w", name, ctx.Err())
 			case <-time.After(s.r.PollInterval):
 			}
 		}

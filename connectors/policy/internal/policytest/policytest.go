@@ -183,6 +183,7 @@ type Fault struct {
 	kind  string
 	delay time.Duration
 	edit  func([]byte) []byte
+	fn    func(w http.ResponseWriter, r *http.Request, next http.Handler)
 	Hits  atomic.Int64
 }
 
@@ -196,18 +197,27 @@ const (
 	FaultEdit     = "edit"     // rewrite the real body
 	FaultHang     = "hang"     // never answer (until the client gives up)
 	FaultDrop     = "drop"     // close the connection without an answer
+	FaultFunc     = "func"     // answer with the function given to SetFunc
 )
 
 // Set sets the fault.
 func (f *Fault) Set(kind string, delay time.Duration, edit func([]byte) []byte) {
 	f.mu.Lock()
-	f.kind, f.delay, f.edit = kind, delay, edit
+	f.kind, f.delay, f.edit, f.fn = kind, delay, edit, nil
+	f.mu.Unlock()
+}
+
+// SetFunc sets a FaultFunc fault: fn answers the requests the fault
+// applies to (next is the real server).
+func (f *Fault) SetFunc(fn func(w http.ResponseWriter, r *http.Request, next http.Handler)) {
+	f.mu.Lock()
+	f.kind, f.delay, f.edit, f.fn = FaultFunc, 0, nil, fn
 	f.mu.Unlock()
 }
 
 func (f *Fault) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	f.mu.Lock()
-	kind, delay, edit := f.kind, f.delay, f.edit
+	kind, delay, edit, fn := f.kind, f.delay, f.edit, f.fn
 	f.mu.Unlock()
 	if kind == FaultNone || !strings.HasPrefix(r.URL.Path, f.Prefix) {
 		f.Next.ServeHTTP(w, r)
@@ -219,6 +229,9 @@ func (f *Fault) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	body, _ := io.ReadAll(r.Body)
 	r.Body = io.NopCloser(bytes.NewReader(body))
 	switch kind {
+	case FaultFunc:
+		fn(w, r, f.Next)
+		return
 	case FaultStatus:
 		http.Error(w, `{"error":"injected"}`, http.StatusInternalServerError)
 		return
