@@ -3,12 +3,12 @@ package parquet
 import (
 	"errors"
 	"fmt"
-	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
 	"strings"
-	"syscall"
+
+	"github.com/trajflow/trajflow/internal/regfile"
 )
 
 // Bounds on what a reader reads of one file. A snapshot file holds about
@@ -33,37 +33,12 @@ func ReadRegular(path, root string, limit int64) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
-	// O_NONBLOCK: should the file have been replaced by a named pipe
-	// since it was checked, opening it does not wait for a writer.
-	f, err := os.OpenFile(target, os.O_RDONLY|syscall.O_NONBLOCK, 0)
-	if err != nil {
-		return nil, err
+	b, err := regfile.Read(target, limit)
+	var bad *regfile.Error
+	if errors.As(err, &bad) {
+		return nil, fmt.Errorf("%w: %w", ErrCorrupt, err)
 	}
-	defer f.Close()
-	fi, err := f.Stat()
-	if err != nil {
-		return nil, err
-	}
-	if !fi.Mode().IsRegular() {
-		return nil, fmt.Errorf("%w: not a regular file (%s)", ErrCorrupt, fileKind(fi.Mode()))
-	}
-	size := fi.Size()
-	if size > limit {
-		return nil, fmt.Errorf("%w: %d bytes, more than the %d bytes such a file may hold", ErrCorrupt, size, limit)
-	}
-	// One byte more than its size tells a file that grows while read.
-	buf := make([]byte, size+1)
-	n, err := io.ReadFull(io.LimitReader(f, size+1), buf)
-	switch {
-	case err == nil:
-		return nil, fmt.Errorf("%w: the file grew past its %d bytes while it was read", ErrCorrupt, size)
-	case errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, io.EOF):
-		if int64(n) != size {
-			return nil, fmt.Errorf("%w: %d bytes read of the %d the file held when opened: it changed while it was read", ErrCorrupt, n, size)
-		}
-		return buf[:n], nil
-	}
-	return nil, err
+	return b, err
 }
 
 // resolveRegular returns the path of the regular file that path is:
@@ -81,7 +56,7 @@ func resolveRegular(path, root string) (string, error) {
 		return path, nil
 	}
 	if mode&fs.ModeSymlink == 0 {
-		return "", fmt.Errorf("%w: not a regular file (%s)", ErrCorrupt, fileKind(mode))
+		return "", fmt.Errorf("%w: not a regular file (%s)", ErrCorrupt, regfile.Kind(mode))
 	}
 	link, _ := os.Readlink(path)
 	// A link that does not resolve is damage, not a missing file: its
@@ -95,7 +70,7 @@ func resolveRegular(path, root string) (string, error) {
 		return "", fmt.Errorf("%w: not a regular file (symbolic link to %s: %s)", ErrCorrupt, target, err)
 	}
 	if !tfi.Mode().IsRegular() {
-		return "", fmt.Errorf("%w: not a regular file (symbolic link to %s, a %s)", ErrCorrupt, target, fileKind(tfi.Mode()))
+		return "", fmt.Errorf("%w: not a regular file (symbolic link to %s, a %s)", ErrCorrupt, target, regfile.Kind(tfi.Mode()))
 	}
 	if !inside(root, target) {
 		return "", fmt.Errorf("%w: not a regular file of the run (symbolic link to %s, outside the run directory %s)", ErrCorrupt, target, root)
@@ -118,25 +93,6 @@ func inside(root, target string) bool {
 	}
 	rel, err := filepath.Rel(r, t)
 	return err == nil && rel != ".." && !strings.HasPrefix(rel, ".."+string(filepath.Separator)) && !filepath.IsAbs(rel)
-}
-
-// fileKind names the type of a file that is not a regular file.
-func fileKind(m fs.FileMode) string {
-	switch {
-	case m&fs.ModeNamedPipe != 0:
-		return "named pipe"
-	case m&fs.ModeSocket != 0:
-		return "socket"
-	case m&fs.ModeCharDevice != 0:
-		return "character device"
-	case m&fs.ModeDevice != 0:
-		return "block device"
-	case m.IsDir():
-		return "directory"
-	case m&fs.ModeSymlink != 0:
-		return "symbolic link"
-	}
-	return "irregular file"
 }
 
 // layoutRunDir is the run directory of a snapshot file's path,

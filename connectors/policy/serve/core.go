@@ -18,6 +18,7 @@ import (
 	"github.com/trajflow/trajflow/connectors/policy"
 	"github.com/trajflow/trajflow/gpu"
 	"github.com/trajflow/trajflow/gpu/model"
+	"github.com/trajflow/trajflow/internal/regfile"
 	"github.com/trajflow/trajflow/schemas"
 )
 
@@ -207,21 +208,11 @@ func readRegular(path string, max int64) ([]byte, error) {
 	case err != nil:
 		return nil, err
 	case !st.Mode().IsRegular():
-		return nil, fmt.Errorf("%s is not a regular file (%s)", path, st.Mode().Type())
-	case st.Size() > max:
-		return nil, fmt.Errorf("%s has %d bytes, more than %d", path, st.Size(), max)
+		return nil, fmt.Errorf("%s is not a regular file (%s)", path, regfile.Kind(st.Mode()))
 	}
-	f, err := os.Open(path)
-	if err != nil {
-		return nil, err
-	}
-	defer f.Close()
-	b, err := io.ReadAll(io.LimitReader(f, max+1))
+	b, err := regfile.Read(path, max)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", path, err)
-	}
-	if int64(len(b)) > max {
-		return nil, fmt.Errorf("%s grew past %d bytes while read", path, max)
 	}
 	return b, nil
 }
