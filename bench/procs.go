@@ -68,6 +68,9 @@ func (r *run) startProc(p *proc, opErr chan<- error) error {
 	cmd := r.cfg.Processes(p.stage, p.id, p.state, r.addr)
 	cmd.Stdout, cmd.Stderr = &stdoutWatch{p: p, w: os.Stderr}, os.Stderr
 	orphan.DieWithParent(cmd) // the operators of a bench run end with it, killed or not
+	// Their own process group: a Ctrl-C at the terminal reaches the bench
+	// alone, which stops each operator with one signal.
+	cmd.SysProcAttr.Setpgid = true
 	if err := cmd.Start(); err != nil {
 		return fmt.Errorf("bench: start %s: %w", p.id, err)
 	}

@@ -156,7 +156,7 @@ func ledgerRun(t *testing.T, updates int, urls []string, keyFile string) (*loop.
 // journal holds a transfer twice for one turn.
 func runTurns(t *testing.T, out, runID string) (turns, trajectories int, doubled []string) {
 	t.Helper()
-	snap, err := parquet.ReadRun(parquet.RunDir(out, runID), []string{"trajectories"}, parquet.ReadOptions{})
+	snap, err := parquet.ReadRun(t.Context(), parquet.RunDir(out, runID), []string{"trajectories"}, parquet.ReadOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -21,7 +21,7 @@ func init() {
 // and say so, and the command fails unless --partial accepts them.
 // Partitions without a file, gaps between files and missing files of
 // topics the census does not read are warnings.
-func cmdCensus(_ context.Context, args []string, stdout, stderr io.Writer) error {
+func cmdCensus(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := newFlags("census", stderr)
 	runName := fs.String("run", "", "run to read when DIR holds several")
 	top := fs.Int("tasks", 20, "rows of the by-task table")
@@ -38,7 +38,7 @@ func cmdCensus(_ context.Context, args []string, stdout, stderr io.Writer) error
 	if err != nil {
 		return err
 	}
-	rep, err := census.Collect(runDir)
+	rep, err := census.Collect(ctx, runDir)
 	if err != nil {
 		return err
 	}

@@ -373,6 +373,11 @@ func TestUpRestartsAKilledOperator(t *testing.T) {
 		if m.Stage == "train" {
 			victim = m
 		}
+		// Each operator leads its own process group: a terminal's Ctrl-C
+		// reaches up alone, which interrupts each operator once.
+		if pg, err := syscall.Getpgid(m.PID); err == nil && pg != m.PID {
+			t.Errorf("%s (pid %d) is in process group %d, not its own", m.Stage, m.PID, pg)
+		}
 	}
 	if err := syscall.Kill(victim.PID, syscall.SIGKILL); err != nil {
 		t.Fatalf("kill -9 train (pid %d): %v", victim.PID, err)

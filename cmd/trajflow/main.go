@@ -47,9 +47,23 @@ func usage(w io.Writer) {
 }
 
 func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	ctx, stop := signalContext()
 	defer stop()
 	os.Exit(run(ctx, os.Args[1:], os.Stdout, os.Stderr))
+}
+
+// signalContext returns a context that the first SIGINT or SIGTERM
+// cancels: the command then stops in order (operators finish their
+// batch and commit, servers answer what they hold). That first signal
+// also gives both signals back their default action, so a second one
+// ends the process at once — which loses no data, as kill -9 loses none
+// (docs/GUARANTEES.md). A supervisor that forwards signals to its
+// children starts them in their own process group, so that a terminal's
+// Ctrl-C does not reach them twice.
+func signalContext() (context.Context, context.CancelFunc) {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	context.AfterFunc(ctx, stop)
+	return ctx, stop
 }
 
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {

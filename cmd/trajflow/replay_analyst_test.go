@@ -82,7 +82,7 @@ func TestDemoReplayAndAnalyst(t *testing.T) {
 	}
 
 	py := analystPython(t)
-	snap, err := parquet.ReadRun(mustRunDir(t, dir), []string{"batches"}, parquet.ReadOptions{})
+	snap, err := parquet.ReadRun(t.Context(), mustRunDir(t, dir), []string{"batches"}, parquet.ReadOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}

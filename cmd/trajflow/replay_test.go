@@ -60,7 +60,7 @@ func TestReplaySyntheticRun(t *testing.T) {
 		if code := run(ctx, []string{"replay", dir, "--to-brokers", addr}, &out, &errb); code != 0 {
 			t.Fatalf("replay --to-brokers: exit %d: %s", code, errb.String())
 		}
-		snap, err := parquet.ReadRun(mustRunDir(t, dir), []string{"batches"}, parquet.ReadOptions{})
+		snap, err := parquet.ReadRun(t.Context(), mustRunDir(t, dir), []string{"batches"}, parquet.ReadOptions{})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -278,7 +278,7 @@ func TestSnapshotSIGKILL(t *testing.T) {
 		}
 	}
 	// Every file verifies, and no message appears twice.
-	snap, err := parquet.ReadRun(mustRunDir(t, dir), nil, parquet.ReadOptions{})
+	snap, err := parquet.ReadRun(t.Context(), mustRunDir(t, dir), nil, parquet.ReadOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}

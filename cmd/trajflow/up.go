@@ -361,6 +361,10 @@ func (f *fleetProcs) spawn(name, health, logPath string, mode int) (*exec.Cmd, *
 	}
 	cmd := exec.Command(f.exe, f.args(name, health)...)
 	cmd.Stdout, cmd.Stderr = lf, lf
+	// Its own process group: a Ctrl-C at the terminal reaches up alone,
+	// which interrupts every operator once (a second signal would stop
+	// an operator at once: signalContext).
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if err := cmd.Start(); err != nil {
 		lf.Close()
 		return nil, nil, fmt.Errorf("up: start %s: %w", name, err)

@@ -128,7 +128,7 @@ func TestDamagedEntries(t *testing.T) {
 
 	want := []string{abc, fifo, zero, outside} // List order: partition -1 first
 	var re *ReadError
-	within(t, 10*time.Second, "ReadRun", func() { _, err = ReadRun(runDir, nil, ReadOptions{}) })
+	within(t, 10*time.Second, "ReadRun", func() { _, err = ReadRun(t.Context(), runDir, nil, ReadOptions{}) })
 	if !errors.As(err, &re) || !slices.Equal(re.Paths(), want) {
 		t.Fatalf("ReadRun: %v, want a *ReadError naming %v", err, want)
 	}
@@ -138,7 +138,7 @@ func TestDamagedEntries(t *testing.T) {
 		}
 	}
 	var r *Run
-	within(t, 10*time.Second, "ReadRun partial", func() { r, err = ReadRun(runDir, nil, ReadOptions{Partial: true}) })
+	within(t, 10*time.Second, "ReadRun partial", func() { r, err = ReadRun(t.Context(), runDir, nil, ReadOptions{Partial: true}) })
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,6 +1,7 @@
 package parquet
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -152,8 +153,9 @@ func (e *ReadError) Paths() []string {
 // it: every such file is collected, and ReadRun returns a *ReadError
 // listing them all, each naming its path — or, with opts.Partial, the Run
 // of the files it could read with the others in Run.Unreadable. A
-// run.json that does not read is an error either way.
-func ReadRun(runDir string, topics []string, opts ReadOptions) (*Run, error) {
+// run.json that does not read is an error either way. ReadRun checks ctx
+// before each file: a cancelled read returns ctx's error.
+func ReadRun(ctx context.Context, runDir string, topics []string, opts ReadOptions) (*Run, error) {
 	info, err := ReadRunInfo(runDir)
 	if err != nil {
 		return nil, err
@@ -177,6 +179,9 @@ func ReadRun(runDir string, topics []string, opts ReadOptions) (*Run, error) {
 	for _, f := range files {
 		if !want(f) {
 			continue
+		}
+		if err := ctx.Err(); err != nil {
+			return nil, fmt.Errorf("reading snapshot %s: %w", runDir, err)
 		}
 		var lin Lineage
 		var msgs []Message

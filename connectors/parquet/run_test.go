@@ -1,6 +1,7 @@
 package parquet
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"io/fs"
@@ -100,7 +101,7 @@ func TestReadRunEveryBadFile(t *testing.T) {
 	}
 	flipByte(t, windows)
 
-	_, err := ReadRun(runDir, nil, ReadOptions{})
+	_, err := ReadRun(t.Context(), runDir, nil, ReadOptions{})
 	var re *ReadError
 	if !errors.As(err, &re) {
 		t.Fatalf("ReadRun of three bad files: %v, want a *ReadError", err)
@@ -130,7 +131,7 @@ func TestReadRunEveryBadFile(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			r, err := ReadRun(runDir, tc.topics, tc.opts)
+			r, err := ReadRun(t.Context(), runDir, tc.topics, tc.opts)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -198,5 +199,25 @@ func TestFindRun(t *testing.T) {
 				t.Fatalf("FindRun(%s, %q) = %q, %v; want %s", tc.dir, tc.run, got, err, tc.want)
 			}
 		})
+	}
+}
+
+// TestReadRunStopsWhenCancelled: a cancelled context ends ReadRun before
+// its next file, with the context's error and the run directory named.
+func TestReadRunStopsWhenCancelled(t *testing.T) {
+	dir := t.TempDir()
+	writeTestRun(t, dir)
+	runDir := RunDir(dir, testRun)
+	ctx, cancel := context.WithCancel(t.Context())
+	cancel()
+	r, err := ReadRun(ctx, runDir, nil, ReadOptions{})
+	if !errors.Is(err, context.Canceled) || r != nil {
+		t.Fatalf("ReadRun with a cancelled context: %v, %v; want context.Canceled", r, err)
+	}
+	if !strings.Contains(err.Error(), runDir) {
+		t.Errorf("error does not name %s: %v", runDir, err)
+	}
+	if _, err := ReadRun(t.Context(), runDir, nil, ReadOptions{}); err != nil {
+		t.Fatalf("the same run, not cancelled: %v", err)
 	}
 }

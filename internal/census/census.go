@@ -6,6 +6,7 @@
 package census
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -88,9 +89,9 @@ var read = []string{"census", "trajectories", "rewarded", "quarantine"}
 // trajectories or batches but no census file is refused (ErrIncomplete):
 // its funnel would read zero everywhere. Partitions without a file and
 // missing offsets are Warnings (checked against the contract the snapshot
-// recorded).
-func Collect(runDir string) (*Report, error) {
-	snap, err := parquet.ReadRun(runDir, read, parquet.ReadOptions{Partial: true})
+// recorded). A cancelled ctx stops the reading between files.
+func Collect(ctx context.Context, runDir string) (*Report, error) {
+	snap, err := parquet.ReadRun(ctx, runDir, read, parquet.ReadOptions{Partial: true})
 	if err != nil {
 		return nil, err
 	}

@@ -63,7 +63,7 @@ func TestCensusFunnel(t *testing.T) {
 	if err := os.WriteFile(parquet.RunDir(dir, run)+"/"+parquet.RunInfoFile, info, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	rep, err := census.Collect(parquet.RunDir(dir, run))
+	rep, err := census.Collect(t.Context(), parquet.RunDir(dir, run))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -167,7 +167,7 @@ func TestCollectUnreadable(t *testing.T) {
 				t.Fatal(err)
 			}
 			unreadable, warned := tc.damage(c1, c2, tr, v)
-			rep, err := census.Collect(parquet.RunDir(dir, run))
+			rep, err := census.Collect(t.Context(), parquet.RunDir(dir, run))
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -70,7 +70,7 @@ func TestCensusPerUpdate(t *testing.T) {
 		trained("a0", 0, 100, 1), trained("a1", 0, 100, 1), trained("b0", 1, 200, 2), excl,
 		task(ev("c0", schemas.CensusDispatched, 2, 300), "t4"), // round 2 fed no update (yet)
 	})
-	rep, err := census.Collect(dir)
+	rep, err := census.Collect(t.Context(), dir)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -128,7 +128,7 @@ func TestCensusTimeline(t *testing.T) {
 		ev("a0", schemas.CensusCompleted, 10), ev("a1", schemas.CensusCompleted, 30), ev("b0", schemas.CensusCompleted, 50), ev("c0", schemas.CensusCompleted, 20),
 		trained("a0", 100), trained("a1", 100), excl, trained("c0", 100),
 	})
-	rep, err := census.Collect(dir)
+	rep, err := census.Collect(t.Context(), dir)
 	if err != nil {
 		t.Fatal(err)
 	}

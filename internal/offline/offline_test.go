@@ -48,7 +48,7 @@ func TestTrainIsTheLiveTrainer(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	snap, err := parquet.ReadRun(runDir, []string{"batches", "policy"}, parquet.ReadOptions{})
+	snap, err := parquet.ReadRun(t.Context(), runDir, []string{"batches", "policy"}, parquet.ReadOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -21,7 +21,7 @@ import (
 // from a snapshot), creating the run's topics on the cluster of cc first.
 // It returns the number of messages produced.
 func Reemit(ctx context.Context, runDir, contractPath string, cc kafka.ClientConfig) (int, error) {
-	snap, err := parquet.ReadRun(runDir, nil, parquet.ReadOptions{})
+	snap, err := parquet.ReadRun(ctx, runDir, nil, parquet.ReadOptions{})
 	if err != nil {
 		return 0, err
 	}

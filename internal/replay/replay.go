@@ -90,7 +90,7 @@ var Topics = []string{"trajectories", "valid", "rewarded", "scored", "windows", 
 // named in the error (a *parquet.ReadError): a replay that lacks records
 // cannot be exact.
 func Run(ctx context.Context, runDir, contractPath string) (*Report, error) {
-	snap, err := parquet.ReadRun(runDir, Topics, parquet.ReadOptions{})
+	snap, err := parquet.ReadRun(ctx, runDir, Topics, parquet.ReadOptions{})
 	if err != nil {
 		return nil, err
 	}
