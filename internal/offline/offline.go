@@ -171,6 +171,40 @@ func resolve(name string, t pipeline.Topics) (spec, error) {
 	return sp, nil
 }
 
+// MaxStreamInput bounds an input that is not a regular file (a pipe,
+// /dev/stdin, a device), whose size is not known before it is read: the
+// input is held in memory whole, and a stream that does not end (a
+// device such as /dev/zero) must not take the machine's memory with it.
+const MaxStreamInput = 1 << 30
+
+// readWhole reads the file at path: a regular file whole, anything else
+// up to limit bytes, refusing more with an error that names the file.
+func readWhole(path string, limit int64) ([]byte, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return nil, err
+	}
+	if fi.IsDir() {
+		return nil, fmt.Errorf("%s: is a directory", path)
+	}
+	if fi.Mode().IsRegular() {
+		return io.ReadAll(f)
+	}
+	b, err := io.ReadAll(io.LimitReader(f, limit+1))
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	if int64(len(b)) > limit {
+		return nil, fmt.Errorf("%s: not a regular file and longer than %d bytes: write it to a file and pass that", path, limit)
+	}
+	return b, nil
+}
+
 // parquetMagic begins (and ends) every Parquet file.
 const parquetMagic = "PAR1"
 
@@ -178,7 +212,7 @@ const parquetMagic = "PAR1"
 // 0, 1, ... on the stage's input topic. It returns the record count of
 // every message and counts the records and duplicate record ids into rep.
 func readInput(path string, sp spec, rep *Report) ([]pipeline.Message, []int, error) {
-	b, err := os.ReadFile(path)
+	b, err := readWhole(path, MaxStreamInput)
 	if err != nil {
 		return nil, nil, fmt.Errorf("offline: input: %w", err)
 	}
