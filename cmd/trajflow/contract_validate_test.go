@@ -7,7 +7,9 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
+	"syscall"
 	"testing"
+	"time"
 
 	"github.com/trajflow/trajflow/gpu"
 	"github.com/trajflow/trajflow/gpu/model"
@@ -167,5 +169,58 @@ func TestContractShow(t *testing.T) {
 	}
 	if rc := run(context.Background(), []string{"contract", "show", file}, &again, &errb); rc != 2 {
 		t.Errorf("contract show FILE: exit %d, want 2 (show takes no file)", rc)
+	}
+}
+
+// TestContractValidateRefusesHostileFiles: a contract file that is not one
+// (a directory, a named pipe, a file past contract.MaxFileSize) or a
+// contract with a bad value makes `trajflow contract validate` exit 2
+// promptly, its message naming the file and, for a value, the key path.
+func TestContractValidateRefusesHostileFiles(t *testing.T) {
+	tmp := t.TempDir()
+	minimal, err := os.ReadFile(filepath.Join("..", "..", "testdata", "contracts", "minimal.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	write := func(name, prefix, suffix string) string {
+		f := filepath.Join(tmp, name)
+		if err := os.WriteFile(f, []byte(prefix+string(minimal)+suffix), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return f
+	}
+	fifo := filepath.Join(tmp, "fifo.yaml")
+	if err := syscall.Mkfifo(fifo, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		name, file, want string
+	}{
+		{"directory", tmp, "a directory"},
+		{"named pipe", fifo, "a named pipe"},
+		{"too large", write("big.yaml", "", "#"+strings.Repeat("x", contract.MaxFileSize)+"\n"), "larger than"},
+		{"NaN", write("nan.yaml", "latency: {tool_sigma: .nan}\n", ""), "latency.tool_sigma: must be finite, got NaN"},
+		{"1e400", write("huge.yaml", "", "latency: {token_sigma: 1e400}\n"), "latency.token_sigma: must be finite, got 1e400"},
+		{"partitions past int32", write("parts.yaml", "", "topics: {partitions: 4294967300}\n"), "topics.partitions: must be <= 2147483647"},
+		{"replication past int16", write("repl.yaml", "", "topics: {replication: 40000}\n"), "topics.replication: must be <= 32767"},
+		{"integer past int64", write("seed.yaml", "seed: -9223372036854775809\n", ""), "seed: integer -9223372036854775809 out of range"},
+		{"wrong case", write("case.yaml", "Seed: 3\n", ""), "Seed: unknown key"},
+		{"duplicate key", write("dup.yaml", "seed: 3\nseed: 4\n", ""), "seed: duplicate key"},
+		{"two documents", write("two.yaml", "", "---\nrun_id: b\n"), "more than one YAML document"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var out, errb bytes.Buffer
+			done := make(chan int, 1)
+			go func() { done <- run(context.Background(), []string{"contract", "validate", tt.file}, &out, &errb) }()
+			select {
+			case rc := <-done:
+				if rc != 2 || !strings.Contains(errb.String(), tt.file) || !strings.Contains(errb.String(), tt.want) {
+					t.Errorf("exit %d, stderr %q; want exit 2 naming %s and %q", rc, errb.String(), tt.file, tt.want)
+				}
+			case <-time.After(10 * time.Second):
+				t.Fatalf("contract validate %s still running after 10 s", tt.file)
+			}
+		})
 	}
 }

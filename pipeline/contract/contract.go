@@ -37,7 +37,12 @@ import (
 )
 
 // Contract is the learning contract. Field comments give the YAML key, the
-// default filled by Resolve (if any) and the validation rule.
+// default filled by Resolve (if any) and the validation rule. Besides the
+// rules given there, every integer count (sizes, turns, tokens per action
+// and episode, retries, epochs, minibatches, lags, partitions, tasks and groups
+// per update, eval_every) is at most MaxCount, and every millisecond
+// timeout at most MaxDurationMS, with sampler.max_turns times
+// (sampler.tool_timeout_ms + policy.timeout_ms) at most MaxDurationMS too.
 type Contract struct {
 	// RunID names the run (required): 1..128 characters from
 	// [A-Za-z0-9._-]; it enters record ids and snapshot paths.
@@ -199,7 +204,9 @@ type Sampler struct {
 // a batch with few trained tokens then takes a small step, where
 // token-mean gives it the full one (docs/PIPELINE.md §13).
 //
-// Rules: clip_low in [0, 1); clip_high >= 0; kl_coef > 0 when kl_placement
+// Rules: clip_low in [0, 1); clip_high >= 0; kl_estimator k3 (k1 and k2
+// are refused as not implemented: no stage computes the reference
+// log-probs they estimate from); kl_coef > 0 when kl_placement
 // is loss and 0 otherwise (with placement reward the coefficient is the
 // weight of the "kl" reward component); entropy_coef >= 0; max_log_ratio
 // >= 0; off_policy known; is_cap 0 or >= 1, set with tis, 0 with none.
@@ -259,12 +266,12 @@ type Reward struct {
 // format).
 type Topics struct {
 	Partitions  int `yaml:"partitions"`  // > 0; default 4
-	Replication int `yaml:"replication"` // > 0; default 1
+	Replication int `yaml:"replication"` // in [1, 32767] (Kafka's int16); default 1
 	// RetentionMS is the topic retention; > 0, or -1 for unlimited.
 	// Default 604800000 (7 days).
 	RetentionMS int64 `yaml:"retention_ms"`
 	// MaxMessageBytes is the topic's max.message.bytes, large enough for
-	// long trajectories; > 0, default 16777216 (16 MiB).
+	// long trajectories; in [1, 2^30] (1 GiB), default 16777216 (16 MiB).
 	MaxMessageBytes int `yaml:"max_message_bytes"`
 	// Compression is the producer compression of topics: short topic name
 	// (batches, census, ...) -> none, gzip, snappy, lz4 or zstd; a topic
@@ -327,7 +334,7 @@ const (
 // normal drawn from the contract seed and the turn id (cut at ±4), so two
 // runs of one seed wait alike, whatever their pacing; tokens never depend
 // on it (rollout.LatencyModel). Defaults 0 (off). Rules: every value
-// finite and >= 0; sigmas <= 3.
+// finite and >= 0; sigmas <= 3; medians <= MaxLatencyMedianMS (one hour).
 type Latency struct {
 	ToolMedianMS  float64 `yaml:"tool_median_ms"`
 	ToolSigma     float64 `yaml:"tool_sigma"`

@@ -248,7 +248,7 @@ func TestParseErrors(t *testing.T) {
 		{"merge key", "sampler: {<<: {top_k: 1}}\n", ErrInvalid, "sampler"},
 		{"number as string", "sampler: {temperature: hot}\n", ErrInvalid, "sampler.temperature: want a number"},
 		{"fraction into int", "sampler: {max_turns: 2.5}\n", ErrInvalid, "sampler.max_turns: want an integer"},
-		{"huge float into int", "budgets: {rollout_tokens: 1e30}\n", ErrInvalid, "budgets.rollout_tokens: want an integer"},
+		{"huge float into int", "budgets: {rollout_tokens: 1e30}\n", ErrInvalid, "budgets.rollout_tokens: integer 1e30 out of range for int64"},
 		{"int32 overflow", "sampler: {stop_token_ids: [3000000000]}\n", ErrInvalid, "sampler.stop_token_ids[0]: integer 3000000000 out of range"},
 		{"bool as string", "estimator: {normalize_std: yes}\n", ErrInvalid, "estimator.normalize_std: want true or false"},
 		{"section as list", "sampler: [1, 2]\n", ErrInvalid, "sampler: want a mapping"},
@@ -383,7 +383,7 @@ func TestValidationErrors(t *testing.T) {
 		{"epsilon negative", []any{"estimator.epsilon", -1e-6}, "estimator.epsilon: must be >= 0"},
 		{"gamma above one", []any{"estimator.gamma", 1.5}, "estimator.gamma: must be in [0, 1], got 1.5"},
 		{"lambda negative", []any{"estimator.lambda", -0.1}, "estimator.lambda: must be in [0, 1]"},
-		{"lambda nan", []any{"estimator.lambda", nan}, "estimator.lambda: must be in [0, 1], got NaN"},
+		{"lambda nan", []any{"estimator.lambda", nan}, "estimator.lambda: must be finite, got NaN"},
 		{"zero variance unknown", []any{"estimator.zero_variance", "skip"}, "estimator.zero_variance: must be one of keep, drop, penalize_failed"},
 		{"penalize failed with gae", []any{"estimator.name", "gae", "estimator.zero_variance", "penalize_failed"},
 			"estimator.zero_variance: penalize_failed needs a group-relative estimator (grpo or rloo), not gae"},
@@ -452,11 +452,10 @@ func TestValidationErrors(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			doc := mutate(t, "demo.yaml", tt.edits...)
-			c, err := Parse(doc)
-			if err != nil {
-				t.Fatalf("Parse: %v\n%s", err, doc)
+			c, err := Parse(doc) // refuses non-finite numbers
+			if err == nil {
+				err = c.Resolve()
 			}
-			err = c.Resolve()
 			if err == nil {
 				t.Fatalf("Resolve accepted the change\n%s", doc)
 			}
@@ -836,6 +835,9 @@ func FuzzParse(f *testing.F) {
 	f.Add([]byte("objective: {target_distribution: &t foo, primary_metric: *t}\n"))
 	f.Add([]byte("sampler: {stop_token_ids: [3000000000], temperature: .nan}\n"))
 	f.Add([]byte("budgets: {rollout_tokens: 1e30}\n---\n"))
+	f.Add([]byte("seed: -9223372036854775809\nlatency: {tool_sigma: 1e400, token_sigma: -1e400}\n"))
+	f.Add([]byte("seed: 1e999999999\nsampler: {max_turns: 9007199254740993.0, group_size: 4294967312}\n"))
+	f.Add([]byte(strings.Repeat("k: 1\n", 2*MaxErrors)))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		c, err := Parse(data)
 		if err != nil {

@@ -4,18 +4,21 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"math"
+	"math/big"
 	"os"
 	"reflect"
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 
 	"gopkg.in/yaml.v3"
 )
 
-// Errors. Every error of Parse, Load and Resolve wraps one of them
-// (errors.Is), and every problem with one field is a *FieldError.
+// Errors. Every error of Parse and Resolve, and every error of Load but
+// those of reading the file (which name it and wrap the os error, e.g.
+// os.ErrNotExist), wraps one of them (errors.Is), and every problem with
+// one field is a *FieldError.
 var (
 	// ErrSyntax: the bytes are not one well-formed YAML document.
 	ErrSyntax = errors.New("contract: invalid YAML")
@@ -23,6 +26,20 @@ var (
 	// wrong type, duplicate key) or the contract breaks a rule.
 	ErrInvalid = errors.New("contract: invalid")
 )
+
+// MaxErrors bounds the problems one error reports: a document of a
+// hundred thousand unknown keys is refused in a screen, not in megabytes.
+const MaxErrors = 50
+
+// joinErrors joins errs (nil when empty), the first MaxErrors of them and
+// a count of the rest.
+func joinErrors(errs []error) error {
+	if len(errs) > MaxErrors {
+		more := fmt.Errorf("%w: %d more problems not shown", ErrInvalid, len(errs)-MaxErrors)
+		errs = append(errs[:MaxErrors:MaxErrors], more)
+	}
+	return errors.Join(errs...)
+}
 
 // FieldError is one problem with one field, named by its key path in the
 // YAML document ("sampler.temperature", "rewards[1].weight"). Line is the
@@ -50,11 +67,12 @@ func (e *FieldError) Error() string {
 func (e *FieldError) Unwrap() error { return ErrInvalid }
 
 // Parse strictly decodes one YAML contract document. Unknown keys,
-// duplicate keys, aliases, custom tags, values of the wrong type and more
-// than one document are errors; all problems found are reported together
-// (errors.Join of *FieldError), each naming its key path. A null value
-// counts as absent. Parse fills no default and does not validate: call
-// Resolve.
+// duplicate keys, aliases, custom tags, values of the wrong type,
+// non-finite numbers (.nan, .inf, 1e400), integers that do not fit their
+// field exactly and more than one document are errors; all problems found
+// (up to MaxErrors) are reported together (errors.Join of *FieldError),
+// each naming its key path. A null value counts as absent. Parse fills no
+// default and does not validate: call Resolve.
 func Parse(data []byte) (c *Contract, err error) {
 	// The YAML library is third-party code: a panic in it on hostile bytes
 	// becomes a syntax error, never a crash of the caller.
@@ -92,17 +110,26 @@ func Parse(data []byte) (c *Contract, err error) {
 	}
 	d.value(root, reflect.ValueOf(c).Elem(), "")
 	if len(d.errs) > 0 {
-		return nil, errors.Join(d.errs...)
+		return nil, joinErrors(d.errs)
 	}
 	c.set = d.set
 	return c, nil
 }
 
-// Load reads and parses the contract file at path (see Parse).
+// MaxFileSize bounds the contract file Load reads: a contract is a few
+// kilobytes, and a larger file is a mistake (a log, a checkpoint, /dev/zero)
+// that would otherwise be read whole into memory.
+const MaxFileSize = 1 << 20
+
+// Load reads and parses the contract file at path (see Parse). The file
+// must be a regular file (after symbolic links) of at most MaxFileSize
+// bytes: a directory, device, named pipe or socket is refused without
+// reading from it, so that a pipe with no writer cannot block the caller
+// and a device cannot feed it forever. Errors name path.
 func Load(path string) (*Contract, error) {
-	data, err := os.ReadFile(path)
+	data, err := readContractFile(path)
 	if err != nil {
-		return nil, fmt.Errorf("contract: %w", err)
+		return nil, err
 	}
 	c, err := Parse(data)
 	switch {
@@ -112,6 +139,67 @@ func Load(path string) (*Contract, error) {
 		return nil, fmt.Errorf("contract %s: %w", path, err)
 	}
 	return c, nil
+}
+
+// readContractFile reads path as Load describes.
+func readContractFile(path string) ([]byte, error) {
+	fi, err := os.Stat(path)
+	if err != nil {
+		return nil, fmt.Errorf("contract: %w", err)
+	}
+	if err := checkRegular(path, fi); err != nil {
+		return nil, err
+	}
+	// O_NONBLOCK: should path have been replaced by a named pipe since the
+	// Stat, opening it does not wait for a writer; the Stat of the open
+	// file below refuses it. A regular file reads as without the flag.
+	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NONBLOCK, 0)
+	if err != nil {
+		return nil, fmt.Errorf("contract: %w", err)
+	}
+	defer f.Close()
+	if fi, err = f.Stat(); err != nil {
+		return nil, fmt.Errorf("contract: %w", err)
+	}
+	if err := checkRegular(path, fi); err != nil {
+		return nil, err
+	}
+	data, err := io.ReadAll(io.LimitReader(f, MaxFileSize+1))
+	if err != nil {
+		return nil, fmt.Errorf("contract: %w", err)
+	}
+	if len(data) > MaxFileSize {
+		return nil, fmt.Errorf("contract %s: %w: larger than %d bytes", path, errFile, MaxFileSize)
+	}
+	return data, nil
+}
+
+// errFile marks a contract path that is not a file Load reads.
+var errFile = errors.New("not a contract file")
+
+// checkRegular refuses everything but a regular file of at most
+// MaxFileSize bytes.
+func checkRegular(path string, fi os.FileInfo) error {
+	m := fi.Mode()
+	var kind string
+	switch {
+	case m.IsRegular():
+		if fi.Size() > MaxFileSize {
+			return fmt.Errorf("contract %s: %w: %d bytes, larger than %d", path, errFile, fi.Size(), MaxFileSize)
+		}
+		return nil
+	case m.IsDir():
+		kind = "a directory"
+	case m&os.ModeNamedPipe != 0:
+		kind = "a named pipe"
+	case m&os.ModeSocket != 0:
+		kind = "a socket"
+	case m&os.ModeDevice != 0:
+		kind = "a device"
+	default:
+		kind = fmt.Sprintf("not a regular file (mode %v)", m)
+	}
+	return fmt.Errorf("contract %s: %w: %s (write the contract to a regular file)", path, errFile, kind)
 }
 
 // decoder walks a YAML node tree alongside a Go value, recording the key
@@ -219,47 +307,102 @@ func (d *decoder) str(n *yaml.Node, path string) (string, bool) {
 	return "", false
 }
 
-// number accepts !!int and !!float scalars (including .nan and .inf, which
-// validation rejects where a finite value is required).
+// number accepts !!int and !!float scalars of finite value: no number of
+// the contract may be NaN or infinite (.nan, .inf, and 1e400, which is
+// beyond a float64).
 func (d *decoder) number(n *yaml.Node, path string) (float64, bool) {
 	if n.Kind == yaml.ScalarNode {
 		switch n.ShortTag() {
 		case "!!int", "!!float":
 			var f float64
 			if err := n.Decode(&f); err == nil {
+				if !finite(f) {
+					d.fail(n, path, "must be finite, got %s", g(f))
+					return 0, false
+				}
 				return f, true
 			}
+		}
+		if outOfRange(n) {
+			d.fail(n, path, "must be finite, got %s (out of the range of a float64)", n.Value)
+			return 0, false
 		}
 	}
 	d.fail(n, path, "want a number, got %s", kindName(n))
 	return 0, false
 }
 
-// integer accepts !!int scalars and integral !!float scalars ("2.0e9") that
-// fit the field's type.
+// outOfRange reports whether n is a plain scalar that is a decimal number
+// beyond the range of a float64 ("1e400"): the YAML library resolves it to
+// a string, which is not what its writer meant.
+func outOfRange(n *yaml.Node) bool {
+	if n.Kind != yaml.ScalarNode || n.Style != 0 || n.ShortTag() != "!!str" {
+		return false
+	}
+	_, err := strconv.ParseFloat(strings.ReplaceAll(n.Value, "_", ""), 64)
+	return errors.Is(err, strconv.ErrRange)
+}
+
+// integer accepts !!int scalars, and !!float scalars that denote an
+// integer exactly ("2.0e9", not "2.5" or "1.00000000000000001"), that fit
+// the field's type.
 func (d *decoder) integer(n *yaml.Node, v reflect.Value, path string) {
 	var i int64
-	ok := false
-	if n.Kind == yaml.ScalarNode {
-		switch n.ShortTag() {
-		case "!!int":
-			ok = n.Decode(&i) == nil
-		case "!!float":
-			var f float64
-			if n.Decode(&f) == nil && f == math.Trunc(f) && f >= -(1<<63) && f < 1<<63 {
-				i, ok = int64(f), true
+	switch {
+	case n.Kind != yaml.ScalarNode:
+		d.fail(n, path, "want an integer, got %s", kindName(n))
+		return
+	case n.ShortTag() == "!!int":
+		if n.Decode(&i) != nil {
+			if _, ok := new(big.Int).SetString(n.Value, 0); ok {
+				d.fail(n, path, "integer %s out of range for %s", n.Value, v.Type())
+			} else {
+				d.fail(n, path, "want an integer, got %s", kindName(n))
 			}
+			return
 		}
-	}
-	if !ok {
+	case n.ShortTag() == "!!float" || outOfRange(n):
+		x, ok := exactInteger(n.Value)
+		switch {
+		case !ok && outOfRange(n):
+			d.fail(n, path, "integer %s out of range for %s", n.Value, v.Type())
+			return
+		case !ok:
+			d.fail(n, path, "want an integer, got %s", kindName(n))
+			return
+		}
+		if !x.IsInt64() {
+			d.fail(n, path, "integer %s out of range for %s", n.Value, v.Type())
+			return
+		}
+		i = x.Int64()
+	default:
 		d.fail(n, path, "want an integer, got %s", kindName(n))
 		return
 	}
 	if v.OverflowInt(i) {
-		d.fail(n, path, "integer %d out of range for %s", i, v.Type())
+		d.fail(n, path, "integer %s out of range for %s", n.Value, v.Type())
 		return
 	}
 	v.SetInt(i)
+}
+
+// exactInteger returns the integer the decimal literal s denotes exactly,
+// if it denotes one. Exponents beyond ±400 are refused before any
+// arithmetic (10^1000000000 is not computed).
+func exactInteger(s string) (*big.Int, bool) {
+	s = strings.ReplaceAll(s, "_", "")
+	if i := strings.IndexAny(s, "eE"); i >= 0 {
+		e, err := strconv.Atoi(s[i+1:])
+		if err != nil || e < -400 || e > 400 {
+			return nil, false
+		}
+	}
+	r, ok := new(big.Rat).SetString(s)
+	if !ok || !r.IsInt() {
+		return nil, false
+	}
+	return r.Num(), true
 }
 
 func (d *decoder) floor(n *yaml.Node, v reflect.Value, path string) {

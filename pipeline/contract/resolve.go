@@ -1,13 +1,13 @@
 package contract
 
 import (
-	"errors"
 	"fmt"
 	"math"
 	"net/url"
 	"reflect"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/trajflow/trajflow/connectors/kafka"
 	"github.com/trajflow/trajflow/gpu/objective"
@@ -135,23 +135,27 @@ func g(x float64) string { return strconv.FormatFloat(x, 'g', -1, 64) }
 
 func (v *validator) positive(path string, x float64) {
 	switch {
-	case !(x > 0):
-		v.add(path, "must be > 0, got %s", g(x))
 	case !finite(x):
 		v.add(path, "must be finite, got %s", g(x))
+	case !(x > 0):
+		v.add(path, "must be > 0, got %s", g(x))
 	}
 }
 
 func (v *validator) nonNegative(path string, x float64) {
 	switch {
-	case !(x >= 0):
-		v.add(path, "must be >= 0, got %s", g(x))
 	case !finite(x):
 		v.add(path, "must be finite, got %s", g(x))
+	case !(x >= 0):
+		v.add(path, "must be >= 0, got %s", g(x))
 	}
 }
 
 func (v *validator) within(path string, x, lo, hi float64, hiOpen bool) {
+	if !finite(x) {
+		v.add(path, "must be finite, got %s", g(x))
+		return
+	}
 	ok := x >= lo && x <= hi
 	if hiOpen {
 		ok = x >= lo && x < hi
@@ -170,6 +174,42 @@ func (v *validator) minInt(path string, x, lo int64) {
 		v.add(path, "must be >= %d, got %d", lo, x)
 	}
 }
+
+// MaxCount bounds every count of the contract (sizes, turns, tokens per
+// action and episode, retries, epochs, lags, partitions, ...): the
+// records keep such counts in int32 fields (a group of sampler.group_size
+// is schemas' int32 group_size), and the operators add and multiply them
+// in int64 ((packing.max_lag+1) × packing.batch_groups groups in flight),
+// which a count up to 2^31-1 cannot overflow.
+const MaxCount = math.MaxInt32
+
+// count checks lo <= x <= MaxCount.
+func (v *validator) count(path string, x, lo int64) {
+	switch {
+	case x < lo:
+		v.add(path, "must be >= %d, got %d", lo, x)
+	case x > MaxCount:
+		v.add(path, "must be <= %d, got %d", MaxCount, x)
+	}
+}
+
+// MaxDurationMS is the longest time.Duration in milliseconds (about 292
+// years): the operators turn the contract's millisecond timeouts into
+// time.Duration, and a longer one would wrap around to a negative,
+// already expired, timeout.
+const MaxDurationMS = math.MaxInt64 / int64(time.Millisecond)
+
+// MaxLatencyMedianMS bounds the simulated latency medians: a draw is at
+// most e^{MaxZ·sigma} <= e^12 times its median (rollout.LatencyModel), and
+// must fit a time.Duration.
+const MaxLatencyMedianMS = 3_600_000
+
+// Kafka limits (the protocol's int16 replication factor; a consumer
+// fetches max.message.bytes plus 1 MiB in an int32 fetch size).
+const (
+	maxReplication     = math.MaxInt16
+	maxMaxMessageBytes = 1 << 30
+)
 
 func (v *validator) oneOf(path, x string, allowed ...string) {
 	for _, a := range allowed {
@@ -219,7 +259,7 @@ func (c *Contract) Validate() error {
 	c.validateDispatch(&v)
 	c.validateLatency(&v)
 	c.validatePolicy(&v)
-	return errors.Join(v.errs...)
+	return joinErrors(v.errs)
 }
 
 func (c *Contract) validateObjective(v *validator) {
@@ -320,15 +360,15 @@ func (c *Contract) validateSampler(v *validator) {
 	if !(s.TopP > 0 && s.TopP <= 1) {
 		v.add("sampler.top_p", "must be in (0, 1], got %s", g(s.TopP))
 	}
-	v.minInt("sampler.top_k", int64(s.TopK), 0)
+	v.count("sampler.top_k", int64(s.TopK), 0)
 	v.within("sampler.min_p", s.MinP, 0, 1, true)
-	v.minInt("sampler.max_tokens_per_action", int64(s.MaxTokensPerAction), 1)
-	v.minInt("sampler.max_tokens_per_episode", int64(s.MaxTokensPerEpisode), 1)
+	v.count("sampler.max_tokens_per_action", int64(s.MaxTokensPerAction), 1)
+	v.count("sampler.max_tokens_per_episode", int64(s.MaxTokensPerEpisode), 1)
 	if s.MaxTokensPerAction > 0 && s.MaxTokensPerEpisode > 0 && s.MaxTokensPerEpisode < s.MaxTokensPerAction {
 		v.add("sampler.max_tokens_per_episode", "must be >= sampler.max_tokens_per_action (%d), got %d",
 			s.MaxTokensPerAction, s.MaxTokensPerEpisode)
 	}
-	v.minInt("sampler.max_turns", int64(s.MaxTurns), 1)
+	v.count("sampler.max_turns", int64(s.MaxTurns), 1)
 	seen := map[int32]int{}
 	for i, id := range s.StopTokenIDs {
 		p := "sampler.stop_token_ids[" + strconv.Itoa(i) + "]"
@@ -340,9 +380,30 @@ func (c *Contract) validateSampler(v *validator) {
 		}
 		seen[id] = i
 	}
-	v.minInt("sampler.group_size", int64(s.GroupSize), 1)
-	v.minInt("sampler.tool_timeout_ms", s.ToolTimeoutMS, 1)
-	v.minInt("sampler.tool_retries", int64(s.ToolRetries), 0)
+	v.count("sampler.group_size", int64(s.GroupSize), 1)
+	v.timeout("sampler.tool_timeout_ms", s.ToolTimeoutMS)
+	v.count("sampler.tool_retries", int64(s.ToolRetries), 0)
+	// A group of the rollout stage times out after (tool timeout + policy
+	// timeout) × max_turns (operators.GroupTimeout), a time.Duration.
+	tool, pol, turns := s.ToolTimeoutMS, c.Policy.TimeoutMS, int64(max(1, s.MaxTurns))
+	if tool >= 1 && tool <= MaxDurationMS && pol >= 1 && pol <= MaxDurationMS && tool+pol > MaxDurationMS/turns {
+		path := "sampler.tool_timeout_ms"
+		if pol > tool {
+			path = "policy.timeout_ms"
+		}
+		v.add(path, "a group's timeout, (sampler.tool_timeout_ms %d + policy.timeout_ms %d) × sampler.max_turns %d, must be <= %d ms (a time.Duration)",
+			tool, pol, turns, MaxDurationMS)
+	}
+}
+
+// timeout checks a millisecond timeout: >= 1 and a time.Duration.
+func (v *validator) timeout(path string, ms int64) {
+	switch {
+	case ms < 1:
+		v.add(path, "must be >= 1, got %d", ms)
+	case ms > MaxDurationMS:
+		v.add(path, "must be <= %d (milliseconds that fit a time.Duration, about 292 years), got %d", MaxDurationMS, ms)
+	}
 }
 
 func (c *Contract) validateEstimator(v *validator) {
@@ -356,7 +417,7 @@ func (c *Contract) validateEstimator(v *validator) {
 	if e.ZeroVariance == advantage.ZeroVarPenalizeFailed && e.Estimator == advantage.GAE {
 		v.add("estimator.zero_variance", "penalize_failed needs a group-relative estimator (grpo or rloo), not gae")
 	}
-	v.minInt("estimator.min_group_size", int64(e.MinGroupSize), 1)
+	v.count("estimator.min_group_size", int64(e.MinGroupSize), 1)
 	if e.MinGroupSize > c.Sampler.GroupSize {
 		v.add("estimator.min_group_size", "must be <= sampler.group_size (%d), got %d", c.Sampler.GroupSize, e.MinGroupSize)
 	}
@@ -404,6 +465,12 @@ func (c *Contract) validateLoss(v *validator) {
 	}
 	v.oneOf("loss.kl_placement", l.KLPlacement, objective.KLNone, objective.KLLoss, objective.KLReward)
 	v.oneOf("loss.kl_estimator", l.KLEstimator, objective.K1, objective.K2, objective.K3)
+	if l.KLEstimator == objective.K1 || l.KLEstimator == objective.K2 {
+		// The estimator only ever applies to reference log-probs, which no
+		// stage computes: another value than the default would change the
+		// contract's hash and nothing else.
+		v.add("loss.kl_estimator", "%q is not implemented: no reference model computes ref_logprobs, so no KL term is estimated; leave the key out (default %s)", l.KLEstimator, objective.K3)
+	}
 	if l.KLPlacement == objective.KLLoss || l.KLPlacement == objective.KLReward {
 		v.add("loss.kl_placement", "%q is not implemented: no reference model computes ref_logprobs, so the KL term would be 0; use none (objective.kl_limit holds the KL to the reference the evaluation plane measures)", l.KLPlacement)
 	}
@@ -429,8 +496,8 @@ func (c *Contract) validateLoss(v *validator) {
 	v.within("loss.optimizer.beta2", o.Beta2, 0, 1, true)
 	v.positive("loss.optimizer.eps", o.Eps)
 	v.nonNegative("loss.optimizer.grad_clip", o.GradClip)
-	v.minInt("loss.optimizer.epochs", int64(o.Epochs), 1)
-	v.minInt("loss.optimizer.minibatches", int64(o.Minibatches), 1)
+	v.count("loss.optimizer.epochs", int64(o.Epochs), 1)
+	v.count("loss.optimizer.minibatches", int64(o.Minibatches), 1)
 }
 
 func (c *Contract) validatePacking(v *validator) {
@@ -442,9 +509,9 @@ func (c *Contract) validatePacking(v *validator) {
 	if p.BatchTokens < p.TokenBudget || p.BatchTokens < 1 {
 		v.add("packing.batch_tokens", "must be >= packing.token_budget (%d) and > 0, got %d", p.TokenBudget, p.BatchTokens)
 	}
-	v.minInt("packing.batch_groups", int64(p.BatchGroups), 0)
+	v.count("packing.batch_groups", int64(p.BatchGroups), 0)
 	v.oneOf("packing.overflow", p.Overflow, pack.OverflowReject, pack.OverflowTruncate)
-	v.minInt("packing.max_lag", p.MaxLag, 0)
+	v.count("packing.max_lag", p.MaxLag, 0)
 	v.oneOf("packing.stale_policy", p.StalePolicy, pack.StaleDrop, pack.StaleMaskTurns)
 	v.oneOf("packing.multi_policy", p.MultiPolicy, pack.MultiPolicySegments, pack.MultiPolicyNewest, pack.MultiPolicyDiscard)
 }
@@ -501,12 +568,18 @@ func (c *Contract) validateRewards(v *validator) {
 
 func (c *Contract) validateTopics(v *validator) {
 	t := c.Topics
-	v.minInt("topics.partitions", int64(t.Partitions), 1)
+	v.count("topics.partitions", int64(t.Partitions), 1)
 	v.minInt("topics.replication", int64(t.Replication), 1)
+	if t.Replication > maxReplication {
+		v.add("topics.replication", "must be <= %d (Kafka's replication factor is an int16), got %d", maxReplication, t.Replication)
+	}
 	if t.RetentionMS != -1 && t.RetentionMS < 1 {
 		v.add("topics.retention_ms", "must be > 0 or -1 (unlimited), got %d", t.RetentionMS)
 	}
 	v.minInt("topics.max_message_bytes", int64(t.MaxMessageBytes), 1)
+	if t.MaxMessageBytes > maxMaxMessageBytes {
+		v.add("topics.max_message_bytes", "must be <= %d (1 GiB: consumers fetch a message plus 1 MiB in Kafka's int32 fetch size), got %d", maxMaxMessageBytes, t.MaxMessageBytes)
+	}
 	for _, short := range sortedKeys(t.Compression) {
 		p := "topics.compression." + short
 		if _, ok := pipeline.TopicInfoOf(short); !ok {
@@ -518,8 +591,8 @@ func (c *Contract) validateTopics(v *validator) {
 
 func (c *Contract) validateDispatch(v *validator) {
 	d := c.Dispatch
-	v.minInt("dispatch.tasks_per_update", int64(d.TasksPerUpdate), 1)
-	v.minInt("dispatch.groups_per_update", int64(d.GroupsPerUpdate), 1)
+	v.count("dispatch.tasks_per_update", int64(d.TasksPerUpdate), 1)
+	v.count("dispatch.groups_per_update", int64(d.GroupsPerUpdate), 1)
 	if d.TasksPerUpdate >= 1 && d.GroupsPerUpdate >= 1 && d.GroupsPerUpdate%d.TasksPerUpdate != 0 {
 		v.add("dispatch.groups_per_update", "must be a multiple of dispatch.tasks_per_update (%d), got %d", d.TasksPerUpdate, d.GroupsPerUpdate)
 	}
@@ -532,7 +605,7 @@ func (c *Contract) validateDispatch(v *validator) {
 			v.add(p, "must be in (0, 1], got %s", g(q))
 		}
 	}
-	v.minInt("dispatch.eval_every", int64(d.EvalEvery), 1)
+	v.count("dispatch.eval_every", int64(d.EvalEvery), 1)
 	if d.Mode != DispatchSync && d.Mode != DispatchAsync {
 		v.add("dispatch.mode", "must be %s or %s, got %q", DispatchSync, DispatchAsync, d.Mode)
 	}
@@ -541,8 +614,15 @@ func (c *Contract) validateDispatch(v *validator) {
 
 func (c *Contract) validateLatency(v *validator) {
 	l := c.Latency
-	v.nonNegative("latency.tool_median_ms", l.ToolMedianMS)
-	v.nonNegative("latency.token_median_ms", l.TokenMedianMS)
+	for _, m := range []struct {
+		path string
+		ms   float64
+	}{{"latency.tool_median_ms", l.ToolMedianMS}, {"latency.token_median_ms", l.TokenMedianMS}} {
+		v.nonNegative(m.path, m.ms)
+		if m.ms > MaxLatencyMedianMS && finite(m.ms) {
+			v.add(m.path, "must be <= %d (one hour; a draw of up to e^12 times the median must fit a time.Duration), got %s", MaxLatencyMedianMS, g(m.ms))
+		}
+	}
 	v.within("latency.tool_sigma", l.ToolSigma, 0, 3, false)
 	v.within("latency.token_sigma", l.TokenSigma, 0, 3, false)
 }
@@ -575,9 +655,9 @@ func (c *Contract) validatePolicy(v *validator) {
 		}
 		seen[e] = i
 	}
-	v.minInt("policy.timeout_ms", p.TimeoutMS, 1)
-	v.minInt("policy.retries", int64(p.Retries), 0)
-	v.minInt("policy.concurrency", int64(p.Concurrency), 1)
+	v.timeout("policy.timeout_ms", p.TimeoutMS)
+	v.count("policy.retries", int64(p.Retries), 0)
+	v.count("policy.concurrency", int64(p.Concurrency), 1)
 	if p.Router && p.Protocol != PolicyLlamaCpp {
 		v.add("policy.router", "only for protocol llamacpp (llama-server routers), got protocol %q", p.Protocol)
 	}
