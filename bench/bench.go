@@ -158,6 +158,10 @@ type Progress struct {
 	Decided    int64
 }
 
+// Validate reports what Run would refuse in c before it starts anything
+// (c itself is left as it is).
+func (c Config) Validate() error { return c.defaults() }
+
 func (c *Config) defaults() error {
 	if c.Contract == nil {
 		return errors.New("bench: no contract")
@@ -251,13 +255,18 @@ func isStage(name string) bool {
 	return false
 }
 
-// ParseInstances parses "stage=n,stage=n".
+// ParseInstances parses "stage=n,stage=n" ("" is none); an empty item
+// (a doubled, leading or trailing comma) or a stage named twice is
+// refused.
 func ParseInstances(s string) (map[string]int, error) {
 	out := map[string]int{}
+	if strings.TrimSpace(s) == "" {
+		return out, nil
+	}
 	for _, p := range strings.Split(s, ",") {
 		p = strings.TrimSpace(p)
 		if p == "" {
-			continue
+			return nil, fmt.Errorf("instances %q: an empty item (a doubled, leading or trailing comma)", s)
 		}
 		name, num, ok := strings.Cut(p, "=")
 		if !ok {
@@ -267,7 +276,11 @@ func ParseInstances(s string) (map[string]int, error) {
 		if err != nil {
 			return nil, fmt.Errorf("instances %q: %w", p, err)
 		}
-		out[strings.TrimSpace(name)] = n
+		name = strings.TrimSpace(name)
+		if _, dup := out[name]; dup {
+			return nil, fmt.Errorf("instances %q: stage %s given twice", s, name)
+		}
+		out[name] = n
 	}
 	return out, nil
 }

@@ -22,6 +22,9 @@ func TestParseInstances(t *testing.T) {
 		{" validate=2, advantage=3 ", map[string]int{"validate": 2, "advantage": 3}, false},
 		{"validate", nil, true},
 		{"validate=x", nil, true},
+		{"validate=2,,reward=1", nil, true},
+		{"validate=2,", nil, true},
+		{"validate=2,validate=3", nil, true},
 	}
 	for _, tc := range cases {
 		got, err := ParseInstances(tc.in)

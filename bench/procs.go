@@ -57,8 +57,15 @@ func TrajflowRun(binary, contractPath string, partialGroupTimeout, windowMaxWait
 	return func(stage, instance, stateDir string, brokers []string) *exec.Cmd {
 		args := []string{"run", stage, "--brokers", strings.Join(brokers, ","), "--contract", contractPath,
 			"--state", stateDir, "--instance", instance, "--health", "127.0.0.1:0",
-			"--partial-group-timeout", partialGroupTimeout.String(), "--window-max-wait", windowMaxWait.String(),
 			"--log-level", "error", "--restarts", "0"}
+		// Each stage is given the flags it reads (trajflow run refuses a
+		// flag of another stage).
+		switch stage {
+		case "advantage":
+			args = append(args, "--partial-group-timeout", partialGroupTimeout.String())
+		case "pack":
+			args = append(args, "--window-max-wait", windowMaxWait.String())
+		}
 		return exec.Command(binary, append(args, extra...)...)
 	}
 }

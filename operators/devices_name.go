@@ -22,3 +22,10 @@ func parseDevice(device string) (cuda bool, ordinal int, err error) {
 	}
 	return false, 0, fmt.Errorf("operators: train --device %q: want cpu, cuda or cuda:N (a GPU ordinal >= 0)", device)
 }
+
+// CheckDevice reports whether device names a train device parseDevice
+// reads (whether this build can run it is Backend's answer).
+func CheckDevice(device string) error {
+	_, _, err := parseDevice(device)
+	return err
+}

@@ -14,6 +14,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 
 	"github.com/trajflow/trajflow/internal/loop"
@@ -115,39 +116,70 @@ type Report struct {
 	EvalGap    float64 `json:"eval_gap"`
 }
 
+// Check reports what Run refuses in o before it runs any mode: modes
+// other than sync and async or given twice, counts that are not
+// positive, a compared update past the last, and the contract of each
+// mode (loop.Check). It starts nothing.
+func Check(o Options) error {
+	if len(o.Modes) == 0 {
+		o.Modes = []string{ModeSync, ModeAsync}
+	}
+	if o.Updates < 1 || o.Workers < 1 || o.EvalSamples < 1 {
+		return fmt.Errorf("bench loop: updates %d, workers %d and eval samples %d must be positive", o.Updates, o.Workers, o.EvalSamples)
+	}
+	if o.Compare < 0 || o.Compare > o.Updates {
+		return fmt.Errorf("bench loop: compare %d: want 0 (updates - %d) to the updates, %d", o.Compare, Drain, o.Updates)
+	}
+	for i, mode := range o.Modes {
+		if mode != ModeSync && mode != ModeAsync {
+			return fmt.Errorf("bench loop: mode %q (want %s or %s)", mode, ModeSync, ModeAsync)
+		}
+		if slices.Contains(o.Modes[:i], mode) {
+			return fmt.Errorf("bench loop: mode %s given twice", mode)
+		}
+		if err := loop.Check(modeOptions(o, mode)); err != nil {
+			return fmt.Errorf("bench loop: %s: %w", mode, err)
+		}
+	}
+	return nil
+}
+
+// modeOptions are the loop options of one mode of o.
+func modeOptions(o Options, mode string) loop.Options {
+	lat := o.Latency
+	lo := loop.Options{
+		Updates: o.Updates, Out: filepath.Join(o.Out, mode), Seed: o.Seed, Async: mode == ModeAsync,
+		MaxLag: o.MaxLag, EvalSamples: o.EvalSamples, EvalEvery: o.Updates + 1, Quiet: true,
+		Latency: &lat, RolloutWorkers: o.Workers, RunID: "bench-loop-" + mode,
+		// The simulated latency is charged to the environment-hours
+		// budget (about 0.05 h a round at the default latency): the
+		// demo's hour would stop both modes by budget_exhausted after
+		// about 20 rounds. The bench times a fixed number of updates,
+		// so it lifts that budget; every other rule stays.
+		Edit: func(c *contract.Contract) {
+			c.Budgets.EnvironmentHours = max(c.Budgets.EnvironmentHours, BenchEnvironmentHours)
+		},
+	}
+	if mode == ModeAsync {
+		lo.OffPolicy, lo.ISCap = o.OffPolicy, o.ISCap
+		lo.PartialRollouts, lo.StalePolicy = o.PartialRollouts, o.StalePolicy
+	}
+	return lo
+}
+
 // Run runs the modes of o one after the other and returns the report.
 // progress, when not nil, gets one line per mode.
 func Run(ctx context.Context, o Options, progress io.Writer) (*Report, error) {
 	if len(o.Modes) == 0 {
 		o.Modes = []string{ModeSync, ModeAsync}
 	}
-	if o.Updates < 1 || o.Workers < 1 || o.EvalSamples < 1 {
-		return nil, fmt.Errorf("bench loop: updates %d, workers %d and eval samples %d must be positive", o.Updates, o.Workers, o.EvalSamples)
+	if err := Check(o); err != nil {
+		return nil, err
 	}
 	rep := &Report{Seed: o.Seed, Latency: o.Latency, Workers: o.Workers}
 	sums := map[string]*loop.Summary{}
 	for _, mode := range o.Modes {
-		if mode != ModeSync && mode != ModeAsync {
-			return nil, fmt.Errorf("bench loop: mode %q (want %s or %s)", mode, ModeSync, ModeAsync)
-		}
-		lat := o.Latency
-		lo := loop.Options{
-			Updates: o.Updates, Out: filepath.Join(o.Out, mode), Seed: o.Seed, Async: mode == ModeAsync,
-			MaxLag: o.MaxLag, EvalSamples: o.EvalSamples, EvalEvery: o.Updates + 1, Quiet: true,
-			Latency: &lat, RolloutWorkers: o.Workers, RunID: "bench-loop-" + mode,
-			// The simulated latency is charged to the environment-hours
-			// budget (about 0.05 h a round at the default latency): the
-			// demo's hour would stop both modes by budget_exhausted after
-			// about 20 rounds. The bench times a fixed number of updates,
-			// so it lifts that budget; every other rule stays.
-			Edit: func(c *contract.Contract) {
-				c.Budgets.EnvironmentHours = max(c.Budgets.EnvironmentHours, BenchEnvironmentHours)
-			},
-		}
-		if mode == ModeAsync {
-			lo.OffPolicy, lo.ISCap = o.OffPolicy, o.ISCap
-			lo.PartialRollouts, lo.StalePolicy = o.PartialRollouts, o.StalePolicy
-		}
+		lo := modeOptions(o, mode)
 		s, err := loop.Run(ctx, lo, io.Discard)
 		if err != nil {
 			return nil, fmt.Errorf("bench loop: %s: %w", mode, err)

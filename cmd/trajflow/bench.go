@@ -73,34 +73,76 @@ func addBenchFlags(fs *flag.FlagSet) benchFlags {
 	}
 }
 
+// check refuses bench's flag values that mean nothing, and flags given
+// where they do nothing, before anything starts.
+func (f benchFlags) check(fs *flag.FlagSet) error {
+	if err := firstBad(
+		flagCheck{*f.duration <= 0, fmt.Sprintf("--duration %v: want a positive window", *f.duration)},
+		flagCheck{*f.warmup < 0, fmt.Sprintf("--warmup %v: want 0 or more", *f.warmup)},
+		flagCheck{*f.tokens < 0, fmt.Sprintf("--tokens %d: want 0 (--duration only) or more", *f.tokens)},
+		flagCheck{*f.linger < 0, fmt.Sprintf("--linger %v: want 0 (the runtime default) or more", *f.linger)},
+		flagCheck{*f.inflight < 1, fmt.Sprintf("--inflight-groups %d: want 1 or more", *f.inflight)},
+		flagCheck{*f.maxTokens < 1, fmt.Sprintf("--max-tokens %d: want 1 or more", *f.maxTokens)},
+		flagCheck{*f.killAt < 0, fmt.Sprintf("--kill-at %v: want 0 (half of --duration) or more", *f.killAt)},
+		flagCheck{*f.memLimit < -1, fmt.Sprintf("--memory-limit-mib %d: want -1 (leave it), 0 (derived) or more", *f.memLimit)},
+		flagCheck{isSet(fs, "baselines") && strings.TrimSpace(*f.baselines) == "",
+			`--baselines "": name kafka-go, franz-go or both (--baseline -1s runs none)`},
+	); err != nil {
+		return err
+	}
+	if err := checkFinite("--mean-tokens", *f.meanTokens, 0, true); err != nil {
+		return err
+	}
+	if err := onlyWith(fs, *f.baseline >= 0, "a setting of the baselines, which a negative --baseline skips", "baselines", "baseline-rate"); err != nil {
+		return err
+	}
+	if err := onlyWith(fs, *f.kill != "", "needs --kill", "kill-at"); err != nil {
+		return err
+	}
+	if err := onlyWith(fs, *f.brokers == "", "is for the embedded broker, not --brokers", "tcp-only", "data-dir"); err != nil {
+		return err
+	}
+	if *f.dataDir != "" {
+		if err := checkOutDir("--data-dir", *f.dataDir); err != nil {
+			return err
+		}
+	}
+	for _, o := range []struct{ name, path string }{{"--json-out", *f.jsonOut}, {"--plot", *f.plot},
+		{"--cpuprofile", *f.cpuProf}, {"--memprofile", *f.memProf}} {
+		if err := checkOutFile(o.name, o.path); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // config resolves the flags into the bench's configuration.
 func (f benchFlags) config(stderr io.Writer) (bench.Config, error) {
 	limit := *f.memLimit
-	if limit < -1 {
-		return bench.Config{}, fmt.Errorf("%w: --memory-limit-mib %d", errUsage, limit)
-	}
 	if limit > 0 {
 		limit <<= 20
 	}
 	c, err := contract.Load(*f.contract)
 	if err != nil {
-		return bench.Config{}, err
+		return bench.Config{}, fmt.Errorf("%w: --contract: %w", errUsage, err)
 	}
 	if err := c.Resolve(); err != nil {
-		return bench.Config{}, fmt.Errorf("contract %s: %w", *f.contract, err)
+		return bench.Config{}, fmt.Errorf("%w: --contract %s: %w", errUsage, *f.contract, err)
 	}
 	inst, err := bench.ParseInstances(*f.instances)
 	if err != nil {
-		return bench.Config{}, fmt.Errorf("%w: %v", errUsage, err)
+		return bench.Config{}, fmt.Errorf("%w: --instances: %v", errUsage, err)
+	}
+	log, err := newLogger(stderr, *f.logLevel)
+	if err != nil {
+		return bench.Config{}, err
 	}
 	cfg := bench.Config{
 		Contract: c, Warmup: *f.warmup, Duration: *f.duration, Tokens: *f.tokens, Baseline: *f.baseline, BaselineRate: *f.baselineRate,
-		Instances: inst, InFlightGroups: *f.inflight, MemoryLimit: limit, DataDir: *f.dataDir, TCPOnly: *f.tcpOnly, Logger: newLogger(stderr, *f.logLevel), BatchTimeout: *f.linger,
+		Instances: inst, InFlightGroups: *f.inflight, MemoryLimit: limit, DataDir: *f.dataDir, TCPOnly: *f.tcpOnly, Logger: log, BatchTimeout: *f.linger,
 	}
-	for _, b := range strings.Split(*f.baselines, ",") {
-		if b = strings.TrimSpace(b); b != "" {
-			cfg.Baselines = append(cfg.Baselines, b)
-		}
+	if cfg.Baselines, err = listFlag("--baselines", *f.baselines); err != nil {
+		return bench.Config{}, err
 	}
 	cfg.Kill, cfg.KillAt = *f.kill, *f.killAt
 	if *f.cpuRoles && *f.cpuProf != "" {
@@ -111,13 +153,32 @@ func (f benchFlags) config(stderr io.Writer) (bench.Config, error) {
 		return bench.Config{}, fmt.Errorf("%w: --keep-topics goes with --brokers (the embedded broker ends with the run)", errUsage)
 	}
 	cfg.KeepTopics = *f.keepTopics
-	if cfg.CPUPids, err = bench.ParsePids(*f.cpuPids); err != nil {
+	pids, err := listFlag("--cpu-pids", *f.cpuPids)
+	if err != nil {
+		return bench.Config{}, err
+	}
+	if cfg.CPUPids, err = bench.ParsePids(strings.Join(pids, ",")); err != nil {
 		return bench.Config{}, fmt.Errorf("%w: --cpu-pids: %v", errUsage, err)
 	}
+	if err := f.clientAndProcesses(&cfg); err != nil {
+		return bench.Config{}, err
+	}
+	s := synth.Bench()
+	s.MeanTokens, s.MaxTokens = *f.meanTokens, *f.maxTokens
+	cfg.Synth = s
+	if err := cfg.Validate(); err != nil {
+		return bench.Config{}, fmt.Errorf("%w: %w", errUsage, err)
+	}
+	return cfg, nil
+}
+
+// clientAndProcesses sets the cluster of --brokers and --client-config
+// and, with --processes, the operators' command.
+func (f benchFlags) clientAndProcesses(cfg *bench.Config) error {
 	if *f.processes {
 		bin, err := os.Executable()
 		if err != nil {
-			return bench.Config{}, fmt.Errorf("--processes: %w", err)
+			return fmt.Errorf("--processes: %w", err)
 		}
 		var extra []string
 		if *f.clientConfig != "" {
@@ -125,17 +186,14 @@ func (f benchFlags) config(stderr io.Writer) (bench.Config, error) {
 		}
 		cfg.Processes = bench.TrajflowRun(bin, *f.contract, time.Second, 2*time.Second, extra...)
 	}
-	s := synth.Bench()
-	s.MeanTokens, s.MaxTokens = *f.meanTokens, *f.maxTokens
-	cfg.Synth = s
 	if *f.brokers != "" || *f.clientConfig != "" {
 		cc, err := clientFlags{brokers: f.brokers, config: f.clientConfig}.load()
 		if err != nil {
-			return bench.Config{}, err
+			return err
 		}
 		cfg.Brokers, cfg.Client = cc.Brokers, cc
 	}
-	return cfg, nil
+	return nil
 }
 
 func cmdBench(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -150,7 +208,14 @@ func cmdBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	}
 	fs := newFlags("bench", stderr)
 	f := addBenchFlags(fs)
-	if _, err := parseFlags(fs, args); err != nil {
+	pos, err := parseFlags(fs, args)
+	if err != nil {
+		return err
+	}
+	if err := noArgs("bench", pos); err != nil {
+		return err
+	}
+	if err := f.check(fs); err != nil {
 		return err
 	}
 	cfg, err := f.config(stderr)

@@ -3,8 +3,11 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"flag"
+	"fmt"
 	"io"
 	"path/filepath"
+	"slices"
 
 	benchloop "github.com/trajflow/trajflow/bench/loop"
 )
@@ -32,11 +35,23 @@ func cmdBenchLoop(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	fs.StringVar(&o.Out, "out", filepath.Join("out", "bench-loop"), "output directory (each mode's demo output, bench-loop.json)")
 	asJSON := fs.Bool("json", false, "print the report as JSON")
 	cpuProf := fs.String("cpuprofile", "", "write a CPU profile of the whole run (every mode given to --mode) to this file")
-	if _, err := parseFlags(fs, args); err != nil {
+	pos, err := parseFlags(fs, args)
+	if err != nil {
 		return err
 	}
-	o.Modes = splitList(*mode)
+	if err := noArgs("bench loop", pos); err != nil {
+		return err
+	}
+	if o.Modes, err = listFlag("--mode", *mode); err != nil {
+		return err
+	}
+	if err := benchLoopCheck(fs, o, *evalSamples, *cpuProf); err != nil {
+		return err
+	}
 	o.EvalSamples = int32(*evalSamples)
+	if err := benchloop.Check(o); err != nil {
+		return fmt.Errorf("%w: %w", errUsage, err)
+	}
 	stop, err := startCPUProfile(*cpuProf)
 	if err != nil {
 		return err
@@ -53,4 +68,31 @@ func cmdBenchLoop(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	}
 	rep.Print(stdout)
 	return nil
+}
+
+// benchLoopCheck refuses bench loop's flags that mean nothing: counts
+// that are not positive, an output directory that is not one, and the
+// async mode's flags without the async mode.
+func benchLoopCheck(fs *flag.FlagSet, o benchloop.Options, evalSamples int, cpuProf string) error {
+	if err := onlyWith(fs, slices.Contains(o.Modes, benchloop.ModeAsync) || len(o.Modes) == 0, "a setting of the async mode, which --mode leaves out",
+		"max-lag", "off-policy", "is-cap", "partial-rollouts", "stale-policy"); err != nil {
+		return err
+	}
+	if err := onlyWith(fs, o.OffPolicy != "", "needs --off-policy (the loss.is_cap of the loss.off_policy it sets)", "is-cap"); err != nil {
+		return err
+	}
+	if err := firstBad(
+		flagCheck{o.Updates < 1, fmt.Sprintf("--updates %d: want 1 or more", o.Updates)},
+		flagCheck{o.Workers < 1, fmt.Sprintf("--workers %d: want 1 or more", o.Workers)},
+		flagCheck{o.Compare < 0 || o.Compare > o.Updates, fmt.Sprintf("--compare %d: want 0 (updates - %d) to --updates %d", o.Compare, benchloop.Drain, o.Updates)},
+	); err != nil {
+		return err
+	}
+	if err := checkInt32("--eval-samples", evalSamples, 1); err != nil {
+		return err
+	}
+	if err := checkOutDir("--out", o.Out); err != nil {
+		return err
+	}
+	return checkOutFile("--cpuprofile", cpuProf)
 }

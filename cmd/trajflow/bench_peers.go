@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -65,21 +66,25 @@ func addPeersFlags(fs interface {
 func cmdBenchPeers(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := newFlags("bench peers", stderr)
 	f := addPeersFlags(fs)
-	if _, err := parseFlags(fs, args); err != nil {
+	pos, err := parseFlags(fs, args)
+	if err != nil {
+		return err
+	}
+	if err := noArgs("bench peers", pos); err != nil {
+		return err
+	}
+	if err := f.check(fs); err != nil {
 		return err
 	}
 	if *f.fromJSON != "" {
 		return peersReport(*f.fromJSON, *f.plot, stdout)
 	}
-	if *f.kafka == peers.KafkaAuto && *f.kafkaPid != 0 {
-		return fmt.Errorf("%w: bench peers: --kafka-pid: --kafka %s counts the CPU of the broker it starts; give an address with --kafka-pid", errUsage, peers.KafkaAuto)
-	}
 	c, err := contract.Load(*f.contract)
 	if err != nil {
-		return err
+		return fmt.Errorf("%w: --contract: %w", errUsage, err)
 	}
 	if err := c.Resolve(); err != nil {
-		return fmt.Errorf("contract %s: %w", *f.contract, err)
+		return fmt.Errorf("%w: --contract %s: %w", errUsage, *f.contract, err)
 	}
 	if *f.export != "" {
 		cp, err := peers.BuildCorpus(ctx, c, synth.Bench(), *f.groups)
@@ -96,22 +101,8 @@ func cmdBenchPeers(ctx context.Context, args []string, stdout, stderr io.Writer)
 		Kafka: *f.kafka, KafkaPid: *f.kafkaPid, KafkaWarmup: *f.kafkaWarmup, KafkaScript: *f.kafkaScript, KafkaHome: *f.kafkaHome, Rounds: *f.rounds, Duration: *f.duration, Warmup: *f.warmup, Baseline: *f.baseline,
 		Kill: *f.kill, CorpusGroups: *f.groups, InFlight: *f.inflight, RayGroupsPerCall: *f.perCall, ZmqTransport: *f.zmqTrans, OutDir: *f.out, Log: stderr}
 	cfg.Libzmq = zmqpeer.LibzmqBuilt
-	// The default systems leave trajflow-kafka out without --kafka, and
-	// zeromq-libzmq out of a trajflow built without libzmq; named in
-	// --systems, they need them (peers.Run says so).
-	if cfg.Systems = splitList(*f.systems); len(cfg.Systems) == 0 {
-		cfg.Systems = peers.DefaultSystems(cfg.Kafka, cfg.Libzmq)
-	}
-	if cfg.PythonPath, err = filepath.Abs(cfg.PythonPath); err != nil {
+	if err := peersSystems(ctx, fs, *f.systems, &cfg); err != nil {
 		return err
-	}
-	if cfg.Python == "" && peers.NeedsPython(cfg.Systems) {
-		out, err := exec.CommandContext(ctx, "bash", filepath.Join(cfg.PythonPath, "setup.sh")).Output()
-		if err != nil {
-			return fmt.Errorf("bench/peers/python/setup.sh: %w", err)
-		}
-		lines := strings.Split(strings.TrimSpace(string(out)), "\n")
-		cfg.Python = lines[len(lines)-1]
 	}
 	res, err := peers.Run(ctx, cfg)
 	if errors.Is(err, peers.ErrConfig) {
@@ -136,6 +127,117 @@ func cmdBenchPeers(ctx context.Context, args []string, stdout, stderr io.Writer)
 		}
 	}
 	return res.WriteTable(stdout)
+}
+
+// check refuses bench peers' flag values that mean nothing and flags
+// that the mode given does not read, before anything starts.
+func (f peersFlags) check(fs *flag.FlagSet) error {
+	switch {
+	case *f.fromJSON != "":
+		if err := onlyFlags(fs, "--from-json runs nothing: it prints a saved table (and --plot)", "from-json", "plot"); err != nil {
+			return err
+		}
+		if err := checkInFile("--from-json", *f.fromJSON); err != nil {
+			return err
+		}
+		return checkOutFile("--plot", *f.plot)
+	case *f.export != "":
+		if err := onlyFlags(fs, "--export-corpus only exports the corpus", "export-corpus", "contract", "corpus-groups"); err != nil {
+			return err
+		}
+		return errors.Join(checkOutFile("--export-corpus", *f.export),
+			firstBad(flagCheck{*f.groups < 1, fmt.Sprintf("--corpus-groups %d: want 1 or more", *f.groups)}))
+	}
+	if err := f.checkKafka(fs); err != nil {
+		return err
+	}
+	if err := firstBad(
+		flagCheck{*f.rounds < 1, fmt.Sprintf("--rounds %d: want 1 or more", *f.rounds)},
+		flagCheck{*f.duration <= 0, fmt.Sprintf("--duration %v: want a positive window", *f.duration)},
+		flagCheck{*f.warmup < 0, fmt.Sprintf("--warmup %v: want 0 or more", *f.warmup)},
+		flagCheck{*f.baseline <= 0, fmt.Sprintf("--baseline %v: want a positive window", *f.baseline)},
+		flagCheck{*f.groups < 1, fmt.Sprintf("--corpus-groups %d: want 1 or more", *f.groups)},
+		flagCheck{*f.inflight < 1, fmt.Sprintf("--inflight-groups %d: want 1 or more", *f.inflight)},
+		flagCheck{*f.perCall < 1, fmt.Sprintf("--ray-groups-per-call %d: want 1 or more", *f.perCall)},
+	); err != nil {
+		return err
+	}
+	return errors.Join(checkOutDir("--out", *f.out), checkOutFile("--plot", *f.plot), checkOutFile("--json-out", *f.jsonOut))
+}
+
+// checkKafka refuses the flags of trajflow-kafka without --kafka, those
+// of --kafka auto without it, and a malformed address or process id.
+func (f peersFlags) checkKafka(fs *flag.FlagSet) error {
+	auto := *f.kafka == peers.KafkaAuto
+	if auto && *f.kafkaPid != 0 {
+		return fmt.Errorf("%w: bench peers: --kafka-pid: --kafka %s counts the CPU of the broker it starts; give an address with --kafka-pid", errUsage, peers.KafkaAuto)
+	}
+	if err := onlyWith(fs, *f.kafka != "", "goes with --kafka (trajflow-kafka)", "kafka-pid", "kafka-warmup"); err != nil {
+		return err
+	}
+	if err := onlyWith(fs, auto, "goes with --kafka "+peers.KafkaAuto, "kafka-script", "kafka-home"); err != nil {
+		return err
+	}
+	if auto {
+		return checkInFile("--kafka-script", *f.kafkaScript)
+	}
+	if *f.kafka != "" {
+		if _, err := brokerList("--kafka", *f.kafka); err != nil {
+			return err
+		}
+	}
+	return firstBad(
+		flagCheck{*f.kafkaPid < 0, fmt.Sprintf("--kafka-pid %d: want a process id", *f.kafkaPid)},
+		flagCheck{*f.kafkaWarmup < 0, fmt.Sprintf("--kafka-warmup %v: want 0 (none) or more", *f.kafkaWarmup)},
+	)
+}
+
+// peersSystems sets the systems of cfg from --systems and, when one of
+// them runs in Python, the peers' interpreter. The default systems leave
+// trajflow-kafka out without --kafka, and zeromq-libzmq out of a trajflow
+// built without libzmq; named in --systems, they need them (peers.Run
+// says so).
+func peersSystems(ctx context.Context, fs *flag.FlagSet, systems string, cfg *peers.Config) error {
+	var err error
+	if cfg.Systems, err = listFlag("--systems", systems); err != nil {
+		return err
+	}
+	if len(cfg.Systems) == 0 {
+		cfg.Systems = peers.DefaultSystems(cfg.Kafka, cfg.Libzmq)
+	}
+	if cfg.PythonPath, err = filepath.Abs(cfg.PythonPath); err != nil {
+		return err
+	}
+	if err := checkPython(fs, *cfg); err != nil {
+		return err
+	}
+	if cfg.Python == "" && peers.NeedsPython(cfg.Systems) {
+		out, err := exec.CommandContext(ctx, "bash", filepath.Join(cfg.PythonPath, "setup.sh")).Output()
+		if err != nil {
+			return fmt.Errorf("%s: %w", filepath.Join(cfg.PythonPath, "setup.sh"), err)
+		}
+		lines := strings.Split(strings.TrimSpace(string(out)), "\n")
+		cfg.Python = lines[len(lines)-1]
+	}
+	return nil
+}
+
+// checkPython refuses --python and --python-path when no system of cfg
+// runs in the Python peers' environment, an interpreter that is not
+// there and a package folder that is not one.
+func checkPython(fs *flag.FlagSet, cfg peers.Config) error {
+	if err := onlyWith(fs, peers.NeedsPython(cfg.Systems), "no system of --systems runs in Python", "python", "python-path"); err != nil {
+		return err
+	}
+	if !peers.NeedsPython(cfg.Systems) {
+		return nil
+	}
+	if cfg.Python != "" {
+		if _, err := exec.LookPath(cfg.Python); err != nil {
+			return fmt.Errorf("%w: --python %q: %w", errUsage, cfg.Python, err)
+		}
+	}
+	return checkInDir("--python-path", cfg.PythonPath)
 }
 
 // peersReport prints the table of a saved result and draws its plot.

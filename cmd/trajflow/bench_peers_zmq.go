@@ -3,9 +3,12 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"flag"
 	"fmt"
 	"io"
 	"os"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/trajflow/trajflow/bench/peers"
@@ -33,7 +36,11 @@ func cmdBenchPeersZmq(ctx context.Context, args []string, stdout, stderr io.Writ
 		lossTO   = fs.Duration("loss-timeout", 5*time.Second, "a group in flight this long is presumed lost and its slot freed")
 		drain    = fs.Duration("drain", 10*time.Second, "after the window, wait this long at most for the groups in flight")
 	)
-	if _, err := parseFlags(fs, args); err != nil {
+	pos, err := parseFlags(fs, args)
+	if err != nil {
+		return err
+	}
+	if err := noArgs("bench peers-zmq", pos); err != nil {
 		return err
 	}
 	if *corpus == "" {
@@ -48,11 +55,26 @@ func cmdBenchPeersZmq(ctx context.Context, args []string, stdout, stderr io.Writ
 	if err := zmqpeer.Available(*impl); err != nil {
 		return fmt.Errorf("%w: bench peers-zmq: --impl %s: %v", errUsage, *impl, err)
 	}
+	if err := checkInFile("--corpus", *corpus); err != nil {
+		return err
+	}
 	if *stage != "" {
 		if *pull == "" || *push == "" {
 			return fmt.Errorf("%w: bench peers-zmq: --stage needs --pull and --push", errUsage)
 		}
+		if !slices.Contains(zmqpeer.Roles, *stage) {
+			return fmt.Errorf("%w: bench peers-zmq: --stage %q: want one of %s", errUsage, *stage, strings.Join(zmqpeer.Roles, ", "))
+		}
+		if err := onlyFlags(fs, "--stage runs one stage process (bench peers starts them)", "stage", "impl", "corpus", "pull", "push", "transport"); err != nil {
+			return err
+		}
 		return zmqpeer.RunStage(ctx, *impl, *stage, *corpus, *pull, *push)
+	}
+	if err := onlyWith(fs, false, "goes with --stage", "pull", "push"); err != nil {
+		return err
+	}
+	if err := checkZmqDriver(fs, *duration, *warmup, *inflight, *kill, *killAt, *lossTO, *drain); err != nil {
+		return err
 	}
 	bin, err := os.Executable()
 	if err != nil {
@@ -69,4 +91,22 @@ func cmdBenchPeersZmq(ctx context.Context, args []string, stdout, stderr io.Writ
 	}
 	_, err = fmt.Fprintf(stdout, "%s\n", b)
 	return err
+}
+
+// checkZmqDriver refuses the driver's flag values that mean nothing.
+func checkZmqDriver(fs *flag.FlagSet, duration, warmup time.Duration, inflight int, kill string, killAt, lossTO, drain time.Duration) error {
+	if kill != "" && !slices.Contains(zmqpeer.Roles, kill) {
+		return fmt.Errorf("%w: bench peers-zmq: --kill %q: want one of %s", errUsage, kill, strings.Join(zmqpeer.Roles, ", "))
+	}
+	if err := onlyWith(fs, kill != "", "needs --kill", "kill-at"); err != nil {
+		return err
+	}
+	return firstBad(
+		flagCheck{duration <= 0, fmt.Sprintf("--duration %v: want a positive window", duration)},
+		flagCheck{warmup < 0, fmt.Sprintf("--warmup %v: want 0 or more", warmup)},
+		flagCheck{inflight < 1, fmt.Sprintf("--inflight-groups %d: want 1 or more", inflight)},
+		flagCheck{killAt < 0 || (killAt > 0 && killAt >= duration), fmt.Sprintf("--kill-at %v: want 0 (half of --duration) or a time inside --duration %v", killAt, duration)},
+		flagCheck{lossTO <= 0, fmt.Sprintf("--loss-timeout %v: want a positive duration", lossTO)},
+		flagCheck{drain <= 0, fmt.Sprintf("--drain %v: want a positive duration", drain)},
+	)
 }

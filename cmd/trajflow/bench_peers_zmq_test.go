@@ -201,3 +201,88 @@ func TestBenchPeersNamedKafkaNeedsAddress(t *testing.T) {
 		t.Fatalf("a corpus was exported before the refusal (stat: %v)", err)
 	}
 }
+
+// TestBenchPeersFlagsRefused: counts and windows that are not positive, a
+// malformed --systems, the flags of --kafka or --kafka auto without it,
+// flags that --from-json and --export-corpus would ignore, a missing
+// interpreter, package folder or output directory exit 2 at once naming
+// the flag; no corpus is exported, no system runs.
+func TestBenchPeersFlagsRefused(t *testing.T) {
+	_, missing := testFile(t)
+	for _, c := range []refusalCase{
+		{[]string{"--rounds", "0"}, []string{"--rounds 0"}},
+		{[]string{"--duration", "0s"}, []string{"--duration 0s"}},
+		{[]string{"--warmup", "-1s"}, []string{"--warmup -1s"}},
+		{[]string{"--baseline", "0s"}, []string{"--baseline 0s"}},
+		{[]string{"--corpus-groups", "0"}, []string{"--corpus-groups 0"}},
+		{[]string{"--inflight-groups", "0"}, []string{"--inflight-groups 0"}},
+		{[]string{"--ray-groups-per-call", "0"}, []string{"--ray-groups-per-call 0"}},
+		{[]string{"--systems", "zeromq-go,,files"}, []string{"--systems", "item 2 is empty"}},
+		{[]string{"--kafka-warmup", "1s"}, []string{"--kafka-warmup 1s", "--kafka"}},
+		{[]string{"--kafka-pid", "5"}, []string{"--kafka-pid 5", "--kafka"}},
+		{[]string{"--kafka", "127.0.0.1:1", "--kafka-pid", "-3"}, []string{"--kafka-pid -3"}},
+		{[]string{"--kafka-script", missing}, []string{"--kafka-script", "--kafka auto"}},
+		{[]string{"--systems", "trajflow-kafka", "--kafka", "nohost"}, []string{`--kafka "nohost"`}},
+		{[]string{"--systems", "trajflow-kafka", "--kafka", "auto", "--kafka-script", missing}, []string{"--kafka-script", "no such file"}},
+		{[]string{"--systems", "ray", "--python", missing}, []string{"--python"}},
+		{[]string{"--systems", "ray", "--python", "python3", "--python-path", missing}, []string{"--python-path", "no such file"}},
+		{[]string{"--python-path", t.TempDir()}, []string{"--python-path", "Python"}},
+		{[]string{"--json-out", missing}, []string{"--json-out", "no such file"}},
+		{[]string{"--contract", missing}, []string{"--contract"}},
+		{[]string{"extra"}, []string{"no arguments", "extra"}},
+	} {
+		t.Run(strings.Join(c.args, " "), func(t *testing.T) {
+			out := t.TempDir()
+			wantRefused(t, append([]string{"bench", "peers", "--contract", "../../testdata/contracts/bench.yaml",
+				"--systems", "zeromq-go", "--out", out}, c.args...), c.want...)
+			if _, err := os.Stat(filepath.Join(out, "corpus.bin")); !os.IsNotExist(err) {
+				t.Errorf("a corpus was exported before the refusal (stat: %v)", err)
+			}
+		})
+	}
+	// --from-json and --export-corpus run no system.
+	corpus := filepath.Join(t.TempDir(), "c.bin")
+	for _, c := range []refusalCase{
+		{[]string{"--from-json", missing}, []string{"--from-json", "no such file"}},
+		{[]string{"--from-json", missing, "--rounds", "3"}, []string{"--from-json", "--rounds"}},
+		{[]string{"--export-corpus", missing}, []string{"--export-corpus", "no such file"}},
+		{[]string{"--export-corpus", corpus, "--corpus-groups", "0"}, []string{"--corpus-groups 0"}},
+		{[]string{"--export-corpus", corpus, "--systems", "files"}, []string{"--export-corpus", "--systems"}},
+	} {
+		t.Run(strings.Join(c.args, " "), func(t *testing.T) {
+			wantRefused(t, append([]string{"bench", "peers"}, c.args...), c.want...)
+		})
+	}
+	if _, err := os.Stat(corpus); !os.IsNotExist(err) {
+		t.Errorf("a refused --export-corpus wrote %s (stat: %v)", corpus, err)
+	}
+}
+
+// TestBenchPeersZmqFlagsRefused: the driver's windows and counts that
+// are not positive, a stage or kill target that is none, --kill-at
+// without --kill or past the window, the stage process's flags on the
+// driver and the driver's on a stage process, and a corpus that is not
+// there exit 2 at once naming the flag.
+func TestBenchPeersZmqFlagsRefused(t *testing.T) {
+	corpus, missing := testFile(t)
+	stage := []string{"--stage", "pack", "--pull", "tcp://127.0.0.1:1", "--push", "tcp://127.0.0.1:2"}
+	for _, c := range []refusalCase{
+		{[]string{"--duration", "0s"}, []string{"--duration 0s"}},
+		{[]string{"--warmup", "-1s"}, []string{"--warmup -1s"}},
+		{[]string{"--inflight-groups", "0"}, []string{"--inflight-groups 0"}},
+		{[]string{"--loss-timeout", "0s"}, []string{"--loss-timeout 0s"}},
+		{[]string{"--drain", "-1s"}, []string{"--drain -1s"}},
+		{[]string{"--kill", "nope"}, []string{`--kill "nope"`}},
+		{[]string{"--kill-at", "2s"}, []string{"--kill-at 2s", "needs --kill"}},
+		{[]string{"--kill", "pack", "--kill-at", "20s"}, []string{"--kill-at 20s"}},
+		{[]string{"--pull", "tcp://127.0.0.1:1"}, []string{"--pull", "--stage"}},
+		{[]string{"--stage", "nope", "--pull", "tcp://127.0.0.1:1", "--push", "tcp://127.0.0.1:2"}, []string{`--stage "nope"`}},
+		{append(stage, "--duration", "3s"), []string{"--stage", "--duration"}},
+		{[]string{"--corpus", missing}, []string{"--corpus", "no such file"}},
+		{[]string{"extra"}, []string{"no arguments", "extra"}},
+	} {
+		t.Run(strings.Join(c.args, " "), func(t *testing.T) {
+			wantRefused(t, append([]string{"bench", "peers-zmq", "--corpus", corpus}, c.args...), c.want...)
+		})
+	}
+}

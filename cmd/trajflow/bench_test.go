@@ -270,3 +270,70 @@ func TestBenchKeepTopics(t *testing.T) {
 		t.Fatalf("report says topics %q (%v), want kept", rep.Topics, err)
 	}
 }
+
+// TestBenchFlagsRefused: values that mean nothing (a window that is not
+// positive, NaN tokens, malformed lists), flags given where they do
+// nothing and outputs in missing directories exit 2 at once naming the
+// flag; no broker starts, no baseline runs.
+func TestBenchFlagsRefused(t *testing.T) {
+	file, missing := testFile(t)
+	for _, c := range []refusalCase{
+		{[]string{"--duration", "0s"}, []string{"--duration 0s"}},
+		{[]string{"--warmup", "-1s"}, []string{"--warmup -1s"}},
+		{[]string{"--tokens", "-5"}, []string{"--tokens -5"}},
+		{[]string{"--mean-tokens", "NaN"}, []string{"--mean-tokens NaN"}},
+		{[]string{"--mean-tokens", "0"}, []string{"--mean-tokens 0"}},
+		{[]string{"--max-tokens", "0"}, []string{"--max-tokens 0"}},
+		{[]string{"--inflight-groups", "0"}, []string{"--inflight-groups 0"}},
+		{[]string{"--linger", "-1s"}, []string{"--linger -1s"}},
+		{[]string{"--log-level", "bogus"}, []string{`--log-level "bogus"`}},
+		{[]string{"--baseline-rate", "NaN"}, []string{"--baseline-rate NaN"}},
+		{[]string{"--baselines", "kafka-go,,franz-go"}, []string{"--baselines", "item 2 is empty"}},
+		{[]string{"--baselines", ""}, []string{`--baselines ""`}},
+		{[]string{"--instances", "validate=2,,reward=1"}, []string{"--instances", "empty item"}},
+		{[]string{"--instances", "validate=2,validate=3"}, []string{"--instances", "twice"}},
+		{[]string{"--kill", "pack"}, []string{"--kill", "--processes"}},
+		{[]string{"--kill-at", "5s"}, []string{"--kill-at 5s", "needs --kill"}},
+		{[]string{"--baseline", "-1s", "--baseline-rate", "100"}, []string{"--baseline-rate 100", "negative --baseline"}},
+		{[]string{"--cpu-pids", "1,,2"}, []string{"--cpu-pids", "item 2 is empty"}},
+		{[]string{"--tcp-only", "--brokers", "127.0.0.1:1"}, []string{"--tcp-only", "embedded broker"}},
+		{[]string{"--data-dir", file}, []string{"--data-dir", "not a directory"}},
+		{[]string{"--json-out", missing}, []string{"--json-out", "no such file"}},
+		{[]string{"--memprofile", missing}, []string{"--memprofile", "no such file"}},
+		{[]string{"--contract", missing}, []string{"--contract"}},
+		{[]string{"extra"}, []string{"no arguments", "extra"}},
+	} {
+		t.Run(strings.Join(c.args, " "), func(t *testing.T) {
+			wantRefused(t, append([]string{"bench", "--contract", "../../testdata/contracts/bench.yaml", "--duration", "1s"}, c.args...), c.want...)
+		})
+	}
+}
+
+// TestBenchLoopFlagsRefused: an unknown, empty or repeated mode, counts
+// that are not positive, a compared update past the last, the async
+// mode's flags without it and a contract field the async mode refuses
+// exit 2 at once naming the flag, before any mode runs.
+func TestBenchLoopFlagsRefused(t *testing.T) {
+	_, missing := testFile(t)
+	for _, c := range []refusalCase{
+		{[]string{"--mode", "sync,nope"}, []string{`mode "nope"`}},
+		{[]string{"--mode", "sync,,async"}, []string{"--mode", "item 2 is empty"}},
+		{[]string{"--mode", "sync,sync"}, []string{"--mode", "twice"}},
+		{[]string{"--updates", "0"}, []string{"--updates 0"}},
+		{[]string{"--workers", "0"}, []string{"--workers 0"}},
+		{[]string{"--eval-samples", "5000000000"}, []string{"--eval-samples 5000000000"}},
+		{[]string{"--compare", "100"}, []string{"--compare 100"}},
+		{[]string{"--compare", "-1"}, []string{"--compare -1"}},
+		{[]string{"--is-cap", "2"}, []string{"--is-cap 2", "--off-policy"}},
+		{[]string{"--mode", "sync", "--stale-policy", "drop"}, []string{"--stale-policy drop", "async"}},
+		{[]string{"--mode", "sync,async", "--off-policy", "bogus"}, []string{"async", "loss.off_policy", "bogus"}},
+		{[]string{"--mode", "sync", "--tool-median-ms", "NaN"}, []string{"latency.tool_median_ms", "NaN"}},
+		{[]string{"--out", ""}, []string{`--out ""`}},
+		{[]string{"--cpuprofile", missing}, []string{"--cpuprofile", "no such file"}},
+		{[]string{"extra"}, []string{"no arguments", "extra"}},
+	} {
+		t.Run(strings.Join(c.args, " "), func(t *testing.T) {
+			wantRefused(t, append([]string{"bench", "loop", "--updates", "2", "--out", t.TempDir()}, c.args...), c.want...)
+		})
+	}
+}

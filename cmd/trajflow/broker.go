@@ -6,7 +6,8 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"log/slog"
+	"net"
+	"slices"
 	"strings"
 	"time"
 
@@ -21,30 +22,29 @@ func init() {
 	register("topics", "topics create --brokers ADDR [--contract FILE]: create every topic of a run (default contract: the built-in demo)", cmdTopics)
 }
 
-func newLogger(w io.Writer, level string) *slog.Logger {
-	var l slog.Level
-	_ = l.UnmarshalText([]byte(level))
-	return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: l}))
-}
-
 func cmdBroker(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := newFlags("broker", stderr)
 	host := fs.String("host", "127.0.0.1", "address to listen on and advertise")
 	port := fs.Int("port", 9092, "port (0 picks a free one)")
 	data := fs.String("data", "", "data directory (empty: in memory)")
 	retBytes := fs.Int64("retention-bytes", 0, "per-partition retention in bytes (0: unbounded)")
-	retAge := fs.Duration("retention", 7*24*time.Hour, "retention age")
-	maxMsg := fs.Int("max-message-bytes", kafka.DefaultMaxMessageBytes, "largest record batch accepted")
-	level := fs.String("log-level", "info", "log level")
+	retAge := fs.Duration("retention", 7*24*time.Hour, "retention age (0: Kafka's default, 7 days; negative: unbounded)")
+	maxMsg := fs.Int("max-message-bytes", kafka.DefaultMaxMessageBytes, "largest record batch accepted (0: the default)")
+	level := fs.String("log-level", "info", "log level: debug, info, warn or error")
 	tcpOnly := fs.Bool("tcp-only", false, "listen on TCP alone: no local socket beside a loopback address (trajflow's clients of this host then use TCP too)")
-	if _, err := parseFlags(fs, args); err != nil {
+	pos, err := parseFlags(fs, args)
+	if err != nil {
 		return err
 	}
-	log := newLogger(stderr, *level)
-	b, err := kafka.StartBroker(ctx, kafka.BrokerConfig{
-		Addr: fmt.Sprintf("%s:%d", *host, *port), DataDir: *data, MaxMessageBytes: *maxMsg,
-		Retention: kafka.RetentionPolicy{Bytes: *retBytes, Age: *retAge}, Logger: log, TCPOnly: *tcpOnly,
-	})
+	cfg, err := brokerConfig(pos, *host, *port, *data, *retBytes, *maxMsg)
+	if err != nil {
+		return err
+	}
+	if cfg.Logger, err = newLogger(stderr, *level); err != nil {
+		return err
+	}
+	cfg.Retention, cfg.TCPOnly = kafka.RetentionPolicy{Bytes: *retBytes, Age: *retAge}, *tcpOnly
+	b, err := kafka.StartBroker(ctx, cfg)
 	if err != nil {
 		return err
 	}
@@ -56,35 +56,82 @@ func cmdBroker(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	return b.Close()
 }
 
+// brokerConfig checks the broker's flags: no argument, a concrete host
+// (it is advertised), a port, a data directory that is not a file, sizes
+// that are not negative.
+func brokerConfig(pos []string, host string, port int, data string, retBytes int64, maxMsg int) (kafka.BrokerConfig, error) {
+	if err := noArgs("broker", pos); err != nil {
+		return kafka.BrokerConfig{}, err
+	}
+	if ip := net.ParseIP(host); ip == nil || ip.IsUnspecified() {
+		return kafka.BrokerConfig{}, fmt.Errorf("%w: --host %q: want a concrete IP address (the broker advertises it to clients)", errUsage, host)
+	}
+	addr, err := listenAddr(host, port)
+	if err != nil {
+		return kafka.BrokerConfig{}, err
+	}
+	if data != "" {
+		if err := checkOutDir("--data", data); err != nil {
+			return kafka.BrokerConfig{}, err
+		}
+	}
+	return kafka.BrokerConfig{Addr: addr, DataDir: data, MaxMessageBytes: maxMsg}, firstBad(
+		flagCheck{retBytes < 0, fmt.Sprintf("--retention-bytes %d: want 0 (unbounded) or more", retBytes)},
+		flagCheck{maxMsg < 0, fmt.Sprintf("--max-message-bytes %d: want 0 (the default) or more", maxMsg)},
+	)
+}
+
 // clientFlags are the Kafka connection flags shared by every command that
 // talks to a broker.
 type clientFlags struct {
 	brokers *string
 	config  *string
+	// fs is the command line of the flags (nil: --brokers counts as
+	// given when it is not empty).
+	fs *flag.FlagSet
 }
 
 func addClientFlags(fs *flag.FlagSet) clientFlags {
 	return clientFlags{
-		brokers: fs.String("brokers", "127.0.0.1:9092", "comma-separated bootstrap brokers"),
+		brokers: fs.String("brokers", "127.0.0.1:9092", "comma-separated bootstrap brokers, HOST:PORT each (a --client-config that lists brokers replaces the default)"),
 		config:  fs.String("client-config", "", "YAML file with TLS/SASL client settings (connectors/kafka.ClientConfig)"),
+		fs:      fs,
 	}
 }
 
+// load is the client configuration of the flags: --client-config's, with
+// --brokers unless the file lists brokers. Both naming different brokers
+// is refused, as is a malformed list or address.
 func (c clientFlags) load() (kafka.ClientConfig, error) {
 	var cc kafka.ClientConfig
 	if *c.config != "" {
 		var err error
 		if cc, err = kafka.LoadClientConfig(*c.config); err != nil {
-			return cc, err
+			return cc, fmt.Errorf("%w: --client-config: %w", errUsage, err)
 		}
 	}
-	if bs := splitList(*c.brokers); len(bs) > 0 && len(cc.Brokers) == 0 {
+	bs, err := brokerList("--brokers", *c.brokers)
+	if err != nil {
+		return cc, err
+	}
+	given := *c.brokers != ""
+	if c.fs != nil {
+		given = isSet(c.fs, "brokers")
+	}
+	switch {
+	case len(cc.Brokers) == 0:
 		cc.Brokers = bs
+	case given && !slices.Equal(bs, cc.Brokers):
+		return cc, fmt.Errorf("%w: --brokers %s and the brokers %s of --client-config %s: give one of them",
+			errUsage, *c.brokers, strings.Join(cc.Brokers, ","), *c.config)
 	}
 	if len(cc.Brokers) == 0 {
-		return cc, fmt.Errorf("%w: no brokers", errUsage)
+		return cc, fmt.Errorf("%w: no brokers (--brokers)", errUsage)
 	}
-	return cc, cc.Validate()
+	if err := cc.Validate(); err != nil {
+		return cc, fmt.Errorf("%w: %w", errUsage, err)
+	}
+	return cc, nil
 }
 
 func cmdTopics(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -102,8 +149,12 @@ func cmdTopics(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	if len(pos) != 1 || pos[0] != "create" {
 		return fmt.Errorf("%w: trajflow topics create --brokers ADDR [--contract FILE]", errUsage)
 	}
-	if *rf < 0 || *minISR < 0 {
-		return fmt.Errorf("%w: --replication-factor %d, --min-insync-replicas %d: want 0 (the default) or more", errUsage, *rf, *minISR)
+	if err := firstBad(
+		flagCheck{*rf < 0, fmt.Sprintf("--replication-factor %d: want 0 (the default) or more", *rf)},
+		flagCheck{*minISR < 0, fmt.Sprintf("--min-insync-replicas %d: want 0 (the default) or more", *minISR)},
+		flagCheck{*wait <= 0, fmt.Sprintf("--wait %v: want a positive duration", *wait)},
+	); err != nil {
+		return err
 	}
 	cc, err := cf.load()
 	if err != nil {

@@ -6,8 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
-	"strconv"
+	"math"
 	"time"
 
 	"github.com/trajflow/trajflow/connectors/kafka"
@@ -32,7 +31,7 @@ func cmdDashboard(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	fs.StringVar(&cfg.Releases, "releases", "", "release directory (update records, checkpoints; default DIR/releases offline, none live)")
 	fs.DurationVar(&cfg.Refresh, "refresh", 5*time.Second, "interval between two reads of a live run")
 	fs.IntVar(&cfg.EvalSamples, "eval-samples", 4, "attempts per hidden-eval task when re-measuring releases (the demo's --eval-samples; 0: none)")
-	host := fs.String("host", "127.0.0.1", "address to listen on")
+	host := fs.String("host", "127.0.0.1", "address to listen on (0.0.0.0: every interface)")
 	port := fs.Int("port", 8080, "port to listen on (0: a free port)")
 	pos, err := parseFlags(fs, args)
 	if err != nil {
@@ -41,24 +40,36 @@ func cmdDashboard(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	switch {
 	case len(pos) > 1 || (len(pos) == 1) == (*brokers != ""):
 		return fmt.Errorf("%w: give DIR or --brokers, not both or neither:\n%s", errUsage, dashboardUsage)
-	case *port < 0 || *port > 65535:
-		return fmt.Errorf("%w: --port %d is not a port", errUsage, *port)
-	case cfg.EvalSamples < 0:
-		return fmt.Errorf("%w: --eval-samples %d: want 0 or more", errUsage, cfg.EvalSamples)
+	case cfg.EvalSamples < 0 || cfg.EvalSamples > math.MaxInt32:
+		return fmt.Errorf("%w: --eval-samples %d: want 0 to %d", errUsage, cfg.EvalSamples, math.MaxInt32)
 	case cfg.Refresh <= 0:
 		return fmt.Errorf("%w: --refresh %s: want a positive interval", errUsage, cfg.Refresh)
+	}
+	addr, err := listenAddr(*host, *port)
+	if err != nil {
+		return err
 	}
 	if len(pos) == 1 {
 		cfg.Dir = pos[0]
 	}
-	if *clientCfg != "" {
-		if cfg.Client, err = kafka.LoadClientConfig(*clientCfg); err != nil {
-			return fmt.Errorf("%w: %w", errUsage, err)
+	if err := onlyWith(fs, cfg.Dir == "", "reads a live run (--brokers); a snapshot directory records its own", "contract", "refresh", "client-config"); err != nil {
+		return err
+	}
+	if cfg.Releases != "" {
+		if err := checkInDir("--releases", cfg.Releases); err != nil {
+			return err
 		}
 	}
-	cfg.Brokers = splitList(*brokers)
+	if *clientCfg != "" {
+		if cfg.Client, err = kafka.LoadClientConfig(*clientCfg); err != nil {
+			return fmt.Errorf("%w: --client-config: %w", errUsage, err)
+		}
+	}
+	if cfg.Brokers, err = brokerList("--brokers", *brokers); err != nil {
+		return err
+	}
 	cfg.Logger = slog.New(slog.NewTextHandler(stderr, nil))
-	err = dashboard.Serve(ctx, cfg, net.JoinHostPort(*host, strconv.Itoa(*port)), stdout)
+	err = dashboard.Serve(ctx, cfg, addr, stdout)
 	if errors.Is(err, dashboard.ErrConfig) {
 		return fmt.Errorf("%w: %w", errUsage, err)
 	}

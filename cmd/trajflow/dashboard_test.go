@@ -138,3 +138,27 @@ func TestDashboardUsage(t *testing.T) {
 		t.Errorf("dashboard -h: exit %d: %s", code, stderr.String())
 	}
 }
+
+// TestDashboardFlagsRefused: the live run's flags with a snapshot
+// directory, a malformed broker list or address, a host that is empty or
+// does not resolve, --eval-samples past its field and a release directory
+// that is not there exit 2 at once naming the flag; nothing listens.
+func TestDashboardFlagsRefused(t *testing.T) {
+	dir := t.TempDir()
+	_, missing := testFile(t)
+	for _, c := range []refusalCase{
+		{[]string{dir, "--contract", missing}, []string{"--contract", "live run"}},
+		{[]string{dir, "--refresh", "1s"}, []string{"--refresh 1s", "live run"}},
+		{[]string{dir, "--client-config", missing}, []string{"--client-config", "live run"}},
+		{[]string{"--brokers", "127.0.0.1:1,,"}, []string{"--brokers", "item 2 is empty"}},
+		{[]string{"--brokers", "nohost"}, []string{`--brokers "nohost"`}},
+		{[]string{dir, "--host", ""}, []string{`--host ""`}},
+		{[]string{dir, "--host", "no-such-host.invalid"}, []string{`--host "no-such-host.invalid"`}},
+		{[]string{dir, "--eval-samples", "4294967297"}, []string{"--eval-samples 4294967297"}},
+		{[]string{dir, "--releases", missing}, []string{"--releases", "no such file"}},
+	} {
+		t.Run(strings.Join(c.args, " "), func(t *testing.T) {
+			wantRefused(t, append([]string{"dashboard", "--port", "0"}, c.args...), c.want...)
+		})
+	}
+}

@@ -37,31 +37,15 @@ func cmdDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	pf := addPolicyFlags(fs, &o)
 	health := fs.String("health", "", "serve /healthz, /readyz and /metrics of every operator of the demo on ADDR (e.g. 127.0.0.1:9464) while it runs (default: none)")
 	cpath := fs.String("contract", "", "learning contract the run starts from (default: the built-in demo contract); --seed, --run, --async and --max-lag, when given, replace its fields")
-	if _, err := parseFlags(fs, args); err != nil {
+	pos, err := parseFlags(fs, args)
+	if err != nil {
 		return err
 	}
-	set := map[string]bool{}
-	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
-	if set["max-lag"] && !o.Async {
-		return fmt.Errorf("%w: --max-lag %d has no effect without --async (a synchronous run trains every round on the policy that generated it)", errUsage, o.MaxLag)
-	}
-	if err := pf.apply(&o); err != nil {
+	if err := noArgs("demo", pos); err != nil {
 		return err
 	}
-	if *cpath != "" {
-		if err := demoBase(&o, *cpath, set); err != nil {
-			return err
-		}
-	}
-	o.Brokers = splitList(*brokers)
-	var err error
-	if o.Env, err = env.list(); err != nil {
+	if err := demoOptions(fs, &o, demoFlags{brokers: *brokers, evalSamples: *evalSamples, env: env, policy: pf, contract: *cpath}); err != nil {
 		return err
-	}
-	o.EnvKeyFile = *env.keyFile
-	o.EvalSamples = int32(*evalSamples)
-	if o.Updates < 1 || o.EvalSamples < 1 {
-		return fmt.Errorf("%w: --updates and --eval-samples must be positive", errUsage)
 	}
 	if *health != "" {
 		o.Metrics = pipeline.NewMetrics(nil)
@@ -106,6 +90,58 @@ func costLine(c schemas.UpdateCost) string {
 		c.Training.OptimizerTokens, c.Training.AcceleratorHours)
 }
 
+// demoFlags are the demo's flags that are not fields of loop.Options.
+type demoFlags struct {
+	brokers     string
+	evalSamples int
+	env         envFlags
+	policy      policyFlags
+	contract    string
+}
+
+// demoOptions completes o from the flags of fs and checks it whole
+// (loop.Check), before anything starts.
+func demoOptions(fs *flag.FlagSet, o *loop.Options, f demoFlags) error {
+	set := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	if err := firstBad(
+		flagCheck{o.Updates < 1, fmt.Sprintf("--updates %d: want 1 or more", o.Updates)},
+		flagCheck{set["is-cap"] && o.OffPolicy == "", fmt.Sprintf("--is-cap %v needs --off-policy (the loss.is_cap of the loss.off_policy it sets)", o.ISCap)},
+	); err != nil {
+		return err
+	}
+	if err := checkInt32("--eval-samples", f.evalSamples, 1); err != nil {
+		return err
+	}
+	if err := checkOutDir("--out", o.Out); err != nil {
+		return err
+	}
+	if err := f.policy.apply(o); err != nil {
+		return err
+	}
+	if f.contract != "" {
+		if err := demoBase(o, f.contract, set); err != nil {
+			return err
+		}
+	}
+	if set["max-lag"] && !o.Async {
+		return fmt.Errorf("%w: --max-lag %d has no effect without --async (a synchronous run trains every round on the policy that generated it)", errUsage, o.MaxLag)
+	}
+	var err error
+	if o.Brokers, err = brokerList("--brokers", f.brokers); err != nil {
+		return err
+	}
+	if o.Env, err = f.env.list(); err != nil {
+		return err
+	}
+	o.EnvKeyFile = *f.env.keyFile
+	o.EvalSamples = int32(f.evalSamples)
+	if err := loop.Check(*o); err != nil {
+		return fmt.Errorf("%w: %w", errUsage, err)
+	}
+	return nil
+}
+
 // demoBase makes the contract at path the base of the demo run: its seed
 // and, when --async is not given, its dispatch mode and lag bound are
 // kept; a policy section on servers is taken unless --policy is given.
@@ -121,7 +157,10 @@ func demoBase(o *loop.Options, path string, set map[string]bool) error {
 		o.Seed = base.Seed
 	}
 	if !set["async"] && base.Dispatch.Mode == contract.DispatchAsync {
-		o.Async, o.MaxLag = true, base.Packing.MaxLag
+		o.Async = true
+		if !set["max-lag"] {
+			o.MaxLag = base.Packing.MaxLag
+		}
 	}
 	if !set["policy"] && base.Policy.Protocol != "" && base.Policy.Protocol != contract.PolicyBuiltin {
 		o.Policy = base.Policy

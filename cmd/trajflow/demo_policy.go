@@ -3,6 +3,7 @@ package main
 import (
 	"flag"
 	"fmt"
+	"net/url"
 
 	"github.com/trajflow/trajflow/internal/loop"
 	"github.com/trajflow/trajflow/pipeline/contract"
@@ -31,6 +32,17 @@ func (f policyFlags) apply(o *loop.Options) error {
 			return fmt.Errorf("%w: --policy-protocol and --llamacpp-router need --policy", errUsage)
 		}
 		return nil
+	}
+	urls, err := listFlag("--policy", *f.urls)
+	if err != nil {
+		return err
+	}
+	for _, raw := range urls {
+		if u, err := url.Parse(raw); err == nil && u.Host != "" {
+			if err := checkHostPort(u.Host, false); err != nil {
+				return fmt.Errorf("%w: --policy %q: %w", errUsage, raw, err)
+			}
+		}
 	}
 	p, err := loop.ParsePolicy(*f.urls, *f.protocol)
 	if err != nil {

@@ -425,3 +425,74 @@ func TestDemoContractFile(t *testing.T) {
 		t.Errorf("missing contract: exit %d: %s", code, stderr.String())
 	}
 }
+
+// TestDemoFlagsRefused: a count past its field, a flag without the one it
+// goes with, a contract field the run would refuse, a malformed list,
+// address or URL, an output directory that is a file and a stray argument
+// exit 2 at once naming the flag, before any broker or operator starts.
+func TestDemoFlagsRefused(t *testing.T) {
+	file, missing := testFile(t)
+	for _, c := range []refusalCase{
+		{[]string{"--updates", "0"}, []string{"--updates 0"}},
+		{[]string{"--eval-samples", "4294967297"}, []string{"--eval-samples 4294967297"}},
+		{[]string{"--is-cap", "3"}, []string{"--is-cap 3", "--off-policy"}},
+		{[]string{"--async", "--max-lag", "-1"}, []string{"packing.max_lag", "-1"}},
+		{[]string{"--off-policy", "bogus"}, []string{"loss.off_policy", "bogus"}},
+		{[]string{"--environment", "bogus"}, []string{`"bogus"`, "environment"}},
+		{[]string{"--tasks", "bogus"}, []string{`--tasks "bogus"`}},
+		{[]string{"--trainer", "bogus"}, []string{`--trainer "bogus"`}},
+		{[]string{"--trainer", "external", "--no-train"}, []string{"--trainer external", "--no-train"}},
+		{[]string{"--run", "bad/id"}, []string{"run_id", "bad/id"}},
+		{[]string{"--policy", "sglang://127.0.0.1:1,,"}, []string{"--policy", "item 2 is empty"}},
+		{[]string{"--policy", "sglang://127.0.0.1:99999"}, []string{"--policy", "99999"}},
+		{[]string{"--env", "http://127.0.0.1:1,,", "--env-key-file", file}, []string{"--env", "item 2 is empty"}},
+		{[]string{"--env", "notaurl", "--env-key-file", file}, []string{`--env "notaurl"`}},
+		{[]string{"--env", "http://127.0.0.1:1", "--env-key-file", missing}, []string{"--env-key-file", "no such file"}},
+		{[]string{"--brokers", "127.0.0.1:1,,"}, []string{"--brokers", "item 2 is empty"}},
+		{[]string{"--brokers", "nohost"}, []string{`--brokers "nohost"`}},
+		{[]string{"--out", ""}, []string{`--out ""`}},
+		{[]string{"--out", file}, []string{"--out", "not a directory"}},
+		{[]string{"extra"}, []string{"no arguments", "extra"}},
+	} {
+		t.Run(strings.Join(c.args, " "), func(t *testing.T) {
+			wantRefused(t, append([]string{"demo", "--updates", "1", "--out", t.TempDir()}, c.args...), c.want...)
+		})
+	}
+}
+
+// TestDemoFlagsOverAsyncContract: with an asynchronous --contract, the
+// run is asynchronous and --max-lag, when given, replaces the contract's
+// packing.max_lag (it is neither refused nor overwritten by it).
+func TestDemoFlagsOverAsyncContract(t *testing.T) {
+	b, err := os.ReadFile("../../testdata/contracts/demo.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := strings.Replace(strings.Replace(string(b), "mode: sync ", "mode: async", 1), "max_lag: 0 ", "max_lag: 2 ", 1)
+	path := filepath.Join(t.TempDir(), "async.yaml")
+	if err := os.WriteFile(path, []byte(s), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		args []string
+		lag  int64
+	}{{nil, 2}, {[]string{"--max-lag", "3"}, 3}} {
+		fs := newFlags("demo", io.Discard)
+		var o loop.Options
+		fs.StringVar(&o.Out, "out", t.TempDir(), "")
+		fs.IntVar(&o.Updates, "updates", 1, "")
+		fs.Int64Var(&o.MaxLag, "max-lag", 1, "")
+		fs.BoolVar(&o.Async, "async", false, "")
+		env := addEnvFlags(fs)
+		pf := addPolicyFlags(fs, &o)
+		if _, err := parseFlags(fs, c.args); err != nil {
+			t.Fatal(err)
+		}
+		if err := demoOptions(fs, &o, demoFlags{evalSamples: 1, env: env, policy: pf, contract: path}); err != nil {
+			t.Fatalf("%q: %v", c.args, err)
+		}
+		if !o.Async || o.MaxLag != c.lag {
+			t.Errorf("%q: async %v, max lag %d; want async, %d", c.args, o.Async, o.MaxLag, c.lag)
+		}
+	}
+}

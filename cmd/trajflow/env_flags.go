@@ -5,6 +5,7 @@ import (
 	"flag"
 	"fmt"
 	"log/slog"
+	"net/url"
 
 	"github.com/trajflow/trajflow/connectors/envsvc"
 	"github.com/trajflow/trajflow/operators"
@@ -28,15 +29,30 @@ func addEnvFlags(fs *flag.FlagSet) envFlags {
 	}
 }
 
-// list returns the addresses; a key file without addresses is a usage
-// error.
+// list returns the addresses, http(s)://HOST:PORT each; a key file
+// without addresses, addresses without a key file or a key file that is
+// not there is a usage error.
 func (f envFlags) list() ([]string, error) {
-	urls := splitList(*f.urls)
+	urls, err := listFlag("--env", *f.urls)
+	if err != nil {
+		return nil, err
+	}
+	for _, u := range urls {
+		p, err := url.Parse(u)
+		if err != nil || (p.Scheme != "http" && p.Scheme != "https") || p.Host == "" {
+			return nil, fmt.Errorf("%w: --env %q: want http://HOST:PORT", errUsage, u)
+		}
+	}
 	if len(urls) == 0 && *f.keyFile != "" {
 		return nil, fmt.Errorf("%w: --env-key-file without --env", errUsage)
 	}
 	if len(urls) > 0 && *f.keyFile == "" {
 		return nil, fmt.Errorf("%w: --env needs --env-key-file (the services' --key-file, by default DATA/capability.key)", errUsage)
+	}
+	if len(urls) > 0 {
+		if err := checkInFile("--env-key-file", *f.keyFile); err != nil {
+			return nil, err
+		}
 	}
 	return urls, nil
 }

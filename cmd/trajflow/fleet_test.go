@@ -90,6 +90,71 @@ func TestTopicsCreateReplication(t *testing.T) {
 	}
 }
 
+// TestTopicsCreateFlagsRefused: a --wait that is not positive, a
+// malformed broker list or address, a client config that is not there or
+// that names other brokers than --brokers exit 2 at once naming the flag,
+// before any broker is dialed.
+func TestTopicsCreateFlagsRefused(t *testing.T) {
+	_, missing := testFile(t)
+	cfg := filepath.Join(t.TempDir(), "client.yaml")
+	if err := os.WriteFile(cfg, []byte("brokers: [127.0.0.1:2]\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []refusalCase{
+		{[]string{"--brokers", "127.0.0.1:1", "--wait", "0s"}, []string{"--wait 0s"}},
+		{[]string{"--brokers", "127.0.0.1:1", "--wait", "-1s"}, []string{"--wait -1s"}},
+		{[]string{"--brokers", "127.0.0.1:1,,"}, []string{"--brokers", "item 2 is empty"}},
+		{[]string{"--brokers", "127.0.0.1:99999"}, []string{"--brokers", "99999"}},
+		{[]string{"--brokers", "nohost"}, []string{`--brokers "nohost"`, "HOST:PORT"}},
+		{[]string{"--brokers", "127.0.0.1:1", "--client-config", missing}, []string{"--client-config"}},
+		{[]string{"--brokers", "127.0.0.1:1", "--client-config", cfg}, []string{"--brokers 127.0.0.1:1", "127.0.0.1:2", "give one of them"}},
+	} {
+		t.Run(strings.Join(c.args, " "), func(t *testing.T) {
+			wantRefused(t, append([]string{"topics", "create"}, c.args...), c.want...)
+		})
+	}
+}
+
+// TestUpFlagsRefused: up refuses a wrong flag at once, naming it, before
+// it waits for the cluster or writes its output directory.
+func TestUpFlagsRefused(t *testing.T) {
+	file, missing := testFile(t)
+	out := filepath.Join(t.TempDir(), "fleet")
+	for _, c := range []refusalCase{
+		{[]string{"--wait", "0s"}, []string{"--wait 0s"}},
+		{[]string{"--log-level", "bogus"}, []string{`--log-level "bogus"`}},
+		{[]string{"--otlp-endpoint", "::bad"}, []string{`--otlp-endpoint "::bad"`}},
+		{[]string{"--out", ""}, []string{`--out ""`}},
+		{[]string{"--out", file}, []string{"--out", "not a directory"}},
+		{[]string{"--eval-samples", "4294967297"}, []string{"--eval-samples 4294967297"}},
+		{[]string{"--health-port", "65530"}, []string{"--health-port 65530", "past 65535"}},
+		{[]string{"--brokers", "127.0.0.1:1,,"}, []string{"--brokers", "item 2 is empty"}},
+		{[]string{"--client-config", missing}, []string{"--client-config"}},
+	} {
+		t.Run(strings.Join(c.args, " "), func(t *testing.T) {
+			wantRefused(t, append([]string{"up", "--brokers", "127.0.0.1:1", "--wait", "2s", "--out", out}, c.args...), c.want...)
+		})
+	}
+	if _, err := os.Stat(out); !os.IsNotExist(err) {
+		t.Errorf("a refused up wrote its output directory %s (stat: %v)", out, err)
+	}
+}
+
+// TestStatusFlagsRefused: a malformed broker list or address and a
+// client config that is not there exit 2 naming the flag.
+func TestStatusFlagsRefused(t *testing.T) {
+	_, missing := testFile(t)
+	for _, c := range []refusalCase{
+		{[]string{"--brokers", "127.0.0.1:1,,"}, []string{"--brokers", "item 2 is empty"}},
+		{[]string{"--brokers", "nohost"}, []string{`--brokers "nohost"`}},
+		{[]string{"--brokers", "127.0.0.1:1", "--client-config", missing}, []string{"--client-config"}},
+	} {
+		t.Run(strings.Join(c.args, " "), func(t *testing.T) {
+			wantRefused(t, append([]string{"status"}, c.args...), c.want...)
+		})
+	}
+}
+
 // An operator whose health port is taken keeps running on another port of
 // the same host, warns naming the taken address and prints where it serves.
 func TestRunHealthPortTaken(t *testing.T) {

@@ -6,9 +6,11 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
@@ -51,7 +53,7 @@ func addOperatorFlags(fs *flag.FlagSet) operatorFlags {
 		stateDir: fs.String("state", "", "local state directory (default: a temporary directory; state is rebuilt from the topics when lost)"),
 		instance: fs.String("instance", "", "instance name in logs and metrics (default: host-pid)"),
 		health:   fs.String("health", "127.0.0.1:0", "address of /healthz, /readyz and /metrics"),
-		level:    fs.String("log-level", "info", "log level"),
+		level:    fs.String("log-level", "info", "log level: debug, info, warn or error"),
 		partial:  fs.Duration("partial-group-timeout", 0, "close incomplete groups after this long (advantage; 0: wait)"),
 		maxWait:  fs.Duration("window-max-wait", 0, "close a non-full pack window after this long (pack; 0: wait)"),
 		snapshot: fs.String("snapshot-dir", "", "directory of the Parquet snapshots (snapshot)"),
@@ -59,7 +61,7 @@ func addOperatorFlags(fs *flag.FlagSet) operatorFlags {
 		rounds:   fs.Int64("rounds", 0, "update rounds of the run: dispatch launches this many; every operator given it exits 0 once every round is decided and trained and its inputs are drained (0: run until stopped)"),
 		snapRoll: fs.Int64("snapshot-roll-bytes", 0, "close a snapshot file at this many bytes (snapshot; 0: 64 MiB)"),
 		snapAge:  fs.Duration("snapshot-roll-interval", 0, "close a snapshot file this long after its first message (snapshot; 0: 30s)"),
-		device:   fs.String("device", "cpu", "the train stage's backend: cpu or cuda (a build with the cuda tag)"),
+		device:   fs.String("device", "cpu", "the train stage's backend: cpu, cuda or cuda:N (GPU N; a build with the cuda tag)"),
 		restarts: fs.Int("restarts", -1, "restart the operator in place after a fatal error at most this many times (-1: always); configuration errors are never retried"),
 		otlp:     fs.String("otlp-endpoint", "", "export a span per processed record over OTLP/HTTP to this URL, e.g. http://127.0.0.1:4318/v1/traces (default: OTEL_EXPORTER_OTLP_ENDPOINT when set, else no spans)"),
 		gated:    fs.Bool("gated", false, "launch a round at a release only once the gate ruled on it (dispatch, in a fleet with the eval and gate operators)"),
@@ -85,9 +87,51 @@ type operatorEnv struct {
 	cleanup func()
 }
 
+// stageFlags are the flags of run that one stage alone reads: another
+// stage refuses them rather than ignore them.
+var stageFlags = map[string][]string{
+	"advantage": {"partial-group-timeout"},
+	"pack":      {"window-max-wait"},
+	"snapshot":  {"snapshot-dir", "snapshot-roll-bytes", "snapshot-roll-interval"},
+	"dispatch":  {"gated"},
+	"eval":      {"eval-samples"},
+	"train":     {"device"},
+}
+
+// check refuses the operator flags' impossible values, and a flag of
+// another stage than name, before anything starts.
+func (f operatorFlags) check(name string) error {
+	for _, stage := range slices.Sorted(maps.Keys(stageFlags)) {
+		if err := onlyWith(f.client.fs, stage == name, "a flag of the "+stage+" stage, not of "+name, stageFlags[stage]...); err != nil {
+			return err
+		}
+	}
+	if err := operators.CheckDevice(*f.device); err != nil {
+		return fmt.Errorf("%w: --device %q: want cpu or cuda (cuda:N: GPU N)", errUsage, *f.device)
+	}
+	if _, err := logLevel(*f.level); err != nil {
+		return err
+	}
+	if err := checkInt32("--eval-samples", *f.samples, 1); err != nil {
+		return err
+	}
+	if err := checkOTLP(*f.otlp); err != nil {
+		return err
+	}
+	return firstBad(
+		flagCheck{*f.rounds < 0, fmt.Sprintf("--rounds %d: want 0 (run until stopped) or more", *f.rounds)},
+		flagCheck{*f.linger < 0, fmt.Sprintf("--linger %s: want 0 (the default) or more", *f.linger)},
+		flagCheck{*f.partial < 0, fmt.Sprintf("--partial-group-timeout %s: want 0 (wait) or more", *f.partial)},
+		flagCheck{*f.maxWait < 0, fmt.Sprintf("--window-max-wait %s: want 0 (wait) or more", *f.maxWait)},
+		flagCheck{*f.snapRoll < 0, fmt.Sprintf("--snapshot-roll-bytes %d: want 0 (64 MiB) or more", *f.snapRoll)},
+		flagCheck{*f.snapAge < 0, fmt.Sprintf("--snapshot-roll-interval %s: want 0 (30s) or more", *f.snapAge)},
+		flagCheck{*f.restarts < -1, fmt.Sprintf("--restarts %d: want -1 (always), 0 or more", *f.restarts)},
+	)
+}
+
 func (f operatorFlags) env(name string, stderr io.Writer) (*operatorEnv, error) {
-	if d := *f.device; d != "cpu" && d != "cuda" {
-		return nil, fmt.Errorf("%w: --device %q: want cpu or cuda", errUsage, d)
+	if err := f.check(name); err != nil {
+		return nil, err
 	}
 	cc, err := f.client.load()
 	if err != nil {
@@ -104,15 +148,6 @@ func (f operatorFlags) env(name string, stderr io.Writer) (*operatorEnv, error) 
 	deps.PartialGroupTimeout, deps.WindowMaxWait = *f.partial, *f.maxWait
 	deps.SnapshotDir, deps.SnapshotRollBytes, deps.SnapshotRollInterval = *f.snapshot, *f.snapRoll, *f.snapAge
 	deps.ReleaseDir, deps.Rounds, deps.Device = *f.releases, *f.rounds, *f.device
-	if *f.samples < 1 {
-		return nil, fmt.Errorf("%w: --eval-samples %d: want 1 or more", errUsage, *f.samples)
-	}
-	if *f.rounds < 0 {
-		return nil, fmt.Errorf("%w: --rounds %d: want 0 (run until stopped) or more", errUsage, *f.rounds)
-	}
-	if *f.linger < 0 {
-		return nil, fmt.Errorf("%w: --linger %s: want 0 (the default) or more", errUsage, *f.linger)
-	}
 	deps.Gated, deps.EvalSamples = *f.gated, int32(*f.samples)
 	dialer, err := cc.Dialer()
 	if err != nil {
@@ -131,12 +166,13 @@ func (f operatorFlags) env(name string, stderr io.Writer) (*operatorEnv, error) 
 	if err != nil {
 		return nil, err
 	}
+	log, _ := newLogger(stderr, *f.level) // checked by check
 	// The operator's runtime leaves a transport it was given open: the
 	// process's cleanup closes it.
 	closeAll := func() { transport.CloseIdleConnections(); cleanup() }
 	return &operatorEnv{deps: deps, cleanup: closeAll, cfg: pipeline.Config{
 		Brokers: cc.Brokers, Dialer: dialer, Transport: transport, StateDir: dir,
-		Logger: newLogger(stderr, *f.level).With("run", c.RunID), Instance: inst, BatchTimeout: *f.linger,
+		Logger: log.With("run", c.RunID), Instance: inst, BatchTimeout: *f.linger,
 	}}, nil
 }
 

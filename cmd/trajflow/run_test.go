@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/trajflow/trajflow/bench"
 	"github.com/trajflow/trajflow/operators"
 	"github.com/trajflow/trajflow/schemas"
 )
@@ -121,5 +122,65 @@ func TestOperatorLinger(t *testing.T) {
 	}
 	if args := (&fleetProcs{out: t.TempDir()}).args("pack", "127.0.0.1:0"); slices.Contains(args, "--linger") {
 		t.Fatalf("up without --linger passes one: %q", args)
+	}
+}
+
+// TestRunFlagsRefused: a log level, a duration, a size or a count that
+// means nothing, a flag of another stage, a malformed broker list or
+// address, a tracing endpoint that is no URL and a client config that is
+// not there exit 2 at once naming the flag, before the operator starts.
+func TestRunFlagsRefused(t *testing.T) {
+	_, missing := testFile(t)
+	for _, c := range []refusalCase{
+		{[]string{"validate", "--log-level", "bogus"}, []string{`--log-level "bogus"`}},
+		{[]string{"advantage", "--partial-group-timeout", "-1s"}, []string{"--partial-group-timeout -1s"}},
+		{[]string{"pack", "--window-max-wait", "-1s"}, []string{"--window-max-wait -1s"}},
+		{[]string{"snapshot", "--snapshot-roll-bytes", "-1"}, []string{"--snapshot-roll-bytes -1"}},
+		{[]string{"snapshot", "--snapshot-roll-interval", "-1s"}, []string{"--snapshot-roll-interval -1s"}},
+		{[]string{"validate", "--restarts", "-2"}, []string{"--restarts -2"}},
+		{[]string{"eval", "--eval-samples", "4294967297"}, []string{"--eval-samples 4294967297"}},
+		{[]string{"validate", "--partial-group-timeout", "1s"}, []string{"--partial-group-timeout 1s", "advantage", "not of validate"}},
+		{[]string{"validate", "--window-max-wait", "1s"}, []string{"--window-max-wait 1s", "pack"}},
+		{[]string{"validate", "--snapshot-dir", t.TempDir()}, []string{"--snapshot-dir", "snapshot"}},
+		{[]string{"validate", "--eval-samples", "7"}, []string{"--eval-samples 7", "eval"}},
+		{[]string{"validate", "--gated"}, []string{"--gated", "dispatch"}},
+		{[]string{"validate", "--device", "cpu"}, []string{"--device cpu", "train"}},
+		{[]string{"train", "--device", "cuda:x"}, []string{`--device "cuda:x"`}},
+		{[]string{"validate", "--otlp-endpoint", "::bad"}, []string{`--otlp-endpoint "::bad"`}},
+		{[]string{"validate", "--client-config", missing}, []string{"--client-config"}},
+		{[]string{"validate", "--brokers", "127.0.0.1:1,,"}, []string{"--brokers", "item 2 is empty"}},
+		{[]string{"validate", "--brokers", "nohost"}, []string{`--brokers "nohost"`}},
+		{[]string{"validate", "--brokers", "127.0.0.1:99999"}, []string{"--brokers", "99999"}},
+	} {
+		t.Run(strings.Join(c.args, " "), func(t *testing.T) {
+			args := append([]string{"run", c.args[0], "--brokers", "127.0.0.1:1", "--state", t.TempDir()}, c.args[1:]...)
+			wantRefused(t, args, c.want...)
+		})
+	}
+}
+
+// TestRunStageFlagsOfCallers: the operator command lines that trajflow up
+// and bench --processes write give every stage only flags it reads (run
+// refuses another stage's).
+func TestRunStageFlagsOfCallers(t *testing.T) {
+	check := func(who string, args []string) {
+		t.Helper()
+		fs := newFlags("run", &bytes.Buffer{})
+		of := addOperatorFlags(fs)
+		pos, err := parseFlags(fs, args[1:])
+		if err != nil || len(pos) != 1 {
+			t.Fatalf("%s: %q: %v", who, args, err)
+		}
+		if err := of.check(pos[0]); err != nil {
+			t.Errorf("%s: run %s refuses its command line %q: %v", who, pos[0], args, err)
+		}
+	}
+	f := &fleetProcs{brokers: "127.0.0.1:9", out: t.TempDir(), level: "info", gated: true, evalSamples: 4, linger: time.Millisecond}
+	for _, name := range operators.Names() {
+		check("up", f.args(name, "127.0.0.1:0"))
+	}
+	procs := bench.TrajflowRun("trajflow", "bench.yaml", time.Second, 2*time.Second)
+	for _, stage := range bench.Stages {
+		check("bench --processes", procs(stage, "i", t.TempDir(), []string{"127.0.0.1:9"}).Args[1:])
 	}
 }

@@ -6,10 +6,8 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
-	"net"
 	"os"
 	"path/filepath"
-	"strconv"
 	"time"
 
 	"github.com/trajflow/trajflow/connectors/envsvc"
@@ -23,7 +21,7 @@ func init() {
 // built-in task families until ctx ends.
 func cmdServeEnv(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := newFlags("serve env", stderr)
-	host := fs.String("host", "127.0.0.1", "address to listen on")
+	host := fs.String("host", "127.0.0.1", "address to listen on (0.0.0.0: every interface)")
 	port := fs.Int("port", 8642, "port to listen on (0: any free port, printed)")
 	data := fs.String("data", "", "data directory (Badger): episodes and transitions, persisted before acknowledgement (required)")
 	keyFile := fs.String("key-file", "", "capability run key, 32 bytes hex; default DATA/capability.key, created when missing")
@@ -31,36 +29,48 @@ func cmdServeEnv(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	maxEpisodes := fs.Int("max-episodes", 1024, "episode slots")
 	stepTimeout := fs.Duration("step-timeout", 5*time.Second, "cap on one step's execution and persistence")
 	maxObs := fs.Int("max-observation-bytes", 64<<10, "cap on one observation (JSON bytes)")
-	lease := fs.Duration("lease", 10*time.Second, "lease of an allocation that asks for none")
+	lease := fs.Duration("lease", 10*time.Second, "lease of an allocation that asks for none (the default is shortened to a shorter --max-lease)")
 	maxLease := fs.Duration("max-lease", 2*time.Minute, "longest lease a request may ask")
 	syncWrites := fs.Bool("sync-writes", true, "fsync every transition before acknowledging it")
 	logLevel := fs.String("log-level", "info", "debug, info, warn, error")
-	if _, err := parseFlags(fs, args); err != nil {
+	pos, err := parseFlags(fs, args)
+	if err != nil {
+		return err
+	}
+	if err := noArgs("serve env", pos); err != nil {
 		return err
 	}
 	if *data == "" {
 		return fmt.Errorf("%w: --data DIR is required (transitions are persisted before they are acknowledged)", errUsage)
 	}
-	if *port < 0 || *port > 65535 {
-		return fmt.Errorf("%w: --port %d", errUsage, *port)
+	if err := checkOutDir("--data", *data); err != nil {
+		return err
 	}
 	if err := checkServeEnvFlags(*maxEpisodes, *maxObs, *stepTimeout, lease, *maxLease, isSet(fs, "lease")); err != nil {
 		return err
 	}
-	addr := net.JoinHostPort(*host, strconv.Itoa(*port))
-	if _, err := net.ResolveTCPAddr("tcp", addr); err != nil {
-		return fmt.Errorf("%w: --host %q: %w", errUsage, *host, err)
+	addr, err := listenAddr(*host, *port)
+	if err != nil {
+		return err
 	}
 	if err := checkKeyFileFlag(*keyFile); err != nil {
 		return err
 	}
+	fams, err := listFlag("--families", *families)
+	if err != nil {
+		return err
+	}
+	log, err := newLogger(stderr, *logLevel)
+	if err != nil {
+		return err
+	}
 	o := envsvc.ServeOptions{
 		Addr: addr, DataDir: *data, KeyFile: *keyFile,
-		Families: splitList(*families), SyncWrites: *syncWrites, Logger: newLogger(stderr, *logLevel),
+		Families: fams, SyncWrites: *syncWrites, Logger: log,
 		Config: envsvc.Config{MaxEpisodes: *maxEpisodes, StepTimeout: *stepTimeout, MaxObservationBytes: *maxObs,
 			DefaultLease: *lease, MaxLease: *maxLease},
 	}
-	err := envsvc.ListenAndServe(ctx, o, func(addr string, resumed int) {
+	err = envsvc.ListenAndServe(ctx, o, func(addr string, resumed int) {
 		fmt.Fprintf(stdout, "trajflow env service (protocol %d) listening on http://%s, data %s, %d live episodes resumed\n",
 			envsvc.ProtocolVersion, addr, *data, resumed)
 	})

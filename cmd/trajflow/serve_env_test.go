@@ -165,6 +165,11 @@ func TestServeEnvFlagsRefused(t *testing.T) {
 		{[]string{"--key-file", filepath.Join(dir, "missing", "capability.key")}, "--key-file"},
 		{[]string{"--host", "[::1"}, "--host"},
 		{[]string{"--host", "no-such-host.invalid"}, "--host"},
+		{[]string{"--host", ""}, `--host ""`},
+		{[]string{"--families", "kv,,ledger"}, "--families"},
+		{[]string{"--log-level", "bogus"}, `--log-level "bogus"`},
+		{[]string{"--data", badKey}, "--data"},
+		{[]string{"extra"}, "no arguments"},
 	} {
 		t.Run(strings.Join(c.args, " "), func(t *testing.T) {
 			data := filepath.Join(t.TempDir(), "data")

@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"os"
 	"strconv"
 	"strings"
 	"time"
@@ -25,17 +26,25 @@ func init() {
 func cmdServePolicy(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := newFlags("serve policy", stderr)
 	proto := fs.String("protocol", "", "protocol: llamacpp, sglang or vllm")
-	host := fs.String("host", "127.0.0.1", "address to listen on")
+	host := fs.String("host", "127.0.0.1", "address to listen on (0.0.0.0: every interface)")
 	port := fs.Int("port", 0, "port (0 picks a free one)")
 	dir := fs.String("releases", "", "directory of policy releases (policy-vNNNNNNNN.json manifests and checkpoints); required")
 	path := fs.String("contract", "", "learning contract (default: the built-in demo contract): its tokenizer must be the built-in one; its sampler.stop_token_ids are llama.cpp's end-of-generation ids")
 	version := fs.Int64("version", 0, "release to load at start (0: the newest in --releases; none there: wait for a weight-update call)")
 	maxTokens := fs.Int("max-tokens", serve.DefaultMaxTokens, "most tokens one request may generate; a request asking for more is refused (400) naming its field and this limit")
 	maxPrompt := fs.Int("max-prompt-tokens", serve.DefaultMaxPromptTokens, "most ids one request may carry (a prompt, ids to detokenize); more is refused (400)")
-	if _, err := parseFlags(fs, args); err != nil {
+	pos, err := parseFlags(fs, args)
+	if err != nil {
 		return err
 	}
-	if err := checkServePolicyFlags(*proto, *dir, *port, *maxTokens, *maxPrompt); err != nil {
+	if err := noArgs("serve policy", pos); err != nil {
+		return err
+	}
+	if err := checkServePolicyFlags(*proto, *dir, *port, *maxTokens, *maxPrompt, *version); err != nil {
+		return err
+	}
+	addr, err := listenAddr(*host, *port)
+	if err != nil {
 		return err
 	}
 	c, err := loadContract(*path)
@@ -58,14 +67,16 @@ func cmdServePolicy(ctx context.Context, args []string, stdout, stderr io.Writer
 	}
 	loaded := *version
 	if loaded > 0 {
-		err = srv.Load(loaded)
+		if err = srv.Load(loaded); errors.Is(err, os.ErrNotExist) {
+			return fmt.Errorf("%w: --version %d: no such release in --releases %s: %w", errUsage, loaded, *dir, err)
+		}
 	} else {
 		loaded, err = srv.LoadNewest()
 	}
 	if err != nil {
 		return err
 	}
-	l, err := net.Listen("tcp", net.JoinHostPort(*host, strconv.Itoa(*port)))
+	l, err := net.Listen("tcp", addr)
 	if err != nil {
 		return err
 	}
@@ -87,7 +98,7 @@ func cmdServePolicy(ctx context.Context, args []string, stdout, stderr io.Writer
 }
 
 // checkServePolicyFlags refuses serve policy's impossible flag values.
-func checkServePolicyFlags(proto, dir string, port, maxTokens, maxPrompt int) error {
+func checkServePolicyFlags(proto, dir string, port, maxTokens, maxPrompt int, version int64) error {
 	switch {
 	case proto != policy.LlamaCpp && proto != policy.SGLang && proto != policy.VLLM:
 		return fmt.Errorf("%w: --protocol %q: want llamacpp, sglang or vllm", errUsage, proto)
@@ -99,6 +110,8 @@ func checkServePolicyFlags(proto, dir string, port, maxTokens, maxPrompt int) er
 		return fmt.Errorf("%w: --max-tokens %d must be at least 1", errUsage, maxTokens)
 	case maxPrompt < 1:
 		return fmt.Errorf("%w: --max-prompt-tokens %d must be at least 1", errUsage, maxPrompt)
+	case version < 0:
+		return fmt.Errorf("%w: --version %d: want 0 (the newest) or a release's version", errUsage, version)
 	}
 	return nil
 }

@@ -108,3 +108,21 @@ func TestServeUsage(t *testing.T) {
 		t.Fatalf("--max-tokens 0: exit %d, %q", c, errb.String())
 	}
 }
+
+// TestServePolicyFlagsRefused: a negative --version, a version the
+// release directory does not hold, an empty host and a stray argument
+// exit 2 at once naming the flag; nothing listens.
+func TestServePolicyFlagsRefused(t *testing.T) {
+	dir := t.TempDir()
+	for _, c := range []refusalCase{
+		{[]string{"--version", "-1"}, []string{"--version -1"}},
+		{[]string{"--version", "999"}, []string{"--version 999", "no such release"}},
+		{[]string{"--host", ""}, []string{`--host ""`}},
+		{[]string{"--host", "no-such-host.invalid"}, []string{`--host "no-such-host.invalid"`}},
+		{[]string{"extra"}, []string{"no arguments", "extra"}},
+	} {
+		t.Run(strings.Join(c.args, " "), func(t *testing.T) {
+			wantRefused(t, append([]string{"serve", "policy", "--protocol", "sglang", "--releases", dir, "--port", "0"}, c.args...), c.want...)
+		})
+	}
+}

@@ -3,8 +3,10 @@ package main
 import (
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
+	"slices"
 	"strings"
 
 	"github.com/trajflow/trajflow/internal/offline"
@@ -24,7 +26,7 @@ func cmdStage(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	path := fs.String("contract", "", "learning contract (default: the built-in demo contract)")
 	fs.Int64Var(&o.TrainerVersion, "trainer-version", -1, "pack: a policy version the trainer published before the first record (default: from the input records)")
 	releases := fs.String("releases", "", "train: the release directory to write (checkpoints, manifests, update records)")
-	device := fs.String("device", "cpu", "train: the trainer's backend (cpu or cuda)")
+	device := fs.String("device", "cpu", "train: the trainer's backend (cpu, cuda or cuda:N)")
 	pos, err := parseFlags(fs, args)
 	if err != nil {
 		return err
@@ -33,6 +35,9 @@ func cmdStage(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return fmt.Errorf("%w: trajflow stage %s --in FILE --out FILE [--contract FILE]", errUsage, strings.Join(offline.Stages, "|"))
 	}
 	o.Stage = pos[0]
+	if err := checkStageFlags(fs, o, *releases, *device); err != nil {
+		return err
+	}
 	c, err := contractFlag(*path, stderr)
 	if err != nil {
 		return err
@@ -53,6 +58,39 @@ func cmdStage(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	}
 	printStageReport(rep, o, stdout, stderr)
 	return nil
+}
+
+// checkStageFlags refuses an unknown stage, an input that is not a file,
+// an output in a directory that is not there, and a flag of another
+// stage (--releases and --device are train's, --trainer-version pack's).
+func checkStageFlags(fs *flag.FlagSet, o offline.Options, releases, device string) error {
+	if !slices.Contains(offline.Stages, o.Stage) {
+		return fmt.Errorf("%w: unknown stage %q: want one of %s", errUsage, o.Stage, strings.Join(offline.Stages, ", "))
+	}
+	if err := onlyWith(fs, o.Stage == "train", "a flag of the train stage, not of "+o.Stage, "releases", "device"); err != nil {
+		return err
+	}
+	if err := onlyWith(fs, o.Stage == "pack", "a flag of the pack stage, not of "+o.Stage, "trainer-version"); err != nil {
+		return err
+	}
+	if o.Stage == "train" && releases == "" {
+		return fmt.Errorf("%w: stage train needs --releases DIR (the release directory it writes)", errUsage)
+	}
+	if o.Stage == "train" {
+		if err := checkOutDir("--releases", releases); err != nil {
+			return err
+		}
+	}
+	if err := operators.CheckDevice(device); err != nil {
+		return fmt.Errorf("%w: --device %q: want cpu or cuda (cuda:N: GPU N)", errUsage, device)
+	}
+	if o.TrainerVersion < -1 {
+		return fmt.Errorf("%w: --trainer-version %d: want a policy version, 0 or more (default: from the input)", errUsage, o.TrainerVersion)
+	}
+	if err := checkInFile("--in", o.In); err != nil {
+		return err
+	}
+	return errors.Join(checkOutFile("--out", o.Out), checkOutFile("--quarantine", o.Quarantine))
 }
 
 // printStageReport prints what the stage did: a line per pack window or

@@ -104,3 +104,32 @@ func TestStageChainOffline(t *testing.T) {
 		t.Fatalf("only %d of %d trajectories packed; stderr: %s", admitted, len(rows), stderr.String())
 	}
 }
+
+// TestStageFlagsRefused: an unknown stage, an input that is not a file,
+// an output in a missing directory, a flag of another stage, train
+// without --releases, a device that is none and a trainer version below
+// -1 exit 2 at once naming the flag; nothing is read or written.
+func TestStageFlagsRefused(t *testing.T) {
+	in, missing := testFile(t)
+	out := filepath.Join(t.TempDir(), "out.arrow")
+	for _, c := range []refusalCase{
+		{[]string{"nope", "--in", in, "--out", out}, []string{`unknown stage "nope"`}},
+		{[]string{"validate", "--in", missing, "--out", out}, []string{"--in", "no such file"}},
+		{[]string{"validate", "--in", t.TempDir(), "--out", out}, []string{"--in", "directory"}},
+		{[]string{"validate", "--in", in, "--out", missing}, []string{"--out", "no such file"}},
+		{[]string{"validate", "--in", in, "--out", out, "--quarantine", missing}, []string{"--quarantine", "no such file"}},
+		{[]string{"validate", "--in", in, "--out", out, "--releases", t.TempDir()}, []string{"--releases", "train"}},
+		{[]string{"validate", "--in", in, "--out", out, "--device", "cpu"}, []string{"--device cpu", "train"}},
+		{[]string{"validate", "--in", in, "--out", out, "--trainer-version", "5"}, []string{"--trainer-version 5", "pack"}},
+		{[]string{"pack", "--in", in, "--out", out, "--trainer-version", "-5"}, []string{"--trainer-version -5"}},
+		{[]string{"train", "--in", in}, []string{"train needs --releases"}},
+		{[]string{"train", "--in", in, "--releases", t.TempDir(), "--device", "gpu"}, []string{`--device "gpu"`}},
+	} {
+		t.Run(strings.Join(c.args, " "), func(t *testing.T) {
+			wantRefused(t, append([]string{"stage"}, c.args...), c.want...)
+		})
+	}
+	if _, err := os.Stat(out); !os.IsNotExist(err) {
+		t.Errorf("a refused stage wrote %s (stat: %v)", out, err)
+	}
+}

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net"
 	"os"
 	"os/exec"
@@ -96,7 +97,7 @@ func parseUp(args []string, stderr io.Writer) (*upArgs, error) {
 	fs.StringVar(&a.out, "out", filepath.Join("out", "fleet"), "output directory: releases/, snapshots/, state/, logs/NAME.log, fleet.json, summary.json")
 	fs.IntVar(&a.healthPort, "health-port", 0, "first health port: the operators serve /healthz, /readyz and /metrics on 127.0.0.1:PORT, PORT+1, ... in the order printed (0: free ports)")
 	fs.IntVar(&a.evalSamples, "eval-samples", 4, "attempts per task of every evaluation suite of the eval operator and the final report")
-	fs.StringVar(&a.level, "log-level", "info", "operators' log level")
+	fs.StringVar(&a.level, "log-level", "info", "operators' log level: debug, info, warn or error")
 	fs.StringVar(&a.otlp, "otlp-endpoint", "", "every operator exports its spans over OTLP/HTTP to this URL, e.g. http://127.0.0.1:4318/v1/traces: one trace per attempt from dispatch to the update that trained it (default: OTEL_EXPORTER_OTLP_ENDPOINT, which the operators inherit, else no spans)")
 	fs.DurationVar(&a.wait, "wait", time.Minute, "how long to wait for a broker at --brokers to answer")
 	fs.DurationVar(&a.linger, "linger", 0, "every operator's --linger: "+lingerUsage)
@@ -105,22 +106,27 @@ func parseUp(args []string, stderr io.Writer) (*upArgs, error) {
 	if err != nil {
 		return nil, err
 	}
-	if len(pos) != 0 {
-		return nil, fmt.Errorf("%w: trajflow up takes no arguments (got %q)", errUsage, pos)
+	if err := noArgs("up", pos); err != nil {
+		return nil, err
 	}
-	for _, bad := range []struct {
-		wrong bool
-		msg   string
-	}{
-		{a.rounds < 0, fmt.Sprintf("--rounds %d: want 0 (until interrupted) or more", a.rounds)},
-		{a.evalSamples < 1, fmt.Sprintf("--eval-samples %d: want 1 or more", a.evalSamples)},
-		{a.healthPort < 0 || a.healthPort > 65535, fmt.Sprintf("--health-port %d: want a port, 1 to 65535 (0: free ports)", a.healthPort)},
-		{a.linger < 0, fmt.Sprintf("--linger %v: want 0 or more", a.linger)},
-		{a.restarts < -1, fmt.Sprintf("--restarts %d: want -1 (without bound), 0 or more", a.restarts)},
-	} {
-		if bad.wrong {
-			return nil, fmt.Errorf("%w: %s", errUsage, bad.msg)
-		}
+	if err := firstBad(
+		flagCheck{a.rounds < 0, fmt.Sprintf("--rounds %d: want 0 (until interrupted) or more", a.rounds)},
+		flagCheck{a.evalSamples < 1 || a.evalSamples > math.MaxInt32, fmt.Sprintf("--eval-samples %d: want 1 to %d", a.evalSamples, math.MaxInt32)},
+		flagCheck{a.healthPort < 0 || a.healthPort > 65535, fmt.Sprintf("--health-port %d: want a port, 1 to 65535 (0: free ports)", a.healthPort)},
+		flagCheck{a.linger < 0, fmt.Sprintf("--linger %v: want 0 or more", a.linger)},
+		flagCheck{a.restarts < -1, fmt.Sprintf("--restarts %d: want -1 (without bound), 0 or more", a.restarts)},
+		flagCheck{a.wait <= 0, fmt.Sprintf("--wait %v: want a positive duration", a.wait)},
+	); err != nil {
+		return nil, err
+	}
+	if _, err := logLevel(a.level); err != nil {
+		return nil, err
+	}
+	if err := checkOTLP(a.otlp); err != nil {
+		return nil, err
+	}
+	if err := checkOutDir("--out", a.out); err != nil {
+		return nil, err
 	}
 	// Every operator reads the same client config (TLS and SASL settings;
 	// the secrets stay in it, never on a command line or in fleet.json)
@@ -151,6 +157,9 @@ func cmdUp(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	c, err := contractFlag(a.path, stderr)
 	if err != nil {
 		return err
+	}
+	if n := len(fleetStages(c)); a.healthPort > 0 && a.healthPort+n-1 > 65535 {
+		return fmt.Errorf("%w: --health-port %d: the %d operators need ports %d to %d, past 65535", errUsage, a.healthPort, n, a.healthPort, a.healthPort+n-1)
 	}
 	exe, err := os.Executable()
 	if err != nil {
