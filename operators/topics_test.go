@@ -1,6 +1,8 @@
 package operators
 
 import (
+	"bytes"
+	"os"
 	"testing"
 
 	"github.com/trajflow/trajflow/connectors/kafka"
@@ -19,8 +21,19 @@ func TestReplicationRequest(t *testing.T) {
 		}
 		return c
 	}
-	written := load("../testdata/contracts/demo.yaml") // writes topics.replication: 1
+	demo := load("../testdata/contracts/demo.yaml") // as the built-in contract: topics.replication unwritten
 	unwritten := load("../testdata/contracts/conformance.yaml")
+	b, err := os.ReadFile("../testdata/contracts/demo.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	written, err := contract.Parse(bytes.Replace(b, []byte("topics:\n"), []byte("topics:\n  replication: 1\n"), 1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := written.Resolve(); err != nil || !written.Written("topics.replication") {
+		t.Fatalf("demo.yaml with replication 1 written: %v, written %v", err, written.Written("topics.replication"))
+	}
 	for _, tc := range []struct {
 		name      string
 		c         *contract.Contract
@@ -32,6 +45,8 @@ func TestReplicationRequest(t *testing.T) {
 		{"contract silent: cluster decides", unwritten, 0,
 			kafka.ReplicationRequest{Brokers: 3}, kafka.Replication{Factor: 3, MinInsync: 2}, false},
 		{"default contract: cluster decides", contract.Default(), 0,
+			kafka.ReplicationRequest{Brokers: 3}, kafka.Replication{Factor: 3, MinInsync: 2}, false},
+		{"demo.yaml, the built-in contract's file: cluster decides", demo, 0,
 			kafka.ReplicationRequest{Brokers: 3}, kafka.Replication{Factor: 3, MinInsync: 2}, false},
 		{"contract writes 1: refused on 3 brokers", written, 0,
 			kafka.ReplicationRequest{Brokers: 3, Factor: 1, FactorFrom: "contract topics.replication"}, kafka.Replication{}, true},

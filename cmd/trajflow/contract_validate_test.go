@@ -126,17 +126,23 @@ func TestContractValidateRefusesUnimplemented(t *testing.T) {
 	kl.Loss.KLPlacement, kl.Loss.KLCoef = "loss", 0.05
 	metric := contract.Default()
 	metric.Objective.Constraints["p95_episode_cost_usd"] = 0.2
+	typo := contract.Default()
+	typo.Rewards[0].Name = "kv_sucess"
+	version := contract.Default()
+	version.Rewards[0].Version = "v999"
 	for name, c := range map[string]struct {
 		c    *contract.Contract
 		want string
 	}{
 		"kl in loss":        {kl, `loss.kl_placement: "loss" is not implemented`},
 		"unmeasured metric": {metric, `objective.constraints.p95_episode_cost_usd: metric "p95_episode_cost_usd" is not implemented`},
+		"no such evaluator": {typo, `no evaluator registered under this name: component "kv_sucess"`},
+		"evaluator version": {version, `component "` + version.Rewards[0].Name + `" declared "v999"`},
 	} {
 		file := testkit.ContractFile(t, c.c)
 		var out, errb bytes.Buffer
-		if rc := run(context.Background(), []string{"contract", "validate", file}, &out, &errb); rc == 0 || !strings.Contains(errb.String(), c.want) {
-			t.Errorf("%s: exit %d, stderr %q; want a refusal saying %q", name, rc, errb.String(), c.want)
+		if rc := run(context.Background(), []string{"contract", "validate", file}, &out, &errb); rc != 2 || !strings.Contains(errb.String(), c.want) {
+			t.Errorf("%s: exit %d, stderr %q; want exit 2 and a refusal saying %q", name, rc, errb.String(), c.want)
 		}
 	}
 }

@@ -75,7 +75,7 @@ func cmdContract(_ context.Context, args []string, stdout, stderr io.Writer) err
 		return err
 	}
 	if err := evaluation.CheckObjective(c.Objective); err != nil {
-		return fmt.Errorf("contract %s: %w", file, err)
+		return fmt.Errorf("%w: contract %s: %w", operators.ErrConfig, file, err)
 	}
 	y, err := c.YAML()
 	if err != nil {
@@ -87,7 +87,13 @@ func cmdContract(_ context.Context, args []string, stdout, stderr io.Writer) err
 	// grammar), not the hash of the sampler section.
 	deps, err := operators.BuiltinDeps(c)
 	if err != nil {
-		return err
+		return fmt.Errorf("contract %s: %w", file, err)
+	}
+	// The reward stage resolves every reward component to its evaluator:
+	// a name or version no evaluator has is refused here, not when the
+	// run's reward operator starts.
+	if _, err := operators.New("reward", deps); err != nil {
+		return fmt.Errorf("contract %s: %w", file, err)
 	}
 	settings, err := operators.SamplerSettings(deps)
 	if err != nil {

@@ -162,6 +162,7 @@ var refused = map[string]struct {
 }{
 	"loss.kl_placement": {[]any{"loss.kl_placement", "loss", "loss.kl_coef", 0.05}, `loss.kl_placement: "loss" is not implemented`},
 	"loss.kl_coef":      {[]any{"loss.kl_placement", "loss", "loss.kl_coef", 0.05}, `loss.kl_placement: "loss" is not implemented`},
+	"loss.kl_estimator": {[]any{"loss.kl_estimator", "k1"}, `loss.kl_estimator: "k1" is not implemented`},
 }
 
 // alternatives are the other values tried for a key; the first that
@@ -176,7 +177,6 @@ func alternatives(path string, v any) []any {
 		"estimator.std_mode":                            {"sample"},
 		"estimator.zero_variance":                       {"keep"},
 		"loss.normalization":                            {"seq-mean-token-sum", "seq-mean-token-mean"},
-		"loss.kl_estimator":                             {"k1", "k2"},
 		"packing.overflow":                              {"truncate"},
 		"packing.stale_policy":                          {"mask_stale"},
 		"packing.multi_policy":                          {"new_segments"},

@@ -262,11 +262,19 @@ type Reward struct {
 	RawRange []float64 `yaml:"raw_range"`
 }
 
+// defaultReplication is topics.replication unless a document writes it.
+const defaultReplication = 1
+
 // Topics declares how the data-plane topics are created (docs/PIPELINE.md §15, Wire
 // format).
 type Topics struct {
 	Partitions  int `yaml:"partitions"`  // > 0; default 4
-	Replication int `yaml:"replication"` // in [1, 32767] (Kafka's int16); default 1
+	// Replication is in [1, 32767] (Kafka's int16); default 1. Written,
+	// it is the factor `trajflow topics create` asks for; unwritten, that
+	// command decides by the cluster's size (operators.ReplicationRequest),
+	// and YAML leaves it out so that a document printed from a contract
+	// behaves as the contract does.
+	Replication int `yaml:"replication"`
 	// RetentionMS is the topic retention; > 0, or -1 for unlimited.
 	// Default 604800000 (7 days).
 	RetentionMS int64 `yaml:"retention_ms"`
@@ -537,7 +545,7 @@ func knobDefaults() *Contract {
 		},
 		Topics: Topics{
 			Partitions:      4,
-			Replication:     1,
+			Replication:     defaultReplication,
 			RetentionMS:     604_800_000,
 			MaxMessageBytes: 16 << 20,
 		},

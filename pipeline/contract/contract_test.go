@@ -1,6 +1,7 @@
 package contract
 
 import (
+	"bytes"
 	"errors"
 	"math"
 	"os"
@@ -889,5 +890,51 @@ func BenchmarkHash(b *testing.B) {
 	b.ReportAllocs()
 	for b.Loop() {
 		_ = c.Hash()
+	}
+}
+
+// TestYAMLKeepsReplicationUnwritten: topics.replication decides how
+// `topics create` replicates only when a document writes it, so YAML
+// leaves it out where the contract did not write it — the document
+// printed from the built-in contract behaves as that contract — and keeps
+// it where it was written, even at the default.
+func TestYAMLKeepsReplicationUnwritten(t *testing.T) {
+	roundTrip := func(c *Contract) *Contract {
+		t.Helper()
+		y, err := c.YAML()
+		if err != nil {
+			t.Fatal(err)
+		}
+		back, err := Parse(y)
+		if err == nil {
+			err = back.Resolve()
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		if back.Hash() != c.Hash() {
+			t.Fatalf("round trip changed the hash:\n%s", y)
+		}
+		return back
+	}
+	if back := roundTrip(Default()); back.Written("topics.replication") || back.Topics.Replication != defaultReplication {
+		t.Errorf("the built-in contract printed and read back: replication %d, written %v; want %d, unwritten",
+			back.Topics.Replication, back.Written("topics.replication"), defaultReplication)
+	}
+	base, err := Default().YAML()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range []int{1, 3} {
+		c, err := Parse(bytes.Replace(base, []byte("topics:\n"), []byte("topics:\n  replication: "+strconv.Itoa(n)+"\n"), 1))
+		if err == nil {
+			err = c.Resolve()
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		if back := roundTrip(c); !back.Written("topics.replication") || back.Topics.Replication != n {
+			t.Errorf("replication %d written, printed and read back: %d, written %v", n, back.Topics.Replication, back.Written("topics.replication"))
+		}
 	}
 }

@@ -119,18 +119,43 @@ func digest(domain string, body []byte) string {
 }
 
 // YAML renders the resolved contract (defaults filled, c not modified) with
-// every key written. Parse(YAML()) yields a contract with the same Hash.
+// every key written but topics.replication when c's document did not write
+// it and it is the default (Topics.Replication). Parse(YAML()) yields a
+// contract with the same Hash, whose topics.replication is written where
+// c's was.
 func (c *Contract) YAML() ([]byte, error) {
 	var b bytes.Buffer
 	enc := yaml.NewEncoder(&b)
 	enc.SetIndent(2)
-	if err := enc.Encode(c.resolved()); err != nil {
+	var doc yaml.Node
+	if err := doc.Encode(c.resolved()); err != nil {
+		return nil, fmt.Errorf("contract: encode YAML: %w", err)
+	}
+	if !c.Written("topics.replication") && c.resolved().Topics.Replication == defaultReplication {
+		removeKey(&doc, "topics", "replication") // unwritten it stays
+	}
+	if err := enc.Encode(&doc); err != nil {
 		return nil, fmt.Errorf("contract: encode YAML: %w", err)
 	}
 	if err := enc.Close(); err != nil {
 		return nil, fmt.Errorf("contract: encode YAML: %w", err)
 	}
 	return b.Bytes(), nil
+}
+
+// removeKey removes the key at path from the mapping node m, if there.
+func removeKey(m *yaml.Node, path ...string) {
+	for i := 0; m.Kind == yaml.MappingNode && i+1 < len(m.Content); i += 2 {
+		if m.Content[i].Value != path[0] {
+			continue
+		}
+		if len(path) == 1 {
+			m.Content = append(m.Content[:i], m.Content[i+2:]...)
+		} else {
+			removeKey(m.Content[i+1], path[1:]...)
+		}
+		return
+	}
 }
 
 func sortedKeys[V any](m map[string]V) []string {
