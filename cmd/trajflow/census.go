@@ -2,8 +2,10 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 
 	"github.com/trajflow/trajflow/connectors/parquet"
 	"github.com/trajflow/trajflow/internal/census"
@@ -34,7 +36,10 @@ func cmdCensus(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	if len(pos) != 1 {
 		return fmt.Errorf("%w: trajflow census DIR [--partial]", errUsage)
 	}
-	runDir, err := parquet.FindRun(pos[0], *runName)
+	if *top < 1 {
+		return fmt.Errorf("%w: --tasks %d: want at least 1 row", errUsage, *top)
+	}
+	runDir, err := findRunDir(pos[0], *runName)
 	if err != nil {
 		return err
 	}
@@ -57,4 +62,15 @@ func cmdCensus(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		return fmt.Errorf("%d snapshot file(s) unreadable (named above): the counts printed are partial; --partial accepts them", len(rep.Unreadable))
 	}
 	return nil
+}
+
+// findRunDir is parquet.FindRun for a command's DIR and --run: a DIR that
+// does not exist, or holds no such run or several and none named, is a
+// command-line mistake (exit status 2).
+func findRunDir(dir, run string) (string, error) {
+	d, err := parquet.FindRun(dir, run)
+	if errors.Is(err, fs.ErrNotExist) || errors.Is(err, parquet.ErrNoRun) || errors.Is(err, parquet.ErrSeveralRuns) {
+		return "", fmt.Errorf("%w: %w", errUsage, err)
+	}
+	return d, err
 }

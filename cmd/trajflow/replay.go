@@ -4,9 +4,10 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"slices"
+	"strings"
 
 	"github.com/trajflow/trajflow/connectors/kafka"
-	"github.com/trajflow/trajflow/connectors/parquet"
 	"github.com/trajflow/trajflow/internal/replay"
 )
 
@@ -28,15 +29,22 @@ func cmdReplay(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	if len(pos) != 1 {
 		return fmt.Errorf("%w: trajflow replay DIR [--contract FILE] [--to-brokers ADDR]", errUsage)
 	}
-	runDir, err := parquet.FindRun(pos[0], *runName)
+	if *clientCfg != "" && *to == "" {
+		return fmt.Errorf("%w: --client-config %s: only with --to-brokers (replay reads no cluster)", errUsage, *clientCfg)
+	}
+	brokers, err := brokerList("--to-brokers", *to)
+	if err != nil {
+		return err
+	}
+	runDir, err := findRunDir(pos[0], *runName)
 	if err != nil {
 		return err
 	}
 	if *cpath == "" {
 		fmt.Fprintf(stderr, "no --contract: using the contract recorded in the snapshot (%s)\n", replay.ContractPath(runDir, ""))
 	}
-	if *to != "" {
-		return reemit(ctx, runDir, *cpath, *to, *clientCfg, stdout)
+	if len(brokers) > 0 {
+		return reemit(ctx, runDir, *cpath, brokers, *clientCfg, stdout)
 	}
 	rep, err := replay.Run(ctx, runDir, *cpath)
 	if err != nil {
@@ -52,20 +60,29 @@ func cmdReplay(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	return nil
 }
 
-// reemit re-emits the snapshot of runDir into the cluster at brokers.
-func reemit(ctx context.Context, runDir, cpath, brokers, clientCfg string, stdout io.Writer) error {
+// reemit re-emits the snapshot of runDir into the cluster at brokers
+// (--to-brokers), with the TLS/SASL settings of clientCfg, whose own
+// brokers, if it lists any, must be the same.
+func reemit(ctx context.Context, runDir, cpath string, brokers []string, clientCfg string, stdout io.Writer) error {
 	cc := kafka.ClientConfig{}
 	if clientCfg != "" {
 		var err error
 		if cc, err = kafka.LoadClientConfig(clientCfg); err != nil {
-			return err
+			return fmt.Errorf("%w: --client-config: %w", errUsage, err)
+		}
+		if len(cc.Brokers) > 0 && !slices.Equal(cc.Brokers, brokers) {
+			return fmt.Errorf("%w: --to-brokers %s and the brokers %s of --client-config %s: give one of them",
+				errUsage, strings.Join(brokers, ","), strings.Join(cc.Brokers, ","), clientCfg)
 		}
 	}
-	cc.Brokers = splitList(brokers)
+	cc.Brokers = brokers
+	if err := cc.Validate(); err != nil {
+		return fmt.Errorf("%w: %w", errUsage, err)
+	}
 	n, err := replay.Reemit(ctx, runDir, cpath, cc)
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(stdout, "%d messages re-emitted to %s\n", n, brokers)
+	fmt.Fprintf(stdout, "%d messages re-emitted to %s\n", n, strings.Join(brokers, ","))
 	return nil
 }

@@ -39,8 +39,13 @@ type Run struct {
 // holds its run directories (OUT/snapshots/run=<run>).
 const SnapshotsDir = "snapshots"
 
-// errNoRun marks a directory that holds no run=<run> directory.
-var errNoRun = errors.New("no run=<run> directory")
+// ErrNoRun marks a directory that holds no run=<run> directory (of the
+// name asked for); ErrSeveralRuns one that holds several when no name
+// was given.
+var (
+	ErrNoRun       = errors.New("no run=<run> directory")
+	ErrSeveralRuns = errors.New("several runs")
+)
 
 // FindRun returns the run directory under dir: dir itself when it is a
 // run directory, else DIR/run=<run> (run may be empty when dir holds
@@ -52,7 +57,7 @@ func FindRun(dir, run string) (string, error) {
 		return dir, nil
 	}
 	d, err := findRun(dir, run)
-	if err == nil || !errors.Is(err, errNoRun) {
+	if err == nil || !errors.Is(err, ErrNoRun) {
 		return d, err
 	}
 	sub := filepath.Join(dir, SnapshotsDir)
@@ -60,20 +65,20 @@ func FindRun(dir, run string) (string, error) {
 		return "", err
 	}
 	d, serr := findRun(sub, run)
-	if serr != nil && errors.Is(serr, errNoRun) {
+	if serr != nil && errors.Is(serr, ErrNoRun) {
 		return "", fmt.Errorf("%w (nor in %s)", err, sub)
 	}
 	return d, serr
 }
 
 // findRun is FindRun without the SnapshotsDir fallback; an error wrapping
-// errNoRun means dir holds no run directory (of that name).
+// ErrNoRun means dir holds no run directory (of that name).
 func findRun(dir, run string) (string, error) {
 	if run != "" {
 		d := RunDir(dir, run)
 		if _, err := os.Stat(d); err != nil {
 			if errors.Is(err, fs.ErrNotExist) {
-				return "", fmt.Errorf("snapshot: run %s: %w: %s does not exist", run, errNoRun, d)
+				return "", fmt.Errorf("snapshot: run %s: %w: %s does not exist", run, ErrNoRun, d)
 			}
 			return "", fmt.Errorf("snapshot: run %s: %w", run, err)
 		}
@@ -91,11 +96,11 @@ func findRun(dir, run string) (string, error) {
 	}
 	switch len(runs) {
 	case 0:
-		return "", fmt.Errorf("snapshot: %w in %s", errNoRun, dir)
+		return "", fmt.Errorf("snapshot: %w in %s", ErrNoRun, dir)
 	case 1:
 		return filepath.Join(dir, runs[0]), nil
 	}
-	return "", fmt.Errorf("snapshot: %s holds runs %v: name one", dir, runs)
+	return "", fmt.Errorf("snapshot: %w: %s holds %v: name one", ErrSeveralRuns, dir, runs)
 }
 
 // FileError is a snapshot file that could not be read: missing (its

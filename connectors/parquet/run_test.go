@@ -182,7 +182,7 @@ func TestFindRun(t *testing.T) {
 		{"up output, named", up, testRun, RunDir(filepath.Join(up, SnapshotsDir), testRun), ""},
 		{"up snapshots", filepath.Join(up, SnapshotsDir), "", RunDir(filepath.Join(up, SnapshotsDir), testRun), ""},
 		{"up output, no such run", up, "other", "", "nor in " + filepath.Join(up, SnapshotsDir)},
-		{"up output, two runs", two, "", "", "holds runs [run=a run=b]: name one"},
+		{"up output, two runs", two, "", "", "holds [run=a run=b]: name one"},
 		{"empty snapshots", emptySnapshots, "", "", "no run=<run> directory in " + emptySnapshots + " (nor in"},
 		{"empty", empty, "", "", "no run=<run> directory in " + empty},
 	}
