@@ -106,6 +106,7 @@ type fleet struct {
 	contractPath string
 	clientConfig string // --client-config, optional
 	// stageArgs are the flags every instance gets after its identity
+	// (those of one stage only by that stage: argsOf)
 	// (newFleet: a 5 s partial-group timeout, pack windows closed after
 	// 1 s); extraArgs follow them.
 	stageArgs []string
@@ -126,6 +127,26 @@ func newFleet(t testing.TB, brokers, contractPath string) *fleet {
 	return f
 }
 
+// stageOnly are the flags of trajflow run that one stage alone takes
+// (the others refuse them), with that stage.
+var stageOnly = map[string]string{"--partial-group-timeout": "advantage", "--window-max-wait": "pack",
+	"--snapshot-dir": "snapshot", "--snapshot-roll-bytes": "snapshot", "--snapshot-roll-interval": "snapshot",
+	"--eval-samples": "eval", "--device": "train"}
+
+// argsOf is args, flag-value pairs, without the flags of stages other
+// than stage.
+func argsOf(stage string, args []string) []string {
+	var out []string
+	for i := 0; i < len(args); i++ {
+		if only, ok := stageOnly[args[i]]; ok && only != stage {
+			i++ // and its value
+			continue
+		}
+		out = append(out, args[i])
+	}
+	return out
+}
+
 // start launches `trajflow run name` as instance inst (state directory
 // kept per instance, so a restart finds the previous state unless wiped).
 func (f *fleet) start(name, inst string) *proc {
@@ -133,11 +154,11 @@ func (f *fleet) start(name, inst string) *proc {
 	state := filepath.Join(f.dir, "state", inst)
 	args := []string{"run", name, "--brokers", f.brokers, "--contract", f.contractPath, "--state", state,
 		"--instance", inst, "--health", "127.0.0.1:0"}
-	args = append(args, f.stageArgs...)
+	args = append(args, argsOf(name, f.stageArgs)...)
 	if f.clientConfig != "" {
 		args = append(args, "--client-config", f.clientConfig)
 	}
-	args = append(args, f.extraArgs...)
+	args = append(args, argsOf(name, f.extraArgs)...)
 	f.mu.Lock()
 	f.starts++
 	n := f.starts
