@@ -288,6 +288,14 @@ func (c *core) checkMaxTokens(field string, n int) error {
 	return nil
 }
 
+// contextLen is the context length the info endpoints report where the
+// real servers report one (vLLM's max_model_len, SGLang's /tokenize
+// max_model_len, llama-server's n_ctx), which clients read as the most
+// prompt plus generated tokens a request may have: the built-in policy has
+// no context window, and every request whose prompt and generation
+// together fit in the smaller of the two limits is within both.
+func (c *core) contextLen() int { return min(c.cfg.MaxPromptTokens, c.cfg.MaxTokens) }
+
 // generate samples one request on l with the server's grammar.
 func (c *core) generate(ctx context.Context, l *loaded, prompt []int32, s model.Settings, seed uint64, id string) (model.Sample, error) {
 	s.Grammar = c.cfg.Grammar

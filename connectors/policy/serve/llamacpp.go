@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/trajflow/trajflow/connectors/policy"
 	"github.com/trajflow/trajflow/gpu/model"
@@ -238,6 +239,10 @@ func (c *core) llamaModel(name string) (*loaded, error) {
 func parseIDs(raw json.RawMessage, field string, max int) ([]int32, error) {
 	var ids []int64
 	if err := json.Unmarshal(raw, &ids); err != nil {
+		var batch [][]int64
+		if json.Unmarshal(raw, &batch) == nil {
+			return nil, fmt.Errorf("%s is a batch of %d prompts: one prompt per request is served (send each list of token ids in its own request)", field, len(batch))
+		}
 		return nil, fmt.Errorf("%s must be a list of token ids (text prompts are not served): %v", field, err)
 	}
 	if len(ids) > max {
@@ -315,7 +320,9 @@ func (s *Server) llamaCompletion(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	defer leave() // a no-op once called below
+	start := time.Now()
 	smp, err := s.c.generate(ctx, l, prompt, st, seed, "")
+	genTime := time.Since(start)
 	if err != nil {
 		code := http.StatusBadRequest
 		if ctx.Err() != nil {
@@ -369,14 +376,34 @@ func (s *Server) llamaCompletion(w http.ResponseWriter, r *http.Request) {
 			"post_sampling_probs": q.PostSamplingProbs, "n_probs": q.NProbs,
 		},
 	}
+	// As llama-server: "tokens" is always there, the ids only with
+	// return_tokens; "timings" is always there (the whole generation is
+	// counted as predicted: the built-in policy has no separate prompt
+	// pass).
+	resp["tokens"] = []int32{}
 	if q.ReturnTokens {
 		resp["tokens"] = smp.Tokens
 	}
+	resp["timings"] = llamaTimings(len(prompt), len(smp.Tokens), genTime)
 	if q.NProbs > 0 {
 		resp["completion_probabilities"] = probs
 	}
 	leave()
 	writeJSON(w, http.StatusOK, resp)
+}
+
+// llamaTimings is llama-server's "timings" object of a completion that
+// evaluated nPrompt ids and generated nPredicted in d.
+func llamaTimings(nPrompt, nPredicted int, d time.Duration) map[string]any {
+	ms := float64(d.Nanoseconds()) / 1e6
+	perToken, perSecond := 0.0, 0.0
+	if nPredicted > 0 && ms > 0 {
+		perToken, perSecond = ms/float64(nPredicted), 1e3*float64(nPredicted)/ms
+	}
+	return map[string]any{
+		"cache_n": 0, "prompt_n": nPrompt, "prompt_ms": 0.0, "prompt_per_token_ms": 0.0, "prompt_per_second": 0.0,
+		"predicted_n": nPredicted, "predicted_ms": ms, "predicted_per_token_ms": perToken, "predicted_per_second": perSecond,
+	}
 }
 
 func (s *Server) vocab() int {
@@ -484,7 +511,7 @@ func (s *Server) llamaProps(w http.ResponseWriter, r *http.Request) {
 		"build_info": Software, "model_path": path, "chat_template": chatTemplate, "total_slots": 1,
 		"n_vocab": s.vocab(), "tokenizer_hash": rollout.TokenizerHash, "grammar": s.grammarID(), "trajflow_seed": true,
 		"max_tokens":                  s.c.cfg.MaxTokens,
-		"default_generation_settings": map[string]any{"n_ctx": 0},
+		"default_generation_settings": map[string]any{"n_ctx": s.c.contextLen()},
 	})
 }
 
@@ -502,17 +529,22 @@ func (s *Server) llamaModels(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	s.c.mu.Lock()
+	// llama-server's router entry, with the fields OpenAI clients
+	// require of a model (id, object, created, owned_by).
 	type entry struct {
-		ID     string         `json:"id"`
-		Object string         `json:"object"`
-		Path   string         `json:"path"`
-		Status map[string]any `json:"status"`
-		Meta   map[string]any `json:"meta,omitempty"`
+		ID      string         `json:"id"`
+		Object  string         `json:"object"`
+		Created int64          `json:"created"`
+		OwnedBy string         `json:"owned_by"`
+		Path    string         `json:"path"`
+		Status  map[string]any `json:"status"`
+		Meta    map[string]any `json:"meta,omitempty"`
 	}
 	data := []entry{}
+	now := time.Now().Unix()
 	for _, v := range vs {
 		name := policy.ModelName(v)
-		e := entry{ID: name, Object: "model", Path: s.c.manifestPath(v), Status: map[string]any{"value": "unloaded"}}
+		e := entry{ID: name, Object: "model", Created: now, OwnedBy: "trajflow", Path: s.c.manifestPath(v), Status: map[string]any{"value": "unloaded"}}
 		if l, ok := s.c.models[name]; ok {
 			e.Status["value"] = "loaded"
 			e.Meta = map[string]any{"n_vocab": l.m.Config.Vocab, "checkpoint_hash": l.rel.CheckpointHash}

@@ -87,16 +87,19 @@ func (m *metrics) observeLoad(err error) {
 }
 
 // instrument counts the requests of mux by the pattern they match (one
-// label value per route, never the raw path) and status code.
-func (m *metrics) instrument(mux *http.ServeMux) http.Handler {
+// label value per route, never the raw path) and status code. A request
+// no pattern matches goes to unmatched (which may hand it to mux).
+func (m *metrics) instrument(mux *http.ServeMux, unmatched http.HandlerFunc) http.Handler {
 	mux.Handle("GET /metrics", promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{}))
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		rec := &statusWriter{ResponseWriter: w, code: http.StatusOK}
 		_, route := mux.Handler(r)
 		if route == "" {
 			route = "unmatched"
+			unmatched(rec, r)
+		} else {
+			mux.ServeHTTP(rec, r)
 		}
-		rec := &statusWriter{ResponseWriter: w, code: http.StatusOK}
-		mux.ServeHTTP(rec, r)
 		m.requests.WithLabelValues(route, strconv.Itoa(rec.code)).Inc()
 	})
 }

@@ -17,6 +17,7 @@
 package serve
 
 import (
+	"bytes"
 	"fmt"
 	"net/http"
 	"slices"
@@ -46,8 +47,58 @@ func New(cfg Config) (*Server, error) {
 	case "vllm":
 		s.vllmRoutes(s.mux)
 	}
-	s.h = c.met.instrument(s.mux)
+	s.h = c.met.instrument(s.mux, s.unserved)
 	return s, nil
+}
+
+// generateRoute is each protocol's generation endpoint, named by the
+// answer to a request for a route the protocol does not serve.
+var generateRoute = map[string]string{
+	"llamacpp": "llama-server's native API: POST /completion {prompt: [token ids], n_predict, seed, samplers}",
+	"sglang":   "SGLang's native API: POST /generate {input_ids, sampling_params: {max_new_tokens, sampling_seed, ...}}",
+	"vllm":     "vLLM's token-in/token-out API: POST /inference/v1/generate {token_ids, sampling_params: {max_tokens, seed, ...}}",
+}
+
+// unserved answers a request no route matches. Where the mux would answer
+// 404, the answer is a JSON error naming the protocol's generation
+// endpoint, so that a client of another API (an OpenAI SDK calling
+// /v1/completions or /v1/chat/completions) reads why, not a bare
+// "404 page not found"; the mux's other answers (405 for a path served
+// under another method, a redirect to a clean path) are passed on.
+func (s *Server) unserved(w http.ResponseWriter, r *http.Request) {
+	rec := &captureWriter{header: http.Header{}, code: http.StatusOK}
+	s.mux.ServeHTTP(rec, r)
+	if rec.code == http.StatusNotFound {
+		writeError(w, http.StatusNotFound, "%s %s is not served by trajflow serve policy --protocol %s, which serves the built-in policy over %s (OpenAI-style /v1/completions and /v1/chat/completions are not served)",
+			r.Method, r.URL.Path, s.c.cfg.Protocol, generateRoute[s.c.cfg.Protocol])
+		return
+	}
+	for k, v := range rec.header {
+		w.Header()[k] = v
+	}
+	w.WriteHeader(rec.code)
+	w.Write(rec.body.Bytes())
+}
+
+// captureWriter holds the short answer of an unmatched request.
+type captureWriter struct {
+	header http.Header
+	code   int
+	wrote  bool
+	body   bytes.Buffer
+}
+
+func (c *captureWriter) Header() http.Header { return c.header }
+
+func (c *captureWriter) WriteHeader(code int) {
+	if !c.wrote {
+		c.code, c.wrote = code, true
+	}
+}
+
+func (c *captureWriter) Write(b []byte) (int, error) {
+	c.wrote = true
+	return c.body.Write(b)
 }
 
 // ServeHTTP implements http.Handler.

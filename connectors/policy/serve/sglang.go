@@ -1,6 +1,8 @@
 package serve
 
 import (
+	"crypto/rand"
+	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"net/http"
@@ -111,6 +113,15 @@ func emptyJSON(b json.RawMessage) bool {
 		return true
 	}
 	return false
+}
+
+// newRequestID is a random request id: 32 hex digits, as SGLang's
+// uuid.uuid4().hex.
+func newRequestID() string {
+	var b [16]byte
+	rand.Read(b[:]) // never fails (crypto/rand)
+	b[6], b[8] = b[6]&0x0f|0x40, b[8]&0x3f|0x80
+	return hex.EncodeToString(b[:])
 }
 
 // sglangSettings maps sampling_params to the built-in settings.
@@ -227,8 +238,12 @@ func (s *Server) sglangGenerate(w http.ResponseWriter, r *http.Request) {
 	smp, err := s.c.generate(ctx, l, prompt, st, seed, q.Rid)
 	abort := aborted(ctx)
 	leave()
+	rid := q.Rid
+	if rid == "" { // SGLang names a request without rid: a uuid4 in hex
+		rid = newRequestID()
+	}
 	meta := map[string]any{
-		"id": q.Rid, "prompt_tokens": len(prompt), "cached_tokens": 0, "weight_version": policy.WeightVersion(l.version),
+		"id": rid, "prompt_tokens": len(prompt), "cached_tokens": 0, "weight_version": policy.WeightVersion(l.version),
 	}
 	if err != nil || abort {
 		if abort { // the work of an aborted request is discarded
@@ -381,7 +396,7 @@ func (s *Server) sglangTokenize(w http.ResponseWriter, r *http.Request) {
 	if q.AddSpecialTokens == nil || *q.AddSpecialTokens {
 		ids = append([]int32{rollout.TokBOS}, ids...)
 	}
-	writeJSON(w, http.StatusOK, map[string]any{"tokens": ids, "count": len(ids), "max_model_len": 0})
+	writeJSON(w, http.StatusOK, map[string]any{"tokens": ids, "count": len(ids), "max_model_len": s.c.contextLen()})
 }
 
 func (s *Server) sglangDetokenize(w http.ResponseWriter, r *http.Request) {

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/http"
 	"strconv"
+	"time"
 
 	"github.com/trajflow/trajflow/connectors/policy"
 	"github.com/trajflow/trajflow/gpu/model"
@@ -86,7 +87,10 @@ func (s *Server) vllmRoutes(mux *http.ServeMux) {
 	mux.HandleFunc("GET /v1/models", func(w http.ResponseWriter, r *http.Request) {
 		data := []map[string]any{}
 		if l := s.c.getCurrent(); l != nil {
-			data = append(data, map[string]any{"id": l.name, "object": "model", "root": l.manifest, "owned_by": "trajflow"})
+			// vLLM's ModelCard: OpenAI clients require id, object,
+			// created and owned_by; vLLM's read max_model_len.
+			data = append(data, map[string]any{"id": l.name, "object": "model", "created": time.Now().Unix(), "owned_by": "trajflow",
+				"root": l.manifest, "parent": nil, "max_model_len": s.c.contextLen(), "permission": []any{}})
 		}
 		writeJSON(w, http.StatusOK, map[string]any{"object": "list", "data": data})
 	})
@@ -115,7 +119,7 @@ func (s *Server) vllmRoutes(mux *http.ServeMux) {
 		if q.AddSpecialTokens == nil || *q.AddSpecialTokens {
 			ids = append([]int32{rollout.TokBOS}, ids...)
 		}
-		writeJSON(w, http.StatusOK, map[string]any{"count": len(ids), "max_model_len": 0, "tokens": ids, "token_strs": nil})
+		writeJSON(w, http.StatusOK, map[string]any{"count": len(ids), "max_model_len": s.c.contextLen(), "tokens": ids, "token_strs": nil})
 	})
 	mux.HandleFunc("POST /detokenize", func(w http.ResponseWriter, r *http.Request) {
 		var q struct {
