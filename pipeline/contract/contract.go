@@ -268,7 +268,7 @@ const defaultReplication = 1
 // Topics declares how the data-plane topics are created (docs/PIPELINE.md §15, Wire
 // format).
 type Topics struct {
-	Partitions  int `yaml:"partitions"`  // > 0; default 4
+	Partitions int `yaml:"partitions"` // > 0; default 4
 	// Replication is in [1, 32767] (Kafka's int16); default 1. Written,
 	// it is the factor `trajflow topics create` asks for; unwritten, that
 	// command decides by the cluster's size (operators.ReplicationRequest),
