@@ -168,7 +168,11 @@ func (r *raw) allocate(a schemas.TaskAttempt, key string, leaseMS int64) Allocat
 }
 
 func (r *raw) stepReq(id string, seq uint64, key string, turn int32, ids ...int32) StepRequest {
-	a := rollout.EnvAction{IDs: ids}
+	return r.stepReqOf(id, seq, key, turn, rollout.EnvAction{IDs: ids})
+}
+
+// stepReqOf is stepReq of any action (a text family's text).
+func (r *raw) stepReqOf(id string, seq uint64, key string, turn int32, a rollout.EnvAction) StepRequest {
 	return StepRequest{Protocol: 1, Seq: seq, IdempotencyKey: key, Turn: turn, Action: a, Token: r.iss.Issue(id, seq, StepAction(turn, a))}
 }
 

@@ -389,15 +389,7 @@ func (s *Server) recover() error {
 		}
 		if len(f.corrupt) > 0 {
 			// End only this episode: its log cannot be trusted.
-			next := uint64(1)
-			sort.Slice(f.steps, func(i, j int) bool { return f.steps[i].Seq < f.steps[j].Seq })
-			for _, r := range f.steps {
-				if r.Seq != next {
-					break
-				}
-				next++
-			}
-			rec := endRec{Status: StatusInfra, Reason: endCorruptLog, Steps: int(next - 1), NextSeq: next, EndedMS: now.UnixMilli()}
+			rec := s.recoveredEnd(f.meta, f.steps, false, endCorruptLog, now)
 			if err := s.put(endKey(id), rec); err != nil {
 				return fmt.Errorf("envsvc: recover %s: end of an episode with unreadable records (%s): %w", id, strings.Join(f.corrupt, ", "), err)
 			}
@@ -410,7 +402,10 @@ func (s *Server) recover() error {
 		}
 		e, reason := s.resume(f.meta, f.steps)
 		if e == nil {
-			if err := s.put(endKey(id), endRec{Status: StatusInfra, Reason: reason, EndedMS: now.UnixMilli()}); err != nil {
+			// It ends here, and keeps what it executed: status answers for
+			// its actions, terminate reports them.
+			rec := s.recoveredEnd(f.meta, f.steps, true, reason, now)
+			if err := s.put(endKey(id), rec); err != nil {
 				return fmt.Errorf("envsvc: recover %s: %w", id, err)
 			}
 			s.met.ended.WithLabelValues(StatusInfra, reasonLabel(reason)).Inc()
@@ -432,22 +427,34 @@ func (s *Server) recover() error {
 	return nil
 }
 
+// executedPrefix sorts steps by sequence number and returns those
+// numbered 1, 2, ... up to the first gap, and whether that is all of them.
+func executedPrefix(steps []*stepRec) ([]*stepRec, bool) {
+	sort.Slice(steps, func(i, j int) bool { return steps[i].Seq < steps[j].Seq })
+	for i, r := range steps {
+		if r.Seq != uint64(i+1) {
+			return steps[:i], false
+		}
+	}
+	return steps, true
+}
+
 // resume rebuilds a live episode from its records, or says why it cannot.
+// It leaves steps' world states in place unless it succeeds.
 func (s *Server) resume(m *epMeta, steps []*stepRec) (*episode, string) {
 	reg := s.fams[m.Family]
 	if reg == nil || s.hash[m.Family] != m.RegistryHash {
 		return nil, endSnapshotChanged
 	}
-	sort.Slice(steps, func(i, j int) bool { return steps[i].Seq < steps[j].Seq })
+	steps, whole := executedPrefix(steps)
+	if !whole {
+		return nil, endCorruptLog
+	}
 	st := m.State
-	e := &episode{id: m.ID, meta: *m, reg: reg, next: 1, steps: map[uint64]*stepRec{}}
-	for i, r := range steps {
-		if r.Seq != uint64(i+1) {
-			return nil, endCorruptLog
-		}
+	e := &episode{id: m.ID, meta: *m, reg: reg, next: uint64(len(steps)) + 1, steps: map[uint64]*stepRec{}}
+	for _, r := range steps {
 		e.steps[r.Seq] = r
-		st, e.next = r.State, r.Seq+1
-		r.State = nil // memory keeps only the newest state
+		st = r.State
 		tr := r.Transition
 		e.last = &tr
 	}
@@ -461,11 +468,61 @@ func (s *Server) resume(m *epMeta, steps []*stepRec) (*episode, string) {
 	if len(s.free) == 0 {
 		return nil, ReasonCapacity
 	}
+	for _, r := range steps {
+		r.State = nil // memory keeps only the newest state (e.state)
+	}
 	e.slot = s.takeSlot(m.Slot)
 	s.slots[e.slot] = e
 	s.live[e.id] = e
 	s.setLive()
 	return e, ""
+}
+
+// recoveredEnd is the end record of an episode that ends at recovery
+// (reason) instead of resuming: its executed steps, the sequence number it
+// would have expected next, and — when its log is whole (every record
+// read, intact, and no gap), so that the last step read is the last one
+// executed — its final transition and artifacts, so that it answers
+// status queries and terminate as any ended episode does. m is nil when
+// the episode's meta record is unreadable.
+func (s *Server) recoveredEnd(m *epMeta, steps []*stepRec, intact bool, reason string, now time.Time) endRec {
+	done, all := executedPrefix(steps)
+	rec := endRec{Status: StatusInfra, Reason: reason, Steps: len(done), NextSeq: uint64(len(done)) + 1, EndedMS: now.UnixMilli()}
+	if !intact || !all || m == nil {
+		return rec
+	}
+	st := m.State
+	if n := len(done); n > 0 {
+		tr := done[n-1].Transition
+		rec.Final, st = &tr, done[n-1].State
+	}
+	rec.Artifacts = s.closedArtifacts(m, st)
+	return rec
+}
+
+// closedArtifacts returns the artifacts that closing the episode of m at
+// world state st gives, for an episode that does not resume. The registry
+// that allocated it (its family, served at the same configuration)
+// resumes and closes it; failing that (the family is no longer served or
+// changed, the state does not resume), the state's "artifacts" member:
+// the built-in families keep their evidence there, and their Close
+// returns exactly those bytes (TestRecoveredArtifactsAsClosed). "" when
+// there is none.
+func (s *Server) closedArtifacts(m *epMeta, st []byte) string {
+	if reg := s.fams[m.Family]; reg != nil && s.hash[m.Family] == m.RegistryHash {
+		if ep, err := reg.Resume(m.Attempt, st); err == nil {
+			if fin, err := ep.Close(s.ctx, rollout.ReasonAborted); err == nil {
+				return fin.Artifacts
+			}
+		}
+	}
+	var doc struct {
+		Artifacts json.RawMessage `json:"artifacts"`
+	}
+	if json.Unmarshal(st, &doc) == nil && len(doc.Artifacts) > 0 && doc.Artifacts[0] == '{' {
+		return string(doc.Artifacts)
+	}
+	return ""
 }
 
 // takeSlot removes slot want from the free stack if it is free, else the
@@ -639,30 +696,47 @@ func rawFields(body []byte, names ...string) ([][]byte, error) {
 	return out, nil
 }
 
+// absentFields returns the named top-level fields of a JSON object body
+// that it lacks or gives as null: a required field so given is missing
+// (decoding would read it as its zero value, e.g. a seq of 0).
+func absentFields(body []byte, names ...string) ([]string, error) {
+	raw, err := rawFields(body, names...)
+	if err != nil {
+		return nil, err
+	}
+	return absentOf(raw, names), nil
+}
+
+// absentOf names the fields of raw (rawFields' answer for names) that are
+// absent or null.
+func absentOf(raw [][]byte, names []string) []string {
+	var out []string
+	for i, n := range names {
+		if len(raw[i]) == 0 || string(raw[i]) == "null" {
+			out = append(out, n)
+		}
+	}
+	return out
+}
+
 // boundAction is the action bytes a token binds, built from the request's
 // own bytes: {"<a>":<value of a as sent>,"<b>":<value of b as sent>}.
 // A client in any language signs what it sends (docs/ENV_PROTOCOL.md,
 // "Capability tokens"); the Go client's AllocateAction and StepAction
-// build the same bytes from the values it marshals. An absent field is
-// reported by name.
-func boundAction(body []byte, a, b string) ([]byte, string, error) {
+// build the same bytes from the values it marshals. Absent (or null)
+// fields are returned by name, and no bytes.
+func boundAction(body []byte, a, b string) ([]byte, []string, error) {
 	raw, err := rawFields(body, a, b)
 	if err != nil {
-		return nil, "", err
+		return nil, nil, err
 	}
-	var missing []string
-	for i, n := range []string{a, b} {
-		if len(raw[i]) == 0 {
-			missing = append(missing, n)
-		}
-	}
-	if len(missing) > 0 {
-		return nil, "missing " + strings.Join(missing, ", "), nil
+	if absent := absentOf(raw, []string{a, b}); len(absent) > 0 {
+		return nil, absent, nil
 	}
 	out := make([]byte, 0, len(a)+len(b)+len(raw[0])+len(raw[1])+10)
 	out = append(append(append(out, `{"`...), a...), `":`...)
 	out = append(append(append(append(out, raw[0]...), `,"`...), b...), `":`...)
-	return append(append(out, raw[1]...), '}'), "", nil
+	return append(append(out, raw[1]...), '}'), nil, nil
 }
 
 // outcomeOf extracts the common part of a response for metrics.
@@ -670,10 +744,11 @@ type outcomeOf interface{ common() Response }
 
 func (r Response) common() Response { return r }
 
-// missingFields names the empty ones of fields (JSON names), sorted, or
-// returns "".
-func missingFields(fields map[string]string) string {
-	var names []string
+// missingFields names, sorted, the required fields a request lacks: those
+// absent (absentFields) and the empty ones of fields (JSON names); ""
+// when none is missing.
+func missingFields(absent []string, fields map[string]string) string {
+	names := slices.Clone(absent)
 	for name, v := range fields {
 		if v == "" {
 			names = append(names, name)
@@ -729,9 +804,9 @@ func (s *Server) handleAllocate(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	action, missing, err := boundAction(body, "attempt", "idempotency_key")
-	if err != nil || missing != "" {
-		s.reply(w, "allocate", http.StatusBadRequest, AllocateResponse{Response: s.refused(ReasonBadRequest, cmp.Or(missing, fmt.Sprint(err)), false)})
+	action, absent, err := boundAction(body, "attempt", "idempotency_key")
+	if err != nil || len(absent) > 0 {
+		s.reply(w, "allocate", http.StatusBadRequest, AllocateResponse{Response: s.refused(ReasonBadRequest, cmp.Or(missingFields(absent, nil), fmt.Sprint(err)), false)})
 		return
 	}
 	s.reply(w, "allocate", http.StatusOK, s.allocate(req, action))
@@ -740,7 +815,7 @@ func (s *Server) handleAllocate(w http.ResponseWriter, r *http.Request) {
 // allocate answers an allocation whose token binds action (boundAction).
 func (s *Server) allocate(req AllocateRequest, action []byte) AllocateResponse {
 	a := req.Attempt
-	if missing := missingFields(map[string]string{"attempt.attempt_id": a.AttemptID, "attempt.run_id": a.RunID,
+	if missing := missingFields(nil, map[string]string{"attempt.attempt_id": a.AttemptID, "attempt.run_id": a.RunID,
 		"idempotency_key": req.IdempotencyKey, "token": req.Token}); missing != "" {
 		return AllocateResponse{Response: s.refused(ReasonBadRequest, missing, false)}
 	}
@@ -881,19 +956,29 @@ func (s *Server) handleStatus(w http.ResponseWriter, r *http.Request) {
 }
 
 // handleStepOrStatus answers a step or a status query (op), whose token
-// binds the turn and action as sent.
+// binds the turn and action as sent. A request without one of its
+// required fields is a bad request, answered before any token is looked
+// at; a seq of 0 is present (step: seq_gap, status: not_received).
 func (s *Server) handleStepOrStatus(w http.ResponseWriter, r *http.Request, op string) {
 	var req StepRequest
 	body, ok := s.decodeBody(w, r, op, &req, func() int { return req.Protocol })
 	if !ok {
 		return
 	}
-	action, missing, err := boundAction(body, "turn", "action")
+	id := r.PathValue("id")
+	action, absent, err := boundAction(body, "turn", "action")
+	if err == nil {
+		var seq []string
+		seq, err = absentFields(body, "seq")
+		absent = append(absent, seq...)
+	}
+	missing := missingFields(absent, map[string]string{"idempotency_key": req.IdempotencyKey, "token": req.Token})
 	if err != nil || missing != "" {
-		s.reply(w, op, http.StatusBadRequest, StepResponse{Response: s.refused(ReasonBadRequest, cmp.Or(missing, fmt.Sprint(err)), false), Seq: req.Seq})
+		s.reply(w, op, http.StatusBadRequest, StepResponse{Response: s.refused(ReasonBadRequest, cmp.Or(missing, fmt.Sprint(err)), false),
+			Seq: req.Seq, NextSeq: s.nextSeqOf(id)})
 		return
 	}
-	s.reply(w, op, http.StatusOK, s.step(r.PathValue("id"), req, op == "status", action))
+	s.reply(w, op, http.StatusOK, s.step(id, req, op == "status", action))
 }
 
 // step answers a step (query false) or a status query (query true) whose
@@ -907,9 +992,6 @@ func (s *Server) step(id string, req StepRequest, query bool, action []byte) Ste
 	if meta == nil {
 		return StepResponse{Response: s.refused(ReasonUnknownEpisode, "no episode "+id, false), Seq: req.Seq}
 	}
-	if missing := missingFields(map[string]string{"idempotency_key": req.IdempotencyKey, "token": req.Token}); missing != "" {
-		return StepResponse{Response: s.refused(ReasonBadRequest, missing, false), Seq: req.Seq, NextSeq: s.nextSeq(e, end)}
-	}
 	if _, err := s.ver.Verify(req.Token, meta.Run, id, req.Seq, action); err != nil {
 		return StepResponse{Response: s.refused(tokenReason(err), err.Error(), false), Seq: req.Seq, NextSeq: s.nextSeq(e, end)}
 	}
@@ -919,9 +1001,10 @@ func (s *Server) step(id string, req StepRequest, query bool, action []byte) Ste
 		if !e.ended {
 			return s.stepLive(e, req, ah, query) // unlocks e.mu
 		}
+		next := e.next
 		e.mu.Unlock()
 		if _, meta, end, err = s.lookup(id); err != nil || end == nil {
-			return StepResponse{Response: s.refused(ReasonPersistFailed, fmt.Sprint("episode ended; records: ", err), true), Seq: req.Seq}
+			return StepResponse{Response: s.refused(ReasonPersistFailed, fmt.Sprint("episode ended; records: ", err), true), Seq: req.Seq, NextSeq: next}
 		}
 	}
 	// An ended episode answers from its records: a delivery it executed
@@ -942,6 +1025,17 @@ func (s *Server) step(id string, req StepRequest, query bool, action []byte) Ste
 		out.Reason = ReasonLeaseExpired
 	}
 	return out
+}
+
+// nextSeqOf is the next sequence number of episode id, for the answers
+// that carry it before the episode is looked at (bad requests): 0 for an
+// unknown episode or unreadable records.
+func (s *Server) nextSeqOf(id string) uint64 {
+	e, _, end, err := s.lookup(id)
+	if err != nil {
+		return 0
+	}
+	return s.nextSeq(e, end)
 }
 
 // nextSeq is the next sequence number of a live episode e or of an ended
@@ -1004,7 +1098,8 @@ func (s *Server) stepLive(e *episode, req StepRequest, ah string, query bool) St
 		if err := s.end(e, StatusInfra, ReasonLeaseExpired, rollout.ReasonAborted); err != nil {
 			return StepResponse{Response: s.refused(ReasonPersistFailed, err.Error(), true), Seq: req.Seq, NextSeq: e.next}
 		}
-		return StepResponse{Response: s.refused(ReasonLeaseExpired, "the lease ran out; the episode ended", false), Seq: req.Seq, EndReason: ReasonLeaseExpired}
+		return StepResponse{Response: s.refused(ReasonLeaseExpired, "the lease ran out; the episode ended", false), Seq: req.Seq, NextSeq: e.next,
+			EndReason: ReasonLeaseExpired}
 	}
 	// req.Seq == e.next: execute in a worker that owns e.mu until the
 	// transition is persisted, so the answer never precedes the record.
@@ -1035,11 +1130,18 @@ func (s *Server) execute(e *episode, req StepRequest, ah string) StepResponse {
 		return StepResponse{Response: s.refused(ReasonEnvironment, err.Error(), false), Seq: req.Seq, NextSeq: e.next}
 	}
 	if ob, _ := json.Marshal(tr.Observation); len(ob) > s.cfg.MaxObservationBytes {
-		detail := fmt.Sprintf("observation of %d bytes, cap %d", len(ob), s.cfg.MaxObservationBytes)
+		// Refused: the action did not run. Roll the world back to the
+		// persisted state so that the end's artifacts, like its steps,
+		// leave the action out.
+		detail := fmt.Sprintf("observation of %d bytes, cap %d: the action did not run; the episode ended", len(ob), s.cfg.MaxObservationBytes)
+		if rerr := s.rollback(e); rerr != nil {
+			s.cfg.Logger.Error("episode not rolled back: its artifacts are lost", "episode", e.id, "err", rerr)
+			e.ep = nil // closes with no artifacts rather than with the refused action's
+		}
 		if err := s.end(e, StatusInfra, ReasonObservation, rollout.ReasonAborted); err != nil {
 			return StepResponse{Response: s.refused(ReasonPersistFailed, err.Error(), true), Seq: req.Seq, NextSeq: e.next}
 		}
-		return StepResponse{Response: s.refused(ReasonObservation, detail, false), Seq: req.Seq, EndReason: ReasonObservation}
+		return StepResponse{Response: s.refused(ReasonObservation, detail, false), Seq: req.Seq, NextSeq: e.next, EndReason: ReasonObservation}
 	}
 	st, err := e.ep.(rollout.Stateful).State()
 	if err == nil {
@@ -1056,22 +1158,36 @@ func (s *Server) execute(e *episode, req StepRequest, ah string) StepResponse {
 	}
 	// Not persisted: the step did not happen. Roll the world back to the
 	// persisted state so memory and the log agree.
-	ep, rerr := e.reg.Resume(e.meta.Attempt, e.state)
-	if rerr != nil {
+	if rerr := s.rollback(e); rerr != nil {
 		s.cfg.Logger.Error("episode lost: cannot roll back", "episode", e.id, "err", rerr)
 		e.ep = nil
 		if eerr := s.end(e, StatusInfra, endStateLost, rollout.ReasonAborted); eerr != nil {
 			s.cfg.Logger.Error("episode not ended", "episode", e.id, "err", eerr)
 		}
-		return StepResponse{Response: s.refused(ReasonEpisodeEnded, "the episode's state was lost: "+err.Error(), false), Seq: req.Seq, EndReason: endStateLost}
+		return StepResponse{Response: s.refused(ReasonEpisodeEnded, "the episode's state was lost: "+err.Error(), false), Seq: req.Seq, NextSeq: e.next,
+			EndReason: endStateLost}
+	}
+	return StepResponse{Response: s.refused(ReasonPersistFailed, err.Error(), true), Seq: req.Seq, NextSeq: e.next}
+}
+
+// rollback replaces e's world (e.mu held) by the one last persisted
+// (e.state): an action that was not acknowledged leaves no trace in it.
+func (s *Server) rollback(e *episode) error {
+	ep, err := e.reg.Resume(e.meta.Attempt, e.state)
+	if err != nil {
+		return err
 	}
 	e.ep = ep
-	return StepResponse{Response: s.refused(ReasonPersistFailed, err.Error(), true), Seq: req.Seq, NextSeq: e.next}
+	return nil
 }
 
 func (s *Server) handleRenew(w http.ResponseWriter, r *http.Request) {
 	var req RenewRequest
 	if !s.decode(w, r, "renew", &req, func() int { return req.Protocol }) {
+		return
+	}
+	if missing := missingFields(nil, map[string]string{"token": req.Token}); missing != "" {
+		s.reply(w, "renew", http.StatusBadRequest, RenewResponse{Response: s.refused(ReasonBadRequest, missing, false)})
 		return
 	}
 	s.reply(w, "renew", http.StatusOK, s.renew(r.PathValue("id"), req))
@@ -1121,6 +1237,10 @@ func (s *Server) renew(id string, req RenewRequest) RenewResponse {
 func (s *Server) handleTerminate(w http.ResponseWriter, r *http.Request) {
 	var req TerminateRequest
 	if !s.decode(w, r, "terminate", &req, func() int { return req.Protocol }) {
+		return
+	}
+	if missing := missingFields(nil, map[string]string{"token": req.Token}); missing != "" {
+		s.reply(w, "terminate", http.StatusBadRequest, TerminateResponse{Response: s.refused(ReasonBadRequest, missing, false)})
 		return
 	}
 	s.reply(w, "terminate", http.StatusOK, s.terminate(r.PathValue("id"), req))
