@@ -1,6 +1,7 @@
 """The learning contract as the Python trainer reads it.
 
-The trainer takes the *resolved* contract, every key written, as
+The trainer takes the *resolved* contract, every key written (but
+``topics.replication`` where the document left it out: UNWRITTEN_DEFAULTS), as
 ``trajflow contract validate FILE`` prints it (defaults are filled and
 validated by the Go side, pipeline/contract). This module checks that every
 key of the resolved form is there and no other, and recomputes the contract
@@ -91,11 +92,19 @@ def _scalar(path: str, typ: str, v: Any):
     raise AssertionError(typ)
 
 
+# Keys the resolved form leaves out where the contract's document did not
+# write them (pipeline/contract Contract.YAML), with the value they hash as:
+# an unwritten topics.replication lets `trajflow topics create` replicate
+# by the cluster's size.
+UNWRITTEN_DEFAULTS = {"topics.replication": "1"}
+
+
 def _parse(path: str, schema, doc) -> Any:
     if isinstance(schema, list):
         if not isinstance(doc, dict):
             raise ContractError(f"{path or 'contract'}: want a mapping")
         keys = [k for k, _ in schema]
+        doc = {**{k: UNWRITTEN_DEFAULTS[_join(path, k)] for k in keys if _join(path, k) in UNWRITTEN_DEFAULTS}, **doc}
         missing = [k for k in keys if k not in doc]
         extra = [k for k in doc if k not in keys]
         if missing or extra:
