@@ -152,12 +152,16 @@ func argsOf(stage string, args []string) []string {
 func (f *fleet) start(name, inst string) *proc {
 	f.t.Helper()
 	state := filepath.Join(f.dir, "state", inst)
-	args := []string{"run", name, "--brokers", f.brokers, "--contract", f.contractPath, "--state", state,
+	args := []string{"run", name, "--contract", f.contractPath, "--state", state,
 		"--instance", inst, "--health", "127.0.0.1:0"}
-	args = append(args, argsOf(name, f.stageArgs)...)
 	if f.clientConfig != "" {
+		// The file names the brokers (its listener), which trajflow run
+		// refuses beside a --brokers naming others.
 		args = append(args, "--client-config", f.clientConfig)
+	} else {
+		args = append(args, "--brokers", f.brokers)
 	}
+	args = append(args, argsOf(name, f.stageArgs)...)
 	args = append(args, argsOf(name, f.extraArgs)...)
 	f.mu.Lock()
 	f.starts++
