@@ -127,11 +127,12 @@ func (c *Contract) YAML() ([]byte, error) {
 	var b bytes.Buffer
 	enc := yaml.NewEncoder(&b)
 	enc.SetIndent(2)
+	r := c.resolved()
 	var doc yaml.Node
-	if err := doc.Encode(c.resolved()); err != nil {
+	if err := doc.Encode(r); err != nil {
 		return nil, fmt.Errorf("contract: encode YAML: %w", err)
 	}
-	if !c.Written("topics.replication") && c.resolved().Topics.Replication == defaultReplication {
+	if !c.Written("topics.replication") && r.Topics.Replication == defaultReplication {
 		removeKey(&doc, "topics", "replication") // unwritten it stays
 	}
 	if err := enc.Encode(&doc); err != nil {
