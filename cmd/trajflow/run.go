@@ -109,6 +109,11 @@ func (f operatorFlags) check(name string) error {
 	if err := operators.CheckDevice(*f.device); err != nil {
 		return fmt.Errorf("%w: --device %q: want cpu or cuda (cuda:N: GPU N)", errUsage, *f.device)
 	}
+	// A build without CUDA refuses --device cuda here, before the
+	// operator's health server or its consumer starts.
+	if _, err := operators.Backend(*f.device); err != nil {
+		return fmt.Errorf("%w: --device %s: %w", errUsage, *f.device, err)
+	}
 	if _, err := logLevel(*f.level); err != nil {
 		return err
 	}
@@ -126,6 +131,8 @@ func (f operatorFlags) check(name string) error {
 		flagCheck{*f.snapRoll < 0, fmt.Sprintf("--snapshot-roll-bytes %d: want 0 (64 MiB) or more", *f.snapRoll)},
 		flagCheck{*f.snapAge < 0, fmt.Sprintf("--snapshot-roll-interval %s: want 0 (30s) or more", *f.snapAge)},
 		flagCheck{*f.restarts < -1, fmt.Sprintf("--restarts %d: want -1 (always), 0 or more", *f.restarts)},
+		flagCheck{(name == "train" || name == "eval") && *f.releases == "", fmt.Sprintf("run %s needs --releases DIR (the policy releases directory: train writes them, eval reads them)", name)},
+		flagCheck{name == "snapshot" && *f.snapshot == "", "run snapshot needs --snapshot-dir DIR (where its Parquet files go)"},
 	)
 }
 
