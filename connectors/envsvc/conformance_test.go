@@ -357,3 +357,57 @@ func TestRecoveredArtifactsAsClosed(t *testing.T) {
 		})
 	}
 }
+
+// TestSignedFieldsHaveOneReading: a token binds the bytes of a request's
+// named fields as sent; a body that names such a field a second time, or
+// in another case ("Action", which Go's JSON decoder would read into the
+// action field), is refused 400 bad_request naming the key, and nothing
+// runs. Before, a token for "calc: 1+1" ran "calc: 7*6" sent beside it as
+// "Action".
+func TestSignedFieldsHaveOneReading(t *testing.T) {
+	regs := registries(t)
+	svc := startService(t, Config{Registries: regs, DefaultLease: time.Hour})
+	r := newRaw(t, svc.url, time.Minute, nil)
+	att := attempts(family(regs, rollout.FamilyText).Train()[:1], 1, 0)[0]
+	// appended is the JSON of req with the extra members added at its end
+	// (after the signed field, where a lenient decoder's last value wins).
+	appended := func(req any, extra string) string {
+		b, _ := json.Marshal(req)
+		return string(b[:len(b)-1]) + "," + extra + "}"
+	}
+	signed := AllocateRequest{Protocol: 1, Attempt: att, IdempotencyKey: "k",
+		Token: r.iss.Issue(AllocateScope(att), 0, AllocateAction(att, "k"))}
+	other := att
+	other.AttemptID += "-other"
+	otherJSON, _ := json.Marshal(other)
+	var alloc AllocateResponse
+	if code := r.postRaw(PathEpisodes, appended(signed, `"Attempt":`+string(otherJSON)), &alloc); code != http.StatusBadRequest ||
+		alloc.Reason != ReasonBadRequest || !strings.Contains(alloc.Detail, `key "Attempt"`) {
+		t.Fatalf("allocate with a second attempt: %d %+v", code, alloc)
+	}
+	id := r.allocate(att, "k", 0).EpisodeID
+	if id == "" {
+		t.Fatal("no episode allocated after the refused request")
+	}
+	step := r.stepReqOf(id, 1, "s1", 0, rollout.EnvAction{Text: "<tool>calc: 1+1</tool>"})
+	path := strings.Replace(PathStep, "{id}", id, 1)
+	for _, tc := range []struct{ name, extra, key string }{
+		{"another case", `"Action":{"text":"<tool>calc: 7*6</tool>"}`, `key "Action": keys are case-sensitive, the field is "action"`},
+		{"given twice", `"action":{"text":"<tool>calc: 7*6</tool>"}`, `key "action" given twice`},
+		{"turn given twice", `"turn":0`, `key "turn" given twice`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var got StepResponse
+			if code := r.postRaw(path, appended(step, tc.extra), &got); code != http.StatusBadRequest || got.Reason != ReasonBadRequest || got.Detail != tc.key {
+				t.Fatalf("%d %+v, want 400 bad_request %q", code, got, tc.key)
+			}
+		})
+	}
+	if got := r.send(PathStatus, id, step); got.Reason != ReasonNotReceived {
+		t.Fatalf("status of seq 1 after the refused steps: %+v, want not_received", got)
+	}
+	got := r.send(PathStep, id, step)
+	if got.Outcome != Executed || got.Transition == nil || got.Transition.Observation.Text != "calc result: 2" {
+		t.Fatalf("the signed step: %+v", got)
+	}
+}

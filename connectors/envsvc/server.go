@@ -21,6 +21,7 @@ import (
 
 	"github.com/trajflow/trajflow/connectors/env/capability"
 	"github.com/trajflow/trajflow/connectors/state"
+	"github.com/trajflow/trajflow/internal/strictjson"
 	"github.com/trajflow/trajflow/operators/rollout"
 	"github.com/trajflow/trajflow/schemas"
 )
@@ -670,7 +671,11 @@ func (s *Server) decodeBody(w http.ResponseWriter, r *http.Request, op string, v
 	}
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, s.cfg.MaxRequestBytes))
 	if err == nil {
-		err = json.Unmarshal(body, v)
+		// Strictly: the token is checked against the raw bytes of named
+		// fields (boundAction), so the decoded request must not read
+		// another field than those bytes (a key of another case, a key
+		// given twice).
+		err = strictjson.Unmarshal(body, v)
 	}
 	if err == nil && protocol() != ProtocolVersion {
 		err = fmt.Errorf("protocol %d, this service speaks %d", protocol(), ProtocolVersion)
