@@ -134,8 +134,10 @@ var (
 // Open refuses (ErrDamaged, naming the directory and the file) a directory
 // whose tables Badger would discard or cannot read: table (.sst) files
 // with a MANIFEST that is missing or holds no complete record after its
-// header (Badger would silently start empty), or a table the MANIFEST
-// lists that is truncated or corrupt. Move the directory aside (or restore
+// header (Badger would silently start empty), a table the MANIFEST lists
+// that is truncated or corrupt, or a write-ahead or value log with a
+// damaged entry followed by intact ones (Badger would drop those: a log
+// that ends in a torn write, as a crash leaves it, is not damaged). Move the directory aside (or restore
 // it) to start afresh.
 func Open(dir string, o Options) (*Store, error) {
 	o.defaults()
@@ -184,9 +186,10 @@ const manifestHeader = 8
 
 // checkDir refuses a damaged store directory before Badger opens it: a
 // missing or empty MANIFEST beside table files (Badger would delete the
-// tables and start empty), an unreadable MANIFEST, or a listed table that
+// tables and start empty), an unreadable MANIFEST, a listed table that
 // cannot be read (Badger would panic on one of its own goroutines, which
-// nothing can recover).
+// nothing can recover), or a log file damaged before its end (Badger
+// would drop the entries after the damage: checkLog).
 func checkDir(dir string, bo badger.Options) error {
 	ents, err := os.ReadDir(dir)
 	if errors.Is(err, fs.ErrNotExist) {
@@ -197,8 +200,13 @@ func checkDir(dir string, bo badger.Options) error {
 	}
 	var tables []string
 	for _, e := range ents {
-		if strings.HasSuffix(e.Name(), ".sst") {
+		switch filepath.Ext(e.Name()) {
+		case ".sst":
 			tables = append(tables, e.Name())
+		case ".mem", ".vlog":
+			if err := checkLog(filepath.Join(dir, e.Name())); err != nil {
+				return err
+			}
 		}
 	}
 	if len(tables) == 0 {
