@@ -25,8 +25,9 @@ func TestNoContractNotice(t *testing.T) {
 	testWriteBatches(t, schemas.Trajectories, in, synthGroups(c, 0, 1, 0))
 	cases := [][]string{
 		{"stage", "validate", "--in", in, "--out", filepath.Join(dir, "valid.arrow")},
-		// train without --releases stops at once with a configuration error.
-		{"run", "train", "--brokers", "127.0.0.1:1", "--state", t.TempDir()},
+		// A state directory that is a file stops the operator at once,
+		// after the contract is read.
+		{"run", "train", "--brokers", "127.0.0.1:1", "--releases", t.TempDir(), "--state", in},
 		{"topics", "create", "--brokers", "127.0.0.1:1", "--wait", "1s"},
 	}
 	for _, args := range cases {
