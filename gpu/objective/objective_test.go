@@ -634,6 +634,8 @@ func TestComputeErrors(t *testing.T) {
 		{"negative clip_high", func(_ *Inputs, o *Options, _ *Denominators) { o.ClipHigh = -0.1 }, ErrOptions},
 		{"NaN kl_coef", func(_ *Inputs, o *Options, _ *Denominators) { o.KLCoef = math.NaN() }, ErrOptions},
 		{"negative entropy_coef", func(_ *Inputs, o *Options, _ *Denominators) { o.EntropyCoef = -1 }, ErrOptions},
+		// Finite, but +Inf as the float32 the CUDA kernels take.
+		{"entropy_coef beyond float32", func(_ *Inputs, o *Options, _ *Denominators) { o.EntropyCoef = 1e300 }, ErrOptions},
 		{"negative max_log_ratio", func(_ *Inputs, o *Options, _ *Denominators) { o.MaxLogRatio = -1 }, ErrOptions},
 		{"bad placement", func(_ *Inputs, o *Options, _ *Denominators) { o.KLPlacement = "both" }, ErrOptions},
 		{"bad estimator", func(_ *Inputs, o *Options, _ *Denominators) { o.KLEstimator = "k4" }, ErrOptions},

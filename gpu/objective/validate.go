@@ -14,7 +14,9 @@ import (
 //     and 0 otherwise;
 //   - KLPlacement is "", KLNone, KLLoss or KLReward ("" means KLNone);
 //   - KLEstimator is "", K1, K2 or K3, and is set when KLPlacement is KLLoss;
-//   - KLCoef, EntropyCoef and MaxLogRatio are finite and >= 0;
+//   - KLCoef, EntropyCoef and MaxLogRatio are finite and >= 0, and
+//     EntropyCoef at most math.MaxFloat32 (the CUDA step passes it to its
+//     kernels as a float32, where a larger one is +Inf);
 //   - OffPolicy is "", OffPolicyNone, OffPolicyTIS or OffPolicyDecoupled;
 //     ISCap is 0 or a finite value >= 1, > 0 for OffPolicyTIS and 0
 //     without a correction.
@@ -31,6 +33,8 @@ func (o Options) Validate() error {
 		return fmt.Errorf("objective: kl_coef %v not finite and >= 0: %w", o.KLCoef, ErrOptions)
 	case !finite(o.EntropyCoef) || o.EntropyCoef < 0:
 		return fmt.Errorf("objective: entropy_coef %v not finite and >= 0: %w", o.EntropyCoef, ErrOptions)
+	case o.EntropyCoef > math.MaxFloat32:
+		return fmt.Errorf("objective: entropy_coef %v beyond float32's range (at most %v; the CUDA kernels take it as a float32): %w", o.EntropyCoef, float64(math.MaxFloat32), ErrOptions)
 	case !finite(o.MaxLogRatio) || o.MaxLogRatio < 0:
 		return fmt.Errorf("objective: max_log_ratio %v not finite and >= 0: %w", o.MaxLogRatio, ErrOptions)
 	}

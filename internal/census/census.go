@@ -153,7 +153,7 @@ func holes(runDir string, files []parquet.File) []string {
 		}
 		return []string{fmt.Sprintf("partitions not checked: %v", err)}
 	}
-	if err := c.Resolve(); err != nil {
+	if err := c.Recorded().Resolve(); err != nil {
 		return []string{fmt.Sprintf("partitions not checked: contract %s: %v", path, err)}
 	}
 	parts, fromStart := operators.SnapshotLayout(c)

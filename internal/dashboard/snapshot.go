@@ -197,7 +197,7 @@ func readContract(runDir, want string) (*contract.Contract, error) {
 	case err != nil:
 		return nil, fmt.Errorf("dashboard: contract %s: %w", path, err)
 	}
-	return resolveContract(c, path, want)
+	return resolveContract(c.Recorded(), path, want)
 }
 
 // loadContract reads and resolves a contract file; want, when set, is the

@@ -144,14 +144,22 @@ func at(doc map[string]any, path string) (map[string]any, string) {
 
 // companions are edits made together with a key's change, for keys valid
 // only with others.
+//
+// A nil value removes the key: keys that apply only under another key's
+// value (estimator.normalize_std with grpo, ...) are refused where they
+// do not apply, and left out they take their default.
 var companions = map[string]map[string]any{
-	"estimator.name":      {"estimator.min_group_size": 2},
-	"policy.protocol":     {"policy.endpoints": []any{"http://127.0.0.1:1"}},
-	"policy.endpoints":    {"policy.protocol": "llamacpp"},
-	"policy.router":       {"policy.protocol": "llamacpp", "policy.endpoints": []any{"http://127.0.0.1:1"}},
-	"rewards[0].clip_min": {"rewards[0].transform": "clip", "rewards[0].clip_max": 2},
-	"rewards[0].clip_max": {"rewards[0].transform": "clip", "rewards[0].clip_min": -1},
-	"loss.normalization":  {"loss.norm_tokens": 0},
+	"estimator.name":            {"estimator.min_group_size": 2, "estimator.normalize_std": nil, "estimator.epsilon": nil},
+	"estimator.normalize_std":   {"estimator.epsilon": nil},
+	"dispatch.partial_rollouts": {"dispatch.mode": "async"},
+	"latency.tool_sigma":        {"latency.tool_median_ms": 1},
+	"latency.token_sigma":       {"latency.token_median_ms": 1},
+	"policy.protocol":           {"policy.endpoints": []any{"http://127.0.0.1:1"}, "dispatch.eval_every": nil},
+	"policy.endpoints":          {"policy.protocol": "llamacpp", "dispatch.eval_every": nil},
+	"policy.router":             {"policy.protocol": "llamacpp", "policy.endpoints": []any{"http://127.0.0.1:1"}, "dispatch.eval_every": nil},
+	"rewards[0].clip_min":       {"rewards[0].transform": "clip", "rewards[0].clip_max": 2},
+	"rewards[0].clip_max":       {"rewards[0].transform": "clip", "rewards[0].clip_min": -1},
+	"loss.normalization":        {"loss.norm_tokens": 0},
 }
 
 // refused are the keys whose every other value is refused as not

@@ -245,6 +245,10 @@ func Contract(o Options) (*contract.Contract, error) {
 	if o.Edit != nil {
 		o.Edit(c)
 	}
+	// The overrides may leave keys of the base contract unused (its clip
+	// bounds under an off_policy of tis): they take their defaults, as if
+	// the base had left them out.
+	c.DropUnused()
 	if err := c.Resolve(); err != nil {
 		return nil, err
 	}

@@ -17,6 +17,7 @@ import (
 	"github.com/trajflow/trajflow/connectors/kafka"
 	"github.com/trajflow/trajflow/gpu"
 	"github.com/trajflow/trajflow/gpu/model"
+	"github.com/trajflow/trajflow/gpu/objective"
 	"github.com/trajflow/trajflow/internal/audit"
 	"github.com/trajflow/trajflow/internal/loop"
 	"github.com/trajflow/trajflow/internal/testkit"
@@ -666,4 +667,37 @@ func TestRunLeavesNoDialer(t *testing.T) {
 		testkit.NoGoroutines(t, fn)
 	}
 	testkit.NoDials(t, b.Addr(), 8*time.Second)
+}
+
+// TestContractOffPolicyDropsClipBounds: under an off_policy of tis the
+// trust region's clip bounds apply to nothing, so the run's contract
+// (from the demo contract, whose clip_high is 0.28) holds their defaults
+// and reads back from its own YAML with the same hash.
+func TestContractOffPolicyDropsClipBounds(t *testing.T) {
+	base, err := contract.Load(filepath.Join("..", "..", "testdata", "contracts", "demo.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := loop.Contract(loop.Options{Seed: 1, Base: base, OffPolicy: objective.OffPolicyTIS, ISCap: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Loss.ClipLow != 0.2 || c.Loss.ClipHigh != 0.2 || c.Loss.OffPolicy != objective.OffPolicyTIS {
+		t.Fatalf("clip %v %v off_policy %s, want the defaults 0.2 0.2 under tis", c.Loss.ClipLow, c.Loss.ClipHigh, c.Loss.OffPolicy)
+	}
+	y, err := c.YAML()
+	if err != nil {
+		t.Fatal(err)
+	}
+	back, err := contract.Parse(y)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := back.Resolve(); err != nil || back.Hash() != c.Hash() {
+		t.Fatalf("read back: %v, hash %s want %s\n%s", err, back.Hash(), c.Hash(), y)
+	}
+	d, err := loop.Contract(loop.Options{Seed: 1, Base: base})
+	if err != nil || d.Loss.ClipHigh != 0.28 {
+		t.Fatalf("without an override clip_high %v (%v), want the demo's 0.28", d.Loss.ClipHigh, err)
+	}
 }

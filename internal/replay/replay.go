@@ -61,7 +61,7 @@ func loadContract(runDir, path string, info parquet.RunInfo) (*contract.Contract
 	if err != nil {
 		return nil, err
 	}
-	if err := c.Resolve(); err != nil {
+	if err := c.Recorded().Resolve(); err != nil {
 		return nil, fmt.Errorf("contract %s: %w", path, err)
 	}
 	if h := c.Hash(); h != info.ContractHash {

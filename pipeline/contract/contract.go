@@ -67,7 +67,10 @@ type Contract struct {
 	// and rloo only), and not drop with sampler.group_size 1 (a single
 	// return has zero variance: every group would be dropped);
 	// 1 <= min_group_size <= sampler.group_size, and >= 2 for rloo;
-	// bootstrap_truncations distinct and non-empty.
+	// bootstrap_truncations distinct and non-empty. Conditional keys (see
+	// conditionals), refused where written and unused: normalize_std with
+	// grpo only, epsilon with grpo and normalize_std true only, lambda with
+	// gae only.
 	Estimator advantage.Options `yaml:"estimator"`
 	Loss      Loss              `yaml:"loss"`
 	// Packing declares sequence packing and the lag-aware admission window
@@ -79,6 +82,9 @@ type Contract struct {
 	// max_lag 1, stale_policy drop, multi_policy per_segment (each turn
 	// trained with its own version's behavior log-probs, pack.MultiPolicy*).
 	// The lag rule holds again at the trainer's update (operators/train).
+	// multi_policy applies only where a trajectory can carry several
+	// policy versions (dispatch.mode async with partial_rollouts continue
+	// or a policy server) and is refused written elsewhere.
 	Packing pack.Options `yaml:"packing"`
 	// Rewards are the separately kept reward components (docs/PIPELINE.md §8); at
 	// least one, names unique.
@@ -93,9 +99,11 @@ type Contract struct {
 	Policy Policy `yaml:"policy" contract:"unhashed"`
 
 	// set holds the key paths written by the parsed document; filled marks
-	// a contract whose defaults have been applied (Resolve, Default).
-	set    map[string]bool
-	filled bool
+	// a contract whose defaults have been applied (Resolve, Default);
+	// recorded marks a contract a run recorded (Recorded).
+	set      map[string]bool
+	filled   bool
+	recorded bool
 }
 
 // Objective fixes what success means (docs/PIPELINE.md §2).
@@ -163,7 +171,7 @@ type Sampler struct {
 	Temperature float64 `yaml:"temperature"` // > 0; default 1
 	TopP        float64 `yaml:"top_p"`       // in (0, 1]; default 1 (off)
 	TopK        int     `yaml:"top_k"`       // >= 0; 0 = off (default)
-	MinP        float64 `yaml:"min_p"`       // in [0, 1); 0 = off (default)
+	MinP        float64 `yaml:"min_p"`       // in [0, 1); 0 = off (default); 0 with a policy server (its client sends 0)
 	// MaxTokensPerAction bounds one sampled action; > 0, default 32.
 	MaxTokensPerAction int `yaml:"max_tokens_per_action"`
 	// MaxTokensPerEpisode bounds the episode's whole token stream
@@ -209,7 +217,11 @@ type Sampler struct {
 // log-probs they estimate from); kl_coef > 0 when kl_placement
 // is loss and 0 otherwise (with placement reward the coefficient is the
 // weight of the "kl" reward component); entropy_coef >= 0; max_log_ratio
-// >= 0; off_policy known; is_cap 0 or >= 1, set with tis, 0 with none.
+// >= 0; off_policy known; is_cap 0 or >= 1, set with tis, 0 with none;
+// entropy_coef and optimizer.lr at most math.MaxFloat32 (the CUDA kernels
+// take entropy_coef as a float32; an Adam step moves a float32 parameter
+// by about lr). Refused where written and unused: clip_low and clip_high
+// with off_policy tis, kl_estimator with kl_placement none.
 type Loss struct {
 	objective.Options `yaml:",inline"`
 	Optimizer         Optimizer `yaml:"optimizer"`
@@ -307,7 +319,8 @@ type Dispatch struct {
 	// domain: domain -> fraction in (0, 1]. Default empty (no caps).
 	DomainQuotas map[string]float64 `yaml:"domain_quotas"`
 	// EvalEvery runs the hidden evaluation every that many updates; >= 1,
-	// default 5.
+	// default 5. The built-in policy only (the evaluation plane runs it in
+	// process): refused written with a policy server.
 	EvalEvery int `yaml:"eval_every"`
 	// Mode is how dispatch paces rounds (docs/PIPELINE.md §15): DispatchSync
 	// (stop and synchronize: round r+1 is dispatched only once every group
@@ -324,7 +337,7 @@ type Dispatch struct {
 	// continues it with the newer policy from its next turn, every turn
 	// keeping the version that sampled it (packing.multi_policy decides
 	// how such trajectories train). Only asynchronous rounds meet a
-	// boundary mid-episode.
+	// boundary mid-episode: continue written with mode sync is refused.
 	PartialRollouts string `yaml:"partial_rollouts"`
 }
 
@@ -342,7 +355,8 @@ const (
 // normal drawn from the contract seed and the turn id (cut at ±4), so two
 // runs of one seed wait alike, whatever their pacing; tokens never depend
 // on it (rollout.LatencyModel). Defaults 0 (off). Rules: every value
-// finite and >= 0; sigmas <= 3; medians <= MaxLatencyMedianMS (one hour).
+// finite and >= 0; sigmas <= 3, and 0 where their median is 0 (which draws
+// no latency); medians <= MaxLatencyMedianMS (one hour).
 type Latency struct {
 	ToolMedianMS  float64 `yaml:"tool_median_ms"`
 	ToolSigma     float64 `yaml:"tool_sigma"`
@@ -378,6 +392,8 @@ type Policy struct {
 	Endpoints []string `yaml:"endpoints"`
 	// TimeoutMS bounds one generation request to a replica; > 0, default
 	// 60000. A request past it is an infrastructure failure (retried).
+	// TimeoutMS, Retries and Concurrency are the gateway's: refused written
+	// with protocol builtin.
 	TimeoutMS int64 `yaml:"timeout_ms"`
 	// Retries is how often the gateway sends a request that failed for a
 	// reason of the infrastructure again, each time to another replica;

@@ -179,9 +179,9 @@ func TestCrossFieldDefaults(t *testing.T) {
 func TestExplicitZeroKept(t *testing.T) {
 	c := mustResolve(t, mutate(t, "minimal.yaml",
 		"packing.max_lag", 0, "estimator.normalize_std", false, "sampler.tool_retries", 0,
-		"packing.batch_groups", 0, "seed", 0, "estimator.lambda", 0))
+		"packing.batch_groups", 0, "seed", 0, "estimator.gamma", 0))
 	if c.Packing.MaxLag != 0 || c.Estimator.NormalizeStd || c.Sampler.ToolRetries != 0 ||
-		c.Packing.BatchGroups != 0 || c.Seed != 0 || c.Estimator.Lambda != 0 {
+		c.Packing.BatchGroups != 0 || c.Seed != 0 || c.Estimator.Gamma != 0 {
 		t.Fatalf("explicit zeros replaced: %s", c.Canonical())
 	}
 	if c.Hash() == Default().Hash() {
@@ -476,18 +476,23 @@ func TestValidationAccepts(t *testing.T) {
 		name  string
 		edits []any
 	}{
-		{"gae with single member groups", []any{"estimator.name", "gae", "sampler.group_size", 1, "estimator.min_group_size", 1, "estimator.zero_variance", "keep"}},
+		{"gae with single member groups", []any{"estimator.name", "gae", "sampler.group_size", 1, "estimator.min_group_size", 1, "estimator.zero_variance", "keep",
+			"estimator.normalize_std", deleteKey{}, "estimator.epsilon", deleteKey{}, "estimator.lambda", 1}},
+		{"gae one-step", []any{"estimator.name", "gae", "estimator.normalize_std", deleteKey{}, "estimator.epsilon", deleteKey{},
+			"estimator.zero_variance", "keep", "estimator.lambda", 0}},
 		// A partial group of one member is filtered as zero variance, the
 		// groups of two or more still train.
 		{"drop with single member partial groups", []any{"estimator.zero_variance", "drop", "estimator.min_group_size", 1}},
-		{"penalize failed with rloo", []any{"estimator.name", "rloo", "estimator.zero_variance", "penalize_failed", "estimator.min_group_size", 2}},
-		{"gae dropping with pairs", []any{"estimator.name", "gae", "sampler.group_size", 2, "estimator.min_group_size", 1, "estimator.zero_variance", "drop"}},
+		{"penalize failed with rloo", []any{"estimator.name", "rloo", "estimator.zero_variance", "penalize_failed", "estimator.min_group_size", 2,
+			"estimator.normalize_std", deleteKey{}, "estimator.epsilon", deleteKey{}}},
+		{"gae dropping with pairs", []any{"estimator.name", "gae", "sampler.group_size", 2, "estimator.min_group_size", 1, "estimator.zero_variance", "drop",
+			"estimator.normalize_std", deleteKey{}, "estimator.epsilon", deleteKey{}}},
 		{"on-policy only", []any{"packing.max_lag", 0, "packing.stale_policy", "mask_stale"}},
 		{"unlimited retention", []any{"topics.retention_ms", -1}},
 		{"clip transform", []any{"rewards[0].transform", "clip", "rewards[0].clip_min", -1, "rewards[0].clip_max", 1}},
 		{"tanh transform", []any{"rewards[0].transform", "tanh"}},
 		{"absolute floor", []any{"objective.regression_floors.x", -0.5}},
-		{"edge probabilities", []any{"sampler.top_p", 1, "sampler.min_p", 0.99, "loss.clip_low", 0, "estimator.gamma", 0, "estimator.lambda", 1}},
+		{"edge probabilities", []any{"sampler.top_p", 1, "sampler.min_p", 0.99, "loss.clip_low", 0, "estimator.gamma", 0}},
 		{"no kl rule", []any{"stop_rules", []any{"budget_exhausted"}, "objective.kl_limit", 0}},
 		{"quotas", []any{"dispatch.domain_quotas", map[string]any{"math": 0.5, "code": 1}}},
 		{"two groups per task", []any{"dispatch.tasks_per_update", 2, "dispatch.groups_per_update", 6}},
@@ -638,8 +643,9 @@ func TestHashChanges(t *testing.T) {
 		{"stop tokens", []any{"sampler.stop_token_ids", []any{2}}, true, false, false},
 		{"group size", []any{"sampler.group_size", 8}, true, false, false},
 		{"tool retries zero", []any{"sampler.tool_retries", 0}, true, false, false},
-		{"estimator", []any{"estimator.name", "rloo", "estimator.min_group_size", 2}, false, false, false},
-		{"normalize std off", []any{"estimator.normalize_std", false}, false, false, false},
+		{"estimator", []any{"estimator.name", "rloo", "estimator.min_group_size", 2,
+			"estimator.normalize_std", deleteKey{}, "estimator.epsilon", deleteKey{}}, false, false, false},
+		{"normalize std off", []any{"estimator.normalize_std", false, "estimator.epsilon", deleteKey{}}, false, false, false},
 		{"min group size", []any{"estimator.min_group_size", 4}, false, false, false},
 		{"bootstrap", []any{"estimator.bootstrap_truncations", []any{"max_turns"}}, false, false, false},
 		{"clip high", []any{"loss.clip_high", 0.3}, false, false, false},
@@ -686,7 +692,7 @@ func TestYAMLRoundTrip(t *testing.T) {
 			"rewards[0].transform", "clip", "rewards[0].clip_min", -1, "rewards[0].clip_max", 1,
 			"objective.regression_floors.abs", -0.5, "sampler.stop_token_ids", []any{0, 2},
 			"dispatch.domain_quotas", map[string]any{"math": 0.5, "needs \"quoting\": yes": 1},
-			"run_id", "1e3", "artifacts.code_revision", "0123456", "estimator.lambda", 0, "packing.max_lag", 0),
+			"run_id", "1e3", "artifacts.code_revision", "0123456", "estimator.gamma", 0, "packing.max_lag", 0),
 	}
 	for name, doc := range docs {
 		t.Run(name, func(t *testing.T) {
@@ -936,5 +942,251 @@ func TestYAMLKeepsReplicationUnwritten(t *testing.T) {
 		if back := roundTrip(c); !back.Written("topics.replication") || back.Topics.Replication != n {
 			t.Errorf("replication %d written, printed and read back: %d, written %v", n, back.Topics.Replication, back.Written("topics.replication"))
 		}
+	}
+}
+
+// overlay applies a YAML snippet to a testdata contract: every leaf of
+// the snippet (a scalar, a list, or an empty mapping) is set at its key
+// path, and a null leaf removes the key; then more edits as mutate's.
+func overlay(t testing.TB, file, snippet string, more ...any) []byte {
+	t.Helper()
+	var doc map[string]any
+	if err := yaml.Unmarshal([]byte(snippet), &doc); err != nil {
+		t.Fatalf("snippet %q: %v", snippet, err)
+	}
+	var edits []any
+	var walk func(prefix string, v any)
+	walk = func(prefix string, v any) {
+		m, ok := v.(map[string]any)
+		if !ok || len(m) == 0 {
+			if v == nil {
+				v = deleteKey{}
+			}
+			edits = append(edits, prefix, v)
+			return
+		}
+		for k, x := range m {
+			walk(join(prefix, k), x)
+		}
+	}
+	walk("", doc)
+	return mutate(t, file, append(edits, more...)...)
+}
+
+// fieldSays reports whether one of err's problems is at path and says
+// words.
+func fieldSays(err error, path, words string) bool {
+	for _, line := range strings.Split(err.Error(), "\n") {
+		if strings.HasPrefix(line, path+": ") && strings.Contains(line, words) {
+			return true
+		}
+	}
+	return false
+}
+
+// servers is a policy section on servers, for the snippets below.
+const servers = "policy: {protocol: vllm, endpoints: ['http://127.0.0.1:8000']}\n"
+
+// TestConditionalKeys: a key that applies only under another key's value
+// is refused where the document writes it and it does not apply, with an
+// error at its path that names the setting making it unused; the same key
+// is accepted where it applies; and a document that leaves it out never
+// meets the error, whatever the other keys say (its default is filled).
+// Also refused: values the operators narrow to float32 beyond float32's
+// range.
+func TestConditionalKeys(t *testing.T) {
+	refused := []struct {
+		name, snippet, path, words string
+	}{
+		{"lambda with grpo", "estimator: {lambda: 0.9}", "estimator.lambda",
+			"applies to estimator gae only; estimator grpo does not use it: leave it out"},
+		{"lambda with rloo", "estimator: {name: rloo, min_group_size: 2, lambda: 0.95}", "estimator.lambda",
+			"estimator rloo does not use it"},
+		{"normalize_std with rloo", "estimator: {name: rloo, min_group_size: 2, normalize_std: true}", "estimator.normalize_std",
+			"applies to estimator grpo only (grpo divides its advantages by the group std); estimator rloo does not use it"},
+		{"normalize_std with gae", "estimator: {name: gae, zero_variance: keep, normalize_std: false}", "estimator.normalize_std",
+			"estimator gae does not use it"},
+		{"epsilon with gae", "estimator: {name: gae, zero_variance: keep, epsilon: 0.001}", "estimator.epsilon",
+			"applies to estimator grpo only"},
+		{"epsilon with rloo", "estimator: {name: rloo, min_group_size: 2, epsilon: 0}", "estimator.epsilon",
+			"estimator rloo does not use it"},
+		{"epsilon without normalize_std", "estimator: {normalize_std: false, epsilon: 1.0e-6}", "estimator.epsilon",
+			"applies only with estimator.normalize_std true"},
+		{"clip_high with tis", "loss: {off_policy: tis, is_cap: 2}", "loss.clip_high",
+			"applies to loss.off_policy none and decoupled only; tis weights the policy gradient by min(ratio, loss.is_cap) and clips nothing"},
+		{"clip_low with tis", "loss: {off_policy: tis, is_cap: 2, clip_high: ~, clip_low: 0.2}", "loss.clip_low",
+			"applies to loss.off_policy none and decoupled only"},
+		{"kl_estimator with kl_placement none", "loss: {kl_estimator: k3}", "loss.kl_estimator",
+			"applies only with loss.kl_placement loss or reward (neither is implemented); with kl_placement none no KL term is estimated"},
+		{"multi_policy in sync mode", "packing: {multi_policy: discard}", "packing.multi_policy",
+			"with dispatch.mode sync every trajectory has one version: leave it out"},
+		{"multi_policy without continuation", "dispatch: {mode: async}\npacking: {multi_policy: per_segment}", "packing.multi_policy",
+			"with partial_rollouts finish on the builtin policy every episode finishes on the version it started with"},
+		{"continue in sync mode", "dispatch: {partial_rollouts: continue}", "dispatch.partial_rollouts",
+			"continue applies to dispatch.mode async only"},
+		{"eval_every on servers", "dispatch: {eval_every: 5}\n" + servers, "dispatch.eval_every",
+			"applies to policy.protocol builtin only: no evaluation runs on policy servers"},
+		{"timeout_ms in process", "policy: {timeout_ms: 1000}", "policy.timeout_ms",
+			"applies to policy servers only (policy.protocol llamacpp, sglang or vllm); the builtin policy runs in process"},
+		{"retries in process", "policy: {protocol: builtin, retries: 2}", "policy.retries", "applies to policy servers only"},
+		{"concurrency in process", "policy: {concurrency: 8}", "policy.concurrency", "applies to policy servers only"},
+		{"min_p on servers", "sampler: {min_p: 0.05}\n" + servers, "sampler.min_p",
+			"applies to policy.protocol builtin only: the vllm client sends min_p 0"},
+		{"tool_sigma without median", "latency: {tool_sigma: 1}", "latency.tool_sigma",
+			"applies only with latency.tool_median_ms > 0"},
+		{"token_sigma without median", "latency: {tool_median_ms: 5, token_sigma: 0.5}", "latency.token_sigma",
+			"applies only with latency.token_median_ms > 0"},
+		// Finite, but beyond float32, to which the operators narrow them.
+		{"entropy_coef beyond float32", "loss: {entropy_coef: 1.0e+300}", "loss.entropy_coef",
+			"must be <= 3.4028234663852886e+38 (the CUDA trainer passes it to its kernels as a float32), got 1e+300"},
+		{"lr beyond float32", "loss: {optimizer: {lr: 1.0e+39}}", "loss.optimizer.lr",
+			"must be <= 3.4028234663852886e+38 (an Adam step moves a parameter by about lr, and the parameters are float32"},
+	}
+	for _, tt := range refused {
+		t.Run(tt.name, func(t *testing.T) {
+			doc := overlay(t, "minimal.yaml", tt.snippet)
+			c, err := Parse(doc)
+			if err != nil {
+				t.Fatalf("Parse: %v\n%s", err, doc)
+			}
+			err = c.Resolve()
+			var fe *FieldError
+			switch {
+			case err == nil:
+				t.Fatalf("accepted\n%s", doc)
+			case !errors.Is(err, ErrInvalid) || !errors.As(err, &fe):
+				t.Fatalf("error %v is not a FieldError wrapping ErrInvalid", err)
+			case !fieldSays(err, tt.path, tt.words):
+				t.Fatalf("error %q, want one at %s saying %q", err, tt.path, tt.words)
+			}
+			// Left out, the key takes its default and nothing is refused.
+			omitted := mustResolve(t, overlay(t, "minimal.yaml", tt.snippet, tt.path, deleteKey{}))
+			if omitted.Written(tt.path) {
+				t.Fatalf("%s still written", tt.path)
+			}
+			// The printed form of such a contract reads back, hash unchanged.
+			y, err := omitted.YAML()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if back := mustResolve(t, y); back.Hash() != omitted.Hash() {
+				t.Fatalf("round trip changed the hash:\n%s", y)
+			}
+		})
+	}
+	accepted := []struct{ name, snippet string }{
+		{"lambda with gae", "estimator: {name: gae, zero_variance: keep, lambda: 0.9}"},
+		{"normalize_std and epsilon with grpo", "estimator: {normalize_std: true, epsilon: 0.001}"},
+		{"normalize_std off with grpo", "estimator: {normalize_std: false}"},
+		{"clip with decoupled", "loss: {clip_low: 0.1, clip_high: 0.3}"},
+		{"clip with none", "loss: {off_policy: none, clip_low: 0.1, clip_high: 0.3}"},
+		{"tis without clip", "loss: {off_policy: tis, is_cap: 2, clip_high: ~}"},
+		{"multi_policy with continuation", "dispatch: {mode: async, partial_rollouts: continue}\npacking: {multi_policy: discard}"},
+		{"multi_policy on servers", "dispatch: {mode: async}\npacking: {multi_policy: new_segments}\n" + servers},
+		{"finish in sync mode", "dispatch: {mode: sync, partial_rollouts: finish}"},
+		{"continue in async mode", "dispatch: {mode: async, partial_rollouts: continue}"},
+		{"eval_every in process", "dispatch: {eval_every: 3}\npolicy: {protocol: builtin}"},
+		{"gateway settings on servers", "policy: {protocol: llamacpp, endpoints: ['http://127.0.0.1:8000'], timeout_ms: 1000, retries: 0, concurrency: 2, router: true}"},
+		{"min_p in process", "sampler: {min_p: 0.05}"},
+		{"latency with medians", "latency: {tool_median_ms: 5, tool_sigma: 1, token_median_ms: 0.5, token_sigma: 2}"},
+		// The rules "must be 0 unless ...": 0 says off, which is what
+		// happens where the key does not apply.
+		{"zeros where unused", "sampler: {min_p: 0}\nlatency: {tool_sigma: 0, token_sigma: 0}\nloss: {kl_coef: 0, is_cap: 0, normalization: token-mean, norm_tokens: 0}\n" +
+			"policy: {protocol: vllm, endpoints: ['http://127.0.0.1:8000'], router: false}"},
+		{"float32's largest", "loss: {entropy_coef: 3.4e+38, optimizer: {lr: 3.4e+38}}"},
+		// Every conditional key left out, under settings where none applies.
+		{"nothing applies", "estimator: {name: rloo, min_group_size: 2}\nloss: {off_policy: tis, is_cap: 2, clip_high: ~}\n" +
+			"dispatch: {mode: async}\n" + servers},
+	}
+	for _, tt := range accepted {
+		t.Run(tt.name, func(t *testing.T) {
+			c := mustResolve(t, overlay(t, "minimal.yaml", tt.snippet))
+			y, err := c.YAML()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if back := mustResolve(t, y); back.Hash() != c.Hash() {
+				t.Fatalf("round trip changed the hash:\n%s", y)
+			}
+		})
+	}
+	// Defaults never trigger: the built-in contract, resolved, and with
+	// each estimator.
+	for _, name := range []string{"grpo", "rloo", "gae"} {
+		c := Default()
+		c.Estimator.Estimator = name
+		c.Estimator.MinGroupSize = 2
+		c.Estimator.ZeroVariance = "keep"
+		if err := c.Resolve(); err != nil {
+			t.Errorf("the built-in contract with estimator %s: %v", name, err)
+		}
+	}
+}
+
+// TestYAMLLeavesOutUnusedKeys: the printed form of a contract leaves out
+// the keys its document did not write that do not apply to it (they would
+// be refused read back) and keeps every key that applies; a key the
+// document wrote is kept as written, so that the refusal reads back too.
+func TestYAMLLeavesOutUnusedKeys(t *testing.T) {
+	has := func(y []byte, key string) bool { return regexp.MustCompile(`(?m)^ +` + key + `:`).Match(y) }
+	y, err := Default().YAML()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range []string{"lambda", "kl_estimator", "multi_policy", "timeout_ms", "retries", "concurrency"} {
+		if has(y, k) {
+			t.Errorf("the built-in contract prints %s:\n%s", k, y)
+		}
+	}
+	for _, k := range []string{"normalize_std", "epsilon", "clip_low", "clip_high", "eval_every", "partial_rollouts", "min_p", "tool_sigma", "kl_coef", "is_cap", "router"} {
+		if !has(y, k) {
+			t.Errorf("the built-in contract does not print %s:\n%s", k, y)
+		}
+	}
+	gae := mustResolve(t, overlay(t, "minimal.yaml", "estimator: {name: gae, zero_variance: keep}\n"+servers))
+	y, err = gae.YAML()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for k, want := range map[string]bool{"lambda": true, "normalize_std": false, "epsilon": false, "eval_every": false, "timeout_ms": true, "concurrency": true} {
+		if has(y, k) != want {
+			t.Errorf("a gae contract on servers: %s printed %v, want %v:\n%s", k, has(y, k), want, y)
+		}
+	}
+	wrote, err := Parse(overlay(t, "minimal.yaml", "estimator: {lambda: 0.95}"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if y, err = wrote.YAML(); err != nil || !has(y, "lambda") {
+		t.Fatalf("a written lambda is not printed (%v):\n%s", err, y)
+	}
+}
+
+// TestRecordedContractKeepsUnusedKeys: a contract a run recorded may
+// write a key where it does not apply (every contract printed before such
+// keys were refused did): read back as recorded it resolves, with the
+// hash of the same contract without the key; read as a new contract it is
+// refused. The other rules still hold for a recorded contract.
+func TestRecordedContractKeepsUnusedKeys(t *testing.T) {
+	doc := overlay(t, "minimal.yaml", "estimator: {name: grpo, lambda: 0.95}")
+	c, err := Parse(doc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Clone().Resolve(); err == nil || !strings.Contains(err.Error(), "estimator.lambda") {
+		t.Fatalf("a new contract writing lambda under grpo: %v", err)
+	}
+	if err := c.Recorded().Resolve(); err != nil {
+		t.Fatalf("recorded: %v", err)
+	}
+	if want := mustResolve(t, overlay(t, "minimal.yaml", "estimator: {name: grpo}")).Hash(); c.Hash() != want {
+		t.Fatalf("hash %s, want %s (the same contract without the unused key)", c.Hash(), want)
+	}
+	bad, err := Parse(overlay(t, "minimal.yaml", "estimator: {name: grpo, lambda: 1.5}"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := bad.Recorded().Resolve(); err == nil || !strings.Contains(err.Error(), "estimator.lambda") {
+		t.Fatalf("a recorded lambda out of [0, 1]: %v", err)
 	}
 }

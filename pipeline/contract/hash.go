@@ -119,10 +119,13 @@ func digest(domain string, body []byte) string {
 }
 
 // YAML renders the resolved contract (defaults filled, c not modified) with
-// every key written but topics.replication when c's document did not write
-// it and it is the default (Topics.Replication). Parse(YAML()) yields a
-// contract with the same Hash, whose topics.replication is written where
-// c's was.
+// every key written, except two kinds of keys that c's document did not
+// write and that hold their default: topics.replication
+// (Topics.Replication), and the keys that do not apply under the
+// contract's other settings (estimator.lambda with estimator grpo, ...;
+// see conditionals), which a document may not write there. Parse(YAML())
+// yields a contract with the same Hash, whose topics.replication is
+// written where c's was.
 func (c *Contract) YAML() ([]byte, error) {
 	var b bytes.Buffer
 	enc := yaml.NewEncoder(&b)
@@ -134,6 +137,9 @@ func (c *Contract) YAML() ([]byte, error) {
 	}
 	if !c.Written("topics.replication") && r.Topics.Replication == defaultReplication {
 		removeKey(&doc, "topics", "replication") // unwritten it stays
+	}
+	for _, keys := range c.unwrittenUnused(r) {
+		removeKey(&doc, keys...) // read back, it is the same default, and not written
 	}
 	if err := enc.Encode(&doc); err != nil {
 		return nil, fmt.Errorf("contract: encode YAML: %w", err)

@@ -11,6 +11,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/trajflow/trajflow/gpu/objective"
 )
 
 // TestLoadRefusesWhatIsNotAContractFile: Load reads only a regular file of
@@ -214,7 +216,8 @@ func TestBounds(t *testing.T) {
 		{"sampler.group_size", MaxCount, "dispatch.groups_per_update", MaxCount, "dispatch.tasks_per_update", 1},
 		{"packing.max_lag", MaxCount, "packing.batch_groups", MaxCount, "topics.partitions", MaxCount},
 		{"topics.replication", 32767, "topics.max_message_bytes", 1 << 30},
-		{"sampler.tool_timeout_ms", MaxDurationMS/4 - 60_000, "sampler.max_turns", 4, "policy.timeout_ms", 60_000},
+		{"sampler.tool_timeout_ms", MaxDurationMS/4 - 60_000, "sampler.max_turns", 4, "policy.timeout_ms", 60_000,
+			"policy.protocol", "vllm", "policy.endpoints", []any{"http://127.0.0.1:1"}, "dispatch.eval_every", deleteKey{}},
 		{"latency.tool_median_ms", MaxLatencyMedianMS, "latency.tool_sigma", 3, "latency.token_median_ms", MaxLatencyMedianMS, "latency.token_sigma", 3},
 	}
 	for i, edits := range accepted {
@@ -224,7 +227,9 @@ func TestBounds(t *testing.T) {
 
 // TestKLEstimatorNotImplemented: no stage computes reference log-probs, so
 // an estimator other than the default would change the hash and nothing
-// else; it is refused as not implemented.
+// else; it is refused as not implemented. (k3, the default, is refused
+// too where it is written: with kl_placement none nothing estimates a KL
+// term, and loss and reward are not implemented; TestConditionalKeys.)
 func TestKLEstimatorNotImplemented(t *testing.T) {
 	for _, k := range []string{"k1", "k2"} {
 		c, err := Parse(mutate(t, "demo.yaml", "loss.kl_estimator", k))
@@ -235,7 +240,9 @@ func TestKLEstimatorNotImplemented(t *testing.T) {
 			t.Errorf("kl_estimator %s: %v", k, err)
 		}
 	}
-	mustResolve(t, mutate(t, "demo.yaml", "loss.kl_estimator", "k3"))
+	if c := mustResolve(t, readFile(t, "demo.yaml")); c.Loss.KLEstimator != objective.K3 {
+		t.Errorf("kl_estimator left out: %q, want the default k3", c.Loss.KLEstimator)
+	}
 }
 
 // TestErrorsAreCapped: a document of many problems reports MaxErrors of

@@ -169,6 +169,14 @@ func (v *validator) within(path string, x, lo, hi float64, hiOpen bool) {
 	}
 }
 
+// float32Range refuses a finite x beyond float32's range, which becomes
+// ±Inf where why says it is narrowed to float32.
+func (v *validator) float32Range(path string, x float64, why string) {
+	if finite(x) && math.Abs(x) > math.MaxFloat32 {
+		v.add(path, "must be <= %s (%s), got %s", g(math.MaxFloat32), why, g(x))
+	}
+}
+
 func (v *validator) minInt(path string, x, lo int64) {
 	if x < lo {
 		v.add(path, "must be >= %d, got %d", lo, x)
@@ -259,6 +267,7 @@ func (c *Contract) Validate() error {
 	c.validateDispatch(&v)
 	c.validateLatency(&v)
 	c.validatePolicy(&v)
+	c.validateConditionals(&v)
 	return joinErrors(v.errs)
 }
 
@@ -362,6 +371,11 @@ func (c *Contract) validateSampler(v *validator) {
 	}
 	v.count("sampler.top_k", int64(s.TopK), 0)
 	v.within("sampler.min_p", s.MinP, 0, 1, true)
+	if s.MinP != 0 && finite(s.MinP) && served(c) {
+		// The server clients send min_p 0 whatever the contract says
+		// (connectors/policy): only the built-in policy applies it.
+		v.add("sampler.min_p", "applies to policy.protocol builtin only: the %s client sends min_p 0, so its servers sample without it; set it to 0 or leave it out, got %s", c.Policy.Protocol, g(s.MinP))
+	}
 	v.count("sampler.max_tokens_per_action", int64(s.MaxTokensPerAction), 1)
 	v.count("sampler.max_tokens_per_episode", int64(s.MaxTokensPerEpisode), 1)
 	if s.MaxTokensPerAction > 0 && s.MaxTokensPerEpisode > 0 && s.MaxTokensPerEpisode < s.MaxTokensPerAction {
@@ -480,6 +494,7 @@ func (c *Contract) validateLoss(v *validator) {
 		v.add("loss.kl_coef", "must be 0 unless loss.kl_placement is loss (got placement %q, coefficient %s)", l.KLPlacement, g(l.KLCoef))
 	}
 	v.nonNegative("loss.entropy_coef", l.EntropyCoef)
+	v.float32Range("loss.entropy_coef", l.EntropyCoef, "the CUDA trainer passes it to its kernels as a float32")
 	v.nonNegative("loss.max_log_ratio", l.MaxLogRatio)
 	v.oneOf("loss.off_policy", l.OffPolicy, objective.OffPolicyNone, objective.OffPolicyTIS, objective.OffPolicyDecoupled)
 	switch {
@@ -492,6 +507,7 @@ func (c *Contract) validateLoss(v *validator) {
 	}
 	o := l.Optimizer
 	v.positive("loss.optimizer.lr", o.LR)
+	v.float32Range("loss.optimizer.lr", o.LR, "an Adam step moves a parameter by about lr, and the parameters are float32: a larger one turns them into ±Inf")
 	v.within("loss.optimizer.beta1", o.Beta1, 0, 1, true)
 	v.within("loss.optimizer.beta2", o.Beta2, 0, 1, true)
 	v.positive("loss.optimizer.eps", o.Eps)
@@ -625,6 +641,16 @@ func (c *Contract) validateLatency(v *validator) {
 	}
 	v.within("latency.tool_sigma", l.ToolSigma, 0, 3, false)
 	v.within("latency.token_sigma", l.TokenSigma, 0, 3, false)
+	// A median of 0 draws no latency whatever the sigma
+	// (rollout.LatencyModel.Draw): the sigma of an unset median is 0.
+	for _, s := range []struct {
+		path, median string
+		sigma, ms    float64
+	}{{"latency.tool_sigma", "latency.tool_median_ms", l.ToolSigma, l.ToolMedianMS}, {"latency.token_sigma", "latency.token_median_ms", l.TokenSigma, l.TokenMedianMS}} {
+		if s.sigma != 0 && finite(s.sigma) && s.ms == 0 {
+			v.add(s.path, "applies only with %s > 0 (a median of 0 draws no latency, whatever the sigma): set the median or leave the sigma out, got %s", s.median, g(s.sigma))
+		}
+	}
 }
 
 func (c *Contract) validatePolicy(v *validator) {

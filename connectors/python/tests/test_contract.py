@@ -77,3 +77,38 @@ def test_topic_compression_is_read_and_unhashed(tf_bin):
     assert cfg.compression == {"demo.batches": "zstd", "demo.census": "lz4"}
     with pytest.raises(C.ContractError, match="topics.compression.batches"):
         C.parse(text.replace("  compression: {}\n", "  compression: {batches: [zstd]}\n"))
+
+
+# Contracts under settings where keys that apply only under other values
+# do not apply (pipeline/contract conditionals): the resolved form leaves
+# them out, and the hash recomputed here from C.UNWRITTEN_DEFAULTS is
+# still Go's.
+CONDITIONAL = {
+    "rloo, tis, async on servers": (
+        "estimator: {name: rloo, std_mode: population, zero_variance: penalize_failed, min_group_size: 2}\n"
+        "loss: {normalization: token-sum, norm_tokens: 4096, entropy_coef: 0.1, off_policy: tis, is_cap: 2}\n"
+        "dispatch: {tasks_per_update: 16, groups_per_update: 16, mode: async}\n"
+        "policy: {protocol: vllm, endpoints: ['http://127.0.0.1:8000']}\n",
+        ["normalize_std", "epsilon", "lambda", "clip_low", "clip_high", "kl_estimator", "eval_every"]),
+    "grpo without std normalization": (
+        "estimator: {std_mode: population, zero_variance: penalize_failed, min_group_size: 1, normalize_std: false}\n",
+        ["epsilon", "lambda", "kl_estimator", "multi_policy", "timeout_ms", "retries", "concurrency"]),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CONDITIONAL))
+def test_conditional_keys_left_out_hash_matches_go(tf_bin, tmp_path, name):
+    edits, absent = CONDITIONAL[name]
+    base = (ROOT / "testdata" / "contracts" / "minimal.yaml").read_text()
+    # minimal.yaml's estimator, loss and dispatch lines are replaced.
+    lines = [ln for ln in base.splitlines() if not ln.startswith(("estimator:", "loss:", "dispatch:"))]
+    if "loss:" not in edits:
+        lines += [ln for ln in base.splitlines() if ln.startswith(("loss:", "dispatch:"))]
+    path = tmp_path / "contract.yaml"
+    path.write_text("\n".join(lines) + "\n" + edits)
+    text = subprocess.run([tf_bin, "contract", "validate", str(path)], check=True, capture_output=True, text=True).stdout
+    for key in absent:
+        assert not re.search(rf"^ +{key}:", text, re.M), f"{key} printed:\n{text}"
+    c = C.parse(text)
+    assert c.hash == re.search(r"^# hash: (\S+)$", text, re.M).group(1)
+    assert c["estimator"]["lambda"] == 0.95 and c["loss"]["kl_estimator"] == "k3"

@@ -1,7 +1,8 @@
 """The learning contract as the Python trainer reads it.
 
-The trainer takes the *resolved* contract, every key written (but
-``topics.replication`` where the document left it out: UNWRITTEN_DEFAULTS), as
+The trainer takes the *resolved* contract, every key written (but those of
+UNWRITTEN_DEFAULTS where the document left them out: ``topics.replication``,
+and the keys that do not apply under the contract's other settings), as
 ``trajflow contract validate FILE`` prints it (defaults are filled and
 validated by the Go side, pipeline/contract). This module checks that every
 key of the resolved form is there and no other, and recomputes the contract
@@ -95,8 +96,24 @@ def _scalar(path: str, typ: str, v: Any):
 # Keys the resolved form leaves out where the contract's document did not
 # write them (pipeline/contract Contract.YAML), with the value they hash as:
 # an unwritten topics.replication lets `trajflow topics create` replicate
-# by the cluster's size.
-UNWRITTEN_DEFAULTS = {"topics.replication": "1"}
+# by the cluster's size; the other keys apply only under other keys' values
+# (estimator.lambda with estimator gae only, ...: pipeline/contract
+# conditionals), and the resolved form leaves them out, at their default,
+# where they do not apply (a document that writes them there is refused).
+UNWRITTEN_DEFAULTS = {
+    "topics.replication": "1",
+    "estimator.normalize_std": "true",
+    "estimator.epsilon": "1e-06",
+    "estimator.lambda": "0.95",
+    "loss.clip_low": "0.2",
+    "loss.clip_high": "0.2",
+    "loss.kl_estimator": "k3",
+    "packing.multi_policy": "per_segment",
+    "dispatch.eval_every": "5",
+    "policy.timeout_ms": "60000",
+    "policy.retries": "2",
+    "policy.concurrency": "8",
+}
 
 
 def _parse(path: str, schema, doc) -> Any:
