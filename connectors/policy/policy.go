@@ -51,6 +51,13 @@ type Identity struct {
 	// Seed64 says that a llama.cpp-protocol server reads the request's
 	// whole 64-bit seed ("trajflow_seed", trajflow serve policy only).
 	Seed64 bool `json:"seed64,omitempty"`
+	// Endpoint is the generation call the client makes where its protocol
+	// offers more than one ("POST /inference/v1/generate", or vLLM's
+	// OpenAI-style "POST /v1/completions" once a server has answered the
+	// former 404); "" where there is one. It is not hashed into the
+	// sampler id: a client sends the same sampler fields whichever it
+	// uses, so the samples of both are of one sampler.
+	Endpoint string `json:"endpoint,omitempty"`
 }
 
 // Want is a requirement on the weight version a request is served by: the
@@ -171,7 +178,8 @@ func HashText(s string) string {
 
 // SamplerID hashes the parts of a resolved sampler: protocol, server
 // identity (software, model, tokenizer, template, grammar, log-prob
-// semantics), the settings' own id and the exact sampler fields sent.
+// semantics; not the endpoint), the settings' own id and the exact sampler
+// fields sent.
 func SamplerID(id Identity, s model.Settings, sent string) string {
 	return HashStrings("policy-sampler/v1", id.Protocol, id.Server, id.Model, id.ModelHash,
 		id.TokenizerHash, id.ChatTemplateHash, id.Grammar, id.Logprobs, s.ID(), sent)

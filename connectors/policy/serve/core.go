@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"reflect"
 	"slices"
 	"strings"
 	"sync"
@@ -19,6 +20,7 @@ import (
 	"github.com/trajflow/trajflow/gpu"
 	"github.com/trajflow/trajflow/gpu/model"
 	"github.com/trajflow/trajflow/internal/regfile"
+	"github.com/trajflow/trajflow/internal/strictjson"
 	"github.com/trajflow/trajflow/schemas"
 )
 
@@ -288,6 +290,15 @@ func (c *core) checkMaxTokens(field string, n int) error {
 	return nil
 }
 
+// settingsErr wraps a settings error with the field prefix at (the native
+// endpoints' "sampling_params."; "" at the top level of a request).
+func settingsErr(at string, err error) error {
+	if at == "" {
+		return err
+	}
+	return fmt.Errorf("%s: %w", strings.TrimSuffix(at, "."), err)
+}
+
 // contextLen is the context length the info endpoints report where the
 // real servers report one (vLLM's max_model_len, SGLang's /tokenize
 // max_model_len, llama-server's n_ctx), which clients read as the most
@@ -508,6 +519,11 @@ func decodeStrict(w http.ResponseWriter, r *http.Request, v any) error {
 	}
 	if len(bytes.TrimSpace(b)) == 0 {
 		b = []byte("{}")
+	}
+	// One reading of the body: a key of another case or given twice is
+	// refused, where encoding/json would fill a field with it.
+	if err := strictjson.CheckKeys(b, reflect.TypeOf(v)); err != nil {
+		return err
 	}
 	dec := json.NewDecoder(bytes.NewReader(b))
 	dec.DisallowUnknownFields()

@@ -55,11 +55,11 @@ func postJSON(t *testing.T, ctx context.Context, url, body string, want int) map
 }
 
 // TestUnservedRouteJSON: a route a protocol does not serve — the
-// OpenAI-style /v1/completions and /v1/chat/completions an openai SDK
-// calls, llama-server's /slots — answers 404 with a JSON error naming the
-// protocol's generation endpoint (the SDK shows the body; a bare "404 page
-// not found" says nothing), while a served path asked with another method
-// keeps the mux's 405.
+// OpenAI-style /v1/chat/completions an openai SDK calls, llama-server's
+// /slots — answers 404 with a JSON error naming the protocol's generation
+// endpoints (the SDK shows the body; a bare "404 page not found" says
+// nothing), while a served path asked with another method keeps the mux's
+// 405.
 func TestUnservedRouteJSON(t *testing.T) {
 	reg := policytest.Registry(t)
 	dir := t.TempDir()
@@ -69,7 +69,7 @@ func TestUnservedRouteJSON(t *testing.T) {
 		t.Run(proto, func(t *testing.T) {
 			srv := policytest.Start(t, proto, dir, reg, nil, 1)
 			ctx := interopCtx(t)
-			for _, path := range []string{"/v1/completions", "/v1/chat/completions", "/slots"} {
+			for _, path := range []string{"/v1/chat/completions", "/slots"} {
 				req, _ := http.NewRequestWithContext(ctx, "POST", srv.URL+path, strings.NewReader(`{"model":"m","prompt":[1,3],"max_tokens":2}`))
 				req.Header.Set("Content-Type", "application/json")
 				res, err := http.DefaultClient.Do(req)
@@ -87,8 +87,9 @@ func TestUnservedRouteJSON(t *testing.T) {
 				if res.StatusCode != http.StatusNotFound || !strings.HasPrefix(res.Header.Get("Content-Type"), "application/json") {
 					t.Fatalf("POST %s: %d %s %s, want a JSON 404", path, res.StatusCode, res.Header.Get("Content-Type"), b)
 				}
-				if err := json.Unmarshal(b, &e); err != nil || e.Error.Code != 404 || !strings.Contains(e.Error.Message, path) || !strings.Contains(e.Error.Message, gen[proto]) {
-					t.Fatalf("POST %s: %s (%v), want error.message naming %s and %s", path, b, err, path, gen[proto])
+				if err := json.Unmarshal(b, &e); err != nil || e.Error.Code != 404 || !strings.Contains(e.Error.Message, path) || !strings.Contains(e.Error.Message, gen[proto]) ||
+					!strings.Contains(e.Error.Message, "POST /v1/completions") {
+					t.Fatalf("POST %s: %s (%v), want error.message naming %s, %s and POST /v1/completions", path, b, err, path, gen[proto])
 				}
 			}
 			code, body, err := policytest.Get(ctx, srv.URL+strings.TrimPrefix(gen[proto], "POST "))
@@ -99,15 +100,15 @@ func TestUnservedRouteJSON(t *testing.T) {
 	}
 }
 
-// TestModelListOpenAIShape: GET /v1/models of the vLLM and llama.cpp
-// protocols lists models as OpenAI clients require them (id, object
-// "model", created, owned_by; strict clients fail on a model without
-// created), and vLLM's entry has its ModelCard's max_model_len.
+// TestModelListOpenAIShape: GET /v1/models of every protocol lists models
+// as OpenAI clients require them (id, object "model", created, owned_by;
+// strict clients fail on a model without created), and vLLM's and SGLang's
+// entry has vLLM's ModelCard's max_model_len.
 func TestModelListOpenAIShape(t *testing.T) {
 	reg := policytest.Registry(t)
 	dir := t.TempDir()
 	policytest.Release(t, dir, 1, false)
-	for _, proto := range []string{policy.LlamaCpp, policy.VLLM} {
+	for _, proto := range []string{policy.LlamaCpp, policy.SGLang, policy.VLLM} {
 		t.Run(proto, func(t *testing.T) {
 			srv := policytest.StartWith(t, serve.Config{Protocol: proto, Releases: dir, Grammar: reg.Grammar(), MaxTokens: 7}, nil, 1)
 			list := getJSON(t, interopCtx(t), srv.URL+"/v1/models")
@@ -123,7 +124,7 @@ func TestModelListOpenAIShape(t *testing.T) {
 				if id == "" || m["object"] != "model" || !isNum || created <= 0 || created != float64(int64(created)) || owner == "" {
 					t.Fatalf("/v1/models entry %v: want id, object \"model\", created (integer seconds) and owned_by", m)
 				}
-				if proto == policy.VLLM && m["max_model_len"] != float64(7) {
+				if proto != policy.LlamaCpp && m["max_model_len"] != float64(7) {
 					t.Fatalf("/v1/models entry %v: want max_model_len 7", m)
 				}
 			}

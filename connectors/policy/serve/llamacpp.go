@@ -17,6 +17,7 @@ import (
 // The llama.cpp protocol (llama-server in router mode):
 //
 //	POST /completion          token-id prompt → tokens, completion_probabilities, stop_type
+//	POST /v1/completions      OpenAI's (completions.go)
 //	POST /tokenize, /detokenize, /apply-template
 //	GET  /health, /props, /models, /v1/models
 //	POST /models/load {"model": NAME}, /models/unload {"model": NAME}
@@ -54,6 +55,7 @@ import (
 func (s *Server) llamaRoutes(mux *http.ServeMux) {
 	mux.HandleFunc("POST /completion", s.llamaCompletion)
 	mux.HandleFunc("POST /completions", s.llamaCompletion)
+	mux.HandleFunc("POST /v1/completions", s.llamaCompletions)
 	mux.HandleFunc("POST /tokenize", s.llamaTokenize)
 	mux.HandleFunc("POST /detokenize", s.llamaDetokenize)
 	mux.HandleFunc("POST /apply-template", s.llamaApplyTemplate)

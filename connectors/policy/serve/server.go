@@ -11,9 +11,10 @@
 // atomically: a request takes the version current when it starts and keeps
 // it to its end, so no request ever sees two versions' weights (systems
 // §8). See the files of each protocol for their endpoints; every protocol
-// also serves GET /metrics (Prometheus: requests by route and status,
-// prompt and generated tokens, generation time, requests in flight, pause,
-// loaded version, release loads).
+// also serves OpenAI's POST /v1/completions in its real server's dialect
+// (completions.go), and GET /metrics (Prometheus: requests by route and
+// status, prompt and generated tokens, generation time, requests in
+// flight, pause, loaded version, release loads).
 package serve
 
 import (
@@ -61,15 +62,15 @@ var generateRoute = map[string]string{
 
 // unserved answers a request no route matches. Where the mux would answer
 // 404, the answer is a JSON error naming the protocol's generation
-// endpoint, so that a client of another API (an OpenAI SDK calling
-// /v1/completions or /v1/chat/completions) reads why, not a bare
-// "404 page not found"; the mux's other answers (405 for a path served
-// under another method, a redirect to a clean path) are passed on.
+// endpoints, so that a client of another API (an OpenAI SDK calling
+// /v1/chat/completions) reads why, not a bare "404 page not found"; the
+// mux's other answers (405 for a path served under another method, a
+// redirect to a clean path) are passed on.
 func (s *Server) unserved(w http.ResponseWriter, r *http.Request) {
 	rec := &captureWriter{header: http.Header{}, code: http.StatusOK}
 	s.mux.ServeHTTP(rec, r)
 	if rec.code == http.StatusNotFound {
-		writeError(w, http.StatusNotFound, "%s %s is not served by trajflow serve policy --protocol %s, which serves the built-in policy over %s (OpenAI-style /v1/completions and /v1/chat/completions are not served)",
+		writeError(w, http.StatusNotFound, "%s %s is not served by trajflow serve policy --protocol %s, which serves the built-in policy over %s, and over OpenAI's POST /v1/completions {model, prompt: [token ids] or text, max_tokens, seed, ...} (chat completions are not served)",
 			r.Method, r.URL.Path, s.c.cfg.Protocol, generateRoute[s.c.cfg.Protocol])
 		return
 	}

@@ -18,6 +18,7 @@ import (
 //
 //	POST /generate {input_ids, sampling_params, return_logprob, logprob_start_len, rid}
 //	     → output_ids, meta_info {id, finish_reason, weight_version, output_token_logprobs}
+//	POST /v1/completions (OpenAI's; completions.go); GET /v1/models
 //	POST /update_weights_from_disk {model_path, weight_version, abort_all_requests}
 //	POST /pause_generation {mode}, /continue_generation
 //	GET  /get_model_info, /get_server_info, /get_weight_version, /health, /health_generate
@@ -34,6 +35,8 @@ import (
 // distribution (temperature, grammar, top-k, top-p), float32 values.
 func (s *Server) sglangRoutes(mux *http.ServeMux) {
 	mux.HandleFunc("POST /generate", s.sglangGenerate)
+	mux.HandleFunc("POST /v1/completions", s.sglangCompletions)
+	mux.HandleFunc("GET /v1/models", s.currentModelList)
 	mux.HandleFunc("POST /update_weights_from_disk", s.sglangUpdate)
 	mux.HandleFunc("POST /pause_generation", s.sglangPause)
 	mux.HandleFunc("POST /continue_generation", func(w http.ResponseWriter, r *http.Request) {
@@ -124,8 +127,10 @@ func newRequestID() string {
 	return hex.EncodeToString(b[:])
 }
 
-// sglangSettings maps sampling_params to the built-in settings.
-func sglangSettings(p *sglangSampling, vocab int) (model.Settings, uint64, error) {
+// sglangSettings maps sampling_params to the built-in settings; at
+// prefixes the fields named in errors ("sampling_params." on the native
+// endpoint).
+func sglangSettings(p *sglangSampling, vocab int, at string) (model.Settings, uint64, error) {
 	f := func(v *float64, def float64) float64 {
 		if v == nil {
 			return def
@@ -140,22 +145,22 @@ func sglangSettings(p *sglangSampling, vocab int) (model.Settings, uint64, error
 		{"presence_penalty", f(p.PresencePenalty, 0), 0}, {"repetition_penalty", f(p.RepetitionPenalty, 1), 1},
 	} {
 		if n.got != n.want {
-			return model.Settings{}, 0, fmt.Errorf("sampling_params.%s %v is not applied by the built-in policy; send %v", n.name, n.got, n.want)
+			return model.Settings{}, 0, fmt.Errorf("%s%s %v is not applied by the built-in policy; send %v", at, n.name, n.got, n.want)
 		}
 	}
 	switch {
 	case !emptyJSON(p.Stop):
-		return model.Settings{}, 0, fmt.Errorf("sampling_params.stop strings are not served; send stop_token_ids")
+		return model.Settings{}, 0, fmt.Errorf("%sstop strings are not served; send stop_token_ids", at)
 	case p.JSONSchema != nil || p.Regex != nil || p.EBNF != nil:
-		return model.Settings{}, 0, fmt.Errorf("sampling_params json_schema/regex/ebnf are not served; the server applies its task grammar")
+		return model.Settings{}, 0, fmt.Errorf("%sjson_schema, regex and ebnf are not served; the server applies its task grammar", at)
 	case !emptyJSON(p.LogitBias):
-		return model.Settings{}, 0, fmt.Errorf("sampling_params.logit_bias is not applied by the built-in policy")
+		return model.Settings{}, 0, fmt.Errorf("%slogit_bias is not applied by the built-in policy", at)
 	case p.N != nil && *p.N != 1:
-		return model.Settings{}, 0, fmt.Errorf("sampling_params.n %d: one sample per request", *p.N)
+		return model.Settings{}, 0, fmt.Errorf("%sn %d: one sample per request", at, *p.N)
 	case p.MinNewTokens != nil && *p.MinNewTokens != 0:
-		return model.Settings{}, 0, fmt.Errorf("sampling_params.min_new_tokens %d is not applied by the built-in policy", *p.MinNewTokens)
+		return model.Settings{}, 0, fmt.Errorf("%smin_new_tokens %d is not applied by the built-in policy", at, *p.MinNewTokens)
 	case p.SamplingSeed == nil:
-		return model.Settings{}, 0, fmt.Errorf("sampling_params.sampling_seed is required (samples must be reproducible)")
+		return model.Settings{}, 0, fmt.Errorf("%ssampling_seed is required (samples must be reproducible)", at)
 	}
 	maxNew := 128
 	if p.MaxNewTokens != nil {
@@ -167,7 +172,7 @@ func sglangSettings(p *sglangSampling, vocab int) (model.Settings, uint64, error
 	}
 	switch {
 	case !(temp >= 0):
-		return model.Settings{}, 0, fmt.Errorf("sampling_params.temperature %v must be non-negative", temp)
+		return model.Settings{}, 0, fmt.Errorf("%stemperature %v must be non-negative", at, temp)
 	case temp < 1e-6: // SGLang: greedy is top_k 1 at temperature 1
 		temp, topK = 1, 1
 	}
@@ -175,20 +180,20 @@ func sglangSettings(p *sglangSampling, vocab int) (model.Settings, uint64, error
 	case topK == -1 || topK >= 1<<30:
 		topK = 0
 	case topK < 1:
-		return model.Settings{}, 0, fmt.Errorf("sampling_params.top_k %d must be -1 (all) or at least 1", topK)
+		return model.Settings{}, 0, fmt.Errorf("%stop_k %d must be -1 (all) or at least 1", at, topK)
 	}
 	if !(topP > 0 && topP <= 1) {
-		return model.Settings{}, 0, fmt.Errorf("sampling_params.top_p %v not in (0, 1]", topP)
+		return model.Settings{}, 0, fmt.Errorf("%stop_p %v not in (0, 1]", at, topP)
 	}
 	st := model.Settings{Behavior: model.Behavior{Temperature: temp, TopK: topK, TopP: topP}, MaxTokens: maxNew}
 	for i, id := range p.StopTokenIDs {
 		if id < 0 || id >= int64(vocab) {
-			return model.Settings{}, 0, fmt.Errorf("sampling_params.stop_token_ids[%d] = %d, vocabulary %d", i, id, vocab)
+			return model.Settings{}, 0, fmt.Errorf("%sstop_token_ids[%d] = %d, vocabulary %d", at, i, id, vocab)
 		}
 		st.Stop = append(st.Stop, int32(id))
 	}
 	if err := st.Validate(); err != nil {
-		return model.Settings{}, 0, fmt.Errorf("sampling_params: %w", err)
+		return model.Settings{}, 0, settingsErr(at, err)
 	}
 	return st, *p.SamplingSeed, nil
 }
@@ -222,7 +227,7 @@ func (s *Server) sglangGenerate(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusServiceUnavailable, "generate: no weights loaded")
 		return
 	}
-	st, seed, err := sglangSettings(&q.SamplingParams, l.m.Config.Vocab)
+	st, seed, err := sglangSettings(&q.SamplingParams, l.m.Config.Vocab, "sampling_params.")
 	if err == nil {
 		err = s.c.checkMaxTokens("sampling_params.max_new_tokens", st.MaxTokens)
 	}

@@ -17,6 +17,7 @@ import (
 //
 //	POST /inference/v1/generate {request_id, token_ids, sampling_params}
 //	     → choices[0] {token_ids, logprobs.content[i].logprob, finish_reason}
+//	POST /v1/completions (OpenAI's; completions.go)
 //	POST /pause?mode=abort|wait|keep, /resume; GET /is_paused
 //	POST /start_weight_update, /update_weights {update_info: {model_path}},
 //	     /finish_weight_update {weight_version}
@@ -36,6 +37,7 @@ import (
 // settings the built-in policy cannot apply are refused with 400.
 func (s *Server) vllmRoutes(mux *http.ServeMux) {
 	mux.HandleFunc("POST /inference/v1/generate", s.vllmGenerate)
+	mux.HandleFunc("POST /v1/completions", s.vllmCompletions)
 	mux.HandleFunc("POST /pause", func(w http.ResponseWriter, r *http.Request) {
 		mode := r.URL.Query().Get("mode")
 		if mode == "" {
@@ -84,16 +86,7 @@ func (s *Server) vllmRoutes(mux *http.ServeMux) {
 	mux.HandleFunc("GET /version", func(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusOK, map[string]any{"version": Software})
 	})
-	mux.HandleFunc("GET /v1/models", func(w http.ResponseWriter, r *http.Request) {
-		data := []map[string]any{}
-		if l := s.c.getCurrent(); l != nil {
-			// vLLM's ModelCard: OpenAI clients require id, object,
-			// created and owned_by; vLLM's read max_model_len.
-			data = append(data, map[string]any{"id": l.name, "object": "model", "created": time.Now().Unix(), "owned_by": "trajflow",
-				"root": l.manifest, "parent": nil, "max_model_len": s.c.contextLen(), "permission": []any{}})
-		}
-		writeJSON(w, http.StatusOK, map[string]any{"object": "list", "data": data})
-	})
+	mux.HandleFunc("GET /v1/models", s.currentModelList)
 	mux.HandleFunc("GET /server_info", func(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusOK, map[string]any{
 			"version": Software, "logprobs_mode": "processed_logprobs", "vocab_size": s.vocab(),
@@ -139,6 +132,20 @@ func (s *Server) vllmRoutes(mux *http.ServeMux) {
 	})
 }
 
+// currentModelList answers GET /v1/models (vLLM, SGLang) with the current
+// version.
+func (s *Server) currentModelList(w http.ResponseWriter, r *http.Request) {
+	data := []map[string]any{}
+	if l := s.c.getCurrent(); l != nil {
+		// vLLM's ModelCard (SGLang's has its fields): OpenAI clients
+		// require id, object, created and owned_by; vLLM's read
+		// max_model_len.
+		data = append(data, map[string]any{"id": l.name, "object": "model", "created": time.Now().Unix(), "owned_by": "trajflow",
+			"root": l.manifest, "parent": nil, "max_model_len": s.c.contextLen(), "permission": []any{}})
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"object": "list", "data": data})
+}
+
 type vllmSampling struct {
 	N                      *int            `json:"n"`
 	MaxTokens              *int            `json:"max_tokens"`
@@ -162,7 +169,9 @@ type vllmSampling struct {
 	LogitBias              json.RawMessage `json:"logit_bias"`
 }
 
-func vllmSettings(p *vllmSampling, vocab int) (model.Settings, uint64, error) {
+// vllmSettings maps sampling_params to the built-in settings; at prefixes
+// the fields named in errors ("sampling_params." on the native endpoint).
+func vllmSettings(p *vllmSampling, vocab int, at string) (model.Settings, uint64, error) {
 	f := func(v *float64, def float64) float64 {
 		if v == nil {
 			return def
@@ -177,24 +186,24 @@ func vllmSettings(p *vllmSampling, vocab int) (model.Settings, uint64, error) {
 		{"frequency_penalty", f(p.FrequencyPenalty, 0), 0}, {"repetition_penalty", f(p.RepetitionPenalty, 1), 1},
 	} {
 		if n.got != n.want {
-			return model.Settings{}, 0, fmt.Errorf("sampling_params.%s %v is not applied by the built-in policy; send %v", n.name, n.got, n.want)
+			return model.Settings{}, 0, fmt.Errorf("%s%s %v is not applied by the built-in policy; send %v", at, n.name, n.got, n.want)
 		}
 	}
 	switch {
 	case p.N != nil && *p.N != 1:
-		return model.Settings{}, 0, fmt.Errorf("sampling_params.n %d: one sample per request", *p.N)
+		return model.Settings{}, 0, fmt.Errorf("%sn %d: one sample per request", at, *p.N)
 	case !emptyJSON(p.Stop):
-		return model.Settings{}, 0, fmt.Errorf("sampling_params.stop strings are not served; send stop_token_ids")
+		return model.Settings{}, 0, fmt.Errorf("%sstop strings are not served; send stop_token_ids", at)
 	case !emptyJSON(p.LogitBias):
-		return model.Settings{}, 0, fmt.Errorf("sampling_params.logit_bias is not applied by the built-in policy")
+		return model.Settings{}, 0, fmt.Errorf("%slogit_bias is not applied by the built-in policy", at)
 	case p.MinTokens != nil && *p.MinTokens != 0:
-		return model.Settings{}, 0, fmt.Errorf("sampling_params.min_tokens %d is not applied by the built-in policy", *p.MinTokens)
+		return model.Settings{}, 0, fmt.Errorf("%smin_tokens %d is not applied by the built-in policy", at, *p.MinTokens)
 	case p.PromptLogprobs != nil:
-		return model.Settings{}, 0, fmt.Errorf("sampling_params.prompt_logprobs is not served")
+		return model.Settings{}, 0, fmt.Errorf("%sprompt_logprobs is not served", at)
 	case p.Logprobs != nil && *p.Logprobs != 0:
-		return model.Settings{}, 0, fmt.Errorf("sampling_params.logprobs %d: only the sampled ids' log-probs are served (send 0)", *p.Logprobs)
+		return model.Settings{}, 0, fmt.Errorf("%slogprobs %d: only the sampled ids' log-probs are served (send 0)", at, *p.Logprobs)
 	case p.Seed == nil:
-		return model.Settings{}, 0, fmt.Errorf("sampling_params.seed is required (samples must be reproducible)")
+		return model.Settings{}, 0, fmt.Errorf("%sseed is required (samples must be reproducible)", at)
 	}
 	maxTok := 16
 	if p.MaxTokens != nil {
@@ -206,7 +215,7 @@ func vllmSettings(p *vllmSampling, vocab int) (model.Settings, uint64, error) {
 	}
 	switch {
 	case !(temp >= 0):
-		return model.Settings{}, 0, fmt.Errorf("sampling_params.temperature %v must be non-negative", temp)
+		return model.Settings{}, 0, fmt.Errorf("%stemperature %v must be non-negative", at, temp)
 	case temp < 1e-5: // vLLM: greedy
 		temp, topK, topP = 1, 1, 1
 	}
@@ -214,20 +223,20 @@ func vllmSettings(p *vllmSampling, vocab int) (model.Settings, uint64, error) {
 	case topK == -1 || topK == 0:
 		topK = 0
 	case topK < 0:
-		return model.Settings{}, 0, fmt.Errorf("sampling_params.top_k %d must be -1 or 0 (all) or at least 1", topK)
+		return model.Settings{}, 0, fmt.Errorf("%stop_k %d must be -1 or 0 (all) or at least 1", at, topK)
 	}
 	if !(topP > 0 && topP <= 1) {
-		return model.Settings{}, 0, fmt.Errorf("sampling_params.top_p %v not in (0, 1]", topP)
+		return model.Settings{}, 0, fmt.Errorf("%stop_p %v not in (0, 1]", at, topP)
 	}
 	st := model.Settings{Behavior: model.Behavior{Temperature: temp, TopK: topK, TopP: topP}, MaxTokens: maxTok}
 	for i, id := range p.StopTokenIDs {
 		if id < 0 || id >= int64(vocab) {
-			return model.Settings{}, 0, fmt.Errorf("sampling_params.stop_token_ids[%d] = %d, vocabulary %d", i, id, vocab)
+			return model.Settings{}, 0, fmt.Errorf("%sstop_token_ids[%d] = %d, vocabulary %d", at, i, id, vocab)
 		}
 		st.Stop = append(st.Stop, int32(id))
 	}
 	if err := st.Validate(); err != nil {
-		return model.Settings{}, 0, fmt.Errorf("sampling_params: %w", err)
+		return model.Settings{}, 0, settingsErr(at, err)
 	}
 	return st, *p.Seed, nil
 }
@@ -268,7 +277,7 @@ func (s *Server) vllmGenerate(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, "generate: model %q is not served (serving %s)", *q.Model, l.name)
 		return
 	}
-	st, seed, err := vllmSettings(&q.SamplingParams, l.m.Config.Vocab)
+	st, seed, err := vllmSettings(&q.SamplingParams, l.m.Config.Vocab, "sampling_params.")
 	if err == nil {
 		err = s.c.checkMaxTokens("sampling_params.max_tokens", st.MaxTokens)
 	}
@@ -289,7 +298,7 @@ func (s *Server) vllmGenerate(w http.ResponseWriter, r *http.Request) {
 			writeError(w, http.StatusNotFound, "generate: model %q was replaced by %s while the request waited", *q.Model, l.name)
 			return
 		}
-		if st, seed, err = vllmSettings(&q.SamplingParams, l.m.Config.Vocab); err != nil {
+		if st, seed, err = vllmSettings(&q.SamplingParams, l.m.Config.Vocab, "sampling_params."); err != nil {
 			leave()
 			writeError(w, http.StatusBadRequest, "generate: %v", err)
 			return

@@ -1,5 +1,6 @@
-// Package vllm is the client of vLLM's token-in/token-out API for
-// trajflow's rollout (rollout.Policy, rollout.Tokenizer).
+// Package vllm is the client of vLLM for trajflow's rollout
+// (rollout.Policy, rollout.Tokenizer): its token-in/token-out API where the
+// server has it, else its OpenAI-style completions API.
 //
 // One request per model.Request:
 //
@@ -11,27 +12,68 @@
 //	    "skip_special_tokens": false, "detokenize": false}}
 //
 // The answer's choices[0].token_ids and logprobs.content[i].logprob (each
-// entry's "token_id:N" checked against the id) make the sample. The server
-// must run with --logprobs-mode processed_logprobs, so that the log-probs
-// are of the sampling distribution (after temperature and top-k/top-p),
-// not the raw model's; the identity records the mode (verified when the
-// server's /server_info reports it). vLLM answers carry no weight version:
-// the client reads GET /weight_info before and after each batch, and a
-// batch during which it changed fails with version_mismatch (to be
-// retried). This is exact under the weight-update protocol of
-// connectors/policy/weightsync (pause in wait mode, update, finish with
-// the version, resume): a request either finishes before the pause or
-// starts after the resume, so it runs on one version, and the version
-// label changes only while no request runs.
+// entry's "token_id:N" checked against the id) make the sample.
+//
+// That endpoint is in recent vLLM builds only. When a server answers it
+// 404, the client sends that request, and every later one, to the
+// completions API every vLLM server has (the decision is the client's, made
+// once; Identity.Endpoint records it):
+//
+//	POST /v1/completions {"model": the id GET /v1/models lists first, "prompt": [token ids],
+//	  the same sampling fields at the top level (seed as a signed 64-bit integer),
+//	  "return_tokens_as_token_ids": true, "return_token_ids": true, "stream": false, "echo": false}
+//
+// What the client relies on there, as vLLM defines it: a prompt that is a
+// list of ints is taken as token ids, untokenized; "logprobs": 0 returns
+// the log-prob of each sampled token and no alternatives, and with
+// return_tokens_as_token_ids each logprobs.tokens entry is "token_id:N"
+// rather than text; return_token_ids (vLLM 0.10.2 and later; older servers
+// ignore it) adds choices[0].token_ids. Without token_ids the ids are read
+// from the "token_id:N" entries; with both they must agree, entry for
+// entry. logprobs.token_logprobs are clamped at -9999 by vLLM, and null
+// where vLLM has none: both are refused. finish_reason is "stop" (at a stop
+// id, the last of token_ids), "length", "abort", or "error" (newer servers
+// answer 500 instead). include_stop_str_in_output is left at its default:
+// it decides whether text shows a stop id's text, not whether token_ids
+// and the log-probs hold the id (they do).
+//
+// Fields left out of a completions request take the model's generation
+// config's defaults, so every sampling field is sent; a generation
+// config's own stop ids are added to the request's by vLLM, and a sample
+// ending at one the settings lack is refused (bad_response: start the
+// server with --generation-config vllm, or put them in the settings). The
+// seed is bounded to signed 64 bits there: the client sends the request's
+// seed as its two's-complement int64, which the torch generator vLLM seeds
+// reads as the same 64 bits. The model id is read again whenever the
+// weight version changes (a server that names its models by version, as
+// trajflow serve policy does, serves a new name after an update, and
+// refuses the old one with 404: a request of a batch during which the
+// version changed fails with version_mismatch, like the others). Both
+// calls carry the same sampler values, so the sampler id does not depend
+// on the endpoint. A 404 from anything in front of the server (a proxy
+// that routes only /v1/...) also makes the switch.
+//
+// The server must run with --logprobs-mode processed_logprobs, so that the
+// log-probs are of the sampling distribution (after temperature and
+// top-k/top-p), not the raw model's, on either endpoint; the identity
+// records the mode (verified when the server's /server_info reports it).
+// vLLM answers carry no weight version: the client reads GET /weight_info
+// before and after each batch, and a batch during which it changed fails
+// with version_mismatch (to be retried). This is exact under the
+// weight-update protocol of connectors/policy/weightsync (pause in wait
+// mode, update, finish with the version, resume): a request either
+// finishes before the pause or starts after the resume, so it runs on one
+// version, and the version label changes only while no request runs.
 package vllm
 
 import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"net/http"
 	"regexp"
-	"strconv"
 	"strings"
+	"sync/atomic"
 
 	"github.com/trajflow/trajflow/connectors/policy"
 	"github.com/trajflow/trajflow/gpu/model"
@@ -55,6 +97,10 @@ type Client struct {
 	cfg  Config
 	conn *policy.Conn
 	id   policy.IdentityCache
+	// openAI is set once the server answered POST /inference/v1/generate
+	// 404: generation goes to POST /v1/completions from then on.
+	openAI atomic.Bool
+	models modelCache // the model id completions name
 }
 
 var (
@@ -160,7 +206,9 @@ func (c *Client) Generate(ctx context.Context, reqs []model.Request) ([]model.Sa
 }
 
 // GenerateEach implements policy.Client: the weight version is read
-// before and after the batch (see the package comment).
+// before and after the batch (see the package comment); when it changed,
+// every request fails with version_mismatch but those that failed
+// otherwise (a completion refused 404 for its model's old name excepted).
 func (c *Client) GenerateEach(ctx context.Context, reqs []model.Request, want policy.Want) ([]model.Sample, []error) {
 	fail := func(err error) ([]model.Sample, []error) {
 		errs := make([]error, len(reqs))
@@ -188,7 +236,7 @@ func (c *Client) GenerateEach(ctx context.Context, reqs []model.Request, want po
 	})
 	after, err := c.WeightVersion(ctx)
 	for i := range out {
-		if errs != nil && errs[i] != nil {
+		if errs != nil && errs[i] != nil && !(err == nil && after != before && modelGone(errs[i])) {
 			continue
 		}
 		var e error
@@ -208,6 +256,15 @@ func (c *Client) GenerateEach(ctx context.Context, reqs []model.Request, want po
 	return out, errs
 }
 
+// modelGone reports a completion refused for its model: under a server
+// that names its models by version, one sent as the version changed.
+func modelGone(err error) bool {
+	ie, ok := policy.AsInfra(err)
+	return ok && ie.Status == http.StatusNotFound && strings.Contains(ie.Detail, completionsPath)
+}
+
+// one generates r, by POST /inference/v1/generate until the server answers
+// it 404, by POST /v1/completions from then on.
 func (c *Client) one(ctx context.Context, id policy.Identity, r model.Request, version int64) (model.Sample, error) {
 	if err := r.Settings.Validate(); err != nil {
 		return model.Sample{}, fmt.Errorf("vllm: %w", err)
@@ -215,56 +272,54 @@ func (c *Client) one(ctx context.Context, id policy.Identity, r model.Request, v
 	if err := policy.CheckGrammar(id, r.Settings); err != nil {
 		return model.Sample{}, err
 	}
+	if !c.openAI.Load() {
+		s, err := c.generate(ctx, id, r, version)
+		if ie, ok := policy.AsInfra(err); !ok || ie.Status != http.StatusNotFound {
+			return s, err
+		}
+		c.openAI.Store(true) // no token-in/token-out endpoint: completions from now on
+	}
+	return c.complete(ctx, id, r, version)
+}
+
+// Endpoints.
+const (
+	generatePath    = "/inference/v1/generate"
+	completionsPath = "/v1/completions"
+)
+
+// endpoint is the generation call the client makes now (Identity.Endpoint).
+func (c *Client) endpoint() string {
+	if c.openAI.Load() {
+		return "POST " + completionsPath
+	}
+	return "POST " + generatePath
+}
+
+func (c *Client) generate(ctx context.Context, id policy.Identity, r model.Request, version int64) (model.Sample, error) {
 	p := params(r.Settings)
 	p.Seed = r.Seed
 	var resp generateResp
-	if err := c.conn.Call(ctx, "POST", "/inference/v1/generate", generateReq{RequestID: r.ID, TokenIDs: r.Context, SamplingParams: p}, &resp); err != nil {
+	if err := c.conn.Call(ctx, "POST", generatePath, generateReq{RequestID: r.ID, TokenIDs: r.Context, SamplingParams: p}, &resp); err != nil {
 		return model.Sample{}, err
 	}
-	addr := c.conn.Addr
 	if resp.Choices == nil || len(*resp.Choices) != 1 {
-		return model.Sample{}, policy.Infra(policy.ReasonBadResponse, addr, "POST /inference/v1/generate: want one choice")
+		return model.Sample{}, policy.Infra(policy.ReasonBadResponse, c.conn.Addr, "POST %s: want one choice", generatePath)
 	}
 	ch := (*resp.Choices)[0]
-	switch {
-	case ch.FinishReason == nil:
-		return model.Sample{}, policy.Infra(policy.ReasonBadResponse, addr, "missing choices[0].finish_reason")
-	case *ch.FinishReason == "abort":
-		return model.Sample{}, policy.Infra(policy.ReasonServerError, addr, "request %s aborted by the server", r.ID)
-	case ch.TokenIDs == nil:
-		return model.Sample{}, policy.Infra(policy.ReasonBadResponse, addr, "missing choices[0].token_ids")
-	case ch.Logprobs == nil || ch.Logprobs.Content == nil:
-		return model.Sample{}, policy.Infra(policy.ReasonBadResponse, addr, "missing choices[0].logprobs.content")
+	a := answer{
+		path: "POST " + generatePath, finish: ch.FinishReason, ids: ch.TokenIDs,
+		lpsField: "choices[0].logprobs.content", lpAt: "choices[0].logprobs.content[%d].logprob", tokAt: "choices[0].logprobs.content[%d]",
 	}
-	raw := policy.Raw{Tokens: *ch.TokenIDs, Version: version, TokensField: "choices[0].token_ids", LogprobsField: "choices[0].logprobs.content"}
-	switch *ch.FinishReason {
-	case "stop":
-		raw.Finish = policy.FinishStop
-	case "length":
-		raw.Finish = policy.FinishLength
-	case "error":
-		return model.Sample{}, policy.Infra(policy.ReasonServerError, addr, "POST /inference/v1/generate: choices[0].finish_reason \"error\" for request %s", r.ID)
-	default:
-		// vLLM's finish reasons are stop, length, abort and error: another
-		// word is a server whose answer this client cannot read.
-		return model.Sample{}, policy.Infra(policy.ReasonBadResponse, addr, "POST /inference/v1/generate: choices[0].finish_reason %q is not stop, length, abort or error", *ch.FinishReason)
+	if ch.Logprobs != nil && ch.Logprobs.Content != nil {
+		a.tokens = make([]string, 0, len(*ch.Logprobs.Content))
+		a.lps = make([]policy.Float, 0, len(*ch.Logprobs.Content))
+		for _, e := range *ch.Logprobs.Content {
+			a.tokens = append(a.tokens, e.Token)
+			a.lps = append(a.lps, e.Logprob)
+		}
 	}
-	for i, e := range *ch.Logprobs.Content {
-		if !e.Logprob.Set {
-			return model.Sample{}, policy.Infra(policy.ReasonBadResponse, addr, "choices[0].logprobs.content[%d].logprob missing", i)
-		}
-		// vLLM clamps log-probs at -9999 and writes -9999 when it has none.
-		if e.Logprob.V <= -9999 {
-			return model.Sample{}, policy.Infra(policy.ReasonNaNLogprob, addr, "choices[0].logprobs.content[%d].logprob = %v (vLLM's clamp: no log-prob)", i, e.Logprob.V)
-		}
-		if i < len(raw.Tokens) {
-			if n, err := strconv.ParseInt(strings.TrimPrefix(e.Token, "token_id:"), 10, 64); err == nil && n != raw.Tokens[i] {
-				return model.Sample{}, policy.Infra(policy.ReasonBadResponse, addr, "choices[0].logprobs.content[%d] is of %s, token_ids[%d] = %d", i, e.Token, i, raw.Tokens[i])
-			}
-		}
-		raw.Logprobs = append(raw.Logprobs, e.Logprob.V)
-	}
-	return policy.Check(addr, r, id.Vocab, policy.Want{}, raw)
+	return a.sample(c.conn.Addr, id, r, version)
 }
 
 // WeightVersion reads GET /weight_info.
@@ -290,63 +345,67 @@ var modeInConfig = regexp.MustCompile(`logprobs_mode\W+(\w+)`)
 // Identity implements policy.Client: GET /version, GET /v1/models, and GET
 // /server_info when the server has it (its logprobs_mode, vocabulary,
 // tokenizer and template hashes, grammar; or vLLM's vllm_config text,
-// searched for logprobs_mode).
+// searched for logprobs_mode). Its Endpoint is the generation call the
+// client makes now: POST /inference/v1/generate until the server answered
+// that 404, POST /v1/completions since.
 func (c *Client) Identity(ctx context.Context) (policy.Identity, error) {
-	return c.id.Get(ctx, func(ctx context.Context) (policy.Identity, error) {
-		var ver struct {
-			Version string `json:"version"`
-		}
-		if err := c.conn.Call(ctx, "GET", "/version", nil, &ver); err != nil {
-			return policy.Identity{}, err
-		}
-		var models struct {
-			Data []struct {
-				ID   string `json:"id"`
-				Root string `json:"root"`
-			} `json:"data"`
-		}
-		if err := c.conn.Call(ctx, "GET", "/v1/models", nil, &models); err != nil {
-			return policy.Identity{}, err
-		}
-		if ver.Version == "" || len(models.Data) == 0 {
-			return policy.Identity{}, policy.Infra(policy.ReasonBadResponse, c.conn.Addr, "GET /version and /v1/models: missing version or model")
-		}
-		var si struct {
-			LogprobsMode     string `json:"logprobs_mode"`
-			VLLMConfig       string `json:"vllm_config"`
-			VocabSize        int    `json:"vocab_size"`
-			TokenizerHash    string `json:"tokenizer_hash"`
-			ChatTemplateHash string `json:"chat_template_hash"`
-			Grammar          string `json:"grammar"`
-		}
-		err := c.conn.Call(ctx, "GET", "/server_info", nil, &si)
-		if ie, ok := policy.AsInfra(err); ok && ie.Status == 404 {
-			err = nil // no /server_info (not in dev mode): nothing more is reported
-		}
-		if err != nil {
-			return policy.Identity{}, err
-		}
-		mode := si.LogprobsMode
-		if m := modeInConfig.FindStringSubmatch(si.VLLMConfig); mode == "" && m != nil {
-			mode = m[1]
-		}
-		logprobs := c.cfg.LogprobsMode + " (the server reports it)"
-		switch {
-		case mode == "":
-			logprobs = c.cfg.LogprobsMode + " (as configured; the server does not report its mode)"
-		case mode != c.cfg.LogprobsMode:
-			return policy.Identity{}, fmt.Errorf("vllm: %w: the server at %s runs with --logprobs-mode %s, want %s", policy.ErrConfig, c.conn.Addr, mode, c.cfg.LogprobsMode)
-		}
-		th, err := c.cfg.ResolveTokenizer(si.TokenizerHash)
-		if err != nil {
-			return policy.Identity{}, err
-		}
-		m := models.Data[0]
-		return policy.Identity{
-			Protocol: policy.VLLM, Addr: c.conn.Addr, Server: "vllm " + ver.Version, Model: m.ID + " " + m.Root,
-			Vocab: si.VocabSize, TokenizerHash: th, ChatTemplateHash: si.ChatTemplateHash, Grammar: si.Grammar, Logprobs: logprobs,
-		}, nil
-	})
+	id, err := c.id.Get(ctx, c.identity)
+	if err != nil {
+		return policy.Identity{}, err
+	}
+	id.Endpoint = c.endpoint()
+	return id, nil
+}
+
+func (c *Client) identity(ctx context.Context) (policy.Identity, error) {
+	var ver struct {
+		Version string `json:"version"`
+	}
+	if err := c.conn.Call(ctx, "GET", "/version", nil, &ver); err != nil {
+		return policy.Identity{}, err
+	}
+	models, err := c.listModels(ctx)
+	if err != nil {
+		return policy.Identity{}, err
+	}
+	if ver.Version == "" || len(models) == 0 {
+		return policy.Identity{}, policy.Infra(policy.ReasonBadResponse, c.conn.Addr, "GET /version and /v1/models: missing version or model")
+	}
+	var si struct {
+		LogprobsMode     string `json:"logprobs_mode"`
+		VLLMConfig       string `json:"vllm_config"`
+		VocabSize        int    `json:"vocab_size"`
+		TokenizerHash    string `json:"tokenizer_hash"`
+		ChatTemplateHash string `json:"chat_template_hash"`
+		Grammar          string `json:"grammar"`
+	}
+	err = c.conn.Call(ctx, "GET", "/server_info", nil, &si)
+	if ie, ok := policy.AsInfra(err); ok && ie.Status == 404 {
+		err = nil // no /server_info (not in dev mode): nothing more is reported
+	}
+	if err != nil {
+		return policy.Identity{}, err
+	}
+	mode := si.LogprobsMode
+	if m := modeInConfig.FindStringSubmatch(si.VLLMConfig); mode == "" && m != nil {
+		mode = m[1]
+	}
+	logprobs := c.cfg.LogprobsMode + " (the server reports it)"
+	switch {
+	case mode == "":
+		logprobs = c.cfg.LogprobsMode + " (as configured; the server does not report its mode)"
+	case mode != c.cfg.LogprobsMode:
+		return policy.Identity{}, fmt.Errorf("vllm: %w: the server at %s runs with --logprobs-mode %s, want %s", policy.ErrConfig, c.conn.Addr, mode, c.cfg.LogprobsMode)
+	}
+	th, err := c.cfg.ResolveTokenizer(si.TokenizerHash)
+	if err != nil {
+		return policy.Identity{}, err
+	}
+	m := models[0]
+	return policy.Identity{
+		Protocol: policy.VLLM, Addr: c.conn.Addr, Server: "vllm " + ver.Version, Model: m.ID + " " + m.Root,
+		Vocab: si.VocabSize, TokenizerHash: th, ChatTemplateHash: si.ChatTemplateHash, Grammar: si.Grammar, Logprobs: logprobs,
+	}, nil
 }
 
 // ApplyTemplate implements rollout.Tokenizer: vLLM's /tokenize renders a

@@ -79,42 +79,55 @@ func TestFaults(t *testing.T) {
 }
 
 // TestVersionBracket: a weight switch during a batch fails its requests
-// with version_mismatch (they may have run on either version).
+// with version_mismatch (they may have run on either version), over either
+// endpoint; the next batch is served by the new version (over
+// /v1/completions, under the new version's model name, which the client
+// reads again when the version changes).
 func TestVersionBracket(t *testing.T) {
-	reg := policytest.Registry(t)
-	dir := t.TempDir()
-	policytest.Release(t, dir, 1, false)
-	policytest.Release(t, dir, 2, false)
-	var srv *policytest.Server
-	switched := make(chan struct{})
-	fault := &policytest.Fault{Prefix: "/inference/v1/generate"}
-	srv = policytest.Start(t, policy.VLLM, dir, reg, func(h http.Handler) http.Handler {
-		fault.Next = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			h.ServeHTTP(w, r)
-			if r.URL.Path != "/inference/v1/generate" {
-				return
+	for _, tc := range []struct {
+		name, path string
+		newClient  policytest.NewClient
+	}{
+		{"generate", "/inference/v1/generate", newClient},
+		{"completions", "/v1/completions", newCompletionsClient},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			reg := policytest.Registry(t)
+			dir := t.TempDir()
+			policytest.Release(t, dir, 1, false)
+			policytest.Release(t, dir, 2, false)
+			var srv *policytest.Server
+			switched := make(chan struct{})
+			fault := &policytest.Fault{Prefix: tc.path}
+			srv = policytest.Start(t, policy.VLLM, dir, reg, func(h http.Handler) http.Handler {
+				fault.Next = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+					h.ServeHTTP(w, r)
+					if r.URL.Path != tc.path {
+						return
+					}
+					select {
+					case <-switched:
+					default:
+						close(switched)
+						if err := srv.Load(2); err != nil {
+							t.Error(err)
+						}
+					}
+				})
+				return fault
+			}, 1)
+			fault.Set(policytest.FaultSlow, 0, nil)
+			c := tc.newClient(t, srv.URL, 5*time.Second, policy.Want{})
+			reqs := policytest.Requests(reg, 4, 3, policytest.RequestOptions{})
+			got, err := c.Generate(context.Background(), reqs)
+			if ie, ok := policy.AsInfra(err); !ok || ie.Reason != policy.ReasonVersionMismatch {
+				t.Fatalf("err %v (samples %+v)", err, got)
 			}
-			select {
-			case <-switched:
-			default:
-				close(switched)
-				if err := srv.Load(2); err != nil {
-					t.Error(err)
-				}
+			s, err := c.Generate(context.Background(), reqs)
+			if err != nil || s[0].PolicyVersion != 2 {
+				t.Fatalf("after the switch: %+v %v", s, err)
 			}
 		})
-		return fault
-	}, 1)
-	fault.Set(policytest.FaultSlow, 0, nil)
-	c := newClient(t, srv.URL, 5*time.Second, policy.Want{})
-	reqs := policytest.Requests(reg, 4, 3, policytest.RequestOptions{})
-	got, err := c.Generate(context.Background(), reqs)
-	if ie, ok := policy.AsInfra(err); !ok || ie.Reason != policy.ReasonVersionMismatch {
-		t.Fatalf("err %v (samples %+v)", err, got)
-	}
-	s, err := c.Generate(context.Background(), reqs)
-	if err != nil || s[0].PolicyVersion != 2 {
-		t.Fatalf("after the switch: %+v %v", s, err)
 	}
 }
 
