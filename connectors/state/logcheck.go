@@ -90,31 +90,45 @@ func checkLogData(data []byte) (stop, later int) {
 // in which an entry that does not check is followed by one that does: a
 // damaged log whose replay would drop acknowledged writes.
 func checkLog(path string) error {
-	f, err := os.Open(path)
+	data, unmap, err := mapFile(path)
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil
 	}
 	if err != nil {
-		return fmt.Errorf("state: open %q: %w", path, err)
+		return err
 	}
-	defer f.Close()
-	fi, err := f.Stat()
-	if err != nil {
-		return fmt.Errorf("state: open %q: %w", path, err)
+	defer unmap()
+	if len(data) <= logHeader {
+		return nil // no entry: Badger rewrites a header it lacks
 	}
-	if fi.Size() <= logHeader {
-		return nil // Badger rewrites a header it lacks
-	}
-	data, err := syscall.Mmap(int(f.Fd()), 0, int(fi.Size()), syscall.PROT_READ, syscall.MAP_SHARED)
-	if err != nil {
-		return fmt.Errorf("state: open %q: mmap: %w", path, err)
-	}
-	defer syscall.Munmap(data)
 	if stop, later := checkLogData(data); later >= 0 {
 		return fmt.Errorf("%w: %s: the entry at byte %d does not check and intact entries follow (the first at byte %d): opening would drop them",
 			ErrDamaged, path, stop, later)
 	}
 	return nil
+}
+
+// mapFile maps the file at path read-only: its bytes (none for an empty
+// file) and the call that unmaps them. A missing file's error wraps
+// fs.ErrNotExist.
+func mapFile(path string) ([]byte, func(), error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, nil, fmt.Errorf("state: open %q: %w", path, err)
+	}
+	defer f.Close() // the mapping outlives the descriptor
+	fi, err := f.Stat()
+	if err != nil {
+		return nil, nil, fmt.Errorf("state: open %q: %w", path, err)
+	}
+	if fi.Size() == 0 {
+		return nil, func() {}, nil
+	}
+	data, err := syscall.Mmap(int(f.Fd()), 0, int(fi.Size()), syscall.PROT_READ, syscall.MAP_SHARED)
+	if err != nil {
+		return nil, nil, fmt.Errorf("state: open %q: mmap: %w", path, err)
+	}
+	return data, func() { _ = syscall.Munmap(data) }, nil
 }
 
 // zeroChunk is compared with a log's tail, a chunk at a time (a log is

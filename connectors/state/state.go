@@ -255,29 +255,20 @@ func checkDir(dir string, bo badger.Options) error {
 // an error naming it if that fails (or panics). A missing file is left to
 // Badger, which refuses it itself.
 func checkTable(path string, id uint64, bo badger.Options, c options.CompressionType) (err error) {
-	f, err := os.Open(path)
+	data, unmap, err := mapFile(path)
 	if errors.Is(err, fs.ErrNotExist) {
-		return nil
+		return nil // left to Badger, which refuses it itself
 	}
 	if err != nil {
-		return fmt.Errorf("state: open %q: %w", path, err)
+		return err
 	}
-	defer f.Close()
-	fi, err := f.Stat()
-	if err != nil {
-		return fmt.Errorf("state: open %q: %w", path, err)
+	defer unmap()
+	if len(data) < 8 {
+		return fmt.Errorf("%w: %s: table of %d bytes, truncated", ErrDamaged, path, len(data))
 	}
-	if fi.Size() < 8 {
-		return fmt.Errorf("%w: %s: table of %d bytes, truncated", ErrDamaged, path, fi.Size())
-	}
-	data, err := syscall.Mmap(int(f.Fd()), 0, int(fi.Size()), syscall.PROT_READ, syscall.MAP_SHARED)
-	if err != nil {
-		return fmt.Errorf("state: open %q: mmap: %w", path, err)
-	}
-	defer syscall.Munmap(data)
 	defer func() {
 		if r := recover(); r != nil {
-			err = fmt.Errorf("%w: %s: table of %d bytes unreadable (truncated or corrupt)", ErrDamaged, path, fi.Size())
+			err = fmt.Errorf("%w: %s: table of %d bytes unreadable (truncated or corrupt)", ErrDamaged, path, len(data))
 		}
 	}()
 	if _, err := table.OpenInMemoryTable(data, id, &table.Options{BlockSize: bo.BlockSize, Compression: c,
