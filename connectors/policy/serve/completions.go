@@ -386,23 +386,38 @@ type vllmCompletionReq struct {
 	Priority                   int             `json:"priority"`
 }
 
-func (s *Server) vllmCompletions(w http.ResponseWriter, r *http.Request) {
-	var q vllmCompletionReq
-	err := decodeStrict(w, r, &q)
+// decodeCompletion reads a completions request into q, whose OpenAI
+// fields are extras, and checks those, then the dialect's own refusals
+// (more); a refused request is answered 400 naming the field, and false
+// returned.
+func decodeCompletion(w http.ResponseWriter, r *http.Request, q any, extras *oaiExtras, more func() error) bool {
+	err := decodeStrict(w, r, q)
 	if err == nil {
-		err = q.oaiExtras.check()
+		err = extras.check()
 	}
-	switch {
-	case err != nil:
-	case q.Stream:
-		err = errors.New("stream is not served")
-	case !emptyJSON(q.Detokenize):
-		err = errors.New("detokenize is not a field of /v1/completions (the text is always made)")
-	case q.Priority != 0:
-		err = fmt.Errorf("priority %d: the server does not schedule by priority", q.Priority)
+	if err == nil {
+		err = more()
 	}
 	if err != nil {
 		writeError(w, http.StatusBadRequest, "completions: %v", err)
+		return false
+	}
+	return true
+}
+
+func (s *Server) vllmCompletions(w http.ResponseWriter, r *http.Request) {
+	var q vllmCompletionReq
+	if !decodeCompletion(w, r, &q, &q.oaiExtras, func() error {
+		switch {
+		case q.Stream:
+			return errors.New("stream is not served")
+		case !emptyJSON(q.Detokenize):
+			return errors.New("detokenize is not a field of /v1/completions (the text is always made)")
+		case q.Priority != 0:
+			return fmt.Errorf("priority %d: the server does not schedule by priority", q.Priority)
+		}
+		return nil
+	}) {
 		return
 	}
 	p := q.vllmSampling
@@ -474,17 +489,12 @@ type sglangCompletionReq struct {
 
 func (s *Server) sglangCompletions(w http.ResponseWriter, r *http.Request) {
 	var q sglangCompletionReq
-	err := decodeStrict(w, r, &q)
-	if err == nil {
-		err = q.oaiExtras.check()
-	}
-	switch {
-	case err != nil:
-	case q.Stream:
-		err = errors.New("stream is not served")
-	}
-	if err != nil {
-		writeError(w, http.StatusBadRequest, "completions: %v", err)
+	if !decodeCompletion(w, r, &q, &q.oaiExtras, func() error {
+		if q.Stream {
+			return errors.New("stream is not served")
+		}
+		return nil
+	}) {
 		return
 	}
 	maxTok := 16
@@ -530,25 +540,21 @@ func (s *Server) llamaCompletions(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	var q llamaCompletionsReq
-	err := decodeStrict(w, r, &q)
-	if err == nil {
-		err = q.oaiExtras.check()
-	}
 	field := "n_predict"
-	if q.NPredict == nil {
-		q.NPredict, field = q.MaxTokens, "max_tokens"
-	}
-	switch {
-	case err != nil:
-	case q.N != nil && *q.N != 1:
-		err = fmt.Errorf("n %d: one sample per request", *q.N)
-	case q.NPredict == nil:
-		err = errors.New("max_tokens is required (llama-server's default is unbounded)")
-	case *q.NPredict <= 0:
-		err = fmt.Errorf("%s %d must be positive", field, *q.NPredict)
-	}
-	if err != nil {
-		writeError(w, http.StatusBadRequest, "completions: %v", err)
+	if !decodeCompletion(w, r, &q, &q.oaiExtras, func() error {
+		if q.NPredict == nil {
+			q.NPredict, field = q.MaxTokens, "max_tokens"
+		}
+		switch {
+		case q.N != nil && *q.N != 1:
+			return fmt.Errorf("n %d: one sample per request", *q.N)
+		case q.NPredict == nil:
+			return errors.New("max_tokens is required (llama-server's default is unbounded)")
+		case *q.NPredict <= 0:
+			return fmt.Errorf("%s %d must be positive", field, *q.NPredict)
+		}
+		return nil
+	}) {
 		return
 	}
 	logprobs := q.Logprobs
