@@ -150,7 +150,9 @@ func (e *Env) Scan(ctx context.Context, topic string, last int64, fn func(Messag
 // State returns the stage's local state store, opening it on the first
 // call (Badger in the operator's state directory). The runtime closes it
 // after the stage's Close. The store is a cache: a stage must be able to
-// rebuild everything in it from its topics.
+// rebuild everything in it from its topics. So a store that state.Open
+// refuses as damaged is moved into a damaged-<time> directory inside the
+// state directory (logged), and the stage starts from an empty one.
 func (e *Env) State() (*state.Store, error) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
@@ -158,6 +160,18 @@ func (e *Env) State() (*state.Store, error) {
 		return e.store, nil
 	}
 	st, err := state.Open(e.stateDir, state.Options{Logger: e.Logger})
+	if errors.Is(err, state.ErrDamaged) {
+		// The store is a cache of the topics: a damaged one is kept aside
+		// for inspection and the stage rebuilds from an empty one, as after
+		// losing the directory (docs/GUARANTEES.md).
+		aside, merr := state.MoveAside(e.stateDir, e.now())
+		if merr != nil {
+			return nil, fmt.Errorf("%w; moving it aside failed: %w", err, merr)
+		}
+		e.Logger.Warn("state store damaged: moved aside, the stage rebuilds its state from its topics",
+			"dir", e.stateDir, "aside", aside, "err", err)
+		st, err = state.Open(e.stateDir, state.Options{Logger: e.Logger})
+	}
 	if err != nil {
 		return nil, err
 	}

@@ -3,10 +3,14 @@ package pipeline
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
+
+	"github.com/trajflow/trajflow/connectors/state"
 )
 
 func TestBackoffDelay(t *testing.T) {
@@ -118,5 +122,68 @@ func TestEnvStateOpenedOnceAndClosed(t *testing.T) {
 	}
 	if _, err := env.Releases(); !errors.Is(err, ErrNoReleases) {
 		t.Fatalf("releases without store: %v", err)
+	}
+}
+
+// TestEnvStateMovesADamagedStoreAside: a state directory state.Open
+// refuses as damaged (here a table beside no MANIFEST, which Badger would
+// silently discard) is moved into a damaged-<time> directory inside it,
+// logged, and the stage gets an empty store to rebuild from its topics;
+// the next open keeps the moved store aside and opens the new one.
+func TestEnvStateMovesADamagedStoreAside(t *testing.T) {
+	dir := t.TempDir()
+	env := NewEnv(EnvConfig{StateDir: dir})
+	st, err := env.State()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Set([]byte("k"), []byte("v"), 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := env.Close(); err != nil { // flushes the memtable into a table
+		t.Fatal(err)
+	}
+	if m, _ := filepath.Glob(filepath.Join(dir, "*.sst")); len(m) == 0 {
+		t.Fatal("no table written")
+	}
+	if err := os.Remove(filepath.Join(dir, "MANIFEST")); err != nil {
+		t.Fatal(err)
+	}
+	var logged strings.Builder
+	env = NewEnv(EnvConfig{StateDir: dir, Logger: slog.New(slog.NewTextHandler(&logged, nil))})
+	st, err = env.State()
+	if err != nil {
+		t.Fatalf("State on a damaged directory: %v", err)
+	}
+	if has, err := st.Has([]byte("k")); err != nil || has {
+		t.Fatalf("the new store holds k (%v), want an empty store", err)
+	}
+	aside, _ := filepath.Glob(filepath.Join(dir, state.AsidePrefix+"*"))
+	if len(aside) != 1 {
+		t.Fatalf("%d directories moved aside, want 1", len(aside))
+	}
+	if m, _ := filepath.Glob(filepath.Join(aside[0], "*.sst")); len(m) == 0 {
+		t.Fatalf("the damaged table is not kept in %s", aside[0])
+	}
+	if !strings.Contains(logged.String(), "state store damaged") || !strings.Contains(logged.String(), aside[0]) {
+		t.Fatalf("log %q does not say where the store went", logged.String())
+	}
+	if err := st.Set([]byte("k2"), []byte("v2"), 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := env.Close(); err != nil {
+		t.Fatal(err)
+	}
+	env = NewEnv(EnvConfig{StateDir: dir})
+	defer env.Close()
+	st, err = env.State()
+	if err != nil {
+		t.Fatalf("reopening: %v", err)
+	}
+	if v, err := st.Get([]byte("k2")); err != nil || string(v) != "v2" {
+		t.Fatalf("k2 = %q (%v) after reopening", v, err)
+	}
+	if again, _ := filepath.Glob(filepath.Join(dir, state.AsidePrefix+"*")); len(again) != 1 {
+		t.Fatalf("%d directories aside after a clean reopen, want 1", len(again))
 	}
 }

@@ -8,7 +8,10 @@ import (
 	"hash/crc32"
 	"io/fs"
 	"os"
+	"path/filepath"
+	"strings"
 	"syscall"
+	"time"
 )
 
 // Badger's log files: the write-ahead log of each memtable (.mem) and the
@@ -146,4 +149,33 @@ func lastNonZero(data []byte) int {
 		end--
 	}
 	return end - 1
+}
+
+// AsidePrefix starts the name of a directory MoveAside makes.
+const AsidePrefix = "damaged-"
+
+// MoveAside moves every entry of the store directory dir (but the
+// directories earlier calls made) into a new directory dir/damaged-<time>
+// and returns its path: a store Open refuses as damaged is kept for
+// inspection, and dir opens empty. It is for a store that is a cache
+// (an operator rebuilds its state from its topics), never for one that is
+// the source of truth.
+func MoveAside(dir string, now time.Time) (string, error) {
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		return "", fmt.Errorf("state: move %q aside: %w", dir, err)
+	}
+	aside := filepath.Join(dir, AsidePrefix+now.UTC().Format("20060102T150405.000000000Z"))
+	if err := os.Mkdir(aside, 0o755); err != nil {
+		return "", fmt.Errorf("state: move %q aside: %w", dir, err)
+	}
+	for _, e := range ents {
+		if e.IsDir() && strings.HasPrefix(e.Name(), AsidePrefix) {
+			continue
+		}
+		if err := os.Rename(filepath.Join(dir, e.Name()), filepath.Join(aside, e.Name())); err != nil {
+			return aside, fmt.Errorf("state: move %q aside: %w", dir, err)
+		}
+	}
+	return aside, nil
 }
