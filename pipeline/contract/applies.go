@@ -138,19 +138,28 @@ func (c *Contract) Recorded() *Contract {
 // way.
 func (c *Contract) DropUnused() {
 	c.fillDefaults()
-	def := reflect.ValueOf(knobDefaults()).Elem()
-	cv := reflect.ValueOf(c).Elem()
+	eachUnused(c, func(k conditional, _ []string, got, def reflect.Value) {
+		got.Set(def)
+		delete(c.set, k.path)
+	})
+}
+
+// eachUnused calls fn for every conditional key that does not apply to r
+// (its defaults filled), with its path split, its field of r (settable)
+// and the field's default.
+func eachUnused(r *Contract, fn func(k conditional, keys []string, got, def reflect.Value)) {
+	defs := reflect.ValueOf(knobDefaults()).Elem()
+	rv := reflect.ValueOf(r).Elem()
 	for _, k := range conditionals {
-		if k.unused(c) == "" {
+		if k.unused(r) == "" {
 			continue
 		}
 		keys := strings.Split(k.path, ".")
-		got, ok1 := fieldAt(cv, keys)
-		want, ok2 := fieldAt(def, keys)
-		if ok1 && ok2 && got.CanSet() {
-			got.Set(want)
+		got, ok1 := fieldAt(rv, keys)
+		def, ok2 := fieldAt(defs, keys)
+		if ok1 && ok2 {
+			fn(k, keys, got, def)
 		}
-		delete(c.set, k.path)
 	}
 }
 
@@ -180,20 +189,12 @@ func (c *Contract) validateConditionals(v *validator) {
 // default there: YAML leaves them out, and reading the document back
 // fills the same default.
 func (c *Contract) unwrittenUnused(r *Contract) [][]string {
-	def := reflect.ValueOf(knobDefaults()).Elem()
-	rv := reflect.ValueOf(r).Elem()
 	var out [][]string
-	for _, k := range conditionals {
-		if c.Written(k.path) || k.unused(r) == "" {
-			continue
-		}
-		keys := strings.Split(k.path, ".")
-		got, ok1 := fieldAt(rv, keys)
-		want, ok2 := fieldAt(def, keys)
-		if ok1 && ok2 && reflect.DeepEqual(got.Interface(), want.Interface()) {
+	eachUnused(r, func(k conditional, keys []string, got, def reflect.Value) {
+		if !c.Written(k.path) && reflect.DeepEqual(got.Interface(), def.Interface()) {
 			out = append(out, keys)
 		}
-	}
+	})
 	return out
 }
 

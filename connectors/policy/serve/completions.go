@@ -291,13 +291,8 @@ func (s *Server) completionAnswer(q *completion, l *loaded, prompt []int32, smp 
 		shown = words[:len(words)-1]
 	}
 	text := strings.Join(shown, " ")
-	finish := smp.Finish
-	if finish == model.FinishLength {
-		finish = "length"
-	} else if finish == model.FinishStop {
-		finish = "stop"
-	}
-	ch := map[string]any{"index": 0, "text": text, "logprobs": nil, "finish_reason": finish}
+	// model's finish reasons are OpenAI's words: stop, length (and abort).
+	ch := map[string]any{"index": 0, "text": text, "logprobs": nil, "finish_reason": smp.Finish}
 	if lps != nil {
 		lp := oaiLogprobs{Tokens: make([]string, len(smp.Tokens)), TokenLogprobs: lps, TopLogprobs: make([]json.RawMessage, len(smp.Tokens)), TextOffset: offsets}
 		for i, t := range smp.Tokens {
