@@ -794,6 +794,9 @@ func TestFloor(t *testing.T) {
 		{"x_of_initial", Floor{}, 0, true},
 		{"0.9_of_final", Floor{}, 0, true},
 		{"", Floor{}, 0, true},
+		{"NaN", Floor{}, 0, true}, // strconv reads it; .nan is refused as a number too
+		{"+Inf", Floor{}, 0, true},
+		{"Inf_of_initial", Floor{}, 0, true},
 	}
 	for _, tt := range tests {
 		got, err := ParseFloor(tt.in)
@@ -941,6 +944,36 @@ func TestYAMLKeepsReplicationUnwritten(t *testing.T) {
 		}
 		if back := roundTrip(c); !back.Written("topics.replication") || back.Topics.Replication != n {
 			t.Errorf("replication %d written, printed and read back: %d, written %v", n, back.Topics.Replication, back.Written("topics.replication"))
+		}
+	}
+}
+
+// TestYAMLAwkwardStrings: strings the YAML library writes in a form that
+// does not read back — a leading line break (written as a block scalar
+// that drops it), a tab before a line break (not read at all), "<<"
+// (written plain: a merge key) — are written so that Parse(YAML()) gives
+// the same hash, in a contract that resolves.
+func TestYAMLAwkwardStrings(t *testing.T) {
+	base := string(readFile(t, "minimal.yaml"))
+	for _, s := range []string{"\n#", "\na", "<<", "a\tb\n", "x\u2028y"} {
+		q := strconv.Quote(s)
+		for _, edit := range [][2]string{
+			{"primary_metric: verified_success_rate", "primary_metric: " + q},
+			{"constraints: {", "constraints: {" + q + ": 1, "},
+			{"{name: kv_success", "{name: " + q},
+		} {
+			c := mustResolve(t, []byte(strings.Replace(base, edit[0], edit[1], 1)))
+			y, err := c.YAML()
+			if err != nil {
+				t.Fatalf("%s: %v", edit[1], err)
+			}
+			back, err := Parse(y)
+			if err != nil {
+				t.Fatalf("%s: %v\n%s", edit[1], err, y)
+			}
+			if back.Hash() != c.Hash() {
+				t.Errorf("%s: round trip changed the hash:\n%s", edit[1], y)
+			}
 		}
 	}
 }

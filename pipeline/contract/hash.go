@@ -10,6 +10,7 @@ import (
 	"reflect"
 	"slices"
 	"strconv"
+	"strings"
 
 	"gopkg.in/yaml.v3"
 )
@@ -131,23 +132,114 @@ func (c *Contract) YAML() ([]byte, error) {
 	enc := yaml.NewEncoder(&b)
 	enc.SetIndent(2)
 	r := c.resolved()
-	var doc yaml.Node
-	if err := doc.Encode(r); err != nil {
+	doc, err := yamlNode(reflect.ValueOf(r).Elem())
+	if err != nil {
 		return nil, fmt.Errorf("contract: encode YAML: %w", err)
 	}
 	if !c.Written("topics.replication") && r.Topics.Replication == defaultReplication {
-		removeKey(&doc, "topics", "replication") // unwritten it stays
+		removeKey(doc, "topics", "replication") // unwritten it stays
 	}
 	for _, keys := range c.unwrittenUnused(r) {
-		removeKey(&doc, keys...) // read back, it is the same default, and not written
+		removeKey(doc, keys...) // read back, it is the same default, and not written
 	}
-	if err := enc.Encode(&doc); err != nil {
+	if err := enc.Encode(doc); err != nil {
 		return nil, fmt.Errorf("contract: encode YAML: %w", err)
 	}
 	if err := enc.Close(); err != nil {
 		return nil, fmt.Errorf("contract: encode YAML: %w", err)
 	}
 	return b.Bytes(), nil
+}
+
+// yamlNode builds the YAML node tree of v (a contract or a part of it),
+// as yaml.Node.Encode would: mappings of the yaml keys in declaration
+// order, map keys sorted, MarshalYAML honored. Node.Encode is not used:
+// it writes v out and parses it back, and the writer loses or garbles
+// strings whose plain or block form does not read back ("\nx" is read
+// as "x", "\t\n" is not read at all, plain "<<" is a merge key). Here
+// such a string is a double-quoted scalar, in which everything is escaped.
+func yamlNode(v reflect.Value) (*yaml.Node, error) {
+	if m, ok := v.Interface().(yaml.Marshaler); ok { // Floor, StopRule
+		x, err := m.MarshalYAML()
+		if err != nil {
+			return nil, err
+		}
+		return yamlNode(reflect.ValueOf(x))
+	}
+	var n *yaml.Node
+	switch v.Kind() {
+	case reflect.Struct:
+		n = &yaml.Node{Kind: yaml.MappingNode, Tag: "!!map"}
+		for _, f := range fieldsOf(v.Type()).list {
+			e, err := yamlNode(v.FieldByIndex(f.index))
+			if err != nil {
+				return nil, err
+			}
+			n.Content = append(n.Content, strNode(f.name), e)
+		}
+	case reflect.Map:
+		n = &yaml.Node{Kind: yaml.MappingNode, Tag: "!!map"}
+		keys := make([]string, 0, v.Len())
+		for _, k := range v.MapKeys() {
+			keys = append(keys, k.String())
+		}
+		slices.Sort(keys)
+		for _, k := range keys {
+			e, err := yamlNode(v.MapIndex(reflect.ValueOf(k).Convert(v.Type().Key())))
+			if err != nil {
+				return nil, err
+			}
+			n.Content = append(n.Content, strNode(k), e)
+		}
+	case reflect.Slice:
+		n = &yaml.Node{Kind: yaml.SequenceNode, Tag: "!!seq"}
+		for i := 0; i < v.Len(); i++ {
+			e, err := yamlNode(v.Index(i))
+			if err != nil {
+				return nil, err
+			}
+			n.Content = append(n.Content, e)
+		}
+	case reflect.String:
+		n = strNode(v.String())
+	case reflect.Bool:
+		n = &yaml.Node{Kind: yaml.ScalarNode, Tag: "!!bool", Value: strconv.FormatBool(v.Bool())}
+	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64:
+		n = &yaml.Node{Kind: yaml.ScalarNode, Tag: "!!int", Value: strconv.FormatInt(v.Int(), 10)}
+	case reflect.Float64:
+		// Untagged, as the library writes a float: "2" reads back as an
+		// int, which a float field takes.
+		f := strconv.FormatFloat(v.Float(), 'g', -1, 64)
+		switch f {
+		case "+Inf":
+			f = ".inf"
+		case "-Inf":
+			f = "-.inf"
+		case "NaN":
+			f = ".nan"
+		}
+		n = &yaml.Node{Kind: yaml.ScalarNode, Value: f}
+	default:
+		n = new(yaml.Node)
+		if err := n.Encode(v.Interface()); err != nil {
+			return nil, err
+		}
+	}
+	return n, nil
+}
+
+// strNode is the scalar node of string s: double-quoted when s holds a
+// tab, a line break or another control character, or is "<<"; else in the
+// style the writer picks (plain, or quoted where plain would read as
+// another type).
+func strNode(s string) *yaml.Node {
+	n := &yaml.Node{Kind: yaml.ScalarNode, Tag: "!!str", Value: s}
+	if s == "<<" || strings.ContainsFunc(s, func(r rune) bool {
+		return r < 0x20 || r == 0x7f || r == 0x85 || r == 0x2028 || r == 0x2029
+	}) {
+		n.Style = yaml.DoubleQuotedStyle
+	}
+	return n
 }
 
 // removeKey removes the key at path from the mapping node m, if there.

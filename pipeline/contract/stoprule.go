@@ -88,6 +88,9 @@ func ParseFloor(s string) (Floor, error) {
 	if err != nil {
 		return Floor{}, fmt.Errorf("floor %q: want a number or <x>%s", s, relativeSuffix)
 	}
+	if !finite(v) { // "NaN", "Inf": strconv reads them, no contract number is one
+		return Floor{}, fmt.Errorf("floor %q: must be finite", s)
+	}
 	return Floor{Value: v, Relative: rel}, nil
 }
 
