@@ -616,12 +616,17 @@ func (s *Server) expired(e *episode) bool {
 	return !s.cfg.Now().Before(e.lease)
 }
 
+// leaseFor is the lease a request asking for ms milliseconds gets: the
+// default for none, at most MaxLease (compared in milliseconds, so that
+// an ask near MaxInt64 cannot wrap around as a Duration).
 func (s *Server) leaseFor(ms int64) time.Duration {
-	d := time.Duration(ms) * time.Millisecond
-	if d <= 0 {
-		d = s.cfg.DefaultLease
+	switch {
+	case ms <= 0:
+		return min(s.cfg.DefaultLease, s.cfg.MaxLease)
+	case ms >= s.cfg.MaxLease.Milliseconds():
+		return s.cfg.MaxLease
 	}
-	return min(d, s.cfg.MaxLease)
+	return time.Duration(ms) * time.Millisecond
 }
 
 // Handler returns the protocol's HTTP handler.

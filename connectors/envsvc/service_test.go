@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net/http"
 	"net/http/httptest"
 	"slices"
@@ -745,6 +746,28 @@ func TestBurstSpreadsEvenly(t *testing.T) {
 			if _, err := ep.Close(ctx, rollout.ReasonAborted); err != nil {
 				t.Fatal(err)
 			}
+		}
+	}
+}
+
+// TestLeaseFor: the lease a request asks for, bounded by MaxLease; asks
+// past what a Duration holds get MaxLease, not a wrapped-around value.
+func TestLeaseFor(t *testing.T) {
+	s := &Server{cfg: Config{DefaultLease: 10 * time.Second, MaxLease: 2 * time.Minute}}
+	for _, tc := range []struct {
+		ms   int64
+		want time.Duration
+	}{
+		{0, 10 * time.Second},
+		{-5, 10 * time.Second},
+		{1500, 1500 * time.Millisecond},
+		{120_000, 2 * time.Minute},
+		{120_001, 2 * time.Minute},
+		{1 << 62, 2 * time.Minute},                                   // × 1e6 wraps to 0 as a Duration
+		{math.MaxInt64/int64(time.Millisecond) + 7, 2 * time.Minute}, // wraps to a negative one
+	} {
+		if got := s.leaseFor(tc.ms); got != tc.want {
+			t.Errorf("leaseFor(%d) = %v, want %v", tc.ms, got, tc.want)
 		}
 	}
 }
