@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"io"
+	"math"
 	"slices"
 )
 
@@ -46,7 +48,7 @@ func DecodeAbsent(v []byte) (AbsentMembers, error) {
 	if err := d.Decode(&raw); err != nil {
 		return nil, fmt.Errorf("%w: header %s: %v", ErrDecode, HeaderAbsent, err)
 	}
-	if d.More() {
+	if _, err := d.Token(); err != io.EOF {
 		return nil, fmt.Errorf("%w: header %s: data after the object", ErrDecode, HeaderAbsent)
 	}
 	if raw == nil {
@@ -58,7 +60,7 @@ func DecodeAbsent(v []byte) (AbsentMembers, error) {
 			return nil, fmt.Errorf("%w: header %s: empty group id", ErrDecode, HeaderAbsent)
 		}
 		for _, m := range ms {
-			if m < 0 {
+			if m < 0 || m == math.MaxInt32 { // a range ends at m+1, which would wrap
 				return nil, fmt.Errorf("%w: header %s: group %q: member %d", ErrDecode, HeaderAbsent, g, m)
 			}
 			if slices.Contains(a[g], m) {

@@ -47,7 +47,7 @@ func TestAbsentRoundTrip(t *testing.T) {
 func TestAbsentOfRefusesBadHeaders(t *testing.T) {
 	for _, v := range []string{
 		``, `null`, `[]`, `{"g":[1.5]}`, `{"g":[-1]}`, `{"g":[1,1]}`, `{"":[1]}`,
-		`{"g":[1]} {}`, `{"g":[4294967296]}`, `{"g":"1"}`, `not json`,
+		`{"g":[1]} {}`, `{"g":[1]}]`, `{"g":[1]}}`, `{"g":[4294967296]}`, `{"g":[2147483647]}`, `{"g":"1"}`, `not json`,
 	} {
 		_, err := stagekit.AbsentOf(withHeader(v))
 		var r *pipeline.Refusal
