@@ -88,12 +88,15 @@ func Load(r io.Reader) (*Model, error) {
 	if n != cfg.NumParams() {
 		return nil, fmt.Errorf("%w: %d parameters, config %+v needs %d", ErrCheckpoint, n, cfg, cfg.NumParams())
 	}
-	body := make([]byte, 4*n)
-	if _, err := io.ReadFull(r, body); err != nil {
+	// Read as the bytes come, not into a buffer the header sized: a
+	// short file claiming the largest config allocates what it holds.
+	body, err := io.ReadAll(io.LimitReader(r, int64(4*n)+1))
+	switch {
+	case err != nil:
 		return nil, fmt.Errorf("%w: parameters: %v", ErrCheckpoint, err)
-	}
-	var one [1]byte
-	if k, _ := r.Read(one[:]); k != 0 {
+	case len(body) < 4*n:
+		return nil, fmt.Errorf("%w: parameters: %d of %d bytes: %v", ErrCheckpoint, len(body), 4*n, io.ErrUnexpectedEOF)
+	case len(body) > 4*n:
 		return nil, fmt.Errorf("%w: trailing bytes after %d parameters", ErrCheckpoint, n)
 	}
 	m := &Model{Config: cfg, Params: make([]float32, n)}
