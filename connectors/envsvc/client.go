@@ -233,6 +233,14 @@ func (e *errAmbiguous) Error() string {
 }
 func (e *errAmbiguous) Unwrap() error { return e.err }
 
+// maxResponseBytes bounds what the client reads of one answer of a
+// service (a step's, a health document): an answer is one JSON document
+// whose largest part, an observation, a service caps at
+// Config.MaxObservationBytes (64 KiB by default), so this leaves room for
+// any cap a service would set. A server that sends more (a wrong address,
+// a misbehaving service) is read no further.
+const maxResponseBytes = 16 << 20
+
 // post sends one request and decodes a protocol answer into out (whose
 // common part it returns). Anything else — a timeout, a reset connection,
 // a reply that is not the protocol's — is *errAmbiguous.
@@ -261,7 +269,7 @@ func (c *Client) post(ctx context.Context, b *backend, path string, req, out any
 		return Response{}, &errAmbiguous{reason, err}
 	}
 	defer resp.Body.Close()
-	data, err := io.ReadAll(io.LimitReader(resp.Body, 16<<20))
+	data, err := io.ReadAll(io.LimitReader(resp.Body, maxResponseBytes))
 	if err != nil {
 		if ctx.Err() != nil {
 			return Response{}, ctx.Err()
@@ -738,9 +746,16 @@ func (c *Client) Health(ctx context.Context) ([]Health, error) {
 			cancel()
 			return nil, fmt.Errorf("envsvc: health of %s: %w", b.url, err)
 		}
-		err = json.NewDecoder(resp.Body).Decode(&out[i])
+		data, err := io.ReadAll(io.LimitReader(resp.Body, maxResponseBytes+1))
 		resp.Body.Close()
 		cancel()
+		if err != nil {
+			return nil, fmt.Errorf("envsvc: health of %s: %w", b.url, err)
+		}
+		if len(data) > maxResponseBytes {
+			return nil, fmt.Errorf("envsvc: health of %s: answer over %d bytes", b.url, maxResponseBytes)
+		}
+		err = json.Unmarshal(data, &out[i])
 		if err != nil || out[i].Protocol != ProtocolVersion {
 			return nil, fmt.Errorf("envsvc: health of %s: protocol %d, %v", b.url, out[i].Protocol, err)
 		}

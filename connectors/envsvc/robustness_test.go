@@ -173,6 +173,23 @@ func TestFailedStoreReportedByHealth(t *testing.T) {
 	}
 }
 
+// TestHealthAnswerBounded: a health answer longer than the client reads
+// of any answer (maxResponseBytes), here a valid document with a long
+// error, is refused naming the service and the limit, not decoded whole.
+func TestHealthAnswerBounded(t *testing.T) {
+	hs := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprintf(w, `{"status":"ok","protocol":%d,"families":["ledger"],"error":"`, ProtocolVersion)
+		w.Write(bytes.Repeat([]byte("a"), maxResponseBytes))
+		io.WriteString(w, `"}`)
+	}))
+	defer hs.Close()
+	c := newClient(t, []string{hs.URL}, Options{})
+	_, err := c.Health(ctxT(t, time.Minute))
+	if err == nil || !strings.Contains(err.Error(), hs.URL) || !strings.Contains(err.Error(), fmt.Sprintf("answer over %d bytes", maxResponseBytes)) {
+		t.Fatalf("health answer of %d bytes: %v, want an error naming %s and the limit", maxResponseBytes+60, err, hs.URL)
+	}
+}
+
 // TestCorruptRecordEndsOnlyItsEpisode: an unreadable record ends its
 // episode (infra, corrupt_log) at startup, the log names the key, and the
 // other episodes resume.
