@@ -2,7 +2,11 @@ package parquet
 
 import (
 	"bytes"
+	"crypto/sha256"
+	"encoding/binary"
+	"encoding/hex"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -11,6 +15,8 @@ import (
 
 	"github.com/apache/arrow-go/v18/arrow/memory"
 	pq "github.com/parquet-go/parquet-go"
+	"github.com/parquet-go/parquet-go/encoding/thrift"
+	"github.com/parquet-go/parquet-go/format"
 
 	"github.com/trajflow/trajflow/bench/synth"
 	"github.com/trajflow/trajflow/pipeline"
@@ -162,6 +168,49 @@ func TestCorruptionNamesFile(t *testing.T) {
 	}
 	if _, _, err := ReadFile(path, ReadOptions{}); !errors.Is(err, ErrCorrupt) {
 		t.Fatalf("missing sidecar: %v", err)
+	}
+}
+
+// TestControlRowCountBounded: a control-plane file whose footer claims
+// more rows than it holds (its sidecar matching, so the bytes reach the
+// decoder) is refused naming the claim; the rows are never sized by it.
+func TestControlRowCountBounded(t *testing.T) {
+	dir := t.TempDir()
+	msgs := []Message{{Offset: 0, Value: []byte(`{"kind":"census_event","version":1,"data":{"attempt_id":"a","kind":"admitted"}}`)},
+		{Offset: 1, Value: []byte(`{"kind":"census_event","version":1,"data":{"attempt_id":"b","kind":"admitted"}}`)}}
+	path, _, err := WriteFile(Target{Dir: dir, Run: testRun, Topic: testRun + ".census"}, 0, msgs, WriteOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The footer: thrift FileMetaData, its length, "PAR1".
+	flen := int(binary.LittleEndian.Uint32(b[len(b)-8:]))
+	body, footer := b[:len(b)-8-flen], b[len(b)-8-flen:len(b)-8]
+	var md format.FileMetaData
+	if err := thrift.Unmarshal(new(thrift.CompactProtocol), footer, &md); err != nil {
+		t.Fatal(err)
+	}
+	const claim = 1 << 40
+	md.NumRows, md.RowGroups[0].NumRows = claim, claim
+	footer, err = thrift.Marshal(new(thrift.CompactProtocol), &md)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b = binary.LittleEndian.AppendUint32(append(bytes.Clone(body), footer...), uint32(len(footer)))
+	b = append(b, "PAR1"...)
+	sum := sha256.Sum256(b)
+	if err := os.WriteFile(path, b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(SidecarPath(path), []byte(hex.EncodeToString(sum[:])+"  x\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	_, _, err = ReadFile(path, ReadOptions{})
+	if !errors.Is(err, ErrCorrupt) || !strings.Contains(err.Error(), path) || !strings.Contains(err.Error(), fmt.Sprintf("footer declares %d rows", claim)) {
+		t.Fatalf("footer claiming %d rows: %v, want ErrCorrupt naming %s and the claim", claim, err, path)
 	}
 }
 

@@ -370,11 +370,28 @@ func readControl(data []byte) (Lineage, []Message, error) {
 	}
 	r := pq.NewGenericReader[ControlRow](f)
 	defer r.Close()
-	rows := make([]ControlRow, r.NumRows())
-	n, err := r.Read(rows)
-	if err != nil && !errors.Is(err, io.EOF) {
-		return lin, nil, fmt.Errorf("%w: rows: %w", ErrCorrupt, err)
+	// The row count is the footer's claim: rows are read a chunk at a
+	// time, never allocated by it (a ControlRow takes over 500 bytes of
+	// memory and may take a few in the file), and the rows read must
+	// match it.
+	nrows := r.NumRows()
+	var rows []ControlRow
+	chunk := make([]ControlRow, min(max(nrows, 0), controlReadChunk))
+	for int64(len(rows)) < nrows {
+		clear(chunk) // read rows into fresh memory: rows keep what the last read filled
+		k, err := r.Read(chunk)
+		rows = append(rows, chunk[:k]...)
+		if errors.Is(err, io.EOF) || (err == nil && k == 0) {
+			break
+		}
+		if err != nil {
+			return lin, nil, fmt.Errorf("%w: rows: %w", ErrCorrupt, err)
+		}
 	}
+	if int64(len(rows)) != nrows {
+		return lin, nil, fmt.Errorf("%w: footer declares %d rows, %d read", ErrCorrupt, nrows, len(rows))
+	}
+	n := len(rows)
 	msgs := make([]Message, n)
 	for i := range rows[:n] {
 		hs, err := parseHeaders(rows[i].Headers)
@@ -388,6 +405,10 @@ func readControl(data []byte) (Lineage, []Message, error) {
 	}
 	return lin, msgs, nil
 }
+
+// controlReadChunk is how many rows of a control-plane file are read at
+// once: about half a MiB of ControlRows, whatever the footer claims.
+const controlReadChunk = 1024
 
 // arrowSchemaKey is where pqarrow stores the Arrow schema.
 const arrowSchemaKey = "ARROW:schema"
