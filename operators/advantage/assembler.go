@@ -101,6 +101,13 @@ type openGroup struct {
 	absent   []int32 // member slots declared never to arrive
 }
 
+// maxPreallocMembers bounds the member slots allocated when a group
+// opens. A group's size is a field of its records, up to MaxInt32 (the
+// contract's bound on sampler.group_size), so a larger group grows as its
+// members arrive rather than by what its first record claims. 64 slots
+// hold a group of any usual size (16 by default) without growing.
+const maxPreallocMembers = 64
+
 // filled reports whether every member slot is present or declared absent.
 func (g *openGroup) filled() bool { return int32(len(g.members)+len(g.absent)) >= g.expected }
 
@@ -192,7 +199,7 @@ func (a *Assembler) Offer(r schemas.Rewarded) (Outcome, []schemas.Rewarded, erro
 		}
 	}
 	if g == nil {
-		g = &openGroup{expected: r.GroupSize, first: a.seq, members: make([]schemas.Rewarded, 0, r.GroupSize)}
+		g = &openGroup{expected: r.GroupSize, first: a.seq, members: make([]schemas.Rewarded, 0, min(r.GroupSize, maxPreallocMembers))}
 		a.open[r.GroupID] = g
 	}
 	if r.GroupSize != g.expected || slices.Contains(g.absent, r.Member) ||

@@ -123,6 +123,28 @@ func TestAssemblerMemoryEvictsOldest(t *testing.T) {
 	}
 }
 
+// TestAssemblerGroupSizeIsAClaim: the first record of a group declaring
+// a huge size opens it (the size is legal) without allocating member
+// slots for the size it claims: the group holds what arrived.
+func TestAssemblerGroupSizeIsAClaim(t *testing.T) {
+	const claim = 1 << 20
+	a := advantage.NewAssembler(16)
+	out, group, err := a.Offer(rec("G", claim, 0, "g0"))
+	if out != advantage.Added || group != nil || err != nil {
+		t.Fatalf("first member of a group of %d: %v %v %v", claim, out, members(group), err)
+	}
+	if open := a.Open(); len(open) != 1 || open[0].Expected != claim || open[0].Have != 1 {
+		t.Fatalf("open groups %+v", open)
+	}
+	group, ok := a.Close("G")
+	if !ok || len(group) != 1 {
+		t.Fatalf("closed group: %v %v", members(group), ok)
+	}
+	if c := cap(group); c >= 1<<10 {
+		t.Fatalf("a group of one record claiming %d members holds %d slots: sized by the claim", claim, c)
+	}
+}
+
 // TestAssemblerOrderIndependent: whatever the arrival order, the same groups
 // complete with the same sorted members, and ScoreGroup gives the same output.
 func TestAssemblerOrderIndependent(t *testing.T) {
