@@ -4,12 +4,12 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"os"
 	"path/filepath"
 	"strings"
 	"time"
 
 	"github.com/trajflow/trajflow/gpu/model"
+	"github.com/trajflow/trajflow/internal/regfile"
 	"github.com/trajflow/trajflow/schemas"
 )
 
@@ -103,10 +103,16 @@ func ReleaseModel(files Files, m *model.Model, version, steps int64, meta Releas
 // the checkpoint at CheckpointURI (file:// or a plain path) must hash to
 // CheckpointHash, and its architecture to ModelConfigHash. Any mismatch is
 // an error wrapping ErrRelease and nothing is returned; the caller keeps
-// serving its current version.
+// serving its current version. The checkpoint must be a regular file of
+// at most model.MaxCheckpointBytes: a device or a pipe the URI names is
+// refused, never read until it ends.
 func LoadRelease(rel schemas.PolicyRelease) (*model.Policy, error) {
-	path := strings.TrimPrefix(rel.CheckpointURI, "file://")
-	b, err := os.ReadFile(filepath.FromSlash(path))
+	path := filepath.FromSlash(strings.TrimPrefix(rel.CheckpointURI, "file://"))
+	b, err := regfile.Read(path, model.MaxCheckpointBytes)
+	var bad *regfile.Error
+	if errors.As(err, &bad) {
+		return nil, fmt.Errorf("%w: version %d: checkpoint %s: %w", ErrRelease, rel.PolicyVersion, path, err)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("%w: version %d: %w", ErrRelease, rel.PolicyVersion, err)
 	}

@@ -17,6 +17,7 @@ import (
 
 	"github.com/trajflow/trajflow/gpu/model"
 	"github.com/trajflow/trajflow/gpu/objective"
+	"github.com/trajflow/trajflow/internal/pipetest"
 	"github.com/trajflow/trajflow/operators/advantage"
 	"github.com/trajflow/trajflow/operators/pack"
 	"github.com/trajflow/trajflow/pipeline"
@@ -380,6 +381,15 @@ func TestReleaseAndLoad(t *testing.T) {
 		if _, err := LoadRelease(r); !errors.Is(err, ErrRelease) {
 			t.Errorf("%s: err %v", name, err)
 		}
+	}
+	// The checkpoint_uri comes from a message: a pipe (or a device such
+	// as /dev/zero) there is refused naming it, never read until it ends.
+	piped := rel
+	pipe := filepath.Join(dir, "pipe.ckpt")
+	pipetest.Mkfifo(t, pipe)
+	piped.CheckpointURI = "file://" + pipe
+	if _, err := LoadRelease(piped); !errors.Is(err, ErrRelease) || !strings.Contains(err.Error(), pipe) || !strings.Contains(err.Error(), "not a regular file (named pipe)") {
+		t.Errorf("checkpoint_uri naming a pipe: err %v, want ErrRelease naming %s", err, pipe)
 	}
 	b[len(b)-1] ^= 0x40
 	if err := os.WriteFile(filepath.Join(dir, CheckpointName(1)), b, 0o644); err != nil {

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/trajflow/trajflow/connectors/state"
+	"github.com/trajflow/trajflow/internal/regfile"
 )
 
 // Env is everything a stage may use besides its input messages. The
@@ -245,26 +246,41 @@ func (d *DirReleases) Write(name string, data []byte) (string, error) {
 	return "file://" + filepath.ToSlash(path), nil
 }
 
+// maxReleaseFileBytes bounds a release file Read and ReadURI read. The
+// largest file a trainer writes is the optimizer state of the largest
+// model (model.Config allows 2^28 parameters, two float64 moments each:
+// 4 GiB) with its header and checksum; a checkpoint is a quarter of that.
+// The path read comes from a message (a release's checkpoint_uri), so it
+// is read only if it is a regular file of at most this size: never a
+// device or a pipe, which could block or never end.
+const maxReleaseFileBytes = 4<<30 + 1<<20
+
 // Read implements ReleaseStore.
 func (d *DirReleases) Read(nameOrURI string) ([]byte, error) {
 	path := strings.TrimPrefix(nameOrURI, "file://")
 	if !filepath.IsAbs(filepath.FromSlash(path)) {
 		path = filepath.Join(d.dir, path)
 	}
-	b, err := os.ReadFile(filepath.FromSlash(path))
-	if err != nil {
-		return nil, fmt.Errorf("pipeline: release file: %w", err)
-	}
-	return b, nil
+	return readReleaseFile(filepath.FromSlash(path))
 }
 
 // ReadURI reads a release file by its URI (file:// or a plain path), for
 // readers that have no store of their own (a rollout worker loading the
 // checkpoint a manifest names).
 func ReadURI(uri string) ([]byte, error) {
-	b, err := os.ReadFile(filepath.FromSlash(strings.TrimPrefix(uri, "file://")))
+	return readReleaseFile(filepath.FromSlash(strings.TrimPrefix(uri, "file://")))
+}
+
+// readReleaseFile reads the regular file at path of at most
+// maxReleaseFileBytes; a missing file's error wraps fs.ErrNotExist.
+func readReleaseFile(path string) ([]byte, error) {
+	b, err := regfile.Read(path, maxReleaseFileBytes)
+	var bad *regfile.Error
+	if errors.As(err, &bad) {
+		return nil, fmt.Errorf("pipeline: release file %s: %w", path, err)
+	}
 	if err != nil {
-		return nil, fmt.Errorf("pipeline: release file: %w", err)
+		return nil, fmt.Errorf("pipeline: release file: %w", err) // an *fs.PathError names it
 	}
 	return b, nil
 }

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/trajflow/trajflow/connectors/state"
+	"github.com/trajflow/trajflow/internal/pipetest"
 )
 
 func TestBackoffDelay(t *testing.T) {
@@ -90,6 +91,19 @@ func TestDirReleases(t *testing.T) {
 	}
 	if _, err := rs.Read("missing"); !IsNotExist(err) {
 		t.Fatalf("missing file: %v", err)
+	}
+	// A release names its checkpoint by a URI in a message: one that is
+	// not a regular file (a pipe, a device such as /dev/zero) is refused
+	// naming it, never read until it ends.
+	pipe := filepath.Join(rs.Dir(), "pipe.ckpt")
+	pipetest.Mkfifo(t, pipe)
+	for name, read := range map[string]func() ([]byte, error){
+		"Read":    func() ([]byte, error) { return rs.Read("pipe.ckpt") },
+		"ReadURI": func() ([]byte, error) { return ReadURI("file://" + filepath.ToSlash(pipe)) },
+	} {
+		if b, err := read(); err == nil || !strings.Contains(err.Error(), pipe) || !strings.Contains(err.Error(), "not a regular file (named pipe)") {
+			t.Errorf("%s of a named pipe: %q %v, want an error naming %s", name, b, err, pipe)
+		}
 	}
 	for _, bad := range []string{"", "../x", "a/b"} {
 		if _, err := rs.Write(bad, nil); err == nil {

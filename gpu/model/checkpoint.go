@@ -23,6 +23,11 @@ var magic = [8]byte{'T', 'F', 'M', 'L', 'P', 0, 0, 1}
 
 const headerLen = 8 + 5*4
 
+// MaxCheckpointBytes is the size of the checkpoint of the largest model
+// a Config allows: a reader of checkpoint files refuses a larger file
+// without reading it.
+const MaxCheckpointBytes = headerLen + 4*MaxParams
+
 // Save writes the checkpoint of m to w.
 func (m *Model) Save(w io.Writer) error {
 	if err := m.Validate(); err != nil {

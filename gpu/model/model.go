@@ -68,6 +68,9 @@ func DefaultConfig() Config { return Config{Vocab: 32, Window: 12, Embed: 16, Hi
 // absurd allocation.
 const maxDim = 1 << 16
 
+// MaxParams bounds a model's parameter count (Config.Validate).
+const MaxParams = 1 << 28
+
 // Validate reports whether c is usable (ErrConfig).
 func (c Config) Validate() error {
 	for _, d := range []struct {
@@ -78,8 +81,8 @@ func (c Config) Validate() error {
 			return fmt.Errorf("%w: %s %d not in [1, %d]", ErrConfig, d.name, d.v, maxDim)
 		}
 	}
-	if n := c.NumParams(); n > 1<<28 {
-		return fmt.Errorf("%w: %d parameters (max %d)", ErrConfig, n, 1<<28)
+	if n := c.NumParams(); n > MaxParams {
+		return fmt.Errorf("%w: %d parameters (max %d)", ErrConfig, n, MaxParams)
 	}
 	return nil
 }

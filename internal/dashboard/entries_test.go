@@ -2,6 +2,7 @@ package dashboard
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"os"
 	"path/filepath"
@@ -11,7 +12,9 @@ import (
 	"time"
 
 	"github.com/trajflow/trajflow/connectors/parquet"
+	"github.com/trajflow/trajflow/gpu"
 	"github.com/trajflow/trajflow/internal/pipetest"
+	"github.com/trajflow/trajflow/schemas"
 )
 
 // newWithin is New, failing the test when it has not returned within a
@@ -117,5 +120,34 @@ func TestReadStopsWhenCancelled(t *testing.T) {
 	cancel()
 	if _, err := newWithin(t, ctx, Config{Dir: out, EvalSamples: 0}); !errors.Is(err, context.Canceled) {
 		t.Errorf("New with a cancelled context: %v, want context.Canceled", err)
+	}
+}
+
+// TestDamagedReleaseEntries: a named pipe named like a manifest, and one
+// in place of a manifest's checkpoint, are reported, each with why; the
+// release directory is read without blocking on them.
+func TestDamagedReleaseEntries(t *testing.T) {
+	dir := t.TempDir()
+	pipe := filepath.Join(dir, gpu.ManifestName(2))
+	pipetest.Mkfifo(t, pipe)
+	ckpt := filepath.Join(dir, gpu.CheckpointName(1))
+	pipetest.Mkfifo(t, ckpt)
+	m, err := json.Marshal(schemas.PolicyRelease{PolicyVersion: 1, Ready: true, CheckpointURI: "file://" + filepath.ToSlash(ckpt)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, gpu.ManifestName(1)), m, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	r, err := readReleases(dir, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const why = "not a regular file (named pipe)"
+	if len(r.Problems) != 1 || !strings.Contains(r.Problems[0], gpu.ManifestName(2)) || !strings.Contains(r.Problems[0], why) {
+		t.Errorf("problems %q, want one naming %s with %q", r.Problems, gpu.ManifestName(2), why)
+	}
+	if c := r.Checks[1]; c.OK || !strings.Contains(c.Error, ckpt) || !strings.Contains(c.Error, why) {
+		t.Errorf("check of release 1: %+v, want an error naming %s with %q", c, ckpt, why)
 	}
 }

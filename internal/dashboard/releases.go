@@ -11,6 +11,7 @@ import (
 
 	"github.com/trajflow/trajflow/gpu"
 	"github.com/trajflow/trajflow/gpu/model"
+	"github.com/trajflow/trajflow/pipeline"
 	"github.com/trajflow/trajflow/schemas"
 )
 
@@ -51,7 +52,7 @@ func readReleases(dir string, prev *Releases) (*Releases, error) {
 			continue
 		}
 		v, _ := strconv.ParseInt(m[1], 10, 64)
-		b, err := os.ReadFile(filepath.Join(dir, e.Name()))
+		b, err := pipeline.ReadURI(filepath.Join(dir, e.Name())) // a regular file of bounded size, never a pipe
 		if err != nil {
 			r.Problems = append(r.Problems, fmt.Sprintf("%s: %v", e.Name(), err))
 			continue
@@ -93,7 +94,7 @@ func readReleases(dir string, prev *Releases) (*Releases, error) {
 // checks its hash and model configuration.
 func (r *Releases) verify(rel schemas.PolicyRelease) ReleaseCheck {
 	c := ReleaseCheck{Version: rel.PolicyVersion}
-	b, err := os.ReadFile(filepath.Join(r.Dir, gpu.CheckpointName(rel.PolicyVersion)))
+	b, err := pipeline.ReadURI(filepath.Join(r.Dir, gpu.CheckpointName(rel.PolicyVersion)))
 	if err == nil {
 		var m *model.Model
 		if m, err = gpu.ModelFromRelease(rel, b); err == nil {

@@ -181,9 +181,6 @@ func (c *core) loadRelease(v int64) (*loaded, error) {
 	return &loaded{version: v, name: policy.ModelName(v), pol: pol, m: m, rel: rel, manifest: path}, nil
 }
 
-// maxCheckpointBytes bounds a checkpoint file the server reads.
-const maxCheckpointBytes = 1 << 30
-
 // readCheckpoint reads the checkpoint of release rel (manifest at
 // manifest) from the releases directory: the file gpu.CheckpointName of
 // its version there, whatever directory its checkpoint_uri names (a
@@ -195,7 +192,7 @@ func (c *core) readCheckpoint(manifest string, rel schemas.PolicyRelease) ([]byt
 	if base := filepath.Base(filepath.FromSlash(strings.TrimPrefix(rel.CheckpointURI, "file://"))); base != name {
 		return nil, fmt.Errorf("serve: manifest %s: checkpoint_uri %q is not the release's checkpoint %s", manifest, rel.CheckpointURI, name)
 	}
-	b, err := readRegular(filepath.Join(c.dir, name), maxCheckpointBytes)
+	b, err := readRegular(filepath.Join(c.dir, name), model.MaxCheckpointBytes)
 	if err != nil {
 		return nil, fmt.Errorf("serve: release %d: %w", rel.PolicyVersion, err)
 	}
