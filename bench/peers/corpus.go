@@ -292,6 +292,10 @@ func ReadCorpusHops(path string, hops []int, batches bool) (*Corpus, error) {
 		return nil, fmt.Errorf("peers: corpus: %w", err)
 	}
 	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return nil, fmt.Errorf("peers: corpus: %w", err)
+	}
 	r := bufio.NewReaderSize(f, 1<<20)
 	fail := func(what string, err error) (*Corpus, error) {
 		return nil, fmt.Errorf("peers: corpus %s: %s: %w", path, what, err)
@@ -306,10 +310,15 @@ func ReadCorpusHops(path string, hops []int, batches bool) (*Corpus, error) {
 		return int(v), err
 	}
 	// blob reads a length-prefixed message, or skips it (nil) unless keep.
+	// A length is the file's claim: one the file cannot hold is refused
+	// before it sizes the message.
 	blob := func(keep bool) ([]byte, int, error) {
 		n, err := u32()
 		if err != nil {
 			return nil, 0, err
+		}
+		if int64(n) > fi.Size() {
+			return nil, 0, fmt.Errorf("message of %d bytes, more than the %d-byte file holds", n, fi.Size())
 		}
 		if !keep {
 			_, err = r.Discard(n)

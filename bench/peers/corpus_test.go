@@ -3,7 +3,11 @@ package peers
 import (
 	"bytes"
 	"context"
+	"encoding/binary"
+	"fmt"
+	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/trajflow/trajflow/bench/synth"
@@ -104,5 +108,23 @@ func TestCorpusRoundTrip(t *testing.T) {
 	}
 	if _, err := ReadCorpus(filepath.Join(t.TempDir(), "missing")); err == nil {
 		t.Fatal("missing corpus read without error")
+	}
+}
+
+// TestCorpusLengthBounded: a message length the file cannot hold (a
+// damaged corpus) is refused naming it, before a buffer of that length
+// is allocated.
+func TestCorpusLengthBounded(t *testing.T) {
+	const claim = 64 << 20
+	b := binary.LittleEndian.AppendUint32([]byte(corpusMagic), claim)
+	b = append(b, `{"groups":1}`...)
+	path := filepath.Join(t.TempDir(), "corpus.bin")
+	if err := os.WriteFile(path, b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	_, err := ReadCorpus(path)
+	if want := fmt.Sprintf("header: message of %d bytes, more than the %d-byte file holds", claim, len(b)); err == nil ||
+		!strings.Contains(err.Error(), path) || !strings.Contains(err.Error(), want) {
+		t.Fatalf("header length %d in a %d-byte file: %v, want an error naming %s with %q", claim, len(b), err, path, want)
 	}
 }
