@@ -461,7 +461,7 @@ func TrainConfig(d Deps) (train.StageConfig, error) {
 	return train.StageConfig{
 		Topics: d.Topics, RunID: c.RunID, ContractHash: c.Hash(), Behavior: s.Behavior,
 		Model: mc, ModelSeed: seed, Objective: c.Loss.Options, Backend: backend,
-		Lag:    train.LagRule{MaxLag: c.Packing.MaxLag, Policy: c.Packing.StalePolicy},
+		Lag: train.LagRule{MaxLag: c.Packing.MaxLag, Policy: c.Packing.StalePolicy}, TokenBudget: c.Packing.TokenBudget,
 		Adam:   gpu.AdamOptions{LR: o.LR, Beta1: o.Beta1, Beta2: o.Beta2, Eps: o.Eps, MaxGradNorm: o.GradClip},
 		Epochs: o.Epochs, Minibatches: o.Minibatches, Seed: c.Seed,
 		Meta: gpu.ReleaseMeta{TokenizerHash: rollout.TokenizerHash, SamplerContract: s.ID(), ContractHash: c.Hash(),

@@ -40,8 +40,12 @@ type StageConfig struct {
 	Objective objective.Options
 	// Lag is the lag rule at the optimizer step (packing.max_lag and
 	// packing.stale_policy; LagRule).
-	Lag  LagRule
-	Adam gpu.AdamOptions
+	Lag LagRule
+	// TokenBudget is packing.token_budget: pack fills rows of at most that
+	// many tokens, so a longer row is not pack's and is refused as
+	// untrainable before the trainer sizes its work by it (0: unchecked).
+	TokenBudget int
+	Adam        gpu.AdamOptions
 	// Epochs is the number of optimizer steps on every batch (>= 1). An
 	// update is all of them; it produces one policy version.
 	Epochs int
@@ -421,6 +425,9 @@ func (s *Stage) Process(ctx context.Context, m pipeline.Message) (pipeline.Resul
 		return res, refuse(pipeline.Refuse("contract_mismatch", "batch %s of contract %s, trainer runs %s", batch.BatchID, batch.ContractHash, s.cfg.ContractHash))
 	}
 	for ri := range batch.Rows {
+		if n := len(batch.Rows[ri].InputIDs); s.cfg.TokenBudget > 0 && n > s.cfg.TokenBudget {
+			return res, refuse(pipeline.Refuse("untrainable_batch", "batch %s row %d: %d tokens, over packing.token_budget %d", batch.BatchID, ri, n, s.cfg.TokenBudget))
+		}
 		if err := checkSegments(&batch.Rows[ri]); err != nil {
 			return res, refuse(pipeline.Refuse("untrainable_batch", "batch %s row %d: %v", batch.BatchID, ri, err))
 		}

@@ -3,6 +3,7 @@ package train_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"math"
 	"slices"
 	"strconv"
@@ -420,4 +421,43 @@ func TestStageRefusedBatchCost(t *testing.T) {
 	scan := pipeline.MemScanner{f.topics.Policy: d1.Messages(f.topics.Policy), f.topics.Batches: append(slices.Clone(first), stale)}
 	f.drive(files, scan, next)
 	check("after a restart")
+}
+
+// TestStageRefusesRowOverTokenBudget: a row longer than packing.token_budget
+// is not one pack made; the batch is refused as untrainable, naming the
+// row and both lengths, and nothing is trained. At a budget the rows fit,
+// the same batch trains.
+func TestStageRefusesRowOverTokenBudget(t *testing.T) {
+	f := newFixture(t)
+	bad := f.batch(0, 0)
+	longest, at := 0, 0
+	for i, r := range bad.Rows {
+		if len(r.InputIDs) > longest {
+			longest, at = len(r.InputIDs), i
+		}
+	}
+	f.cfg.TokenBudget = longest - 1
+	d := f.drive(store(t), pipeline.MemScanner{}, f.msg(bad, 0))
+	q := d.On(f.topics.Quarantine)
+	if r := reasons(q); !slices.Equal(r, []string{"untrainable_batch"}) {
+		t.Fatalf("quarantine reasons %v, want untrainable_batch once", r)
+	}
+	want := fmt.Sprintf("row %d: %d tokens, over packing.token_budget %d", at, longest, longest-1)
+	detail := ""
+	for _, h := range q[0].Headers {
+		if h.Key == schemas.HeaderDetail {
+			detail = string(h.Value)
+		}
+	}
+	if !strings.Contains(detail, want) {
+		t.Fatalf("detail %q, want %q", detail, want)
+	}
+	if rels := releases(t, d.On(f.topics.Policy)); len(rels) != 1 {
+		t.Fatalf("%d releases, want the initial one only", len(rels))
+	}
+	f.cfg.TokenBudget = longest
+	d = f.drive(store(t), pipeline.MemScanner{}, f.msg(bad, 0))
+	if q := d.On(f.topics.Quarantine); len(q) != 0 || len(releases(t, d.On(f.topics.Policy))) != 2 {
+		t.Fatalf("at budget %d: %d refused, want the batch trained", longest, len(q))
+	}
 }
