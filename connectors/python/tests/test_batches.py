@@ -38,6 +38,17 @@ def refused(value, headers=HDRS):
     return e.value.reason
 
 
+def test_row_over_token_budget_refused():
+    b = B.decode_packed_batch(GO, HDRS)
+    longest = max(len(r.input_ids) for r in b.rows)
+    at = [len(r.input_ids) for r in b.rows].index(longest)
+    B.check_rows(b, longest)  # at the budget: trainable
+    with pytest.raises(B.Refusal) as e:
+        B.check_rows(b, longest - 1)
+    assert e.value.reason == B.REASON_UNTRAINABLE
+    assert f"row {at}: {longest} tokens, over packing.token_budget {longest - 1}" in e.value.detail
+
+
 def test_go_batch_decodes_with_views():
     b = B.decode_packed_batch(GO, HDRS)
     assert len(b.rows) == 3 and b.batch_index == 0

@@ -372,17 +372,22 @@ def _from_record(rb: pa.RecordBatch) -> PackedBatch:
     return b
 
 
-def check_rows(batch: PackedBatch) -> None:
+def check_rows(batch: PackedBatch, token_budget: int = 0) -> None:
     """The shape rules of the Go trainer (gpu/trainer.go checkRow, model
-    CheckPositions) plus the segment-level lists: every per-token column the
-    update reads has the length of input_ids, positions restart at 0 at
-    every segment, and there is one trajectory id per segment. Raises
+    CheckPositions, the train stage's token budget) plus the segment-level
+    lists: every per-token column the update reads has the length of
+    input_ids, a row holds at most token_budget tokens (the contract's
+    packing.token_budget; 0: unchecked), positions restart at 0 at every
+    segment, and there is one trajectory id per segment. Raises
     Refusal(untrainable_batch)."""
     from .model import check_positions, ShapeError
     for ri, r in enumerate(batch.rows):
         n = len(r.input_ids)
         if n == 0:
             raise Refusal(REASON_UNTRAINABLE, f"batch {batch.batch_id} row {ri}: empty row")
+        if 0 < token_budget < n:
+            raise Refusal(REASON_UNTRAINABLE,
+                          f"batch {batch.batch_id} row {ri}: {n} tokens, over packing.token_budget {token_budget}")
         for name in ("position_ids", "segment_ids", "action_mask", "old_logprobs", "advantages", "policy_versions"):
             if len(getattr(r, name)) != n:
                 raise Refusal(REASON_UNTRAINABLE, f"batch {batch.batch_id} row {ri}: {len(getattr(r, name))} {name} for {n} input ids")

@@ -65,7 +65,7 @@ def config_from_contract(c: C.Contract, brokers: str, releases: str, state: str 
         meta=ReleaseMeta(tokenizer_hash=BUILTIN_TOKENIZER_HASH,
                          sampler_contract=settings_id(beh, s["max_tokens_per_action"], s["stop_token_ids"]),
                          contract_hash=c.hash, curriculum_version=c.curriculum_version, reward_version=c.reward_version),
-        max_lag=pk["max_lag"], stale_policy=pk["stale_policy"], state_dir=state,
+        max_lag=pk["max_lag"], stale_policy=pk["stale_policy"], token_budget=pk["token_budget"], state_dir=state,
         compression={f"{d['run_id']}.{short}": codec for short, codec in d["topics"]["compression"].items()},
     )
 

@@ -120,6 +120,8 @@ class TrainConfig:
     meta: ReleaseMeta
     max_lag: int
     stale_policy: str
+    # packing.token_budget: a longer row is refused as untrainable (0: unchecked).
+    token_budget: int = 0
     state_dir: Optional[str] = None
     init_checkpoint: Optional[bytes] = None
     kafka: dict = field(default_factory=dict)
@@ -348,7 +350,7 @@ class TrainStage:
             return self.refuse(m, B.REASON_CONTRACT_MISMATCH,
                                f"batch {batch.batch_id} of contract {batch.contract_hash}, trainer runs {c.contract_hash}")
         try:
-            B.check_rows(batch)
+            B.check_rows(batch, c.token_budget)
         except B.Refusal as r:
             return self.refuse(m, r.reason, r.detail)
         dups, fresh = 0, 0
