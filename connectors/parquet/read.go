@@ -371,16 +371,26 @@ func readControl(data []byte) (Lineage, []Message, error) {
 	r := pq.NewGenericReader[ControlRow](f)
 	defer r.Close()
 	// The row count is the footer's claim: rows are read a chunk at a
-	// time, never allocated by it (a ControlRow takes over 500 bytes of
-	// memory and may take a few in the file), and the rows read must
-	// match it.
+	// time and made messages, never allocated by it (a ControlRow takes
+	// over 500 bytes of memory and may take a few in the file), and the
+	// rows read must match it.
 	nrows := r.NumRows()
-	var rows []ControlRow
 	chunk := make([]ControlRow, min(max(nrows, 0), controlReadChunk))
-	for int64(len(rows)) < nrows {
-		clear(chunk) // read rows into fresh memory: rows keep what the last read filled
+	msgs := make([]Message, 0, len(chunk))
+	for int64(len(msgs)) < nrows {
+		clear(chunk) // read into fresh memory: messages keep the values the last read filled
 		k, err := r.Read(chunk)
-		rows = append(rows, chunk[:k]...)
+		for _, row := range chunk[:k] {
+			hs, herr := parseHeaders(row.Headers)
+			if herr != nil {
+				return lin, nil, fmt.Errorf("%w: offset %d: headers: %w", ErrCorrupt, row.Offset, herr)
+			}
+			m := Message{Offset: row.Offset, Headers: hs, Time: fromMicros(row.TimeUS), Value: row.Value}
+			if row.Key != "" {
+				m.Key = []byte(row.Key)
+			}
+			msgs = append(msgs, m)
+		}
 		if errors.Is(err, io.EOF) || (err == nil && k == 0) {
 			break
 		}
@@ -388,20 +398,8 @@ func readControl(data []byte) (Lineage, []Message, error) {
 			return lin, nil, fmt.Errorf("%w: rows: %w", ErrCorrupt, err)
 		}
 	}
-	if int64(len(rows)) != nrows {
-		return lin, nil, fmt.Errorf("%w: footer declares %d rows, %d read", ErrCorrupt, nrows, len(rows))
-	}
-	n := len(rows)
-	msgs := make([]Message, n)
-	for i := range rows[:n] {
-		hs, err := parseHeaders(rows[i].Headers)
-		if err != nil {
-			return lin, nil, fmt.Errorf("%w: offset %d: headers: %w", ErrCorrupt, rows[i].Offset, err)
-		}
-		msgs[i] = Message{Offset: rows[i].Offset, Headers: hs, Time: fromMicros(rows[i].TimeUS), Value: rows[i].Value}
-		if rows[i].Key != "" {
-			msgs[i].Key = []byte(rows[i].Key)
-		}
+	if int64(len(msgs)) != nrows {
+		return lin, nil, fmt.Errorf("%w: footer declares %d rows, %d read", ErrCorrupt, nrows, len(msgs))
 	}
 	return lin, msgs, nil
 }
