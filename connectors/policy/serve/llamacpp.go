@@ -46,6 +46,8 @@ import (
 // `trajflow_logprob` is that log-prob exactly as the sampler computed it (a
 // float32 value written as the shortest decimal of that float64): a double
 // `prob` cannot carry a log-prob within ~1e-9 of 0 to float32 precision.
+// n_probs is at most 20 (maxLogprobs), where llama-server takes up to its
+// vocabulary: the answer holds n_probs entries per generated id.
 //
 // Seeds: llama-server's seed is 32 bits. A request may also carry
 // `trajflow_seed`, the request's whole 64-bit seed (announced by
@@ -307,6 +309,12 @@ func (s *Server) llamaCompletion(w http.ResponseWriter, r *http.Request) {
 	st, seed, err := s.c.llamaSettings(&q)
 	if err == nil {
 		err = s.c.checkMaxTokens("n_predict", st.MaxTokens)
+	}
+	if err == nil && (q.NProbs < 0 || q.NProbs > maxLogprobs) {
+		// llama-server takes any n_probs up to its vocabulary, an answer
+		// of n_probs × n_predict entries; this server bounds it as its
+		// OpenAI endpoints bound logprobs.
+		err = fmt.Errorf("n_probs %d not in [0, %d] (this server's max_logprobs)", q.NProbs, maxLogprobs)
 	}
 	if err != nil {
 		writeError(w, http.StatusBadRequest, "completion: %v", err)

@@ -46,6 +46,10 @@ func TestRefusals(t *testing.T) {
 		{policy.VLLM, "/finish_weight_update", `{"weight_version":"1"}`, "no weights were updated"},
 		{policy.LlamaCpp, "/completion", `{"prompt":[1,3],"n_predict":2,"seed":1,"samplers":["temperature"],"temperature":1e-40}`, "temperature 1e-40 is below"},
 		{policy.VLLM, "/tokenize", `{"prompt":"<unused-5> TASK"}`, "id -5"},
+		// n_probs sizes the answer (n_probs × n_predict entries): bounded
+		// as the OpenAI endpoints' logprobs.
+		{policy.LlamaCpp, "/completion", `{"prompt":[1,3],"n_predict":2,"seed":1,"samplers":["temperature"],"n_probs":21}`, "n_probs 21 not in [0, 20]"},
+		{policy.LlamaCpp, "/completion", `{"prompt":[1,3],"n_predict":2,"seed":1,"samplers":["temperature"],"n_probs":-1}`, "n_probs -1"},
 		// Past the default limit (serve.DefaultMaxTokens): refused before
 		// any work, the largest bound included (it once crashed the server).
 		{policy.LlamaCpp, "/completion", `{"prompt":[1,3],"n_predict":65537,"seed":1,"samplers":["temperature"]}`, "n_predict 65537 exceeds this server's limit of 65536"},
