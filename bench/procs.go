@@ -94,7 +94,7 @@ func (r *run) startProc(p *proc, opErr chan<- error) error {
 		close(done)
 		if !killed {
 			select {
-			case opErr <- fmt.Errorf("bench: operator process %s exited: %v", p.id, err):
+			case opErr <- fmt.Errorf("bench: operator process %s exited: %w", p.id, err):
 			default:
 			}
 		}

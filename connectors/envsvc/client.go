@@ -755,9 +755,11 @@ func (c *Client) Health(ctx context.Context) ([]Health, error) {
 		if len(data) > maxResponseBytes {
 			return nil, fmt.Errorf("envsvc: health of %s: answer over %d bytes", b.url, maxResponseBytes)
 		}
-		err = json.Unmarshal(data, &out[i])
-		if err != nil || out[i].Protocol != ProtocolVersion {
-			return nil, fmt.Errorf("envsvc: health of %s: protocol %d, %v", b.url, out[i].Protocol, err)
+		if err := json.Unmarshal(data, &out[i]); err != nil {
+			return nil, fmt.Errorf("envsvc: health of %s: %w", b.url, err)
+		}
+		if out[i].Protocol != ProtocolVersion {
+			return nil, fmt.Errorf("envsvc: health of %s: protocol %d, this client speaks %d", b.url, out[i].Protocol, ProtocolVersion)
 		}
 	}
 	return out, nil

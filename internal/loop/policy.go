@@ -222,8 +222,11 @@ func textStops(ctx context.Context, o Options) ([]int32, error) {
 		return nil, fmt.Errorf("loop: the policy server's chat template closes no assistant message")
 	}
 	ids, err := tok.Tokenize(ctx, closing)
-	if err != nil || len(ids) == 0 {
-		return nil, fmt.Errorf("loop: tokenize the assistant closing %q: %v", closing, err)
+	if err != nil {
+		return nil, fmt.Errorf("loop: tokenize the assistant closing %q: %w", closing, err)
+	}
+	if len(ids) == 0 {
+		return nil, fmt.Errorf("loop: the assistant closing %q tokenizes to no ids", closing)
 	}
 	stops := []int32{ids[0]}
 	if eot, err := tok.Tokenize(ctx, "<|endoftext|>"); err == nil && len(eot) == 1 && eot[0] != ids[0] {

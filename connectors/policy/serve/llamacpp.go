@@ -247,7 +247,7 @@ func parseIDs(raw json.RawMessage, field string, max int) ([]int32, error) {
 		if json.Unmarshal(raw, &batch) == nil {
 			return nil, fmt.Errorf("%s is a batch of %d prompts: one prompt per request is served (send each list of token ids in its own request)", field, len(batch))
 		}
-		return nil, fmt.Errorf("%s must be a list of token ids (text prompts are not served): %v", field, err)
+		return nil, fmt.Errorf("%s must be a list of token ids (text prompts are not served): %w", field, err)
 	}
 	if len(ids) > max {
 		return nil, fmt.Errorf("%s has %d ids, more than this server's limit of %d (trajflow serve policy --max-prompt-tokens)", field, len(ids), max)

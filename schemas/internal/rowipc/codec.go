@@ -261,7 +261,7 @@ func openStream(mem memory.Allocator, check func(*arrow.Schema) error, b []byte)
 	s := arrowStream{msgs: newMessageList(schemaMsg, batchMsg)}
 	if s.r, err = newIPCReader(s.msgs, mem); err != nil {
 		s.msgs.release()
-		return arrowStream{}, nil, fmt.Errorf("schema: %v", err)
+		return arrowStream{}, nil, fmt.Errorf("schema: %w", err)
 	}
 	if err := check(s.r.Schema()); err != nil {
 		s.release()
@@ -270,7 +270,7 @@ func openStream(mem memory.Allocator, check func(*arrow.Schema) error, b []byte)
 	rec, err := nextRecord(s.r)
 	if err != nil {
 		s.release()
-		return arrowStream{}, nil, fmt.Errorf("record batch: %v", err)
+		return arrowStream{}, nil, fmt.Errorf("record batch: %w", err)
 	}
 	return s, rec, nil
 }
@@ -316,7 +316,7 @@ func PeekMetadata(b []byte) (arrow.Metadata, error) {
 	defer msgs.release()
 	r, err := newIPCReader(msgs, memory.DefaultAllocator)
 	if err != nil {
-		return arrow.Metadata{}, fmt.Errorf("schema: %v", err)
+		return arrow.Metadata{}, fmt.Errorf("schema: %w", err)
 	}
 	defer r.Release()
 	return r.Schema().Metadata(), nil
@@ -335,7 +335,7 @@ func ReadBatches(mem memory.Allocator, b []byte, check func(*arrow.Schema) error
 	defer msgs.release()
 	r, err := newIPCReader(msgs, orDefault(mem))
 	if err != nil {
-		return fmt.Errorf("schema: %v", err)
+		return fmt.Errorf("schema: %w", err)
 	}
 	defer r.Release()
 	if check != nil {
@@ -346,7 +346,7 @@ func ReadBatches(mem memory.Allocator, b []byte, check func(*arrow.Schema) error
 	for i := range batchMsgs {
 		rec, err := nextRecord(r)
 		if err != nil {
-			return fmt.Errorf("record batch %d: %v", i, err)
+			return fmt.Errorf("record batch %d: %w", i, err)
 		}
 		if err := use(rec); err != nil {
 			return err
