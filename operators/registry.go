@@ -12,6 +12,7 @@ import (
 	"github.com/trajflow/trajflow/connectors/envsvc"
 	"github.com/trajflow/trajflow/gpu"
 	"github.com/trajflow/trajflow/gpu/model"
+	"github.com/trajflow/trajflow/gpu/objective"
 	"github.com/trajflow/trajflow/internal/evaluation"
 	"github.com/trajflow/trajflow/internal/gate"
 	"github.com/trajflow/trajflow/operators/advantage"
@@ -457,10 +458,18 @@ func TrainConfig(d Deps) (train.StageConfig, error) {
 		return train.StageConfig{}, err
 	}
 	mc, seed := ModelConfig(c)
+	var ref *model.Model
+	if c.Loss.KLPlacement == objective.KLLoss {
+		// The KL reference is the initial policy, as the evaluation
+		// plane's (EvaluationPlane).
+		if ref, err = gpu.InitialModel(mc, seed); err != nil {
+			return train.StageConfig{}, err
+		}
+	}
 	o := c.Loss.Optimizer
 	return train.StageConfig{
 		Topics: d.Topics, RunID: c.RunID, ContractHash: c.Hash(), Behavior: s.Behavior,
-		Model: mc, ModelSeed: seed, Objective: c.Loss.Options, Backend: backend,
+		Model: mc, ModelSeed: seed, Objective: c.Loss.Options, Reference: ref, Backend: backend,
 		Lag: train.LagRule{MaxLag: c.Packing.MaxLag, Policy: c.Packing.StalePolicy}, TokenBudget: c.Packing.TokenBudget,
 		Adam:   gpu.AdamOptions{LR: o.LR, Beta1: o.Beta1, Beta2: o.Beta2, Eps: o.Eps, MaxGradNorm: o.GradClip},
 		Epochs: o.Epochs, Minibatches: o.Minibatches, Seed: c.Seed,

@@ -124,6 +124,12 @@ func TestContractValidateRefusesUnimplemented(t *testing.T) {
 	}
 	kl := contract.Default()
 	kl.Loss.KLPlacement, kl.Loss.KLCoef = "loss", 0.05
+	var out, errb bytes.Buffer
+	if rc := run(context.Background(), []string{"contract", "validate", testkit.ContractFile(t, kl)}, &out, &errb); rc != 0 {
+		t.Errorf("kl in loss: exit %d: %s", rc, errb.String())
+	}
+	klReward := contract.Default()
+	klReward.Loss.KLPlacement = "reward"
 	metric := contract.Default()
 	metric.Objective.Constraints["p95_episode_cost_usd"] = 0.2
 	typo := contract.Default()
@@ -134,7 +140,7 @@ func TestContractValidateRefusesUnimplemented(t *testing.T) {
 		c    *contract.Contract
 		want string
 	}{
-		"kl in loss":        {kl, `loss.kl_placement: "loss" is not implemented`},
+		"kl in reward":      {klReward, `loss.kl_placement: "reward" is not implemented`},
 		"unmeasured metric": {metric, `objective.constraints.p95_episode_cost_usd: metric "p95_episode_cost_usd" is not implemented`},
 		"no such evaluator": {typo, `no evaluator registered under this name: component "kv_sucess"`},
 		"evaluator version": {version, `component "` + version.Rewards[0].Name + `" declared "v999"`},

@@ -308,6 +308,19 @@ func (b Behavior) BackpropBehavior(behaviorLogits, d []float32) error {
 // (objective.ShiftTargets). On the tokens a Policy of the same parameters
 // sampled, these equal the sampler's Sample.Logprobs bit for bit.
 func (m *Model) LogprobsForTraining(b Behavior, inputIDs, positionIDs, segmentIDs []int32) ([]float32, error) {
+	return m.LogprobsAt(b, inputIDs, positionIDs, segmentIDs, nil)
+}
+
+// LogprobsAt is LogprobsForTraining at the positions where mask is 1 (nil:
+// every position with a target); out is 0 at every other position, and
+// only the positions asked are computed. Each value is the one
+// LogprobsForTraining gives at its position, bit for bit. The trainer's
+// reference log-probs are LogprobsAt of the reference model with a packed
+// row's action mask (docs/PIPELINE.md §12).
+func (m *Model) LogprobsAt(b Behavior, inputIDs, positionIDs, segmentIDs []int32, mask []uint8) ([]float32, error) {
+	if mask != nil && len(mask) != len(inputIDs) {
+		return nil, fmt.Errorf("%w: %d mask entries for %d input ids", ErrShape, len(mask), len(inputIDs))
+	}
 	if err := CheckPositions(positionIDs, segmentIDs); err != nil {
 		return nil, err
 	}
@@ -321,6 +334,10 @@ func (m *Model) LogprobsForTraining(b Behavior, inputIDs, positionIDs, segmentID
 	n, V := len(inputIDs), m.Config.Vocab
 	need := make([]bool, n)
 	for i, y := range targets {
+		if mask != nil && mask[i] != 1 {
+			targets[i] = objective.NoTarget // not gathered: out[i] stays 0
+			continue
+		}
 		need[i] = y >= 0
 	}
 	raw := make([]float32, n*V)

@@ -311,6 +311,30 @@ func checkTrainerMatchesSampler(t *testing.T, m *Model, b Behavior, reqs []Reque
 			t.Fatalf("behavior %+v position %d: trainer %v, sampler %v", b, i, got[i], want[i])
 		}
 	}
+	// LogprobsAt with the trained positions as the mask (the reference's
+	// call): the same bits there, exactly 0 elsewhere.
+	mask := make([]uint8, len(trained))
+	for i, tr := range trained {
+		if tr {
+			mask[i] = 1
+		}
+	}
+	at, err := m.LogprobsAt(b, ids, pos, seg, mask)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range at {
+		want := float32(0)
+		if trained[i] {
+			want = got[i]
+		}
+		if math.Float32bits(at[i]) != math.Float32bits(want) {
+			t.Fatalf("behavior %+v position %d: LogprobsAt %v, want %v", b, i, at[i], want)
+		}
+	}
+	if _, err := m.LogprobsAt(b, ids, pos, seg, mask[1:]); !errors.Is(err, ErrShape) {
+		t.Fatalf("a short mask: %v, want ErrShape", err)
+	}
 }
 
 // TestSamplerDeterminism: same seed, same tokens, whatever the batch it is

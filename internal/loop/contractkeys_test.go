@@ -160,6 +160,9 @@ var companions = map[string]map[string]any{
 	"rewards[0].clip_min":       {"rewards[0].transform": "clip", "rewards[0].clip_max": 2},
 	"rewards[0].clip_max":       {"rewards[0].transform": "clip", "rewards[0].clip_min": -1},
 	"loss.normalization":        {"loss.norm_tokens": 0},
+	"loss.kl_placement":         {"loss.kl_coef": 0.05},
+	"loss.kl_coef":              {"loss.kl_placement": "loss"},
+	"loss.kl_estimator":         {"loss.kl_placement": "loss", "loss.kl_coef": 0.05},
 }
 
 // refused are the keys whose every other value is refused as not
@@ -167,11 +170,7 @@ var companions = map[string]map[string]any{
 var refused = map[string]struct {
 	edits []any
 	msg   string
-}{
-	"loss.kl_placement": {[]any{"loss.kl_placement", "loss", "loss.kl_coef", 0.05}, `loss.kl_placement: "loss" is not implemented`},
-	"loss.kl_coef":      {[]any{"loss.kl_placement", "loss", "loss.kl_coef", 0.05}, `loss.kl_placement: "loss" is not implemented`},
-	"loss.kl_estimator": {[]any{"loss.kl_estimator", "k1"}, `loss.kl_estimator: "k1" is not implemented`},
-}
+}{}
 
 // alternatives are the other values tried for a key; the first that
 // resolves is used.
@@ -189,6 +188,8 @@ func alternatives(path string, v any) []any {
 		"packing.stale_policy":                          {"mask_stale"},
 		"packing.multi_policy":                          {"new_segments"},
 		"loss.off_policy":                               {"none"},
+		"loss.kl_placement":                             {"loss"},
+		"loss.kl_estimator":                             {"k1"},
 		"dispatch.partial_rollouts":                     {"continue"},
 		"dispatch.mode":                                 {"async"},
 		"rewards[0].transform":                          {"tanh"},

@@ -53,7 +53,8 @@ func (st Stats) NewestKept(stalePolicy string) int64 {
 // of schemas.PackedRow: entry i predicts InputIDs[i+1]; the last entry of
 // every segment predicts nothing inside its segment and is masked (mask 0,
 // turn id -1, policy version -1, zeros elsewhere), so no target crosses a
-// segment boundary. RefLogprobs is left nil (no reference runs at pack).
+// segment boundary. RefLogprobs is left nil: the trainer computes them when
+// the KL term is in the loss (docs/PIPELINE.md §12).
 // The per-segment columns take TrajectoryID, GroupID, the oldest behavior
 // version of the trained tokens (-1 when none), the length, Weight and
 // Truncated.

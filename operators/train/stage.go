@@ -38,6 +38,12 @@ type StageConfig struct {
 	Model     model.Config
 	ModelSeed uint64
 	Objective objective.Options
+	// Reference is the frozen reference policy of the KL term (the
+	// initial policy, as the evaluation plane's): with Objective.KLPlacement
+	// loss the stage computes every row's RefLogprobs with it before the
+	// update (docs/PIPELINE.md §12), replacing any the batch carries;
+	// required with that placement, unused otherwise.
+	Reference *model.Model
 	// Lag is the lag rule at the optimizer step (packing.max_lag and
 	// packing.stale_policy; LagRule).
 	Lag LagRule
@@ -175,6 +181,9 @@ func NewStage(cfg StageConfig) (*Stage, error) {
 	}
 	if cfg.Epochs < 1 || cfg.Minibatches < 0 {
 		return nil, fmt.Errorf("train: epochs %d, minibatches %d", cfg.Epochs, cfg.Minibatches)
+	}
+	if cfg.Objective.KLPlacement == objective.KLLoss && cfg.Reference == nil {
+		return nil, fmt.Errorf("train: kl_placement %s needs a reference model", objective.KLLoss)
 	}
 	if cfg.Backend == nil {
 		cfg.Backend = gpu.CPUBackend
@@ -485,12 +494,15 @@ func (s *Stage) Process(ctx context.Context, m pipeline.Message) (pipeline.Resul
 		last  objective.Stats
 		order [][][]int
 	)
-	if s.cfg.Minibatches > 1 {
+	err = s.referenceLogprobs(&batch)
+	switch {
+	case err != nil:
+	case s.cfg.Minibatches > 1:
 		mu, _ := s.tr.(gpu.MinibatchUpdater) // checkMinibatches at Start
 		if order, err = gpu.MinibatchOrder(len(batch.Rows), s.cfg.Minibatches, s.cfg.Epochs, s.cfg.Seed, batch.BatchID); err == nil {
 			met, last, err = mu.UpdateMinibatches(batch, s.cfg.Objective, s.cfg.Adam, order)
 		}
-	} else {
+	default:
 		met, last, err = s.tr.Update(batch, s.cfg.Objective, s.cfg.Adam, s.cfg.Epochs)
 	}
 	if err != nil {
@@ -565,6 +577,27 @@ func (s *Stage) Process(ctx context.Context, m pipeline.Message) (pipeline.Resul
 
 // now is the stage's clock (stagekit.Now).
 func (s *Stage) now() time.Time { return stagekit.Now(s.cfg.Now) }
+
+// referenceLogprobs sets every row's RefLogprobs to the reference model's
+// log-probs of its targets at its trained positions (action mask 1, after
+// the duplicate and lag masks), 0 elsewhere, when the KL term is in the
+// loss; otherwise the rows are left as they are. The reference is frozen,
+// so one computation serves every epoch and minibatch of the update. An
+// error is the batch's (gpu.ErrBatch): a token the reference cannot read.
+func (s *Stage) referenceLogprobs(batch *schemas.PackedBatch) error {
+	if s.cfg.Objective.KLPlacement != objective.KLLoss {
+		return nil
+	}
+	for ri := range batch.Rows {
+		r := &batch.Rows[ri]
+		ref, err := s.cfg.Reference.LogprobsAt(s.cfg.Behavior, r.InputIDs, r.PositionIDs, r.SegmentIDs, r.ActionMask)
+		if err != nil {
+			return fmt.Errorf("%w: row %d: reference log-probs: %w", gpu.ErrBatch, ri, err)
+		}
+		r.RefLogprobs = ref
+	}
+	return nil
+}
 
 // checkMinibatches refuses minibatches > 1 on a backend that cannot split
 // an epoch.

@@ -461,3 +461,54 @@ func TestStageRefusesRowOverTokenBudget(t *testing.T) {
 		t.Fatalf("at budget %d: %d refused, want the batch trained", longest, len(q))
 	}
 }
+
+// TestStageKLToReference: with kl_placement loss the stage computes every
+// row's reference log-probs with the reference model. The reference is
+// the initial policy, so the first step of the first update has a KL of
+// exactly 0 (reference and current log-probs agree bit for bit), its
+// second epoch and the next update a positive one; the term changes what
+// is trained (the release of update 1 differs from the same run without
+// it). Without a reference model the stage refuses the placement.
+func TestStageKLToReference(t *testing.T) {
+	run := func(kl bool) ([]schemas.UpdateRecord, []schemas.PolicyRelease) {
+		f := newFixture(t)
+		if kl {
+			f.cfg.Objective.KLPlacement, f.cfg.Objective.KLEstimator, f.cfg.Objective.KLCoef = objective.KLLoss, objective.K3, 0.5
+			f.cfg.Reference = f.m0
+		}
+		files := store(t)
+		d := f.drive(files, pipeline.MemScanner{}, f.msg(f.batch(0, 0), 0), f.msg(f.batch(1, 1), 1))
+		var us []schemas.UpdateRecord
+		for v := int64(1); v <= 2; v++ {
+			u, err := gpu.ReadUpdate(files, v)
+			if err != nil {
+				t.Fatal(err)
+			}
+			us = append(us, u)
+		}
+		return us, releases(t, d.On(f.topics.Policy))
+	}
+	us, rels := run(true)
+	if us[0].Metrics.KL != 0 {
+		t.Errorf("update 1, first step on the reference itself: KL %v, want exactly 0", us[0].Metrics.KL)
+	}
+	if !(us[0].Last.KL > 0) || !(us[1].Metrics.KL > 0) {
+		t.Errorf("after a step: KL %v (update 1, epoch 2), %v (update 2), want > 0", us[0].Last.KL, us[1].Metrics.KL)
+	}
+	if want := us[1].Metrics.PolicyLoss + 0.5*us[1].Metrics.KL - 0.05*us[1].Metrics.Entropy; math.Abs(us[1].Metrics.Loss-want) > 1e-12 {
+		t.Errorf("update 2: loss %v, want policy loss + 0.5 KL - 0.05 entropy = %v", us[1].Metrics.Loss, want)
+	}
+	plain, plainRels := run(false)
+	if plain[0].Last.KL != 0 || plain[1].Metrics.KL != 0 {
+		t.Errorf("without the placement: KL %v, %v, want 0 (no reference computed)", plain[0].Last.KL, plain[1].Metrics.KL)
+	}
+	if rels[1].CheckpointHash == plainRels[1].CheckpointHash {
+		t.Errorf("release 1 is %s with and without the KL term", rels[1].CheckpointHash)
+	}
+
+	f := newFixture(t)
+	f.cfg.Objective.KLPlacement, f.cfg.Objective.KLEstimator, f.cfg.Objective.KLCoef = objective.KLLoss, objective.K3, 0.5
+	if _, err := train.NewStage(f.cfg); err == nil || !strings.Contains(err.Error(), "reference model") {
+		t.Errorf("kl_placement loss without a reference: %v", err)
+	}
+}

@@ -57,7 +57,7 @@ var conditionals = []conditional{
 	{"loss.clip_high", clipUnused},
 	{"loss.kl_estimator", func(c *Contract) string {
 		if p := c.Loss.KLPlacement; p == objective.KLNone || p == "" {
-			return "applies only with loss.kl_placement loss or reward (neither is implemented); with kl_placement none no KL term is estimated: leave it out"
+			return "applies only with loss.kl_placement loss; with kl_placement none no KL term is estimated: leave it out"
 		}
 		return ""
 	}},

@@ -212,11 +212,13 @@ type Sampler struct {
 // a batch with few trained tokens then takes a small step, where
 // token-mean gives it the full one (docs/PIPELINE.md §13).
 //
-// Rules: clip_low in [0, 1); clip_high >= 0; kl_estimator k3 (k1 and k2
-// are refused as not implemented: no stage computes the reference
-// log-probs they estimate from); kl_coef > 0 when kl_placement
-// is loss and 0 otherwise (with placement reward the coefficient is the
-// weight of the "kl" reward component); entropy_coef >= 0; max_log_ratio
+// KL to the reference (docs/PIPELINE.md §12, §13): with kl_placement loss the
+// trainer computes every packed row's reference log-probs with the initial
+// policy, frozen, and adds kl_coef times the kl_estimator (k1, k2 or k3)
+// of the KL to the loss; placement reward is refused as not implemented.
+//
+// Rules: clip_low in [0, 1); clip_high >= 0; kl_estimator k1, k2 or k3;
+// kl_coef > 0 when kl_placement is loss and 0 otherwise; entropy_coef >= 0; max_log_ratio
 // >= 0; off_policy known; is_cap 0 or >= 1, set with tis, 0 with none;
 // entropy_coef and optimizer.lr at most math.MaxFloat32 (the CUDA kernels
 // take entropy_coef as a float32; an Adam step moves a float32 parameter

@@ -225,22 +225,25 @@ func TestBounds(t *testing.T) {
 	}
 }
 
-// TestKLEstimatorNotImplemented: no stage computes reference log-probs, so
-// an estimator other than the default would change the hash and nothing
-// else; it is refused as not implemented. (k3, the default, is refused
-// too where it is written: with kl_placement none nothing estimates a KL
-// term, and loss and reward are not implemented; TestConditionalKeys.)
-func TestKLEstimatorNotImplemented(t *testing.T) {
-	for _, k := range []string{"k1", "k2"} {
+// TestKLEstimators: with kl_placement loss every estimator resolves, with
+// its coefficient (the trainer computes the reference log-probs); written
+// with placement none, the estimator is refused where it is written
+// (TestConditionalKeys), and left out it is the default k3.
+func TestKLEstimators(t *testing.T) {
+	for _, k := range []string{"k1", "k2", "k3"} {
+		c := mustResolve(t, mutate(t, "demo.yaml", "loss.kl_placement", "loss", "loss.kl_coef", 0.05, "loss.kl_estimator", k))
+		if c.Loss.KLPlacement != objective.KLLoss || c.Loss.KLEstimator != k || c.Loss.KLCoef != 0.05 {
+			t.Errorf("kl_estimator %s: resolved %q, %q, %v", k, c.Loss.KLPlacement, c.Loss.KLEstimator, c.Loss.KLCoef)
+		}
 		c, err := Parse(mutate(t, "demo.yaml", "loss.kl_estimator", k))
 		if err != nil {
 			t.Fatal(err)
 		}
-		if err := c.Resolve(); err == nil || !strings.Contains(err.Error(), `loss.kl_estimator: "`+k+`" is not implemented`) {
-			t.Errorf("kl_estimator %s: %v", k, err)
+		if err := c.Resolve(); err == nil || !strings.Contains(err.Error(), "loss.kl_estimator: applies only with loss.kl_placement loss") {
+			t.Errorf("kl_estimator %s with placement none: %v", k, err)
 		}
 	}
-	if c := mustResolve(t, readFile(t, "demo.yaml")); c.Loss.KLEstimator != objective.K3 {
+	if c := mustResolve(t, mutate(t, "demo.yaml", "loss.kl_placement", "loss", "loss.kl_coef", 0.05)); c.Loss.KLEstimator != objective.K3 {
 		t.Errorf("kl_estimator left out: %q, want the default k3", c.Loss.KLEstimator)
 	}
 }

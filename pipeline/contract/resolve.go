@@ -479,14 +479,8 @@ func (c *Contract) validateLoss(v *validator) {
 	}
 	v.oneOf("loss.kl_placement", l.KLPlacement, objective.KLNone, objective.KLLoss, objective.KLReward)
 	v.oneOf("loss.kl_estimator", l.KLEstimator, objective.K1, objective.K2, objective.K3)
-	if l.KLEstimator == objective.K1 || l.KLEstimator == objective.K2 {
-		// The estimator only ever applies to reference log-probs, which no
-		// stage computes: another value than the default would change the
-		// contract's hash and nothing else.
-		v.add("loss.kl_estimator", "%q is not implemented: no reference model computes ref_logprobs, so no KL term is estimated; leave the key out (default %s)", l.KLEstimator, objective.K3)
-	}
-	if l.KLPlacement == objective.KLLoss || l.KLPlacement == objective.KLReward {
-		v.add("loss.kl_placement", "%q is not implemented: no reference model computes ref_logprobs, so the KL term would be 0; use none (objective.kl_limit holds the KL to the reference the evaluation plane measures)", l.KLPlacement)
+	if l.KLPlacement == objective.KLReward {
+		v.add("loss.kl_placement", "%q is not implemented: no reward evaluator computes a KL penalty; use loss (the trainer computes the reference log-probs) or none", l.KLPlacement)
 	}
 	if l.KLPlacement == objective.KLLoss {
 		v.positive("loss.kl_coef", l.KLCoef)
