@@ -33,6 +33,14 @@ behavior transform is :class:`trajflow.model.Behavior` without a grammar
 (temperature, then top-k, then top-p: the order the llama.cpp client sends
 ``samplers``).
 
+Reference log-probs (docs/PIPELINE.md §12: a frozen checkpoint). With
+``kl_placement: loss`` the reference is the model of the ``--model`` source
+(version 0), held as a frozen copy only then (it doubles the memory);
+:meth:`LLMTrainer.update` computes every row's ``ref_logprobs`` with it
+once, before the first epoch, exactly as the current log-probs are
+computed (same packed-row forward and behavior transform), so on the
+initial policy the KL is exactly 0.
+
 Optimizer: Adam in float32 (moments float32, 2 x 4 bytes per parameter:
 1.1 GB for SmolLM2-135M), bias-corrected, decoupled weight decay, one
 global-norm gradient clip (float64 norm) — the update rule of
@@ -42,6 +50,7 @@ place as ``p -= (lr/c1) m1 / (sqrt(m2)/sqrt(c2) + eps)``.
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import math
 import os
@@ -58,7 +67,7 @@ import torch
 from . import gguf_io as G
 from .batches import PackedBatch
 from .model import Behavior
-from .packed import (ObjectiveInputError, Options, Stats, TokenInputs, global_denominators, lag_stats, objective,
+from .packed import (KL_LOSS, ObjectiveInputError, Options, Stats, TokenInputs, global_denominators, lag_stats, objective,
                      shift_targets, token_weights)
 from .update import Adam, StepResult, merge_lag
 
@@ -255,16 +264,36 @@ class LLMPolicy:
 
 # ---------------------------------------------------------------- trainer
 
+def frozen(model):
+    """model with gradients off and in eval mode (a reference policy)."""
+    model.requires_grad_(False)
+    model.eval()
+    return model
+
+
 class LLMTrainer:
     """The update of a causal LM from packed batches, with the interface of
-    trajflow.update.Trainer that the train stage drives."""
+    trajflow.update.Trainer that the train stage drives.
+
+    reference: the frozen reference model of ``kl_placement: loss`` (the
+    weights of version 0, same architecture). When None, the first update
+    that needs it takes a copy of the model if nothing was trained yet
+    (version 0, no step); a trainer restored at a later version must be
+    given it."""
 
     CHECKPOINT_EXT = ".gguf"
 
-    def __init__(self, policy: LLMPolicy, behavior: Behavior, version: int = 0, export_dtype: str = "f32"):
+    def __init__(self, policy: LLMPolicy, behavior: Behavior, version: int = 0, export_dtype: str = "f32",
+                 reference=None):
         behavior.validate()
         if behavior.grammar is not None:
             raise ValueError("the language-model trainer applies no grammar")
+        if reference is not None:
+            shapes = lambda m: [(n, tuple(p.shape)) for n, p in m.named_parameters()]  # noqa: E731
+            if shapes(reference) != shapes(policy.model):
+                raise ValueError("the reference model's parameters are not the trained model's")
+            frozen(reference)
+        self.reference = reference
         self.policy = policy
         self.model = policy.model
         self.behavior = behavior
@@ -332,8 +361,49 @@ class LLMTrainer:
                 off += 4 * k
         self.steps = int(steps)
 
+    # -- the reference
+    def reference_model(self):
+        """The frozen reference (version 0): the one given, else a copy of
+        the model taken now if it is still the initial policy."""
+        if self.reference is None:
+            if self.version != 0 or self.steps != 0:
+                raise RuntimeError(f"kl_placement 'loss' needs the reference model (version 0); the trainer is at "
+                                   f"version {self.version} and was given none")
+            self.reference = frozen(copy.deepcopy(self.model))
+        return self.reference
+
+    @torch.no_grad()
+    def reference_logprobs(self, r, ri: int = 0) -> np.ndarray:
+        """ref[i] = log p_ref(input_ids[i+1]) under the behavior transform at
+        every trained position i (action_mask[i] == 1), 0 elsewhere (float32,
+        target-aligned): the current log-probs of :meth:`step` (same row
+        forward, positions, segment mask and transform, float64
+        log-softmax rounded to float32) with the reference weights."""
+        out = np.zeros(len(r.input_ids), dtype=np.float32)
+        tr = self._trained(r, ri)
+        if tr is None:
+            return out
+        at, targets = tr
+        z = self._behavior_logits(self.reference_model(), r, at)
+        lp = torch.log_softmax(z.double(), dim=1)
+        out[at] = lp.gather(1, torch.from_numpy(targets.astype(np.int64))[:, None])[:, 0].float().numpy()
+        return out
+
+    def attach_reference(self, batch: PackedBatch, opts: Options) -> None:
+        """With ``kl_placement: loss``, sets every row's ``ref_logprobs`` to
+        :meth:`reference_logprobs` (replacing any stored ones); otherwise
+        leaves the rows as they are and computes nothing."""
+        if opts.kl_placement != KL_LOSS:
+            return
+        refs = [self.reference_logprobs(r, ri) for ri, r in enumerate(batch.rows)]
+        for r, ref in zip(batch.rows, refs):
+            r.ref_logprobs = ref
+
     # -- the update
-    def _row_inputs(self, r, ri: int, w: np.ndarray) -> Optional[TokenInputs]:
+    def _trained(self, r, ri: int) -> Optional[tuple[np.ndarray, np.ndarray]]:
+        """The trained positions of a row and their targets (None when it
+        has none); ObjectiveInputError for a position without a target or
+        a token outside the vocabulary."""
         mask = np.asarray(r.action_mask) == 1
         at = np.nonzero(mask)[0]
         if len(at) == 0:
@@ -345,11 +415,22 @@ class LLMTrainer:
         V = self.model.config.vocab_size
         if (targets[at] >= V).any() or (np.asarray(r.input_ids) < 0).any() or (np.asarray(r.input_ids) >= V).any():
             raise ObjectiveInputError(f"row {ri}: token id outside the vocabulary [0, {V})")
-        raw = row_logits(self.model, r, at)
+        return at, targets[at]
+
+    def _behavior_logits(self, model, r, at: np.ndarray) -> torch.Tensor:
+        """Behavior-transformed logits of model at positions at of a row."""
+        raw = row_logits(model, r, at)
         starts = at - np.asarray(r.position_ids, dtype=np.int64)[at]
-        z = self.behavior.transform(raw, np.asarray(r.input_ids), starts, at)
+        return self.behavior.transform(raw, np.asarray(r.input_ids), starts, at)
+
+    def _row_inputs(self, r, ri: int, w: np.ndarray) -> Optional[TokenInputs]:
+        tr = self._trained(r, ri)
+        if tr is None:
+            return None
+        at, targets = tr
+        z = self._behavior_logits(self.model, r, at)
         ref = None if r.ref_logprobs is None else torch.from_numpy(np.asarray(r.ref_logprobs, np.float32)[at])
-        return TokenInputs(logits=z, targets=torch.from_numpy(targets[at].astype(np.int64)),
+        return TokenInputs(logits=z, targets=torch.from_numpy(targets.astype(np.int64)),
                            old=torch.from_numpy(np.asarray(r.old_logprobs, np.float32)[at]), ref=ref,
                            adv=torch.from_numpy(np.asarray(r.advantages, np.float32)[at]),
                            weight=torch.from_numpy(w), versions=torch.from_numpy(np.asarray(r.policy_versions)[at].astype(np.int64)))
@@ -379,7 +460,7 @@ class LLMTrainer:
             curs.append(cur.numpy())
             olds.append(inp.old.numpy())
             vers.append(inp.versions.numpy())
-        kl_coef = opts.kl_coef if opts.kl_placement == "loss" else 0.0
+        kl_coef = opts.kl_coef if opts.kl_placement == KL_LOSS else 0.0
         st = merge_stats(parts, kl_coef, opts.entropy_coef)
         st.sequences = den.sequences
         t1 = time.monotonic()
@@ -428,13 +509,17 @@ class LLMTrainer:
         step's metrics (with the train/inference mismatch of the behavior
         log-probs against the recomputation at the version the batch was
         sampled for) and the last step's stats. On an error of a later
-        epoch the parameters and moments are restored."""
+        epoch the parameters and moments are restored. With
+        ``kl_placement: loss`` the rows' reference log-probs are computed
+        first, once (:meth:`attach_reference`): every epoch sees the same
+        values."""
         frm, steps = self.version, self.steps
         saved = None
         if epochs > 1:
             saved = ([p.detach().clone() for p in self.plist], [m.clone() for m in self.m1], [m.clone() for m in self.m2])
         t0 = time.monotonic()
         try:
+            self.attach_reference(batch, opts)
             first = last = None
             for e in range(max(1, epochs)):
                 res = self.step(batch, opts, adam)
@@ -468,7 +553,10 @@ class LLMBackend:
     (usually quantized: the model the inference server samples from),
     every later version the F32 (or F16) export of the trained weights,
     released as ``policy-vNNNNNNNN.gguf``. Only the newest optimizer state
-    is kept (1.1 GB for 135M parameters)."""
+    is kept (1.1 GB for 135M parameters). With ``kl_placement: loss`` every
+    trainer it builds holds the frozen reference: the model of
+    ``model_path`` (version 0), loaded again when it restores a later
+    version."""
 
     name = "trajflow.train llm (PyTorch)"
     keep_optim = 1
@@ -488,7 +576,20 @@ class LLMBackend:
     def initial(self, c) -> LLMTrainer:
         pol = LLMPolicy.load(self.model_path)
         self._check(c, pol, self.model_path)
-        return LLMTrainer(pol, c.behavior, 0, self.export_dtype)
+        ref = frozen(copy.deepcopy(pol.model)) if c.objective.kl_placement == KL_LOSS else None
+        return LLMTrainer(pol, c.behavior, 0, self.export_dtype, reference=ref)
+
+    def _reference(self, c, pol: LLMPolicy):
+        """The frozen reference (the model of model_path) when the loss
+        needs one; its model config must be the restored policy's."""
+        if c.objective.kl_placement != KL_LOSS:
+            return None
+        ref = LLMPolicy.load(self.model_path)
+        self._check(c, ref, self.model_path)
+        if ref.ident.model_config_hash != pol.ident.model_config_hash:
+            raise ValueError(f"reference {self.model_path}: model config hash {ref.ident.model_config_hash}, "
+                             f"the restored policy's is {pol.ident.model_config_hash}")
+        return ref.model
 
     def restore(self, c, rel: dict) -> LLMTrainer:
         from .release import checkpoint_path
@@ -498,4 +599,4 @@ class LLMBackend:
             raise ValueError(f"version {v}: model config hash {pol.ident.model_config_hash}, "
                              f"manifest says {rel['model_config_hash']}")
         self._check(c, pol, f"version {v}")
-        return LLMTrainer(pol, c.behavior, v, self.export_dtype)
+        return LLMTrainer(pol, c.behavior, v, self.export_dtype, reference=self._reference(c, pol))

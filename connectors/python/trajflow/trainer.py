@@ -52,7 +52,7 @@ from .batches import quarantine_record
 from .ids import census_record, incident_record, read_update_document, update_document
 from .kafka import AckProducer, Message, scan
 from .model import Behavior, Config, ShapeError, WindowMLP, init_params, load_checkpoint
-from .packed import ObjectiveInputError, Options
+from .packed import KL_LOSS, ObjectiveInputError, Options
 from .release import (ReleaseMeta, checkpoint_path, decode_release, optim_name, refused_name, release_record,
                       update_name, write_atomic, write_release)
 from .update import Adam, Trainer
@@ -81,19 +81,33 @@ class Topics:
 
 
 class MLPBackend:
-    """The built-in window-MLP (trajflow.model) as the trained policy."""
+    """The built-in window-MLP (trajflow.model) as the trained policy.
+
+    With ``kl_placement: loss`` every trainer it builds holds the frozen
+    reference policy: version 0's parameters (the initial checkpoint, else
+    the seeded initialization), also when it restores a later version."""
 
     name = "trajflow.train (PyTorch)"
     keep_optim = 0  # keep every version's optimizer state, as the Go trainer does
 
-    def initial(self, c: "TrainConfig") -> Trainer:
+    def _initial_params(self, c: "TrainConfig") -> np.ndarray:
+        """The parameters of version 0."""
         if c.init_checkpoint is not None:
             cfg, p = load_checkpoint(c.init_checkpoint)
             if cfg != c.model:
                 raise ValueError(f"initial checkpoint is {cfg}, the contract's model is {c.model}")
-        else:
-            p = init_params(c.model, c.model_seed)
-        return Trainer(WindowMLP(c.model, p), c.behavior, 0)
+            return p
+        return init_params(c.model, c.model_seed)
+
+    def _reference(self, c: "TrainConfig") -> Optional[WindowMLP]:
+        """The frozen reference policy (version 0) when the loss needs one."""
+        if c.objective.kl_placement != KL_LOSS:
+            return None
+        return WindowMLP(c.model, self._initial_params(c))
+
+    def initial(self, c: "TrainConfig") -> Trainer:
+        p = self._initial_params(c)
+        return Trainer(WindowMLP(c.model, p), c.behavior, 0, reference=self._reference(c))
 
     def restore(self, c: "TrainConfig", rel: dict) -> Trainer:
         v = rel["policy_version"]
@@ -101,7 +115,7 @@ class MLPBackend:
             model = WindowMLP.from_checkpoint(f.read(), rel["checkpoint_hash"])
         if model.cfg.hash() != rel["model_config_hash"]:
             raise ValueError(f"version {v}: model config hash {model.cfg.hash()}, manifest says {rel['model_config_hash']}")
-        return Trainer(model, c.behavior, v)
+        return Trainer(model, c.behavior, v, reference=self._reference(c))
 
 
 @dataclass

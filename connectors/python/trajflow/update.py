@@ -14,6 +14,14 @@ decoupled weight decay::
 computed in float64 from the float32 parameter and rounded to float32.
 :meth:`Trainer.update` is ``gpu.Trainer.Update``: ``epochs`` steps on the
 batch make one policy version; on error nothing changes.
+
+Reference log-probs (docs/PIPELINE.md §12: a frozen checkpoint). With
+``kl_placement: loss`` the reference is the initial policy (version 0),
+frozen; :meth:`Trainer.update` computes every row's ``ref_logprobs`` with
+it once, before the first epoch (:meth:`Trainer.attach_reference`),
+exactly as the current log-probs are computed (same behavior transform,
+same windows) but with the reference parameters. On the initial policy
+the two are therefore equal bit for bit and the KL is exactly 0.
 """
 
 from __future__ import annotations
@@ -29,7 +37,7 @@ import torch
 
 from .batches import PackedBatch
 from .model import Behavior, WindowMLP, behavior_logits_row
-from .packed import (OFF_DECOUPLED, Denominators, gather_target_logprobs, ObjectiveInputError, Options, Stats, TokenInputs, global_denominators, lag_stats,
+from .packed import (KL_LOSS, OFF_DECOUPLED, Denominators, gather_target_logprobs, ObjectiveInputError, Options, Stats, TokenInputs, global_denominators, lag_stats,
                      objective, shift_targets, token_weights)
 
 
@@ -104,10 +112,21 @@ OPTIM_MAGIC = b"trajflow-adam/v1"
 
 
 class Trainer:
-    """The policy being trained, its Adam state and its version."""
+    """The policy being trained, its Adam state and its version.
 
-    def __init__(self, model: WindowMLP, behavior: Behavior, version: int = 0, exact: bool = True):
+    reference: the frozen reference policy of ``kl_placement: loss`` (the
+    parameters of version 0). When None, the first update that needs it
+    takes a copy of the model if nothing was trained yet (version 0, no
+    step); a trainer restored at a later version must be given it."""
+
+    def __init__(self, model: WindowMLP, behavior: Behavior, version: int = 0, exact: bool = True,
+                 reference: Optional[WindowMLP] = None):
         behavior.validate()
+        if reference is not None:
+            if reference.cfg != model.cfg:
+                raise ValueError(f"reference model is {reference.cfg}, the trained model is {model.cfg}")
+            reference.flat.requires_grad_(False)
+        self.reference = reference
         self.model = model
         self.behavior = behavior
         self.version = int(version)
@@ -173,6 +192,48 @@ class Trainer:
             z = behavior_logits_row(self.model, self.behavior, row.input_ids, row.position_ids, at, exact=self.exact)
             out[at] = gather_target_logprobs(z, torch.from_numpy(targets[at].astype(np.int64))).float().numpy()
         return out
+
+    def reference_model(self) -> WindowMLP:
+        """The frozen reference (version 0): the one given, else a copy of
+        the model taken now if it is still the initial policy."""
+        if self.reference is None:
+            if self.version != 0 or self.steps != 0:
+                raise RuntimeError(f"kl_placement 'loss' needs the reference policy (version 0); the trainer is at "
+                                   f"version {self.version} and was given none")
+            self.reference = WindowMLP(self.model.cfg, self.model.flat.detach().numpy())
+            self.reference.flat.requires_grad_(False)
+        return self.reference
+
+    @torch.no_grad()
+    def reference_logprobs(self, row, ri: int = 0) -> np.ndarray:
+        """ref[i] = log p_ref(input_ids[i+1]) under the behavior transform at
+        every trained position i (action_mask[i] == 1), 0 elsewhere (float32,
+        target-aligned): the current log-probs of :meth:`step` (same
+        positions, windows, transform and float64 log-softmax rounded to
+        float32) with the reference parameters."""
+        out = np.zeros(len(row.input_ids), dtype=np.float32)
+        at = np.nonzero(np.asarray(row.action_mask) == 1)[0]
+        if len(at) == 0:
+            return out
+        targets = shift_targets(row.input_ids, row.segment_ids)[at]
+        if (targets < 0).any():
+            raise ObjectiveInputError(f"row {ri}: masked position {int(at[np.argmax(targets < 0)])} has no target")
+        if (targets >= self.model.cfg.vocab).any():
+            raise ObjectiveInputError(f"row {ri}: target outside the vocabulary")
+        ref = self.reference_model()
+        z = behavior_logits_row(ref, self.behavior, row.input_ids, row.position_ids, at, exact=self.exact)
+        out[at] = gather_target_logprobs(z, torch.from_numpy(targets.astype(np.int64))).float().numpy()
+        return out
+
+    def attach_reference(self, batch: PackedBatch, opts: Options) -> None:
+        """With ``kl_placement: loss``, sets every row's ``ref_logprobs`` to
+        :meth:`reference_logprobs` (replacing any stored ones); otherwise
+        leaves the rows as they are and computes nothing."""
+        if opts.kl_placement != KL_LOSS:
+            return
+        refs = [self.reference_logprobs(r, ri) for ri, r in enumerate(batch.rows)]
+        for r, ref in zip(batch.rows, refs):
+            r.ref_logprobs = ref
 
     def token_inputs(self, batch: PackedBatch, opts: Options, den: Denominators) -> tuple[TokenInputs, list]:
         """The masked tokens of every row with the current behavior logits
@@ -254,11 +315,15 @@ class Trainer:
 
     def update(self, batch: PackedBatch, opts: Options, adam: Adam, epochs: int) -> tuple[StepResult, Stats]:
         """epochs steps on batch, one policy version (gpu.Trainer.Update):
-        returns the first step's metrics and the last step's stats; atomic."""
+        returns the first step's metrics and the last step's stats; atomic.
+        With ``kl_placement: loss`` the rows' reference log-probs are
+        computed first, once (:meth:`attach_reference`): every epoch sees
+        the same values."""
         saved = (self.model.flat.detach().clone(), self.m1.clone(), self.m2.clone(), self.version, self.steps)
         frm = self.version
         self._prox = None  # the proximal policy is the policy at the start of this update
         try:
+            self.attach_reference(batch, opts)
             first = last = None
             for e in range(max(1, epochs)):
                 res = self.step(batch, opts, adam)
