@@ -228,7 +228,9 @@ func TestBounds(t *testing.T) {
 // TestKLEstimators: with kl_placement loss every estimator resolves, with
 // its coefficient (the trainer computes the reference log-probs); written
 // with placement none, the estimator is refused where it is written
-// (TestConditionalKeys), and left out it is the default k3.
+// (TestConditionalKeys), and left out it is the default k3. A truncating
+// sampler is refused with the placement: a sampled token the reference's
+// top-k or nucleus leaves out would have an infinite KL.
 func TestKLEstimators(t *testing.T) {
 	for _, k := range []string{"k1", "k2", "k3"} {
 		c := mustResolve(t, mutate(t, "demo.yaml", "loss.kl_placement", "loss", "loss.kl_coef", 0.05, "loss.kl_estimator", k))
@@ -241,6 +243,15 @@ func TestKLEstimators(t *testing.T) {
 		}
 		if err := c.Resolve(); err == nil || !strings.Contains(err.Error(), "loss.kl_estimator: applies only with loss.kl_placement loss") {
 			t.Errorf("kl_estimator %s with placement none: %v", k, err)
+		}
+	}
+	for _, trunc := range [][]any{{"sampler.top_k", 4}, {"sampler.top_p", 0.9}, {"sampler.min_p", 0.05}} {
+		c, err := Parse(mutate(t, "demo.yaml", append([]any{"loss.kl_placement", "loss", "loss.kl_coef", 0.05}, trunc...)...))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := c.Resolve(); err == nil || !strings.Contains(err.Error(), "loss.kl_placement: loss with a truncating sampler") {
+			t.Errorf("kl in the loss with %v: %v", trunc, err)
 		}
 	}
 	if c := mustResolve(t, mutate(t, "demo.yaml", "loss.kl_placement", "loss", "loss.kl_coef", 0.05)); c.Loss.KLEstimator != objective.K3 {

@@ -484,6 +484,13 @@ func (c *Contract) validateLoss(v *validator) {
 	}
 	if l.KLPlacement == objective.KLLoss {
 		v.positive("loss.kl_coef", l.KLCoef)
+		// The reference's log-probs are taken under the behavior transform,
+		// as the current ones (docs/PIPELINE.md §12); a truncating sampler
+		// would give a sampled token outside the reference's top-k or
+		// nucleus probability 0, an infinite KL.
+		if s := c.Sampler; s.TopK > 0 || s.TopP < 1 || s.MinP > 0 {
+			v.add("loss.kl_placement", "loss with a truncating sampler (top_k %d, top_p %s, min_p %s) is not implemented: a sampled token outside the reference's truncated distribution has an infinite KL; use top_k 0, top_p 1, min_p 0", s.TopK, g(s.TopP), g(s.MinP))
+		}
 	} else if l.KLCoef != 0 {
 		v.add("loss.kl_coef", "must be 0 unless loss.kl_placement is loss (got placement %q, coefficient %s)", l.KLPlacement, g(l.KLCoef))
 	}
