@@ -69,3 +69,64 @@ def test_demo_external_python_trainer_learns(tf_bin, tmp_path):
     assert m["approx_kl_old"] == 0.0 and m["kl"] == 0.0, m
     for lag in m["lag"]:
         assert lag["lag"] == 0 and lag["approx_kl"] == 0.0 and lag["k3"] == 0.0, lag
+
+
+def _kl_contract(tf_bin, path):
+    """The demo contract with the KL to the reference in the loss (k3, 0.05)."""
+    import subprocess
+    y = subprocess.run([tf_bin, "contract", "show"], check=True, capture_output=True, text=True).stdout
+    assert "  kl_placement: none\n" in y and "  kl_coef: 0\n" in y, y
+    y = y.replace("  kl_placement: none\n", "  kl_placement: loss\n  kl_estimator: k3\n").replace("  kl_coef: 0\n", "  kl_coef: 0.05\n")
+    path.write_text(y)
+    return path
+
+
+def _updates(out, n):
+    return [json.loads((out / "releases" / f"policy-v{v:08d}.update.json").read_text())["data"] for v in range(1, n + 1)]
+
+
+def test_demo_external_kl_to_reference(tf_bin, tmp_path):
+    """With loss.kl_placement loss the Python trainer computes the reference
+    log-probs from the initial checkpoint, as the Go train stage does: on
+    the same first batch (identical batch hash) the first step's KL is
+    exactly 0 in both, the last epoch's KL agrees to float32 rounding of
+    the parameters, and later updates carry a positive KL."""
+    rounds = 3
+    contract = _kl_contract(tf_bin, tmp_path / "kl.yaml")
+    procs = Procs(str(tmp_path))
+    go_out, py_out = tmp_path / "go", tmp_path / "py"
+    try:
+        go = procs.start("go", [tf_bin, "demo", "--contract", str(contract), "--updates", str(rounds), "--out", str(go_out)])
+        assert go.wait(timeout=300) == 0, procs.log("go", "out") + procs.log("go")
+        demo = procs.start("demo", [tf_bin, "demo", "--contract", str(contract), "--trainer", "external",
+                                    "--updates", str(rounds), "--out", str(py_out)])
+        deadline = time.monotonic() + 120
+        while not (py_out / "trainer.json").exists():
+            assert demo.poll() is None, procs.log("demo", "out") + procs.log("demo")
+            assert time.monotonic() < deadline, "no trainer.json from the demo"
+            time.sleep(0.1)
+        info = json.loads((py_out / "trainer.json").read_text())
+        env = dict(os.environ, PYTHONPATH=str(ROOT / "connectors" / "python"))
+        trainer = procs.start("trainer", [python(), "-m", "trajflow.train", "--brokers", ",".join(info["brokers"]),
+                                          "--run", info["run_id"], "--releases", info["releases"],
+                                          "--contract", info["contract"], "--state", str(tmp_path / "tstate"),
+                                          "--init-checkpoint", info["init_checkpoint"]], env=env)
+        deadline = time.monotonic() + 300
+        while demo.poll() is None:
+            assert trainer.poll() is None, procs.log("trainer")
+            assert time.monotonic() < deadline, "the demo did not end in 5 min: " + procs.log("demo", "out")[-2000:]
+            time.sleep(0.5)
+        assert demo.returncode == 0, procs.log("demo", "out") + procs.log("demo")
+    finally:
+        procs.stop()
+    gs = json.loads((go_out / "summary.json").read_text())
+    ps = json.loads((py_out / "summary.json").read_text())
+    assert gs["batch_hashes"][0] == ps["batch_hashes"][0], (gs["batch_hashes"], ps["batch_hashes"])
+    gu, pu = _updates(go_out, rounds), _updates(py_out, rounds)
+    assert pu[0]["trainer"]["trainer"] == "trajflow.train (PyTorch)"
+    for u in (gu[0], pu[0]):
+        assert u["metrics"]["kl"] == 0.0 and u["last"]["kl"] > 0, (u["metrics"]["kl"], u["last"]["kl"])
+    g, p = gu[0]["last"]["kl"], pu[0]["last"]["kl"]
+    assert abs(g - p) <= 1e-4 * abs(g), (g, p)
+    for u in pu[1:]:
+        assert u["metrics"]["kl"] > 0, u["metrics"]
