@@ -37,7 +37,7 @@ func newDomainVecs(reg prometheus.Registerer, lbl []string) *domainVecs {
 		updates: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "trajflow_train_updates_total",
 			Help: "Policy updates trained (one per batch)."}, lbl),
 		loss: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "trajflow_train_loss",
-			Help: "Objective of the last optimizer step of the last update: term=total or policy (verl actor/pg_loss)."}, with("term")),
+			Help: "Objective of the last optimizer step of the last update: term=total, policy (verl actor/pg_loss) or kl, the KL to the reference as the loss weighs it (0 unless loss.kl_placement is loss; verl actor/kl_loss)."}, with("term")),
 		kl: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "trajflow_train_approx_kl",
 			Help: "Approximate KL(behavior || current) over the masked tokens at the last optimizer step (verl actor/ppo_kl)."}, lbl),
 		entropy: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "trajflow_train_entropy_nats",
@@ -105,6 +105,7 @@ func (d *Domain) Update(u schemas.UpdateRecord) {
 	d.policyVersion.WithLabelValues("trained").Set(float64(u.Version))
 	d.loss.WithLabelValues("total").Set(u.Last.Loss)
 	d.loss.WithLabelValues("policy").Set(u.Last.PolicyLoss)
+	d.loss.WithLabelValues("kl").Set(u.Last.KL)
 	d.kl.Set(u.Last.ApproxKLOld)
 	d.entropy.Set(u.Last.Entropy)
 	d.clip.WithLabelValues("positive").Set(u.Last.ClipFracPos)

@@ -93,6 +93,7 @@ func TestDemoDomainMetrics(t *testing.T) {
 		{"trajflow_train_entropy_nats", map[string]string{"stage": "train"}, func(v float64) bool { return v > 0 }, "an entropy"},
 		{"trajflow_train_clip_ratio", map[string]string{"stage": "train", "sign": "positive"}, func(v float64) bool { return v >= 0 && v <= 1 }, "a fraction"},
 		{"trajflow_train_loss", map[string]string{"stage": "train", "term": "total"}, func(v float64) bool { return v != 0 }, "a loss"},
+		{"trajflow_train_loss", map[string]string{"stage": "train", "term": "kl"}, func(v float64) bool { return v == 0 }, "no KL term (kl_placement none)"},
 		{"trajflow_pack_efficiency_ratio", map[string]string{"stage": "pack"}, func(v float64) bool { return v > 0 && v <= 1 }, "an efficiency"},
 		{"trajflow_trajectories_rewarded_total", map[string]string{"stage": "reward"}, func(v float64) bool { return v == float64(s.AttemptsLaunched) }, "every launched attempt"},
 		{"trajflow_trajectories_filtered_total", map[string]string{"stage": "pack"}, func(v float64) bool { return v == float64(s.TrajectoriesFiltered) }, "the filtered"},
