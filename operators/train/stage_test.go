@@ -21,14 +21,14 @@ import (
 )
 
 type fixture struct {
-	t      *testing.T
+	t      testing.TB
 	loop   *gputest.Loop
 	topics pipeline.Topics
 	cfg    train.StageConfig
 	m0     *model.Model
 }
 
-func newFixture(t *testing.T) *fixture {
+func newFixture(t testing.TB) *fixture {
 	t.Helper()
 	loop, err := gputest.Small()
 	if err != nil {
