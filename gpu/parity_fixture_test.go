@@ -108,6 +108,17 @@ func parityCases() []parityCase {
 			Steps: 2, TokenBudget: 64, BehaviorSeed: 17,
 		},
 		{
+			// The sequence-level ratio (GSPO's token form) with the KL to a
+			// reference in the loss; the second step clips whole sequences.
+			Name: "sequence-ratio-seq-mean-token-mean-k3", Model: small,
+			Behavior: model.Behavior{Temperature: 1},
+			Objective: objective.Options{ClipLow: 0.05, ClipHigh: 0.05, Normalization: objective.SeqMeanTokenMean,
+				KLPlacement: objective.KLLoss, KLEstimator: objective.K3, KLCoef: 0.1, EntropyCoef: 0.02,
+				MaxLogRatio: objective.DefaultMaxLogRatio, Ratio: objective.RatioSequence},
+			Adam:  AdamOptions{LR: 0.05, Beta1: 0.9, Beta2: 0.999, Eps: 1e-8, MaxGradNorm: 1},
+			Steps: 2, RefSeed: 23, TokenBudget: 96,
+		},
+		{
 			// The demo's objective: token-sum over a declared constant,
 			// off-policy samples under the decoupled objective.
 			Name: "token-sum-decoupled-off-policy", Model: small,

@@ -130,11 +130,16 @@ func (be *Backend) Steps() int64 { return be.tr.Steps() }
 // CheckObjective implements gpu.ObjectiveChecker: the device step
 // implements the objective without an off-policy correction; truncated
 // importance sampling and the decoupled objective (loss.off_policy,
-// loss.is_cap) are ErrUnsupported.
+// loss.is_cap), and the sequence-level ratio (loss.ratio), are
+// ErrUnsupported.
 func (be *Backend) CheckObjective(opts objective.Options) error {
 	if opts.Corrected() {
 		return fmt.Errorf("%w: the CUDA trainer implements loss.off_policy %q only; this contract has loss.off_policy %q (is_cap %g): train it on the CPU (--device cpu)",
 			ErrUnsupported, objective.OffPolicyNone, opts.OffPolicy, opts.ISCap)
+	}
+	if opts.SequenceRatio() {
+		return fmt.Errorf("%w: the CUDA trainer implements loss.ratio %q only; this contract has loss.ratio %q: train it on the CPU (--device cpu)",
+			ErrUnsupported, objective.RatioToken, opts.Ratio)
 	}
 	return nil
 }

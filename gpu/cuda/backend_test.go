@@ -578,7 +578,7 @@ func TestBackendRefusesUnsupported(t *testing.T) {
 // TestBackendRefusesOffPolicyCorrections: the device step implements no
 // off-policy correction, so the backend refuses truncated importance
 // sampling and the decoupled objective with ErrUnsupported, naming
-// loss.off_policy — at the check the train stage makes when it starts, and
+// loss.off_policy, and the sequence-level ratio, naming loss.ratio — at the check the train stage makes when it starts, and
 // in Update — and leaves the parameters untouched; the plain objective
 // trains.
 func TestBackendRefusesOffPolicyCorrections(t *testing.T) {
@@ -610,6 +610,14 @@ func TestBackendRefusesOffPolicyCorrections(t *testing.T) {
 		if be.Version() != 0 || be.Steps() != 0 {
 			t.Fatalf("%s: refused update moved the backend to version %d, %d steps", c.off, be.Version(), be.Steps())
 		}
+	}
+	seq := gpu.DefaultObjective()
+	seq.Ratio = objective.RatioSequence
+	if err := be.(gpu.ObjectiveChecker).CheckObjective(seq); !errors.Is(err, ErrUnsupported) || !strings.Contains(err.Error(), "loss.ratio") {
+		t.Fatalf("sequence ratio: check %v", err)
+	}
+	if _, _, err := be.Update(b, seq, gpu.DefaultAdam(), 1); !errors.Is(err, ErrUnsupported) || be.Version() != 0 {
+		t.Fatalf("sequence ratio: update %v, version %d", err, be.Version())
 	}
 	if _, _, err := be.Update(b, gpu.DefaultObjective(), gpu.DefaultAdam(), 1); err != nil {
 		t.Fatal(err)

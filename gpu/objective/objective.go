@@ -161,6 +161,9 @@ type Result struct {
 // equal to the behavior policy gives a ratio of exactly 1):
 //
 //	lr_t  = clamp(cur_t - old_t, -MaxLogRatio, MaxLogRatio)   (no clamp when MaxLogRatio == 0)
+//	        (RatioSequence: the clamped mean of cur - old over the trained
+//	        tokens of t's sequence, the same for each of them; ds/dcur_t
+//	        below is then through t's own log-prob only)
 //	r_t   = exp(lr_t)
 //	s_t   = min(r_t A_t, clamp(r_t, 1-ClipLow, 1+ClipHigh) A_t)
 //	k_t   = k1|k2|k3 of logr = ref_t - cur_t                  (KL estimators, see K1)
@@ -292,6 +295,41 @@ func klTerm(est string, logr float64) (k, dkdcur float64) {
 
 func finite(x float64) bool { return !math.IsNaN(x) && !math.IsInf(x, 0) }
 
+// sequenceLogRatios returns, with RatioSequence, the mean log ratio to the
+// behavior policy of every segment's trained tokens (indexed by segment
+// id; nil otherwise): a first pass over the masked positions computing
+// their current log-probs exactly as compute does. Positions compute
+// refuses are skipped here and refused there, with the same errors for a
+// row that cannot be normalized or a non-finite input.
+func sequenceLogRatios[F float32 | float64](in coreInputs[F], opts Options, perSeg []int32, e []float64) ([]float64, error) {
+	if !opts.SequenceRatio() {
+		return nil, nil
+	}
+	lr := make([]float64, len(perSeg))
+	for i := 0; i < in.T; i++ {
+		y := in.targets[i]
+		if in.mask[i] != 1 || y < 0 || int(y) >= in.V {
+			continue
+		}
+		z := in.logits[i*in.V : (i+1)*in.V]
+		m, _, logS, _, err := softmaxEntropyRow(z, e, i)
+		if err != nil {
+			return nil, err
+		}
+		c, old, a := float64(F(float64(z[y])-m-logS)), float64(in.old[i]), float64(in.adv[i])
+		if !finite(c) || !finite(old) || !finite(a) {
+			return nil, fmt.Errorf("objective: masked position %d: cur %v old %v advantage %v: %w", i, c, old, a, ErrInput)
+		}
+		lr[in.seg[i]] += c - old
+	}
+	for k, n := range perSeg {
+		if n > 0 {
+			lr[k] /= float64(n)
+		}
+	}
+	return lr, nil
+}
+
 // compute is the body of ComputeInto for either logit precision. cur (len
 // T) and dlogits (len T*V) are overwritten.
 func compute[F float32 | float64](in coreInputs[F], opts Options, den Denominators, cur []F, dlogits []F) (Stats, error) {
@@ -335,6 +373,11 @@ func compute[F float32 | float64](in coreInputs[F], opts Options, den Denominato
 			return math.Max(-M, math.Min(M, lr)), true
 		}
 		return lr, false
+	}
+
+	segLR, err := sequenceLogRatios(in, opts, perSeg, e)
+	if err != nil {
+		return st, err
 	}
 
 	var polSum, klSum, entSum, akl, ratioSum, isSum float64
@@ -399,6 +442,11 @@ func compute[F float32 | float64](in coreInputs[F], opts Options, den Denominato
 			base = p
 		}
 		lr, clampedLR := clampLR(c - base)
+		if segLR != nil {
+			// The sequence's ratio; its gradient through this token's own
+			// log-prob only (RatioSequence).
+			lr, clampedLR = clampLR(segLR[in.seg[i]])
+		}
 		if clampedLR || clampedW {
 			st.LogRatioClamped++
 		}

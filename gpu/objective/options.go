@@ -57,6 +57,20 @@ const (
 	OffPolicyDecoupled = "decoupled"
 )
 
+// Ratio levels (docs/PIPELINE.md §13: "token- versus sequence-level ratio").
+const (
+	// RatioToken: every token's own ratio π/μ (the default; "" too).
+	RatioToken = "token"
+	// RatioSequence: every token of a sequence takes the sequence's
+	// ratio, the geometric mean of its tokens' ratios, exp of the mean
+	// log ratio over its trained tokens; the gradient reaches each token
+	// through its own log-prob only (the other tokens' part of the mean is
+	// held constant: GSPO's token form). With a constant advantage per
+	// sequence and SeqMeanTokenMean this is GSPO's sequence objective, value
+	// and gradient.
+	RatioSequence = "sequence"
+)
+
 // Options declares the loss.
 type Options struct {
 	ClipLow       float64 `yaml:"clip_low" json:"clip_low"`   // ratio lower bound 1-ClipLow
@@ -81,7 +95,15 @@ type Options struct {
 	// (OffPolicyTIS: required; OffPolicyDecoupled: 0 = no cap); 0 or >= 1
 	// (on policy the weight is exactly 1). Must be 0 with no correction.
 	ISCap float64 `yaml:"is_cap" json:"is_cap,omitempty"`
+	// Ratio is the ratio level: "" (RatioToken) or RatioSequence, which
+	// needs no off-policy correction. The learning contract leaves it out
+	// of its hash when it is the default, so a contract written before
+	// the key existed keeps its hash.
+	Ratio string `yaml:"ratio" json:"ratio,omitempty" contract:"omitzero"`
 }
+
+// SequenceRatio reports whether o declares the sequence-level ratio.
+func (o Options) SequenceRatio() bool { return o.Ratio == RatioSequence }
 
 // PerToken turns a normalized sum Σ c_t x_t of o's loss over tokens
 // trained tokens (the Entropy and KL of Stats) into a mean per trained

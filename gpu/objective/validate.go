@@ -19,7 +19,9 @@ import (
 //     kernels as a float32, where a larger one is +Inf);
 //   - OffPolicy is "", OffPolicyNone, OffPolicyTIS or OffPolicyDecoupled;
 //     ISCap is 0 or a finite value >= 1, > 0 for OffPolicyTIS and 0
-//     without a correction.
+//     without a correction;
+//   - Ratio is "", RatioToken or RatioSequence, and RatioSequence has no
+//     off-policy correction (not implemented with one).
 //
 // Every error wraps ErrOptions.
 func (o Options) Validate() error {
@@ -74,6 +76,15 @@ func (o Options) Validate() error {
 	case OffPolicyDecoupled:
 	default:
 		return fmt.Errorf("objective: off_policy %q (want %q, %q or %q): %w", o.OffPolicy, OffPolicyNone, OffPolicyTIS, OffPolicyDecoupled, ErrOptions)
+	}
+	switch o.Ratio {
+	case "", RatioToken:
+	case RatioSequence:
+		if o.Corrected() {
+			return fmt.Errorf("objective: ratio %q with off_policy %q is not implemented: %w", RatioSequence, o.OffPolicy, ErrOptions)
+		}
+	default:
+		return fmt.Errorf("objective: ratio %q (want %q or %q): %w", o.Ratio, RatioToken, RatioSequence, ErrOptions)
 	}
 	return nil
 }

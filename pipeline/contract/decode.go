@@ -533,6 +533,11 @@ type field struct {
 	// canonical encoding (Canonical, Hash): they say where a run is
 	// deployed, not what it means.
 	unhashed bool
+	// omitzero fields (tag `contract:"omitzero"`) are left out of the
+	// canonical encoding and of YAML when they hold their zero value, the
+	// default: a key added after contracts were written, so that those
+	// keep their hash (a run's records carry it) and print as before.
+	omitzero bool
 }
 
 type fieldTable struct {
@@ -570,7 +575,7 @@ func fieldsOf(t reflect.Type) *fieldTable {
 			if name == "" {
 				name = strings.ToLower(sf.Name)
 			}
-			f := field{name: name, index: idx, unhashed: sf.Tag.Get("contract") == "unhashed"}
+			f := field{name: name, index: idx, unhashed: sf.Tag.Get("contract") == "unhashed", omitzero: sf.Tag.Get("contract") == "omitzero"}
 			ft.list = append(ft.list, f)
 			ft.byName[name] = f
 			ft.names = append(ft.names, name)

@@ -45,7 +45,9 @@ func (c *Contract) resolved() *Contract {
 // comments and whether a default was written out. The policy section is
 // left out: it says which servers generate (deployment), and what a sample
 // depends on — the servers' protocol, software and model — is recorded per
-// trajectory in its sampler id, the version per turn.
+// trajectory in its sampler id, the version per turn. So is a key added
+// after contracts were written (loss.ratio) while it holds its default,
+// so that those contracts keep their hash.
 func (c *Contract) Canonical() []byte {
 	var b bytes.Buffer
 	canonical(&b, reflect.ValueOf(c.resolved()).Elem())
@@ -171,6 +173,9 @@ func yamlNode(v reflect.Value) (*yaml.Node, error) {
 	case reflect.Struct:
 		n = &yaml.Node{Kind: yaml.MappingNode, Tag: "!!map"}
 		for _, f := range fieldsOf(v.Type()).list {
+			if f.omitzero && v.FieldByIndex(f.index).IsZero() {
+				continue
+			}
 			e, err := yamlNode(v.FieldByIndex(f.index))
 			if err != nil {
 				return nil, err
@@ -293,7 +298,7 @@ func canonical(b *bytes.Buffer, v reflect.Value) {
 		b.WriteByte('{')
 		i := 0
 		for _, f := range fieldsOf(v.Type()).list {
-			if f.unhashed {
+			if f.unhashed || f.omitzero && v.FieldByIndex(f.index).IsZero() {
 				continue
 			}
 			if i > 0 {

@@ -282,3 +282,50 @@ func TestErrorsAreCapped(t *testing.T) {
 		t.Errorf("error of %d bytes ends %q", len(msg), msg[max(0, len(msg)-80):])
 	}
 }
+
+// TestRatioLevel: loss.ratio sequence resolves, prints and changes the
+// hash; the token level, written out or left out, is the same contract
+// with the hash it had before the key existed (the key is left out of the
+// hash and of the printed contract at its default); an unknown level, or
+// the sequence level with an off-policy correction, is refused.
+func TestRatioLevel(t *testing.T) {
+	def := mustResolve(t, readFile(t, "demo.yaml"))
+	tok := mustResolve(t, mutate(t, "demo.yaml", "loss.ratio", "token"))
+	if tok.Hash() != def.Hash() || tok.Loss.Ratio != "" {
+		t.Errorf("ratio token written out: hash %s, ratio %q; want the default's %s", tok.Hash(), tok.Loss.Ratio, def.Hash())
+	}
+	y, err := def.YAML()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(string(y), "\n  ratio:") {
+		t.Errorf("the default ratio is printed:\n%s", y)
+	}
+	seq := mustResolve(t, mutate(t, "demo.yaml", "loss.ratio", "sequence", "loss.off_policy", "none"))
+	if seq.Hash() == def.Hash() || !seq.Loss.SequenceRatio() {
+		t.Errorf("ratio sequence: hash %s (default %s), ratio %q", seq.Hash(), def.Hash(), seq.Loss.Ratio)
+	}
+	y, err = seq.YAML()
+	if err != nil {
+		t.Fatal(err)
+	}
+	back := mustResolve(t, y)
+	if !strings.Contains(string(y), "  ratio: sequence\n") || back.Hash() != seq.Hash() {
+		t.Errorf("ratio sequence prints and reads back to hash %s, want %s:\n%s", back.Hash(), seq.Hash(), y)
+	}
+	for _, tc := range []struct {
+		edits []any
+		want  string
+	}{
+		{[]any{"loss.ratio", "seq"}, "loss.ratio: must be one of token, sequence"},
+		{[]any{"loss.ratio", "sequence"}, `loss.ratio: "sequence" with loss.off_policy decoupled is not implemented`},
+	} {
+		c, err := Parse(mutate(t, "demo.yaml", tc.edits...))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := c.Resolve(); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%v: %v, want %q", tc.edits, err, tc.want)
+		}
+	}
+}

@@ -49,6 +49,11 @@ func (c *Contract) fillDefaults() {
 	if c.Packing.BatchGroups == 0 && !c.set["packing.batch_groups"] {
 		c.Packing.BatchGroups = c.Dispatch.GroupsPerUpdate
 	}
+	// loss.ratio's default is its zero value, left out of the hash: the
+	// default written out means the same and hashes the same.
+	if c.Loss.Ratio == objective.RatioToken {
+		c.Loss.Ratio = ""
+	}
 }
 
 // fillZero copies each leaf of def into dst where dst holds the zero value,
@@ -505,6 +510,12 @@ func (c *Contract) validateLoss(v *validator) {
 		v.add("loss.is_cap", "must be set (>= 1) with loss.off_policy %s: truncated importance sampling needs its cap", objective.OffPolicyTIS)
 	case l.OffPolicy == objective.OffPolicyNone && l.ISCap != 0:
 		v.add("loss.is_cap", "must be 0 with loss.off_policy none (nothing to truncate), got %s", g(l.ISCap))
+	}
+	if l.Ratio != "" {
+		v.oneOf("loss.ratio", l.Ratio, objective.RatioToken, objective.RatioSequence)
+	}
+	if l.Ratio == objective.RatioSequence && l.Corrected() {
+		v.add("loss.ratio", "%q with loss.off_policy %s is not implemented: use off_policy none, or the token ratio", objective.RatioSequence, l.OffPolicy)
 	}
 	o := l.Optimizer
 	v.positive("loss.optimizer.lr", o.LR)
