@@ -112,3 +112,37 @@ def test_conditional_keys_left_out_hash_matches_go(tf_bin, tmp_path, name):
     c = C.parse(text)
     assert c.hash == re.search(r"^# hash: (\S+)$", text, re.M).group(1)
     assert c["estimator"]["lambda"] == 0.95 and c["loss"]["kl_estimator"] == "k3"
+
+
+def test_sequence_ratio_hash_matches_go(tf_bin, tmp_path):
+    """loss.ratio: the resolved form prints it only where it is declared
+    (sequence), and the hash covers it then, right after loss.is_cap; left
+    out (the default token level) it is read as "" and not hashed, so the
+    contracts written before the key keep their hashes."""
+    base = (ROOT / "testdata" / "contracts" / "minimal.yaml").read_text()
+    lines = [ln for ln in base.splitlines() if not ln.startswith("loss:")]
+    texts = {}
+    for name, extra in (("token", ""), ("sequence", ", ratio: sequence")):
+        path = tmp_path / f"{name}.yaml"
+        path.write_text("\n".join(lines) + f"\nloss: {{normalization: seq-mean-token-mean{extra}}}\n")
+        texts[name] = subprocess.run([tf_bin, "contract", "validate", str(path)], check=True, capture_output=True,
+                                     text=True).stdout
+    assert not re.search(r"^ +ratio:", texts["token"], re.M)
+    assert re.search(r"^  ratio: sequence$", texts["sequence"], re.M)
+    tok, seq = C.parse(texts["token"]), C.parse(texts["sequence"])
+    for c, text in ((tok, texts["token"]), (seq, texts["sequence"])):
+        assert c.hash == re.search(r"^# hash: (\S+)$", text, re.M).group(1)
+    assert tok.hash != seq.hash and tok.sampler_hash == seq.sampler_hash
+    assert tok["loss"]["ratio"] == "" and seq["loss"]["ratio"] == "sequence"
+    assert '"is_cap":0,"ratio":"sequence","optimizer":' in C.canonical(seq.doc)
+    assert '"ratio"' not in C.canonical(tok.doc)
+    assert config_from_contract(tok, "127.0.0.1:1", "/tmp/x", None).objective.ratio == ""
+    assert config_from_contract(seq, "127.0.0.1:1", "/tmp/x", None).objective.ratio == "sequence"
+    # Declared in the resolved text of the token contract, it is hashed
+    # (edited without the header: another contract).
+    edited = re.sub(r"^# hash: .*$", "", texts["token"], flags=re.M).replace("  is_cap: 0\n", "  is_cap: 0\n  ratio: sequence\n")
+    assert C.parse(edited).hash == seq.hash
+    # The default written out is the default: "token" reads as "" and
+    # hashes as the contract that leaves the key out.
+    written = re.sub(r"^# hash: .*$", "", texts["token"], flags=re.M).replace("  is_cap: 0\n", "  is_cap: 0\n  ratio: token\n")
+    assert C.parse(written).hash == tok.hash and C.parse(written)["loss"]["ratio"] == ""

@@ -17,7 +17,8 @@ from trajflow.batches import PackedBatch, pack_segments
 from trajflow.ids import batch_id
 from trajflow.llm import LLMPolicy, LLMTrainer, row_logits, segment_attention_mask
 from trajflow.model import Behavior
-from trajflow.packed import Options, TokenInputs, global_denominators, objective, shift_targets, token_weights
+from trajflow.packed import (Options, TokenInputs, global_denominators, objective, sequence_keys, shift_targets,
+                             token_weights)
 from trajflow.update import Adam
 
 BEH = Behavior(temperature=1.0, top_k=0, top_p=1.0)
@@ -87,24 +88,29 @@ def test_step_equals_one_objective_over_all_tokens(tiny):
     rng = np.random.default_rng(2)
     b = batch(random_segments(rng, 7, 64, "s"), budget=48)
     assert len(b.rows) >= 2
-    for norm in ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean"):
-        opts = Options(clip_low=0.2, clip_high=0.28, normalization=norm, entropy_coef=0.01)
+    cases = [(n, "") for n in ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean")]
+    cases += [("seq-mean-token-mean", "sequence"), ("token-mean", "sequence")]
+    losses = {}
+    for norm, ratio in cases:
+        opts = Options(clip_low=0.2, clip_high=0.28, normalization=norm, entropy_coef=0.01, ratio=ratio)
         # Reference: one call over all tokens.
         pol = LLMPolicy.load(tiny)
         den = global_denominators(b.rows)
         ws = token_weights(b.rows, den, norm)
-        parts = []
+        parts, offset = [], 0
         for k, r in enumerate(b.rows):
             at = np.nonzero(r.action_mask == 1)[0]
             z = row_logits(pol.model, r, at)
             parts.append((z, shift_targets(r.input_ids, r.segment_ids)[at], r.old_logprobs[at], r.advantages[at], ws[k],
-                          r.policy_versions[at]))
+                          r.policy_versions[at], sequence_keys(r.segment_ids, at, offset)))
+            offset += len(r.input_ids)
         inp = TokenInputs(logits=torch.cat([p[0] for p in parts]),
                           targets=torch.from_numpy(np.concatenate([p[1] for p in parts]).astype(np.int64)),
                           old=torch.from_numpy(np.concatenate([p[2] for p in parts])), ref=None,
                           adv=torch.from_numpy(np.concatenate([p[3] for p in parts])),
                           weight=torch.from_numpy(np.concatenate([p[4] for p in parts])),
-                          versions=torch.from_numpy(np.concatenate([p[5] for p in parts]).astype(np.int64)))
+                          versions=torch.from_numpy(np.concatenate([p[5] for p in parts]).astype(np.int64)),
+                          seq=torch.cat([p[6] for p in parts]))
         loss, st, _ = objective(inp, opts)
         loss.backward()
         gref = torch.cat([p.grad.flatten() for _, p in pol.params()])
@@ -115,12 +121,15 @@ def test_step_equals_one_objective_over_all_tokens(tiny):
         g = torch.cat([m.flatten() for m in tr.m1])
         assert res.stats.tokens == st.tokens == den.tokens
         for k in ("loss", "policy_loss", "entropy", "ratio_mean", "ratio_min", "ratio_max", "approx_kl_old"):
-            assert getattr(res.stats, k) == pytest.approx(getattr(st, k), rel=1e-9, abs=1e-12), (norm, k)
+            assert getattr(res.stats, k) == pytest.approx(getattr(st, k), rel=1e-9, abs=1e-12), (norm, ratio, k)
         for k in ("pos_tokens", "neg_tokens", "clipped_pos", "clipped_neg"):
             assert getattr(res.stats, k) == getattr(st, k)
-        assert torch.allclose(g, gref.float(), rtol=1e-5, atol=1e-7), (norm, float((g - gref).abs().max()))
+        assert torch.allclose(g, gref.float(), rtol=1e-5, atol=1e-7), (norm, ratio, float((g - gref).abs().max()))
         assert res.grad_norm == pytest.approx(float(gref.double().norm()), rel=1e-6)
         assert res.extra["mismatch"]["tokens"] == den.tokens
+        losses[norm, ratio] = res.stats.loss
+    # The sequence's ratio is not the tokens' here.
+    assert losses["seq-mean-token-mean", "sequence"] != pytest.approx(losses["seq-mean-token-mean", ""], rel=1e-3)
 
 
 def test_resume_is_bit_identical(tiny, tmp_path):

@@ -253,7 +253,7 @@ def test_masked_token_inputs_any_model():
     want, _ = tr.token_inputs(batch, opts, den)
     zs = [behavior_logits_row(tr.model, beh, r.input_ids, r.position_ids, np.arange(len(r.input_ids))) for r in batch.rows]
     got = P.masked_token_inputs(batch.rows, zs, opts.normalization)
-    for k in ("logits", "targets", "old", "ref", "adv", "weight", "versions"):
+    for k in ("logits", "targets", "old", "ref", "adv", "weight", "versions", "seq"):
         assert torch.equal(getattr(got, k), getattr(want, k)), k
     l1, s1, _ = P.objective(got, opts)
     l2, s2, _ = P.objective(want, opts)

@@ -46,7 +46,7 @@ SCHEMA: list = [
                    ("zero_variance", S), ("min_group_size", I), ("bootstrap_truncations", LISTS)]),
     ("loss", [("clip_low", F), ("clip_high", F), ("normalization", S), ("kl_placement", S), ("kl_estimator", S),
               ("kl_coef", F), ("entropy_coef", F), ("norm_tokens", I), ("max_log_ratio", F), ("off_policy", S),
-              ("is_cap", F),
+              ("is_cap", F), ("ratio", S),
               ("optimizer", [("lr", F), ("beta1", F), ("beta2", F), ("eps", F), ("grad_clip", F), ("epochs", I),
                              ("minibatches", I)])]),
     ("packing", [("token_budget", I), ("batch_tokens", I), ("batch_groups", I), ("overflow", S), ("max_lag", I),
@@ -64,6 +64,13 @@ SCHEMA: list = [
 # Keys that are not part of the contract hash (Go tag contract:"unhashed"),
 # by path.
 UNHASHED = {"policy", "topics.compression"}
+
+# Keys left out of the contract hash where they hold their zero value (Go
+# tag contract:"omitzero"; the resolved form does not print them then
+# either), by path: loss.ratio is "" (the token-level ratio) unless a
+# contract declares it, and a contract written before the key existed keeps
+# its hash.
+OMITZERO = {"loss.ratio"}
 
 
 class ContractError(ValueError):
@@ -99,7 +106,8 @@ def _scalar(path: str, typ: str, v: Any):
 # by the cluster's size; the other keys apply only under other keys' values
 # (estimator.lambda with estimator gae only, ...: pipeline/contract
 # conditionals), and the resolved form leaves them out, at their default,
-# where they do not apply (a document that writes them there is refused).
+# where they do not apply (a document that writes them there is refused);
+# loss.ratio is left out at its zero value "" (OMITZERO: not hashed then).
 UNWRITTEN_DEFAULTS = {
     "topics.replication": "1",
     "estimator.normalize_std": "true",
@@ -108,6 +116,7 @@ UNWRITTEN_DEFAULTS = {
     "loss.clip_low": "0.2",
     "loss.clip_high": "0.2",
     "loss.kl_estimator": "k3",
+    "loss.ratio": "",
     "packing.multi_policy": "per_segment",
     "dispatch.eval_every": "5",
     "policy.timeout_ms": "60000",
@@ -167,7 +176,9 @@ def _join(path: str, k: str) -> str:
 def _canon(schema, v, out: list, path: str = "") -> None:
     if isinstance(schema, list):
         out.append("{")
-        for i, (k, t) in enumerate([(k, t) for k, t in schema if _join(path, k) not in UNHASHED]):
+        keys = [(k, t) for k, t in schema if _join(path, k) not in UNHASHED
+                and not (_join(path, k) in OMITZERO and _zero(v[k]))]
+        for i, (k, t) in enumerate(keys):
             if i:
                 out.append(",")
             out.append(quote(k) + ":")
@@ -200,6 +211,14 @@ def _canon(schema, v, out: list, path: str = "") -> None:
         out.append(_float(v))
     elif schema == B:
         out.append("true" if v else "false")
+
+
+def _zero(x) -> bool:
+    """reflect.Value.IsZero of a parsed scalar (a string, an int, a bool;
+    a float is zero when its bits are, so -0.0 is not)."""
+    if isinstance(x, float):
+        return x == 0 and str(x) == "0.0"
+    return x in ("", 0, False)
 
 
 def _float(f: float) -> str:
@@ -245,6 +264,8 @@ def parse(text: str, name: str = "contract") -> Contract:
     if policy is not None and not isinstance(policy, dict):
         raise ContractError(f"{name}: policy: want a mapping")
     doc = _parse("", SCHEMA, raw)
+    if doc["loss"]["ratio"] == "token":
+        doc["loss"]["ratio"] = ""  # the default written out (pipeline/contract fillDefaults)
     h = "sha256:" + hashlib.sha256(b"trajflow/contract/v1\n" + canonical(doc).encode()).hexdigest()
     sout: list = []
     _canon(dict(SCHEMA)["sampler"], doc["sampler"], sout)

@@ -68,7 +68,7 @@ from . import gguf_io as G
 from .batches import PackedBatch
 from .model import Behavior
 from .packed import (KL_LOSS, ObjectiveInputError, Options, Stats, TokenInputs, global_denominators, lag_stats, objective,
-                     shift_targets, token_weights)
+                     sequence_keys, shift_targets, token_weights)
 from .update import Adam, StepResult, merge_lag
 
 GGUF_PREFIX = "gguf:"
@@ -433,7 +433,8 @@ class LLMTrainer:
         return TokenInputs(logits=z, targets=torch.from_numpy(targets.astype(np.int64)),
                            old=torch.from_numpy(np.asarray(r.old_logprobs, np.float32)[at]), ref=ref,
                            adv=torch.from_numpy(np.asarray(r.advantages, np.float32)[at]),
-                           weight=torch.from_numpy(w), versions=torch.from_numpy(np.asarray(r.policy_versions)[at].astype(np.int64)))
+                           weight=torch.from_numpy(w), versions=torch.from_numpy(np.asarray(r.policy_versions)[at].astype(np.int64)),
+                           seq=sequence_keys(r.segment_ids, at))
 
     def step(self, batch: PackedBatch, opts: Options, adam: Adam) -> StepResult:
         opts.validate()

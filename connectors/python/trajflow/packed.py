@@ -29,6 +29,10 @@ K1, K2, K3 = "k1", "k2", "k3"
 KL_NONE, KL_LOSS, KL_REWARD = "none", "loss", "reward"
 # Off-policy corrections (gpu/objective OffPolicy*).
 OFF_NONE, OFF_TIS, OFF_DECOUPLED = "none", "tis", "decoupled"
+# Ratio levels (gpu/objective Ratio*): every token's own ratio (the
+# default; "" too), or its sequence's, exp of the mean log ratio over the
+# sequence's trained tokens (GSPO's token form).
+RATIO_TOKEN, RATIO_SEQUENCE = "token", "sequence"
 NO_TARGET = -1
 
 
@@ -102,6 +106,12 @@ class Options:
     max_log_ratio: float = 0.0
     off_policy: str = ""
     is_cap: float = 0.0
+    # The ratio level: "" or RATIO_TOKEN, or RATIO_SEQUENCE (no off-policy
+    # correction with it).
+    ratio: str = ""
+
+    def sequence_ratio(self) -> bool:
+        return self.ratio == RATIO_SEQUENCE
 
     def corrected(self) -> bool:
         return self.off_policy not in ("", OFF_NONE)
@@ -137,6 +147,12 @@ class Options:
                 raise ValueError("objective: off_policy 'tis' needs is_cap > 0")
         elif self.off_policy != OFF_DECOUPLED:
             raise ValueError(f"objective: off_policy {self.off_policy!r}")
+        if self.ratio == RATIO_SEQUENCE:
+            if self.corrected():
+                raise ValueError(f"objective: ratio {RATIO_SEQUENCE!r} with off_policy {self.off_policy!r} "
+                                 "is not implemented")
+        elif self.ratio not in ("", RATIO_TOKEN):
+            raise ValueError(f"objective: ratio {self.ratio!r} (want {RATIO_TOKEN!r} or {RATIO_SEQUENCE!r})")
 
 
 @dataclass
@@ -208,7 +224,7 @@ class TokenInputs:
     """The masked tokens of a whole update, concatenated over rows: logits
     [N, V] (behavior logits of the current policy at the masked positions),
     and per token the target, old/ref log-probs, advantage, normalization
-    weight c_t, policy version."""
+    weight c_t, policy version; and the sequence each token belongs to."""
 
     logits: torch.Tensor
     targets: torch.Tensor
@@ -220,6 +236,11 @@ class TokenInputs:
     # Proximal log-probs (the decoupled objective): the policy at the start
     # of the update; None means the current log-probs (ratio exactly 1).
     prox: Optional[torch.Tensor] = None
+    # The sequence (packed segment) of each token: an int64 key, equal for
+    # the tokens of one sequence and distinct across sequences (e.g. the
+    # row's offset in the update plus the segment id: sequence_keys). Only
+    # the sequence-level ratio reads it (required there).
+    seq: Optional[torch.Tensor] = None
 
 
 def token_weights(rows: Sequence, den: Denominators, normalization: str, norm_tokens: int = 0) -> list[np.ndarray]:
@@ -246,6 +267,14 @@ def token_weights(rows: Sequence, den: Denominators, normalization: str, norm_to
     return out
 
 
+def sequence_keys(segment_ids, at: np.ndarray, offset: int = 0) -> torch.Tensor:
+    """TokenInputs.seq of a row's trained positions at: offset + the
+    segment id. With offset the sum of the lengths of the rows before it
+    in the update the keys of every row are distinct (segment ids lie in
+    [0, T) of their row)."""
+    return torch.from_numpy(np.asarray(segment_ids, dtype=np.int64)[at] + int(offset))
+
+
 def masked_token_inputs(rows: Sequence, logits_rows: Sequence[torch.Tensor], normalization: str,
                         den: Optional[Denominators] = None, norm_tokens: int = 0) -> TokenInputs:
     """TokenInputs of an update for any causal model: logits_rows[k] is
@@ -260,6 +289,7 @@ def masked_token_inputs(rows: Sequence, logits_rows: Sequence[torch.Tensor], nor
     den = den or global_denominators(rows)
     weights = token_weights(rows, den, normalization, norm_tokens)
     parts = []
+    offset = 0
     for k, (r, z) in enumerate(zip(rows, logits_rows)):
         T = len(r.input_ids)
         if z.shape[0] != T:
@@ -274,13 +304,35 @@ def masked_token_inputs(rows: Sequence, logits_rows: Sequence[torch.Tensor], nor
                       None if r.ref_logprobs is None else torch.from_numpy(np.asarray(r.ref_logprobs, np.float32)[at]),
                       torch.from_numpy(np.asarray(r.advantages, dtype=np.float32)[at]),
                       torch.from_numpy(weights[k]),
-                      torch.from_numpy(np.asarray(r.policy_versions)[at].astype(np.int64))))
+                      torch.from_numpy(np.asarray(r.policy_versions)[at].astype(np.int64)),
+                      sequence_keys(r.segment_ids, at, offset)))
+        offset += T
     refs = [p[3] for p in parts]
     if any(x is None for x in refs) and not all(x is None for x in refs):
         raise ObjectiveInputError("reference log-probs in some rows only")
     cat = lambda j: torch.cat([p[j] for p in parts])  # noqa: E731
     return TokenInputs(logits=cat(0), targets=cat(1), old=cat(2), ref=None if refs[0] is None else cat(3),
-                       adv=cat(4), weight=cat(5), versions=cat(6))
+                       adv=cat(4), weight=cat(5), versions=cat(6), seq=cat(7))
+
+
+def sequence_log_ratios(lr: torch.Tensor, seq: Optional[torch.Tensor]) -> torch.Tensor:
+    """Per token, the mean of lr (float64, no gradient) over the tokens of
+    its sequence (equal keys in seq): summed in token order in float64 from
+    0, then divided by the sequence's token count, as gpu/objective
+    sequenceLogRatios does."""
+    N = lr.shape[0]
+    if seq is None:
+        raise ObjectiveInputError(f"ratio {RATIO_SEQUENCE!r} without the tokens' sequences (TokenInputs.seq)")
+    key = np.asarray(seq.detach().cpu().numpy() if isinstance(seq, torch.Tensor) else seq).astype(np.int64)
+    if key.shape != (N,):
+        raise ObjectiveInputError(f"{key.shape} sequence keys for {N} tokens")
+    _, inv = np.unique(key, return_inverse=True)
+    inv = inv.reshape(-1)
+    x = lr.detach().double().cpu().numpy()
+    sums = np.zeros(int(inv.max()) + 1, dtype=np.float64)
+    np.add.at(sums, inv, x)  # unbuffered, in token order
+    counts = np.bincount(inv).astype(np.float64)
+    return torch.from_numpy(sums / counts)[torch.from_numpy(inv)]
 
 
 def kl_term(est: str, logr: torch.Tensor) -> torch.Tensor:
@@ -311,6 +363,14 @@ def objective(inp: TokenInputs, opts: Options) -> tuple[torch.Tensor, Stats, tor
     being inp.prox or, when None, cur itself (q exactly 1).
         loss  = -Σ c_t s_t + kl_coef·Σ c_t k(ref_t - cur_t)·[placement loss]
                 - entropy_coef·Σ c_t H_t
+
+    With the sequence-level ratio (opts.ratio "sequence"), lr_t is
+    clamp(lr_s, ±max_log_ratio) for the sequence s of t (inp.seq), lr_s the
+    mean of cur_u - old_u over the tokens u of s; its gradient reaches t
+    through cur_t only (d lr_t/d cur_t = 1: the other tokens' part of the
+    mean held constant, GSPO's token form). Clipping, the ratio statistics
+    and log_ratio_clamped count per token, each with its sequence's ratio;
+    approx_kl_old keeps the tokens' own cur_t - old_t.
 
     Gradient conventions of the Go reference: the clipped branch passes no
     gradient where it is strictly smaller (r > 1+clip_high with A > 0,
@@ -369,7 +429,13 @@ def objective(inp: TokenInputs, opts: Options) -> tuple[torch.Tensor, Stats, tor
             truncated = iw > opts.is_cap
             iw = torch.where(truncated, torch.full_like(iw, opts.is_cap), iw)
         base = p
-    lr, clamped = clamp(cur - base)
+    if opts.sequence_ratio():
+        # The sequence's log ratio as the value (exactly: cur - sg(cur) is
+        # 0), and as the gradient this token's own log-prob.
+        lr_seq = sequence_log_ratios(cur32.double() - old, inp.seq)
+        lr, clamped = clamp(lr_seq + (cur - cur.detach()))
+    else:
+        lr, clamped = clamp(cur - base)
     clamped = clamped | clamped_w
     r = torch.exp(lr)
     lo, hi = 1 - opts.clip_low, 1 + opts.clip_high

@@ -58,7 +58,7 @@ def config_from_contract(c: C.Contract, brokers: str, releases: str, state: str 
                           kl_placement=loss["kl_placement"], kl_estimator=loss["kl_estimator"], kl_coef=loss["kl_coef"],
                           entropy_coef=loss["entropy_coef"], norm_tokens=loss["norm_tokens"],
                           max_log_ratio=loss["max_log_ratio"],
-                          off_policy=loss["off_policy"], is_cap=loss["is_cap"]),
+                          off_policy=loss["off_policy"], is_cap=loss["is_cap"], ratio=loss["ratio"]),
         adam=Adam(lr=opt["lr"], beta1=opt["beta1"], beta2=opt["beta2"], eps=opt["eps"], weight_decay=0.0,
                   max_grad_norm=opt["grad_clip"]),
         epochs=opt["epochs"], release_dir=releases,

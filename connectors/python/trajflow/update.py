@@ -38,7 +38,7 @@ import torch
 from .batches import PackedBatch
 from .model import Behavior, WindowMLP, behavior_logits_row
 from .packed import (KL_LOSS, OFF_DECOUPLED, Denominators, gather_target_logprobs, ObjectiveInputError, Options, Stats, TokenInputs, global_denominators, lag_stats,
-                     objective, shift_targets, token_weights)
+                     objective, sequence_keys, shift_targets, token_weights)
 
 
 @dataclass
@@ -240,7 +240,9 @@ class Trainer:
         (row order, position order)."""
         weights = token_weights(batch.rows, den, opts.normalization, opts.norm_tokens)
         parts = []
+        offset = 0  # the row's first position in the update: sequence keys
         for ri, r in enumerate(batch.rows):
+            row_offset, offset = offset, offset + len(r.input_ids)
             mask = np.asarray(r.action_mask) == 1
             at = np.nonzero(mask)[0]
             targets = shift_targets(r.input_ids, r.segment_ids)
@@ -256,7 +258,8 @@ class Trainer:
             parts.append((z, torch.from_numpy(targets[at].astype(np.int64)),
                           torch.from_numpy(np.asarray(r.old_logprobs, dtype=np.float32)[at]), ref,
                           torch.from_numpy(np.asarray(r.advantages, dtype=np.float32)[at]),
-                          torch.from_numpy(weights[ri]), torch.from_numpy(np.asarray(r.policy_versions)[at].astype(np.int64))))
+                          torch.from_numpy(weights[ri]), torch.from_numpy(np.asarray(r.policy_versions)[at].astype(np.int64)),
+                          sequence_keys(r.segment_ids, at, row_offset)))
         if not parts:
             raise ObjectiveInputError(f"batch {batch.batch_id} has no trained token")
         refs = [p[3] for p in parts]
@@ -265,7 +268,7 @@ class Trainer:
             raise ObjectiveInputError("reference log-probs in some rows only")
         cat = lambda k: torch.cat([p[k] for p in parts])  # noqa: E731
         return TokenInputs(logits=cat(0), targets=cat(1), old=cat(2), ref=None if refs[0] is None else cat(3),
-                           adv=cat(4), weight=cat(5), versions=cat(6)), parts
+                           adv=cat(4), weight=cat(5), versions=cat(6), seq=cat(7)), parts
 
     def step(self, batch: PackedBatch, opts: Options, adam: Adam, keep_grad: bool = False) -> StepResult:
         opts.validate()
