@@ -23,31 +23,13 @@ from fleet import Procs, python
 
 def test_demo_external_python_trainer_learns(tf_bin, tmp_path):
     out = tmp_path / "demo"
-    procs = Procs(str(tmp_path))
     rounds = 60
+    procs = Procs(str(tmp_path))
     try:
-        demo = procs.start("demo", [tf_bin, "demo", "--trainer", "external", "--updates", str(rounds), "--out", str(out)])
-        info_path = out / "trainer.json"
-        deadline = time.monotonic() + 120
-        while not info_path.exists():
-            assert demo.poll() is None, procs.log("demo", "out") + procs.log("demo")
-            assert time.monotonic() < deadline, "no trainer.json from the demo"
-            time.sleep(0.1)
-        info = json.loads(info_path.read_text())
-        assert info["updates"] == rounds and info["group"] == info["run_id"] + ".train"
-        env = dict(os.environ, PYTHONPATH=str(ROOT / "connectors" / "python"))
-        trainer = procs.start("trainer", [python(), "-m", "trajflow.train", "--brokers", ",".join(info["brokers"]),
-                                          "--run", info["run_id"], "--releases", info["releases"],
-                                          "--contract", info["contract"], "--state", str(tmp_path / "tstate"),
-                                          "--init-checkpoint", info["init_checkpoint"]], env=env)
-        deadline = time.monotonic() + 900
-        while demo.poll() is None:
-            assert trainer.poll() is None, procs.log("trainer")
-            assert time.monotonic() < deadline, "the demo did not end in 15 min: " + procs.log("demo", "out")[-2000:]
-            time.sleep(0.5)
-        assert demo.returncode == 0, procs.log("demo", "out") + procs.log("demo")
+        info = _external_demo(procs, tf_bin, tmp_path, out, rounds, [], 900)
     finally:
         procs.stop()
+    assert info["updates"] == rounds and info["group"] == info["run_id"] + ".train"
     s = json.loads((out / "summary.json").read_text())
     print("\n" + procs.log("demo", "out")[-600:])
     assert s["lost"] == 0 and s["duplicates_admitted"] == 0, s
@@ -69,6 +51,31 @@ def test_demo_external_python_trainer_learns(tf_bin, tmp_path):
     assert m["approx_kl_old"] == 0.0 and m["kl"] == 0.0, m
     for lag in m["lag"]:
         assert lag["lag"] == 0 and lag["approx_kl"] == 0.0 and lag["k3"] == 0.0, lag
+
+
+def _external_demo(procs, tf_bin, tmp_path, out, rounds, extra, limit_s):
+    """Runs `trajflow demo --trainer external` (with extra flags) into out
+    and the Python trainer beside it, until the demo ends (within limit_s
+    seconds); returns the demo's trainer.json. The caller stops procs."""
+    demo = procs.start("demo", [tf_bin, "demo", *extra, "--trainer", "external", "--updates", str(rounds), "--out", str(out)])
+    deadline = time.monotonic() + 120
+    while not (out / "trainer.json").exists():
+        assert demo.poll() is None, procs.log("demo", "out") + procs.log("demo")
+        assert time.monotonic() < deadline, "no trainer.json from the demo"
+        time.sleep(0.1)
+    info = json.loads((out / "trainer.json").read_text())
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "connectors" / "python"))
+    trainer = procs.start("trainer", [python(), "-m", "trajflow.train", "--brokers", ",".join(info["brokers"]),
+                                      "--run", info["run_id"], "--releases", info["releases"],
+                                      "--contract", info["contract"], "--state", str(tmp_path / "tstate"),
+                                      "--init-checkpoint", info["init_checkpoint"]], env=env)
+    deadline = time.monotonic() + limit_s
+    while demo.poll() is None:
+        assert trainer.poll() is None, procs.log("trainer")
+        assert time.monotonic() < deadline, f"the demo did not end in {limit_s} s: " + procs.log("demo", "out")[-2000:]
+        time.sleep(0.5)
+    assert demo.returncode == 0, procs.log("demo", "out") + procs.log("demo")
+    return info
 
 
 def _kl_contract(tf_bin, path):
@@ -98,25 +105,7 @@ def test_demo_external_kl_to_reference(tf_bin, tmp_path):
     try:
         go = procs.start("go", [tf_bin, "demo", "--contract", str(contract), "--updates", str(rounds), "--out", str(go_out)])
         assert go.wait(timeout=300) == 0, procs.log("go", "out") + procs.log("go")
-        demo = procs.start("demo", [tf_bin, "demo", "--contract", str(contract), "--trainer", "external",
-                                    "--updates", str(rounds), "--out", str(py_out)])
-        deadline = time.monotonic() + 120
-        while not (py_out / "trainer.json").exists():
-            assert demo.poll() is None, procs.log("demo", "out") + procs.log("demo")
-            assert time.monotonic() < deadline, "no trainer.json from the demo"
-            time.sleep(0.1)
-        info = json.loads((py_out / "trainer.json").read_text())
-        env = dict(os.environ, PYTHONPATH=str(ROOT / "connectors" / "python"))
-        trainer = procs.start("trainer", [python(), "-m", "trajflow.train", "--brokers", ",".join(info["brokers"]),
-                                          "--run", info["run_id"], "--releases", info["releases"],
-                                          "--contract", info["contract"], "--state", str(tmp_path / "tstate"),
-                                          "--init-checkpoint", info["init_checkpoint"]], env=env)
-        deadline = time.monotonic() + 300
-        while demo.poll() is None:
-            assert trainer.poll() is None, procs.log("trainer")
-            assert time.monotonic() < deadline, "the demo did not end in 5 min: " + procs.log("demo", "out")[-2000:]
-            time.sleep(0.5)
-        assert demo.returncode == 0, procs.log("demo", "out") + procs.log("demo")
+        _external_demo(procs, tf_bin, tmp_path, py_out, rounds, ["--contract", str(contract)], 300)
     finally:
         procs.stop()
     gs = json.loads((go_out / "summary.json").read_text())

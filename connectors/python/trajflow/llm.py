@@ -67,7 +67,7 @@ import torch
 from . import gguf_io as G
 from .batches import PackedBatch
 from .model import Behavior
-from .packed import (KL_LOSS, ObjectiveInputError, Options, Stats, TokenInputs, global_denominators, lag_stats, objective,
+from .packed import (KL_LOSS, ObjectiveInputError, Options, attach_reference, Stats, TokenInputs, global_denominators, lag_stats, objective,
                      sequence_keys, shift_targets, token_weights)
 from .update import Adam, StepResult, merge_lag
 
@@ -393,11 +393,7 @@ class LLMTrainer:
         """With ``kl_placement: loss``, sets every row's ``ref_logprobs`` to
         :meth:`reference_logprobs` (replacing any stored ones); otherwise
         leaves the rows as they are and computes nothing."""
-        if opts.kl_placement != KL_LOSS:
-            return
-        refs = [self.reference_logprobs(r, ri) for ri, r in enumerate(batch.rows)]
-        for r, ref in zip(batch.rows, refs):
-            r.ref_logprobs = ref
+        attach_reference(batch.rows, opts, self.reference_logprobs)
 
     # -- the update
     def _trained(self, r, ri: int) -> Optional[tuple[np.ndarray, np.ndarray]]:

@@ -335,6 +335,19 @@ def sequence_log_ratios(lr: torch.Tensor, seq: Optional[torch.Tensor]) -> torch.
     return torch.from_numpy(sums / counts)[torch.from_numpy(inv)]
 
 
+def attach_reference(rows: Sequence, opts: "Options", reference_logprobs) -> None:
+    """With ``kl_placement: loss``, sets every row's ``ref_logprobs`` to
+    ``reference_logprobs(row, row_index)`` (replacing any stored ones), all
+    rows computed before any is set; otherwise leaves the rows as they are
+    and computes nothing. The trainers' reference is their initial policy
+    (docs/PIPELINE.md §12)."""
+    if opts.kl_placement != KL_LOSS:
+        return
+    refs = [reference_logprobs(r, ri) for ri, r in enumerate(rows)]
+    for r, ref in zip(rows, refs):
+        r.ref_logprobs = ref
+
+
 def kl_term(est: str, logr: torch.Tensor) -> torch.Tensor:
     """KL(pi || ref) estimators at logr = ref - cur: k1 = -logr,
     k2 = logr^2/2, k3 = exp(logr) - 1 - logr."""

@@ -37,7 +37,7 @@ import torch
 
 from .batches import PackedBatch
 from .model import Behavior, WindowMLP, behavior_logits_row
-from .packed import (KL_LOSS, OFF_DECOUPLED, Denominators, gather_target_logprobs, ObjectiveInputError, Options, Stats, TokenInputs, global_denominators, lag_stats,
+from .packed import (OFF_DECOUPLED, Denominators, attach_reference, gather_target_logprobs, ObjectiveInputError, Options, Stats, TokenInputs, global_denominators, lag_stats,
                      objective, sequence_keys, shift_targets, token_weights)
 
 
@@ -229,11 +229,7 @@ class Trainer:
         """With ``kl_placement: loss``, sets every row's ``ref_logprobs`` to
         :meth:`reference_logprobs` (replacing any stored ones); otherwise
         leaves the rows as they are and computes nothing."""
-        if opts.kl_placement != KL_LOSS:
-            return
-        refs = [self.reference_logprobs(r, ri) for ri, r in enumerate(batch.rows)]
-        for r, ref in zip(batch.rows, refs):
-            r.ref_logprobs = ref
+        attach_reference(batch.rows, opts, self.reference_logprobs)
 
     def token_inputs(self, batch: PackedBatch, opts: Options, den: Denominators) -> tuple[TokenInputs, list]:
         """The masked tokens of every row with the current behavior logits
