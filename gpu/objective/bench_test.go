@@ -80,6 +80,9 @@ func FuzzCompute(f *testing.F) {
 			}
 			opts.KLPlacement, opts.KLEstimator, opts.KLCoef = KLLoss, []string{K1, K2, K3}[int(flags>>6)%3], 0.1
 		}
+		if len(data) > 0 && data[len(data)-1]&1 == 1 { // the last byte, not consumed
+			opts.Ratio = RatioSequence
+		}
 		den := Denominators{Tokens: int64(next()), Sequences: int64(next())}
 		res, err := Compute(in, opts, den)
 		if err != nil {
