@@ -89,3 +89,13 @@ func naiveEntropy(z []float32) float64 {
 func near(a, b, abs, rel float64) bool {
 	return math.Abs(a-b) <= abs+rel*math.Max(math.Abs(a), math.Abs(b))
 }
+
+// mustCompute is Compute, failing the test on an error.
+func mustCompute(t testing.TB, in Inputs, o Options, den Denominators) Result {
+	t.Helper()
+	res, err := Compute(in, o, den)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return res
+}

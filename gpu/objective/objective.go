@@ -298,10 +298,12 @@ func finite(x float64) bool { return !math.IsNaN(x) && !math.IsInf(x, 0) }
 // sequenceLogRatios returns, with RatioSequence, the mean log ratio to the
 // behavior policy of every segment's trained tokens (indexed by segment
 // id; nil otherwise): a first pass over the masked positions computing
-// their current log-probs exactly as compute does. Positions compute
-// refuses are skipped here and refused there, with the same errors for a
-// row that cannot be normalized or a non-finite input.
-func sequenceLogRatios[F float32 | float64](in coreInputs[F], opts Options, perSeg []int32, e []float64) ([]float64, error) {
+// their current log-probs as compute does (softmaxRow gives the max and
+// log-sum that softmaxEntropyRow gives, bit for bit, without the entropy
+// or the exponentials kept). Positions compute refuses are skipped here
+// and refused there, with the same errors for a row that cannot be
+// normalized or a non-finite input.
+func sequenceLogRatios[F float32 | float64](in coreInputs[F], opts Options, perSeg []int32) ([]float64, error) {
 	if !opts.SequenceRatio() {
 		return nil, nil
 	}
@@ -312,7 +314,7 @@ func sequenceLogRatios[F float32 | float64](in coreInputs[F], opts Options, perS
 			continue
 		}
 		z := in.logits[i*in.V : (i+1)*in.V]
-		m, _, logS, _, err := softmaxEntropyRow(z, e, i)
+		m, _, logS, err := softmaxRow(z, nil, i)
 		if err != nil {
 			return nil, err
 		}
@@ -375,7 +377,7 @@ func compute[F float32 | float64](in coreInputs[F], opts Options, den Denominato
 		return lr, false
 	}
 
-	segLR, err := sequenceLogRatios(in, opts, perSeg, e)
+	segLR, err := sequenceLogRatios(in, opts, perSeg)
 	if err != nil {
 		return st, err
 	}

@@ -46,10 +46,7 @@ func TestSequenceRatioHandComputed(t *testing.T) {
 			den := Denominators{Tokens: 2, Sequences: 1}
 			o := baseOpts(SeqMeanTokenMean)
 			o.Ratio = RatioSequence
-			res, err := Compute(in, o, den)
-			if err != nil {
-				t.Fatal(err)
-			}
+			res := mustCompute(t, in, o, den)
 			// The stored old log-probs are float32: the log ratios are the
 			// float32 differences, within 1e-7 of the decimal ones.
 			if !near(res.Loss, tc.loss, 1e-6, 0) || res.PolicyLoss != res.Loss {
@@ -67,11 +64,7 @@ func TestSequenceRatioHandComputed(t *testing.T) {
 					t.Errorf("dL/dz[%d,%d] = %v, want %v", j/2, j%2, d, want)
 				}
 			}
-			tok, err := Compute(in, baseOpts(SeqMeanTokenMean), den)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if !near(tok.Loss, tc.tokLoss, 1e-6, 0) || tok.ClippedPos != int64(tc.tokClips) {
+			if tok := mustCompute(t, in, baseOpts(SeqMeanTokenMean), den); !near(tok.Loss, tc.tokLoss, 1e-6, 0) || tok.ClippedPos != int64(tc.tokClips) {
 				t.Errorf("token ratio: loss %v, %d clipped; want %v, %d", tok.Loss, tok.ClippedPos, tc.tokLoss, tc.tokClips)
 			}
 		})
@@ -89,16 +82,9 @@ func TestSequenceRatioOneTokenSequences(t *testing.T) {
 			o := baseOpts(norm)
 			o.KLPlacement, o.KLEstimator, o.KLCoef, o.EntropyCoef, o.MaxLogRatio = KLLoss, K3, 0.1, 0.02, 0.3
 			den := mustDen(t, in)
-			tok, err := Compute(in, o, den)
-			if err != nil {
-				t.Fatal(err)
-			}
+			tok := mustCompute(t, in, o, den)
 			o.Ratio = RatioSequence
-			seq, err := Compute(in, o, den)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if !reflect.DeepEqual(tok, seq) {
+			if seq := mustCompute(t, in, o, den); !reflect.DeepEqual(tok, seq) {
 				t.Fatalf("problem %d, %s: sequence level %+v, token level %+v", k, norm, seq.Stats, tok.Stats)
 			}
 		}

@@ -489,22 +489,7 @@ func (s *Stage) Process(ctx context.Context, m pipeline.Message) (pipeline.Resul
 	}
 	ids = lag.Trained
 	start := time.Now()
-	var (
-		met   gpu.Metrics
-		last  objective.Stats
-		order [][][]int
-	)
-	err = s.referenceLogprobs(&batch)
-	switch {
-	case err != nil:
-	case s.cfg.Minibatches > 1:
-		mu, _ := s.tr.(gpu.MinibatchUpdater) // checkMinibatches at Start
-		if order, err = gpu.MinibatchOrder(len(batch.Rows), s.cfg.Minibatches, s.cfg.Epochs, s.cfg.Seed, batch.BatchID); err == nil {
-			met, last, err = mu.UpdateMinibatches(batch, s.cfg.Objective, s.cfg.Adam, order)
-		}
-	default:
-		met, last, err = s.tr.Update(batch, s.cfg.Objective, s.cfg.Adam, s.cfg.Epochs)
-	}
+	met, last, order, err := s.update(batch)
 	if err != nil {
 		if gpu.Untrainable(err) {
 			// A batch the policy cannot train on (for example a token
@@ -577,6 +562,26 @@ func (s *Stage) Process(ctx context.Context, m pipeline.Message) (pipeline.Resul
 
 // now is the stage's clock (stagekit.Now).
 func (s *Stage) now() time.Time { return stagekit.Now(s.cfg.Now) }
+
+// update computes the rows' reference log-probs when the loss needs them,
+// then trains batch into the next version: Epochs steps on the whole
+// batch, or, with Minibatches > 1, the seeded minibatch order it returns.
+func (s *Stage) update(batch schemas.PackedBatch) (gpu.Metrics, objective.Stats, [][][]int, error) {
+	if err := s.referenceLogprobs(&batch); err != nil {
+		return gpu.Metrics{}, objective.Stats{}, nil, err
+	}
+	if s.cfg.Minibatches <= 1 {
+		met, last, err := s.tr.Update(batch, s.cfg.Objective, s.cfg.Adam, s.cfg.Epochs)
+		return met, last, nil, err
+	}
+	mu, _ := s.tr.(gpu.MinibatchUpdater) // checkMinibatches at Start
+	order, err := gpu.MinibatchOrder(len(batch.Rows), s.cfg.Minibatches, s.cfg.Epochs, s.cfg.Seed, batch.BatchID)
+	if err != nil {
+		return gpu.Metrics{}, objective.Stats{}, nil, err
+	}
+	met, last, err := mu.UpdateMinibatches(batch, s.cfg.Objective, s.cfg.Adam, order)
+	return met, last, order, err
+}
 
 // referenceLogprobs sets every row's RefLogprobs to the reference model's
 // log-probs of its targets at its trained positions (action mask 1, after

@@ -67,7 +67,7 @@ import torch
 from . import gguf_io as G
 from .batches import PackedBatch
 from .model import Behavior
-from .packed import (KL_LOSS, ObjectiveInputError, Options, attach_reference, Stats, TokenInputs, global_denominators, lag_stats, objective,
+from .packed import (KL_LOSS, ObjectiveInputError, Options, attach_reference, gather_target_logprobs, Stats, TokenInputs, global_denominators, lag_stats, objective,
                      sequence_keys, shift_targets, token_weights)
 from .update import Adam, StepResult, merge_lag
 
@@ -385,8 +385,7 @@ class LLMTrainer:
             return out
         at, targets = tr
         z = self._behavior_logits(self.reference_model(), r, at)
-        lp = torch.log_softmax(z.double(), dim=1)
-        out[at] = lp.gather(1, torch.from_numpy(targets.astype(np.int64))[:, None])[:, 0].float().numpy()
+        out[at] = gather_target_logprobs(z, torch.from_numpy(targets.astype(np.int64))).float().numpy()
         return out
 
     def attach_reference(self, batch: PackedBatch, opts: Options) -> None:
@@ -573,7 +572,7 @@ class LLMBackend:
     def initial(self, c) -> LLMTrainer:
         pol = LLMPolicy.load(self.model_path)
         self._check(c, pol, self.model_path)
-        ref = frozen(copy.deepcopy(pol.model)) if c.objective.kl_placement == KL_LOSS else None
+        ref = copy.deepcopy(pol.model) if c.objective.kl_placement == KL_LOSS else None  # LLMTrainer freezes it
         return LLMTrainer(pol, c.behavior, 0, self.export_dtype, reference=ref)
 
     def _reference(self, c, pol: LLMPolicy):

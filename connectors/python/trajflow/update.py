@@ -187,10 +187,16 @@ class Trainer:
         (float32, aligned to next-token targets)."""
         targets = shift_targets(row.input_ids, row.segment_ids)
         at = np.nonzero(targets >= 0)[0]
-        out = np.zeros(len(targets), dtype=np.float32)
+        return self._logprobs_at(self.model, row, at, targets[at])
+
+    def _logprobs_at(self, model: WindowMLP, row, at: np.ndarray, targets: np.ndarray) -> np.ndarray:
+        """model's behavior log-probs of targets at positions at of row
+        (float32, target-aligned), 0 at every other position (gpu/model
+        LogprobsAt)."""
+        out = np.zeros(len(row.input_ids), dtype=np.float32)
         if len(at):
-            z = behavior_logits_row(self.model, self.behavior, row.input_ids, row.position_ids, at, exact=self.exact)
-            out[at] = gather_target_logprobs(z, torch.from_numpy(targets[at].astype(np.int64))).float().numpy()
+            z = behavior_logits_row(model, self.behavior, row.input_ids, row.position_ids, at, exact=self.exact)
+            out[at] = gather_target_logprobs(z, torch.from_numpy(targets.astype(np.int64))).float().numpy()
         return out
 
     def reference_model(self) -> WindowMLP:
@@ -211,19 +217,15 @@ class Trainer:
         target-aligned): the current log-probs of :meth:`step` (same
         positions, windows, transform and float64 log-softmax rounded to
         float32) with the reference parameters."""
-        out = np.zeros(len(row.input_ids), dtype=np.float32)
         at = np.nonzero(np.asarray(row.action_mask) == 1)[0]
-        if len(at) == 0:
-            return out
         targets = shift_targets(row.input_ids, row.segment_ids)[at]
         if (targets < 0).any():
             raise ObjectiveInputError(f"row {ri}: masked position {int(at[np.argmax(targets < 0)])} has no target")
         if (targets >= self.model.cfg.vocab).any():
             raise ObjectiveInputError(f"row {ri}: target outside the vocabulary")
-        ref = self.reference_model()
-        z = behavior_logits_row(ref, self.behavior, row.input_ids, row.position_ids, at, exact=self.exact)
-        out[at] = gather_target_logprobs(z, torch.from_numpy(targets.astype(np.int64))).float().numpy()
-        return out
+        if len(at) == 0:
+            return np.zeros(len(row.input_ids), dtype=np.float32)
+        return self._logprobs_at(self.reference_model(), row, at, targets)
 
     def attach_reference(self, batch: PackedBatch, opts: Options) -> None:
         """With ``kl_placement: loss``, sets every row's ``ref_logprobs`` to
